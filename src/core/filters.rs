@@ -1,0 +1,197 @@
+//! The three subscription layers of the design, plus the self-subscription.
+//!
+//! * Layer 1: announcements (kinds 30617, 30618), subscribed once per connection.
+//! * Layer 2: events tagging one of our repositories (`#a`, `#A`, `#q`), per ≤100 refs.
+//! * Layer 3: events tagging one of our root events (`#e`, `#E`, `#q`), per ≤100 ids.
+//!
+//! Items are sorted before chunking so the same set always yields the same filters.
+//! Each filter is sent as its own REQ (see [`crate::core::SyncMachine`]): some relays refuse
+//! multi-filter REQs.
+
+use std::collections::HashSet;
+
+use nostr::event::{EventId, Kind};
+use nostr::filter::{Filter, SingleLetterTag};
+use nostr::types::Timestamp;
+
+use crate::core::nip34::{
+    RepoRef, KIND_ISSUE, KIND_PATCH, KIND_PULL_REQUEST, KIND_PULL_REQUEST_UPDATE,
+    KIND_REPO_ANNOUNCEMENT, KIND_REPO_STATE,
+};
+
+/// How many repo refs or root ids go into one Layer-2/3 filter.
+pub const CHUNK_SIZE: usize = 100;
+
+/// Layer 1: announcements and maintainer/state events, optionally since a time.
+pub fn build_announcement_filter(since: Option<Timestamp>) -> Filter {
+    let f = Filter::new().kinds([
+        Kind::Custom(KIND_REPO_ANNOUNCEMENT),
+        Kind::Custom(KIND_REPO_STATE),
+    ]);
+    match since {
+        Some(ts) => f.since(ts),
+        None => f,
+    }
+}
+
+fn tag_filters(values: Vec<String>, tags: [SingleLetterTag; 3], since: Option<Timestamp>) -> Vec<Filter> {
+    let mut filters = Vec::new();
+    for chunk in values.chunks(CHUNK_SIZE) {
+        for tag in tags {
+            let mut f = Filter::new().custom_tags(tag, chunk.iter().cloned());
+            if let Some(ts) = since {
+                f = f.since(ts);
+            }
+            filters.push(f);
+        }
+    }
+    filters
+}
+
+/// Layer 2: events tagging one of `repos` with `a`, `A` or `q`; three filters per 100 refs.
+pub fn tagged_one_of_our_repo_event_filters(
+    repos: &HashSet<RepoRef>,
+    since: Option<Timestamp>,
+) -> Vec<Filter> {
+    let mut refs: Vec<String> = repos.iter().cloned().collect();
+    refs.sort();
+    tag_filters(
+        refs,
+        [
+            SingleLetterTag::LOWERCASE_A,
+            SingleLetterTag::UPPERCASE_A,
+            SingleLetterTag::LOWERCASE_Q,
+        ],
+        since,
+    )
+}
+
+/// Layer 3: events tagging one of `root_events` with `e`, `E` or `q` (lower-case hex ids);
+/// three filters per 100 ids.
+pub fn tagged_one_of_our_root_event_filters(
+    root_events: &HashSet<EventId>,
+    since: Option<Timestamp>,
+) -> Vec<Filter> {
+    let mut ids: Vec<String> = root_events.iter().map(|id| id.to_hex()).collect();
+    ids.sort();
+    tag_filters(
+        ids,
+        [
+            SingleLetterTag::LOWERCASE_E,
+            SingleLetterTag::UPPERCASE_E,
+            SingleLetterTag::LOWERCASE_Q,
+        ],
+        since,
+    )
+}
+
+/// Layers 2 and 3 together (never Layer 1).
+pub fn build_layer2_and_layer3_filters(
+    repos: &HashSet<RepoRef>,
+    root_events: &HashSet<EventId>,
+    since: Option<Timestamp>,
+) -> Vec<Filter> {
+    let mut filters = tagged_one_of_our_repo_event_filters(repos, since);
+    filters.extend(tagged_one_of_our_root_event_filters(root_events, since));
+    filters
+}
+
+/// The self-subscription on the own relay: announcements and root events.
+/// 30618 is deliberately absent (it is only pulled from remote relays).
+pub fn self_subscription_filter(since: Option<Timestamp>) -> Filter {
+    let f = Filter::new().kinds([
+        Kind::Custom(KIND_REPO_ANNOUNCEMENT),
+        Kind::Custom(KIND_PATCH),
+        Kind::Custom(KIND_PULL_REQUEST),
+        Kind::Custom(KIND_PULL_REQUEST_UPDATE),
+        Kind::Custom(KIND_ISSUE),
+    ]);
+    match since {
+        Some(ts) => f.since(ts),
+        None => f,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repos(n: usize) -> HashSet<RepoRef> {
+        (0..n)
+            .map(|i| format!("30617:{}:r{i:04}", "ab".repeat(32)))
+            .collect()
+    }
+
+    #[test]
+    fn layer2_chunks_per_100_refs() {
+        assert!(tagged_one_of_our_repo_event_filters(&repos(0), None).is_empty());
+        assert_eq!(tagged_one_of_our_repo_event_filters(&repos(1), None).len(), 3);
+        assert_eq!(tagged_one_of_our_repo_event_filters(&repos(100), None).len(), 3);
+        assert_eq!(tagged_one_of_our_repo_event_filters(&repos(101), None).len(), 6);
+        let f = tagged_one_of_our_repo_event_filters(&repos(250), None);
+        assert_eq!(f.len(), 9);
+        let sizes: Vec<usize> = f
+            .iter()
+            .map(|f| f.generic_tags.values().next().unwrap().len())
+            .collect();
+        assert_eq!(sizes, vec![100, 100, 100, 100, 100, 100, 50, 50, 50]);
+    }
+
+    #[test]
+    fn layer2_uses_a_upper_a_and_q() {
+        let f = tagged_one_of_our_repo_event_filters(&repos(2), Some(Timestamp::from_secs(77)));
+        let keys: Vec<String> = f
+            .iter()
+            .map(|f| {
+                let j: serde_json::Value = serde_json::from_str(&f.as_json()).unwrap();
+                assert_eq!(j["since"], 77);
+                let obj = j.as_object().unwrap();
+                obj.keys().find(|k| k.starts_with('#')).unwrap().clone()
+            })
+            .collect();
+        assert_eq!(keys, vec!["#a", "#A", "#q"]);
+    }
+
+    #[test]
+    fn layer3_uses_lowercase_hex_and_e_upper_e_q() {
+        let ids: HashSet<EventId> = (0u8..3).map(|i| EventId::from_byte_array([i + 0xA0; 32])).collect();
+        let f = tagged_one_of_our_root_event_filters(&ids, None);
+        assert_eq!(f.len(), 3);
+        let j: serde_json::Value = serde_json::from_str(&f[0].as_json()).unwrap();
+        let vals = j["#e"].as_array().unwrap();
+        assert_eq!(vals.len(), 3);
+        for v in vals {
+            let s = v.as_str().unwrap();
+            assert_eq!(s, s.to_lowercase());
+            assert_eq!(s.len(), 64);
+        }
+        assert!(j.get("since").is_none());
+        let j1: serde_json::Value = serde_json::from_str(&f[1].as_json()).unwrap();
+        assert!(j1.get("#E").is_some());
+        let j2: serde_json::Value = serde_json::from_str(&f[2].as_json()).unwrap();
+        assert!(j2.get("#q").is_some());
+    }
+
+    #[test]
+    fn layer1_and_self_filters() {
+        let j: serde_json::Value =
+            serde_json::from_str(&build_announcement_filter(None).as_json()).unwrap();
+        assert_eq!(j["kinds"], serde_json::json!([30617, 30618]));
+        assert!(j.get("since").is_none());
+        let j: serde_json::Value = serde_json::from_str(
+            &build_announcement_filter(Some(Timestamp::from_secs(5))).as_json(),
+        )
+        .unwrap();
+        assert_eq!(j["since"], 5);
+        let j: serde_json::Value =
+            serde_json::from_str(&self_subscription_filter(None).as_json()).unwrap();
+        assert_eq!(j["kinds"], serde_json::json!([1617, 1618, 1619, 1621, 30617]));
+    }
+
+    #[test]
+    fn combined_layers() {
+        let ids: HashSet<EventId> = [EventId::from_byte_array([1; 32])].into();
+        assert_eq!(build_layer2_and_layer3_filters(&repos(250), &ids, None).len(), 12);
+        assert!(build_layer2_and_layer3_filters(&HashSet::new(), &HashSet::new(), None).is_empty());
+    }
+}

@@ -1,0 +1,386 @@
+//! The forward queue into the own relay, sans-IO.
+//!
+//! Events checked by the relay threads are offered here; the forwarder thread sends what
+//! [`ForwardQueue::poll_send`] hands out and reports the own relay's `OK` answers.
+//!
+//! * `OK true`, or any answer starting with `duplicate:` → stored; the id is remembered in a
+//!   bounded set so the same event arriving from other relays is not sent again.
+//! * `OK false` with `rate-limited:` → re-queued; sending pauses for a cool-down.
+//! * any other `OK false` → counted as rejected with its reason, kept (bounded) and re-offered
+//!   only when [`ForwardQueue::retry_rejected`] is called (the repository index changed, so the
+//!   own relay may now accept it); never retried blindly, never remembered as done.
+//! * no `OK` within the deadline, or the connection drops → re-queued and sent again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::{debug, info};
+use nostr::event::EventId;
+
+use crate::core::dedup::RecentIds;
+use crate::core::time::Time;
+
+/// Limits of the forward queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardLimits {
+    /// Events sent and awaiting `OK` at most.
+    pub in_flight: usize,
+    /// How long to wait for an `OK`.
+    pub ok_timeout: Duration,
+    /// Queued plus in-flight events above which the forwarder stops taking new ones (the
+    /// relay threads then block, which pauses reading from remote relays).
+    pub backlog: usize,
+    /// Ids of stored events remembered for de-duplication.
+    pub remembered: usize,
+    /// Rejected events kept for a retry after the index changes.
+    pub rejected_kept: usize,
+    /// Pause after a `rate-limited:` answer.
+    pub rate_limit_pause: Duration,
+}
+
+impl Default for ForwardLimits {
+    fn default() -> Self {
+        ForwardLimits {
+            in_flight: 64,
+            ok_timeout: Duration::from_secs(30),
+            backlog: 4096,
+            remembered: 200_000,
+            rejected_kept: 10_000,
+            rate_limit_pause: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What happened to an offered event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Queued for sending.
+    Queued,
+    /// Already stored on the own relay (by an earlier copy).
+    AlreadyStored,
+    /// Already queued or in flight.
+    AlreadyQueued,
+    /// Rejected by the own relay before; kept for a retry when the index changes.
+    PreviouslyRejected,
+}
+
+/// What an `OK` meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OkOutcome {
+    /// Stored now.
+    Stored,
+    /// The own relay already had it.
+    Duplicate,
+    /// Rate-limited: re-queued.
+    RateLimited,
+    /// Rejected with this reason.
+    Rejected(String),
+    /// An `OK` for an event we did not send (or answered twice): ignored.
+    Unexpected,
+}
+
+/// Counters of the forward queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForwardCounters {
+    /// Events the own relay stored.
+    pub stored: u64,
+    /// Events the own relay already had.
+    pub duplicates: u64,
+    /// Rejections (`OK false` other than rate limits).
+    pub rejected: u64,
+    /// Re-sends after a timeout, a disconnect or a rate limit.
+    pub resent: u64,
+    /// Copies of an event that was stored or queued already.
+    pub deduplicated: u64,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    raw: Arc<str>,
+    deadline: Time,
+}
+
+/// The pure forward queue.
+#[derive(Debug)]
+pub struct ForwardQueue {
+    limits: ForwardLimits,
+    queue: VecDeque<(EventId, Arc<str>)>,
+    queued: HashSet<EventId>,
+    in_flight: HashMap<EventId, InFlight>,
+    stored: RecentIds,
+    rejected: HashMap<EventId, Arc<str>>,
+    rejected_order: VecDeque<EventId>,
+    paused_until: Option<Time>,
+    counters: ForwardCounters,
+}
+
+impl ForwardQueue {
+    /// An empty queue.
+    pub fn new(limits: ForwardLimits) -> ForwardQueue {
+        ForwardQueue {
+            limits,
+            queue: VecDeque::new(),
+            queued: HashSet::new(),
+            in_flight: HashMap::new(),
+            stored: RecentIds::new(limits.remembered),
+            rejected: HashMap::new(),
+            rejected_order: VecDeque::new(),
+            paused_until: None,
+            counters: ForwardCounters::default(),
+        }
+    }
+
+    /// Offers a checked event (its original JSON).
+    pub fn offer(&mut self, id: EventId, raw: Arc<str>) -> Offer {
+        if self.stored.contains(&id) {
+            self.counters.deduplicated += 1;
+            return Offer::AlreadyStored;
+        }
+        if self.queued.contains(&id) || self.in_flight.contains_key(&id) {
+            self.counters.deduplicated += 1;
+            return Offer::AlreadyQueued;
+        }
+        if self.rejected.contains_key(&id) {
+            return Offer::PreviouslyRejected;
+        }
+        self.queued.insert(id);
+        self.queue.push_back((id, raw));
+        Offer::Queued
+    }
+
+    /// True while the backlog is full: stop taking offers.
+    pub fn is_full(&self) -> bool {
+        self.backlog() >= self.limits.backlog
+    }
+
+    /// Queued plus in-flight events.
+    pub fn backlog(&self) -> usize {
+        self.queue.len() + self.in_flight.len()
+    }
+
+    /// The next event to send now, if the in-flight window and any rate-limit pause allow.
+    pub fn poll_send(&mut self, now: Time) -> Option<(EventId, Arc<str>)> {
+        if let Some(until) = self.paused_until {
+            if now < until {
+                return None;
+            }
+            self.paused_until = None;
+        }
+        if self.in_flight.len() >= self.limits.in_flight {
+            return None;
+        }
+        let (id, raw) = self.queue.pop_front()?;
+        self.queued.remove(&id);
+        self.in_flight.insert(
+            id,
+            InFlight {
+                raw: raw.clone(),
+                deadline: now.add(self.limits.ok_timeout),
+            },
+        );
+        Some((id, raw))
+    }
+
+    /// Handles the own relay's `OK`.
+    pub fn on_ok(&mut self, id: EventId, accepted: bool, message: &str, now: Time) -> OkOutcome {
+        let Some(flight) = self.in_flight.remove(&id) else {
+            return OkOutcome::Unexpected;
+        };
+        if message.starts_with("duplicate:") {
+            self.stored.insert(id);
+            self.counters.duplicates += 1;
+            return OkOutcome::Duplicate;
+        }
+        if accepted {
+            self.stored.insert(id);
+            self.counters.stored += 1;
+            return OkOutcome::Stored;
+        }
+        if message.starts_with("rate-limited:") {
+            self.counters.resent += 1;
+            self.paused_until = Some(now.add(self.limits.rate_limit_pause));
+            self.queued.insert(id);
+            self.queue.push_front((id, flight.raw));
+            return OkOutcome::RateLimited;
+        }
+        self.counters.rejected += 1;
+        self.keep_rejected(id, flight.raw);
+        OkOutcome::Rejected(message.to_string())
+    }
+
+    fn keep_rejected(&mut self, id: EventId, raw: Arc<str>) {
+        if self.rejected.insert(id, raw).is_none() {
+            self.rejected_order.push_back(id);
+        }
+        while self.rejected_order.len() > self.limits.rejected_kept {
+            if let Some(old) = self.rejected_order.pop_front() {
+                self.rejected.remove(&old);
+            }
+        }
+    }
+
+    /// Re-queues every kept rejected event (call when the repository index changed).
+    pub fn retry_rejected(&mut self) -> usize {
+        let n = self.rejected_order.len();
+        for id in self.rejected_order.drain(..) {
+            if let Some(raw) = self.rejected.remove(&id) {
+                if !self.stored.contains(&id) && self.queued.insert(id) {
+                    self.queue.push_back((id, raw));
+                }
+            }
+        }
+        if n > 0 {
+            debug!("re-offering {n} events the own relay rejected earlier");
+        }
+        n
+    }
+
+    /// Re-queues in-flight events whose `OK` is overdue.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let overdue: Vec<EventId> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in overdue {
+            if let Some(f) = self.in_flight.remove(&id) {
+                info!("no OK from the own relay for {id} in time; sending it again");
+                self.counters.resent += 1;
+                self.queued.insert(id);
+                self.queue.push_front((id, f.raw));
+            }
+        }
+    }
+
+    /// The own relay connection dropped: everything in flight is sent again later.
+    pub fn on_disconnect(&mut self) {
+        let ids: Vec<EventId> = self.in_flight.keys().copied().collect();
+        for id in ids {
+            if let Some(f) = self.in_flight.remove(&id) {
+                self.counters.resent += 1;
+                self.queued.insert(id);
+                self.queue.push_front((id, f.raw));
+            }
+        }
+    }
+
+    /// The earliest deadline (OK timeout or end of a pause).
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let ok = self.in_flight.values().map(|f| f.deadline).min();
+        match (ok, self.paused_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> ForwardCounters {
+        self.counters
+    }
+
+    /// Events kept after a rejection.
+    pub fn rejected_kept(&self) -> usize {
+        self.rejected.len()
+    }
+
+    /// True when nothing is queued or in flight.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.in_flight.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(b: u8) -> EventId {
+        EventId::from_byte_array([b; 32])
+    }
+    fn raw(b: u8) -> Arc<str> {
+        Arc::from(format!("{{\"n\":{b}}}"))
+    }
+    fn limits() -> ForwardLimits {
+        ForwardLimits {
+            in_flight: 2,
+            ok_timeout: Duration::from_secs(10),
+            backlog: 3,
+            remembered: 100,
+            rejected_kept: 2,
+            rate_limit_pause: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn dedups_and_respects_window() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        assert_eq!(q.offer(id(1), raw(1)), Offer::Queued);
+        assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyQueued);
+        q.offer(id(2), raw(2));
+        q.offer(id(3), raw(3));
+        assert!(q.is_full());
+        assert_eq!(q.poll_send(t).unwrap().0, id(1));
+        assert_eq!(q.poll_send(t).unwrap().0, id(2));
+        assert!(q.poll_send(t).is_none(), "window of 2");
+        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);
+        assert_eq!(q.on_ok(id(2), false, "duplicate: have it", t), OkOutcome::Duplicate);
+        assert_eq!(q.on_ok(id(2), true, "", t), OkOutcome::Unexpected);
+        assert_eq!(q.poll_send(t).unwrap().0, id(3));
+        let c = q.counters();
+        assert_eq!((c.stored, c.duplicates, c.deduplicated), (1, 1, 2));
+    }
+
+    #[test]
+    fn rejected_is_kept_and_retried_only_on_request() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        q.poll_send(t);
+        assert_eq!(
+            q.on_ok(id(1), false, "blocked: unknown repo", t),
+            OkOutcome::Rejected("blocked: unknown repo".into())
+        );
+        assert_eq!(q.offer(id(1), raw(1)), Offer::PreviouslyRejected);
+        assert!(q.poll_send(t).is_none());
+        assert_eq!(q.retry_rejected(), 1);
+        assert_eq!(q.poll_send(t).unwrap().0, id(1));
+        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.counters().rejected, 1);
+    }
+
+    #[test]
+    fn rejected_store_is_bounded() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        for b in 1..=3 {
+            q.offer(id(b), raw(b));
+            q.poll_send(t);
+            q.on_ok(id(b), false, "blocked:", t);
+        }
+        assert_eq!(q.rejected_kept(), 2);
+    }
+
+    #[test]
+    fn timeout_disconnect_and_rate_limit_resend() {
+        let t = Time::from_secs(100);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        q.offer(id(2), raw(2));
+        q.poll_send(t);
+        q.poll_send(t);
+        assert_eq!(q.poll_timeout(), Some(t.add(Duration::from_secs(10))));
+        q.handle_timeout(t.add(Duration::from_secs(10)));
+        assert_eq!(q.backlog(), 2);
+        let t2 = t.add(Duration::from_secs(11));
+        assert!(q.poll_send(t2).is_some());
+        q.on_disconnect();
+        assert_eq!(q.counters().resent, 3);
+        let (first, _) = q.poll_send(t2).unwrap();
+        assert_eq!(q.on_ok(first, false, "rate-limited: slow down", t2), OkOutcome::RateLimited);
+        assert!(q.poll_send(t2).is_none(), "paused");
+        assert!(q.poll_send(t2.add(Duration::from_secs(2))).is_some());
+    }
+}

@@ -1,0 +1,224 @@
+//! Reading relay frames and checking events, without trusting the sender.
+//!
+//! [`parse_relay_frame`] keeps an EVENT's JSON as the raw text the relay sent, so the
+//! forwarder can publish the original bytes. [`check_event`] verifies id and signature and that
+//! the event matches the subscription it arrived on.
+
+use nostr::event::{Event, EventId};
+use nostr::filter::{Filter, MatchEventOptions};
+use serde_json::value::RawValue;
+
+/// One message from a relay.
+#[derive(Debug)]
+pub enum Incoming<'a> {
+    /// `["EVENT", sub_id, {...}]`; `raw` is the event's JSON exactly as received.
+    Event {
+        /// Subscription id.
+        sub_id: String,
+        /// The event object's raw JSON.
+        raw: &'a RawValue,
+    },
+    /// `["EOSE", sub_id]`.
+    Eose(String),
+    /// `["CLOSED", sub_id, message]`.
+    Closed {
+        /// Subscription id.
+        sub_id: String,
+        /// The relay's reason (may start with a NIP-01 prefix such as `rate-limited:`).
+        message: String,
+    },
+    /// `["NOTICE", message]`.
+    Notice(String),
+    /// `["OK", event_id, accepted, message]`.
+    Ok {
+        /// The event the answer is about.
+        event_id: EventId,
+        /// Whether the relay stored it (or already had it).
+        accepted: bool,
+        /// The relay's reason.
+        message: String,
+    },
+    /// `["AUTH", challenge]` (NIP-42).
+    Auth(String),
+    /// A well-formed message of a type we do not use (e.g. `COUNT`).
+    Other(String),
+}
+
+/// Why a frame could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// Not a JSON array whose first element is a string.
+    NotAnArray,
+    /// A known message type with missing or mistyped elements.
+    Malformed(&'static str),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::NotAnArray => write!(f, "not a JSON array starting with a message type"),
+            FrameError::Malformed(what) => write!(f, "malformed {what} message"),
+        }
+    }
+}
+
+fn string(raw: Option<&&RawValue>) -> Option<String> {
+    raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+}
+
+/// Parses one text frame sent by a relay.
+pub fn parse_relay_frame(text: &str) -> Result<Incoming<'_>, FrameError> {
+    let parts: Vec<&RawValue> = serde_json::from_str(text).map_err(|_| FrameError::NotAnArray)?;
+    let kind = string(parts.first()).ok_or(FrameError::NotAnArray)?;
+    match kind.as_str() {
+        "EVENT" => {
+            let sub_id = string(parts.get(1)).ok_or(FrameError::Malformed("EVENT"))?;
+            let raw = *parts.get(2).ok_or(FrameError::Malformed("EVENT"))?;
+            if !raw.get().trim_start().starts_with('{') {
+                return Err(FrameError::Malformed("EVENT"));
+            }
+            Ok(Incoming::Event { sub_id, raw })
+        }
+        "EOSE" => Ok(Incoming::Eose(
+            string(parts.get(1)).ok_or(FrameError::Malformed("EOSE"))?,
+        )),
+        "CLOSED" => Ok(Incoming::Closed {
+            sub_id: string(parts.get(1)).ok_or(FrameError::Malformed("CLOSED"))?,
+            message: string(parts.get(2)).unwrap_or_default(),
+        }),
+        "NOTICE" => Ok(Incoming::Notice(
+            string(parts.get(1)).ok_or(FrameError::Malformed("NOTICE"))?,
+        )),
+        "OK" => {
+            let id = string(parts.get(1)).ok_or(FrameError::Malformed("OK"))?;
+            let event_id = EventId::from_hex(&id).map_err(|_| FrameError::Malformed("OK"))?;
+            let accepted = parts
+                .get(2)
+                .and_then(|r| serde_json::from_str::<bool>(r.get()).ok())
+                .ok_or(FrameError::Malformed("OK"))?;
+            Ok(Incoming::Ok {
+                event_id,
+                accepted,
+                message: string(parts.get(3)).unwrap_or_default(),
+            })
+        }
+        "AUTH" => Ok(Incoming::Auth(
+            string(parts.get(1)).ok_or(FrameError::Malformed("AUTH"))?,
+        )),
+        _ => Ok(Incoming::Other(kind)),
+    }
+}
+
+/// Why an event received from a relay is not forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventRejection {
+    /// Not a valid event object.
+    Malformed(String),
+    /// The id is not the hash of the event's content.
+    BadId,
+    /// The signature does not verify.
+    BadSignature,
+    /// The event does not match the filter of the subscription it arrived on.
+    NotMatching,
+}
+
+impl std::fmt::Display for EventRejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EventRejection::Malformed(e) => write!(f, "malformed event: {e}"),
+            EventRejection::BadId => write!(f, "event id does not match its content"),
+            EventRejection::BadSignature => write!(f, "invalid signature"),
+            EventRejection::NotMatching => {
+                write!(f, "event does not match the subscription it arrived on")
+            }
+        }
+    }
+}
+
+/// Parses and checks an event: valid JSON, id, signature, and `filter` matches it.
+pub fn check_event(raw: &str, filter: &Filter) -> Result<Event, EventRejection> {
+    let event = Event::from_json(raw).map_err(|e| EventRejection::Malformed(e.to_string()))?;
+    // Cheap checks first: the filter, then the id hash, then the signature.
+    if !filter.match_event(&event, MatchEventOptions::new()) {
+        return Err(EventRejection::NotMatching);
+    }
+    if !event.verify_id() {
+        return Err(EventRejection::BadId);
+    }
+    if !event.verify_signature() {
+        return Err(EventRejection::BadSignature);
+    }
+    Ok(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    use nostr::key::Keys;
+
+    fn event() -> Event {
+        let keys = Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e")
+            .unwrap();
+        EventBuilder::new(Kind::Custom(1621), "hello")
+            .tag(Tag::parse(["a", "30617:abc:x"]).unwrap())
+            .finalize(&keys)
+            .unwrap()
+    }
+
+    #[test]
+    fn parses_every_message_type() {
+        let ev = event();
+        let text = format!(r#"["EVENT","s1",{}]"#, ev.as_json());
+        match parse_relay_frame(&text).unwrap() {
+            Incoming::Event { sub_id, raw } => {
+                assert_eq!(sub_id, "s1");
+                assert_eq!(raw.get(), ev.as_json());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse_relay_frame(r#"["EOSE","s"]"#), Ok(Incoming::Eose(s)) if s == "s"));
+        assert!(matches!(
+            parse_relay_frame(r#"["CLOSED","s","rate-limited: slow"]"#),
+            Ok(Incoming::Closed { message, .. }) if message == "rate-limited: slow"
+        ));
+        assert!(matches!(parse_relay_frame(r#"["NOTICE","hi"]"#), Ok(Incoming::Notice(_))));
+        assert!(matches!(parse_relay_frame(r#"["AUTH","ch"]"#), Ok(Incoming::Auth(_))));
+        let ok = format!(r#"["OK","{}",false,"blocked: no"]"#, ev.id);
+        assert!(matches!(
+            parse_relay_frame(&ok),
+            Ok(Incoming::Ok { accepted: false, .. })
+        ));
+        assert!(matches!(parse_relay_frame(r#"["COUNT","s",{"count":1}]"#), Ok(Incoming::Other(_))));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for g in [
+            "", "null", "{}", "[]", "[1,2]", "[\"EVENT\"]", "[\"EVENT\",\"s\",5]",
+            "[\"EOSE\"]", "[\"OK\",\"zz\",true,\"\"]", "[\"OK\"]", "\u{0}\u{1}", "[\"NOTICE\",7]",
+        ] {
+            assert!(parse_relay_frame(g).is_err(), "{g:?} should fail");
+        }
+    }
+
+    #[test]
+    fn checks_signature_id_and_filter() {
+        let ev = event();
+        let any = Filter::new().kind(Kind::Custom(1621));
+        assert_eq!(check_event(&ev.as_json(), &any).unwrap().id, ev.id);
+        let other = Filter::new().kind(Kind::Custom(1));
+        assert_eq!(check_event(&ev.as_json(), &other).unwrap_err(), EventRejection::NotMatching);
+        // Forge: change the content but keep id and signature.
+        let forged = ev.as_json().replace("hello", "HELLO");
+        assert_eq!(check_event(&forged, &any).unwrap_err(), EventRejection::BadId);
+        // Forge: keep content, swap the signature for another valid-looking one.
+        let mut v: serde_json::Value = serde_json::from_str(&ev.as_json()).unwrap();
+        v["sig"] = serde_json::Value::String("ab".repeat(64));
+        assert_eq!(
+            check_event(&v.to_string(), &any).unwrap_err(),
+            EventRejection::BadSignature
+        );
+        assert!(matches!(check_event("{\"id\":1}", &any), Err(EventRejection::Malformed(_))));
+    }
+}

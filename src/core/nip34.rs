@@ -1,0 +1,284 @@
+//! NIP-34 parsing: repository references, announcement relay sets, root-event links.
+//!
+//! Everything here is tolerant: malformed tags and coordinates are skipped with a `debug!`
+//! line, never a panic, because the input comes from anyone who can publish to a relay.
+
+use log::debug;
+use nostr::event::{Event, EventId, Kind};
+
+use crate::net::url::RelayUrl;
+
+/// Kind of a repository announcement.
+pub const KIND_REPO_ANNOUNCEMENT: u16 = 30617;
+/// Kind of a repository state / maintainer list event (only pulled from remote relays).
+pub const KIND_REPO_STATE: u16 = 30618;
+/// Kind of a patch.
+pub const KIND_PATCH: u16 = 1617;
+/// Kind of a pull request.
+pub const KIND_PULL_REQUEST: u16 = 1618;
+/// Kind of a pull request update.
+pub const KIND_PULL_REQUEST_UPDATE: u16 = 1619;
+/// Kind of an issue.
+pub const KIND_ISSUE: u16 = 1621;
+
+/// Kinds of root events: events that start a thread of their own and are tracked by id.
+pub const ROOT_EVENT_KINDS: [u16; 4] = [
+    KIND_PATCH,
+    KIND_PULL_REQUEST,
+    KIND_PULL_REQUEST_UPDATE,
+    KIND_ISSUE,
+];
+
+/// A repository reference: the addressable coordinate `30617:<pubkey hex>:<d>`.
+pub type RepoRef = String;
+
+/// Returns true when `kind` is a root-event kind (1617, 1618, 1619, 1621).
+pub fn is_root_kind(kind: Kind) -> bool {
+    ROOT_EVENT_KINDS.contains(&kind.as_u16())
+}
+
+/// Parses a `30617:<pubkey>:<d>` coordinate into its canonical form (pubkey lower-case).
+///
+/// Returns `None` for another kind, a pubkey that is not 64 hex characters, or a missing
+/// `d` part. The `d` part may itself contain `:` and may be empty.
+pub fn parse_repo_coordinate(value: &str) -> Option<RepoRef> {
+    let mut parts = value.splitn(3, ':');
+    let kind = parts.next()?;
+    let pubkey = parts.next()?;
+    let d = parts.next()?;
+    if kind != "30617" {
+        return None;
+    }
+    if pubkey.len() != 64 || !pubkey.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(format!("30617:{}:{}", pubkey.to_ascii_lowercase(), d))
+}
+
+/// The repository reference an announcement event defines.
+pub fn repo_ref_of_announcement(event: &Event) -> RepoRef {
+    let d = event
+        .tags
+        .iter()
+        .find(|t| t.kind() == "d")
+        .and_then(|t| t.content())
+        .unwrap_or("");
+    format!("30617:{}:{}", event.pubkey.to_hex(), d)
+}
+
+/// A parsed repository announcement (kind 30617).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    /// `30617:<pubkey>:<d>`.
+    pub repo_ref: RepoRef,
+    /// Every relay named by every value of every `relays` tag, normalised and de-duplicated.
+    pub relays: Vec<RelayUrl>,
+    /// The announcement's `created_at` (seconds), to keep only the newest one per repository.
+    pub created_at: u64,
+}
+
+/// Parses a kind-30617 announcement. Returns `None` for any other kind.
+///
+/// Unlike the design document's sample code, which reads only the first value of the first
+/// relay tag, this reads **every value of every `relays` tag** (NIP-34 puts all relays in one
+/// multi-valued tag; some clients write one tag per relay). Values that are not ws/wss URLs
+/// are skipped with a debug log.
+pub fn parse_announcement(event: &Event) -> Option<Announcement> {
+    if event.kind.as_u16() != KIND_REPO_ANNOUNCEMENT {
+        return None;
+    }
+    let repo_ref = repo_ref_of_announcement(event);
+    let mut relays: Vec<RelayUrl> = Vec::new();
+    for tag in event.tags.iter() {
+        if tag.kind() != "relays" {
+            continue;
+        }
+        for value in tag.as_slice().iter().skip(1) {
+            // Some clients pack several URLs into one value separated by commas or spaces.
+            for piece in value.split([',', ' ']).filter(|p| !p.is_empty()) {
+                match RelayUrl::parse(piece) {
+                    Ok(url) => {
+                        if !relays.contains(&url) {
+                            relays.push(url);
+                        }
+                    }
+                    Err(e) => debug!(
+                        "announcement {} ({}): ignoring relay value {:?}: {}",
+                        event.id, repo_ref, piece, e
+                    ),
+                }
+            }
+        }
+    }
+    Some(Announcement {
+        repo_ref,
+        relays,
+        created_at: event.created_at.as_secs(),
+    })
+}
+
+/// The repositories a root event (1617/1618/1619/1621) belongs to: every `a` tag value that
+/// is a valid 30617 coordinate. Returns an empty list for other kinds.
+pub fn root_event_repos(event: &Event) -> Vec<RepoRef> {
+    if !is_root_kind(event.kind) {
+        return Vec::new();
+    }
+    let mut repos = Vec::new();
+    for tag in event.tags.iter() {
+        if tag.kind() != "a" {
+            continue;
+        }
+        match tag.content() {
+            Some(value) => match parse_repo_coordinate(value) {
+                Some(r) => {
+                    if !repos.contains(&r) {
+                        repos.push(r)
+                    }
+                }
+                None => debug!(
+                    "root event {}: ignoring `a` tag {:?} (not a 30617 coordinate)",
+                    event.id, value
+                ),
+            },
+            None => debug!("root event {}: ignoring empty `a` tag", event.id),
+        }
+    }
+    repos
+}
+
+/// What one event read from the own relay means for the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SelfEventMeaning {
+    /// A repository announcement.
+    Announcement(Announcement),
+    /// A root event linked to these repositories.
+    RootEvent {
+        /// The root event's id.
+        id: EventId,
+        /// The repositories it belongs to (may be empty: then it is ignored).
+        repos: Vec<RepoRef>,
+    },
+    /// Nothing we track.
+    Other,
+}
+
+/// Classifies an event read by the self-subscription.
+pub fn classify_self_event(event: &Event) -> SelfEventMeaning {
+    if let Some(a) = parse_announcement(event) {
+        return SelfEventMeaning::Announcement(a);
+    }
+    if is_root_kind(event.kind) {
+        return SelfEventMeaning::RootEvent {
+            id: event.id,
+            repos: root_event_repos(event),
+        };
+    }
+    SelfEventMeaning::Other
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::event::{EventBuilder, FinalizeEvent, Tag};
+    use nostr::key::Keys;
+
+    fn keys() -> Keys {
+        Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e").unwrap()
+    }
+
+    fn announcement(tags: Vec<Vec<&str>>) -> Event {
+        let mut b = EventBuilder::new(Kind::Custom(30617), "");
+        for t in tags {
+            b = b.tag(Tag::parse(t).unwrap());
+        }
+        b.finalize(&keys()).unwrap()
+    }
+
+    #[test]
+    fn coordinate_parsing() {
+        let pk = "A".repeat(64);
+        assert_eq!(
+            parse_repo_coordinate(&format!("30617:{pk}:my:repo")),
+            Some(format!("30617:{}:my:repo", "a".repeat(64)))
+        );
+        assert_eq!(
+            parse_repo_coordinate(&format!("30617:{pk}:")),
+            Some(format!("30617:{}:", "a".repeat(64)))
+        );
+        assert_eq!(parse_repo_coordinate(&format!("30618:{pk}:x")), None);
+        assert_eq!(parse_repo_coordinate("30617:abc:x"), None);
+        assert_eq!(parse_repo_coordinate(&format!("30617:{}:x", "g".repeat(64))), None);
+        assert_eq!(parse_repo_coordinate(&format!("30617:{pk}")), None);
+        assert_eq!(parse_repo_coordinate(""), None);
+    }
+
+    #[test]
+    fn reads_every_value_of_every_relays_tag() {
+        let ev = announcement(vec![
+            vec!["d", "grasp"],
+            vec!["relays", "wss://a.example", "wss://B.example/", "not a url"],
+            vec!["relays", "wss://c.example:443", "wss://a.example"],
+            vec!["relays"],
+            vec!["relays", "wss://d.example,wss://e.example"],
+            vec!["r", "wss://ignored.example"],
+        ]);
+        let a = parse_announcement(&ev).unwrap();
+        assert_eq!(
+            a.repo_ref,
+            format!("30617:{}:grasp", keys().public_key().to_hex())
+        );
+        let relays: Vec<&str> = a.relays.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            relays,
+            vec![
+                "wss://a.example",
+                "wss://b.example",
+                "wss://c.example",
+                "wss://d.example",
+                "wss://e.example"
+            ]
+        );
+    }
+
+    #[test]
+    fn announcement_without_d_tag_has_empty_identifier() {
+        let ev = announcement(vec![vec!["relays", "wss://a.example"]]);
+        let a = parse_announcement(&ev).unwrap();
+        assert!(a.repo_ref.ends_with(':'));
+    }
+
+    #[test]
+    fn root_events_link_by_a_tags_and_ignore_garbage() {
+        let pk = keys().public_key().to_hex();
+        let ev = EventBuilder::new(Kind::Custom(1621), "bug")
+            .tag(Tag::parse(["a", &format!("30617:{pk}:one")]).unwrap())
+            .tag(Tag::parse(["a", &format!("30617:{pk}:two"), "wss://x"]).unwrap())
+            .tag(Tag::parse(["a", "30617:short:three"]).unwrap())
+            .tag(Tag::parse(["a", &format!("30023:{pk}:article")]).unwrap())
+            .tag(Tag::parse(["a"]).unwrap())
+            .tag(Tag::parse(["A", &format!("30617:{pk}:upper")]).unwrap())
+            .finalize(&keys())
+            .unwrap();
+        assert_eq!(
+            root_event_repos(&ev),
+            vec![format!("30617:{pk}:one"), format!("30617:{pk}:two")]
+        );
+        match classify_self_event(&ev) {
+            SelfEventMeaning::RootEvent { id, repos } => {
+                assert_eq!(id, ev.id);
+                assert_eq!(repos.len(), 2);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn other_kinds_are_other() {
+        let ev = EventBuilder::new(Kind::Custom(1), "hi")
+            .finalize(&keys())
+            .unwrap();
+        assert_eq!(classify_self_event(&ev), SelfEventMeaning::Other);
+        assert!(root_event_repos(&ev).is_empty());
+        assert!(parse_announcement(&ev).is_none());
+    }
+}

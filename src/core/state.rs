@@ -1,0 +1,135 @@
+//! The design's three indexes: what we want ([`RepoSyncIndex`]), what is confirmed per relay
+//! ([`RelaySyncIndex`]) and what is in flight ([`PendingSyncIndex`]).
+//!
+//! In the design these are `Arc<RwLock<HashMap<..>>>` shared by tasks. Here they are plain maps
+//! owned by [`crate::core::SyncMachine`]; the engine keeps the whole machine behind one
+//! `parking_lot` lock that only the coordinator thread writes, so the three are always
+//! consistent with each other when a status reader looks.
+
+use std::collections::{HashMap, HashSet};
+
+use nostr::event::EventId;
+use nostr::message::SubscriptionId;
+
+use crate::core::nip34::RepoRef;
+use crate::core::time::Time;
+use crate::net::url::RelayUrl;
+
+/// What one repository needs: the relays its announcement lists and its root events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RepoSyncNeeds {
+    /// Relay URLs listed in this repo's 30617 announcement (normalised).
+    pub relays: HashSet<RelayUrl>,
+    /// Root event ids (1617/1618/1619/1621) that reference this repo.
+    pub root_events: HashSet<EventId>,
+    /// `created_at` of the announcement the relay set came from; a newer one replaces it.
+    pub announced_at: Option<u64>,
+}
+
+/// What we WANT to sync, keyed by repository reference `30617:<pubkey>:<d>`.
+pub type RepoSyncIndex = HashMap<RepoRef, RepoSyncNeeds>;
+
+/// The per-relay view of [`RepoSyncIndex`]: what one relay should carry for us.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelaySyncNeeds {
+    /// Repositories whose announcement lists this relay.
+    pub repos: HashSet<RepoRef>,
+    /// Root events of those repositories.
+    pub root_events: HashSet<EventId>,
+}
+
+/// Connection status of a relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnectionStatus {
+    /// Not connected (never tried, failed, or lost).
+    Disconnected,
+    /// A connection attempt is in progress.
+    Connecting,
+    /// Connected; subscriptions can be sent.
+    Connected,
+}
+
+/// Confirmed state and connection lifecycle of one remote relay.
+#[derive(Debug, Clone)]
+pub struct RelayState {
+    /// Repositories whose Layer-2 history this relay delivered completely (EOSE seen).
+    pub repos: HashSet<RepoRef>,
+    /// Root events whose Layer-3 history this relay delivered completely.
+    pub root_events: HashSet<EventId>,
+    /// A bootstrap relay is never idle-disconnected.
+    pub is_bootstrap: bool,
+    /// Current connection status.
+    pub connection_status: ConnectionStatus,
+    /// When the last connection was established (for the quick-reconnect `since`).
+    pub last_connected: Option<Time>,
+    /// When the relay was last lost (for the 15-minute rule).
+    pub disconnected_at: Option<Time>,
+    /// Connection generation: bumped on every connect attempt so that reports and commands
+    /// from an earlier connection are recognised and ignored.
+    pub generation: u64,
+}
+
+impl RelayState {
+    /// A relay just discovered (no history, not connected).
+    pub fn new(is_bootstrap: bool) -> RelayState {
+        RelayState {
+            repos: HashSet::new(),
+            root_events: HashSet::new(),
+            is_bootstrap,
+            connection_status: ConnectionStatus::Disconnected,
+            last_connected: None,
+            disconnected_at: None,
+            generation: 0,
+        }
+    }
+
+    /// True when the relay was disconnected for longer than `window` at `now`
+    /// (the design's `should_clear_state`, with time injected).
+    pub fn should_clear_state(&self, now: Time, window: std::time::Duration) -> bool {
+        match self.disconnected_at {
+            Some(at) => now.since(at) > window,
+            None => false,
+        }
+    }
+
+    /// Forgets the confirmed items (stale reconnect, daily resync).
+    pub fn clear_sync_state(&mut self) {
+        self.repos.clear();
+        self.root_events.clear();
+    }
+}
+
+/// Confirmed state per relay.
+pub type RelaySyncIndex = HashMap<RelayUrl, RelayState>;
+
+/// The items one batch of subscriptions syncs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingItems {
+    /// Repositories (Layer 2).
+    pub repos: HashSet<RepoRef>,
+    /// Root events (Layer 3).
+    pub root_events: HashSet<EventId>,
+}
+
+impl PendingItems {
+    /// True when the batch carries nothing.
+    pub fn is_empty(&self) -> bool {
+        self.repos.is_empty() && self.root_events.is_empty()
+    }
+}
+
+/// Subscriptions in flight for one AddFilters; confirms when every one got EOSE.
+#[derive(Debug, Clone)]
+pub struct PendingBatch {
+    /// Unique id, for logs.
+    pub batch_id: u64,
+    /// What the batch syncs.
+    pub items: PendingItems,
+    /// Subscriptions that must all see EOSE before the items count as confirmed.
+    pub outstanding_subs: HashSet<SubscriptionId>,
+    /// When the batch was sent.
+    pub started_at: Time,
+}
+
+/// In-flight batches per relay.
+pub type PendingSyncIndex = HashMap<RelayUrl, Vec<PendingBatch>>;

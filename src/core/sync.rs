@@ -1,0 +1,979 @@
+//! [`SyncMachine`]: the coordinator's brain, sans-IO.
+//!
+//! It owns the design's three indexes and decides everything: which relays to connect, what
+//! to subscribe with which `since`, when a batch is confirmed or failed, when to retry. It
+//! takes [`Report`]s from the connection threads plus `now`, and queues [`Command`]s that the
+//! engine carries out. It never blocks and never reads a clock, so a test can drive it
+//! through hours of simulated time.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use nostr::event::{Event, EventId};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::actions::{compute_actions, derive_relay_targets, AddFilters};
+use crate::core::filters::{
+    build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
+};
+use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
+use crate::core::nip34::{classify_self_event, SelfEventMeaning};
+use crate::core::state::{
+    ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
+    RelaySyncNeeds, RepoSyncIndex,
+};
+use crate::core::time::Time;
+use crate::net::url::RelayUrl;
+
+/// Settings of the sync logic.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// The own relay's connect URL.
+    pub own_relay: RelayUrl,
+    /// Other URLs under which the own relay is announced; never sync targets.
+    pub own_aliases: Vec<RelayUrl>,
+    /// Relays connected from the start and never idle-disconnected.
+    pub bootstrap: Vec<RelayUrl>,
+    /// Self-subscription batch window (design: 5 s). Starts at the first event of a batch
+    /// and does not reset.
+    pub batch_window: Duration,
+    /// The most self-subscription events held in one batch; a full batch is processed early.
+    pub max_batch_events: usize,
+    /// Quick-reconnect window and `since` margin (design: 15 min).
+    pub quick_reconnect_window: Duration,
+    /// A batch whose subscriptions have not all seen EOSE after this long fails.
+    pub eose_timeout: Duration,
+    /// Interval of the idle-relay check (design: 60 s).
+    pub disconnect_check_interval: Duration,
+    /// Reconnect backoff and health thresholds.
+    pub backoff: BackoffPolicy,
+    /// Seed of the jitter source.
+    pub seed: u64,
+}
+
+impl SyncConfig {
+    /// Defaults from the design document for `own_relay`.
+    pub fn new(own_relay: RelayUrl) -> SyncConfig {
+        SyncConfig {
+            own_relay,
+            own_aliases: Vec::new(),
+            bootstrap: Vec::new(),
+            batch_window: Duration::from_secs(5),
+            max_batch_events: 50_000,
+            quick_reconnect_window: Duration::from_secs(15 * 60),
+            eose_timeout: Duration::from_secs(120),
+            disconnect_check_interval: Duration::from_secs(60),
+            backoff: BackoffPolicy::default(),
+            seed: 1,
+        }
+    }
+}
+
+/// What a connection thread reports.
+#[derive(Debug, Clone)]
+pub enum Report {
+    /// The websocket is open.
+    Connected {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the `Connect` this answers.
+        generation: u64,
+    },
+    /// The connect attempt failed, or an open connection was lost.
+    Disconnected {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// What went wrong, for the log.
+        reason: String,
+    },
+    /// End of stored events for a subscription.
+    Eose {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The subscription.
+        sub_id: SubscriptionId,
+        /// Events received on it before EOSE (accepted or not).
+        received: u64,
+    },
+    /// The relay closed a subscription.
+    Closed {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The subscription.
+        sub_id: SubscriptionId,
+        /// The relay's reason.
+        message: String,
+    },
+    /// A checked event read by the self-subscription on the own relay.
+    SelfEvent {
+        /// Generation of the own relay connection.
+        generation: u64,
+        /// The event.
+        event: Box<Event>,
+    },
+}
+
+/// What the engine must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Open a connection (spawning the relay's thread if it has none).
+    Connect {
+        /// Relay (the own relay for the self-subscription).
+        relay: RelayUrl,
+        /// Generation to tag every report of this connection with.
+        generation: u64,
+    },
+    /// Send `["REQ", sub_id, filter]` on the connection of this generation.
+    Subscribe {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation; a thread drops commands of another generation.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// The one filter of this REQ.
+        filter: Filter,
+    },
+    /// Send `["CLOSE", sub_id]`.
+    Unsubscribe {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+    },
+    /// Close the connection and end the relay's thread: the relay is no longer needed.
+    Forget {
+        /// Relay.
+        relay: RelayUrl,
+    },
+    /// The repository index changed: the forwarder may retry events the own relay rejected.
+    RetryRejected,
+}
+
+/// What a subscription is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubPurpose {
+    /// Layer 1 (announcements), once per connection.
+    Announcements,
+    /// Layer 2/3 for a pending batch.
+    Batch(u64),
+    /// Layer 2/3 catch-up for confirmed items after a reconnect or consolidation.
+    CatchUp,
+    /// The self-subscription on the own relay.
+    SelfSubscription,
+}
+
+#[derive(Debug, Default)]
+struct Link {
+    subs: HashMap<SubscriptionId, SubPurpose>,
+    health: Health,
+    next_attempt: Option<Time>,
+    /// Batches failed: compute_actions leaves the relay alone until then.
+    retry_after: Option<Time>,
+}
+
+#[derive(Debug)]
+struct SelfBatch {
+    meanings: Vec<SelfEventMeaning>,
+    started: Option<Time>,
+}
+
+/// Counters kept by the machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncCounters {
+    /// Batches confirmed (every subscription saw EOSE).
+    pub batches_confirmed: u64,
+    /// Batches failed (EOSE deadline, CLOSED, disconnect).
+    pub batches_failed: u64,
+    /// Subscriptions closed by a relay.
+    pub closed_by_relay: u64,
+    /// Events read by the self-subscription.
+    pub self_events: u64,
+    /// Self-subscription batches processed.
+    pub self_batches: u64,
+    /// Connect commands issued.
+    pub connect_attempts: u64,
+}
+
+/// Status of one remote relay, as the machine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelaySyncStatus {
+    /// Relay.
+    pub url: RelayUrl,
+    /// Connection status.
+    pub connection_status: ConnectionStatus,
+    /// Health.
+    pub health: HealthState,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// Bootstrap relay.
+    pub is_bootstrap: bool,
+    /// Repositories the relay should carry.
+    pub target_repos: usize,
+    /// Root events the relay should carry.
+    pub target_root_events: usize,
+    /// Confirmed repositories.
+    pub confirmed_repos: usize,
+    /// Confirmed root events.
+    pub confirmed_root_events: usize,
+    /// Pending batches.
+    pub pending_batches: usize,
+    /// Repositories in pending batches.
+    pub pending_repos: usize,
+    /// Root events in pending batches.
+    pub pending_root_events: usize,
+    /// Open subscriptions.
+    pub open_subscriptions: usize,
+    /// Next reconnect attempt when disconnected.
+    pub next_attempt: Option<Time>,
+}
+
+/// The pure sync state machine. See the module documentation.
+#[derive(Debug)]
+pub struct SyncMachine {
+    config: SyncConfig,
+    excluded: Vec<RelayUrl>,
+    repo_index: RepoSyncIndex,
+    relays: RelaySyncIndex,
+    pending: PendingSyncIndex,
+    links: HashMap<RelayUrl, Link>,
+    own: RelayState,
+    own_link: Link,
+    batch: SelfBatch,
+    commands: VecDeque<Command>,
+    next_sub: u64,
+    next_batch: u64,
+    next_disconnect_check: Option<Time>,
+    jitter: Jitter,
+    counters: SyncCounters,
+    started: bool,
+}
+
+impl SyncMachine {
+    /// A machine with nothing known yet. Call [`SyncMachine::start`] next.
+    pub fn new(config: SyncConfig) -> SyncMachine {
+        let mut excluded = vec![config.own_relay.clone()];
+        for a in &config.own_aliases {
+            if !excluded.contains(a) {
+                excluded.push(a.clone());
+            }
+        }
+        let jitter = Jitter::new(config.seed);
+        SyncMachine {
+            excluded,
+            repo_index: RepoSyncIndex::new(),
+            relays: RelaySyncIndex::new(),
+            pending: PendingSyncIndex::new(),
+            links: HashMap::new(),
+            own: RelayState::new(false),
+            own_link: Link::default(),
+            batch: SelfBatch {
+                meanings: Vec::new(),
+                started: None,
+            },
+            commands: VecDeque::new(),
+            next_sub: 0,
+            next_batch: 0,
+            next_disconnect_check: None,
+            jitter,
+            counters: SyncCounters::default(),
+            config,
+            started: false,
+        }
+    }
+
+    /// Starts: connects the own relay (self-subscription) and every bootstrap relay.
+    pub fn start(&mut self, now: Time) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        self.connect_own(now);
+        for b in self.config.bootstrap.clone() {
+            if self.excluded.contains(&b) {
+                warn!("bootstrap relay {b} is the own relay; ignoring it as a sync source");
+                continue;
+            }
+            let mut s = RelayState::new(true);
+            s.connection_status = ConnectionStatus::Disconnected;
+            self.relays.insert(b.clone(), s);
+            self.links.insert(b.clone(), Link::default());
+            self.connect_remote(&b, now);
+        }
+        self.next_disconnect_check = Some(now.add(self.config.disconnect_check_interval));
+    }
+
+    /// The next command to carry out.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The earliest time at which [`SyncMachine::handle_timeout`] has work.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let mut t: Option<Time> = None;
+        let mut consider = |x: Option<Time>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        consider(self.batch.started.map(|s| s.add(self.config.batch_window)));
+        consider(self.next_disconnect_check);
+        consider(self.own_link.next_attempt);
+        for (url, link) in &self.links {
+            consider(link.next_attempt);
+            consider(link.retry_after);
+            if let Some(batches) = self.pending.get(url) {
+                consider(
+                    batches
+                        .iter()
+                        .map(|b| b.started_at.add(self.config.eose_timeout))
+                        .min(),
+                );
+            }
+        }
+        t
+    }
+
+    /// Runs every timer that is due at `now`.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if let Some(s) = self.batch.started {
+            if now >= s.add(self.config.batch_window) {
+                self.process_batch(now);
+            }
+        }
+        if self.own_link.next_attempt.is_some_and(|t| t <= now) {
+            self.own_link.next_attempt = None;
+            self.connect_own(now);
+        }
+        let due: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.next_attempt.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in due {
+            if let Some(l) = self.links.get_mut(&url) {
+                l.next_attempt = None;
+            }
+            self.connect_remote(&url, now);
+        }
+        self.expire_batches(now);
+        let retry: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.retry_after.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in retry {
+            if let Some(l) = self.links.get_mut(&url) {
+                l.retry_after = None;
+            }
+            self.recompute_actions_for_relay(&url, now);
+        }
+        if self.next_disconnect_check.is_some_and(|t| t <= now) {
+            self.next_disconnect_check = Some(now.add(self.config.disconnect_check_interval));
+            self.check_disconnects(now);
+        }
+    }
+
+    /// Feeds one report from a connection thread.
+    pub fn handle_report(&mut self, report: Report, now: Time) {
+        match report {
+            Report::Connected { relay, generation } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_connected(now);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_connect_or_reconnect(&relay, now);
+                }
+            }
+            Report::Disconnected {
+                relay,
+                generation,
+                reason,
+            } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_disconnected(&reason, now);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_disconnect(&relay, &reason, now);
+                }
+            }
+            Report::Eose {
+                relay,
+                generation,
+                sub_id,
+                received,
+            } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        info!("self-subscription: stored history read ({received} events)");
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_eose(&relay, &sub_id, received, now);
+                }
+            }
+            Report::Closed {
+                relay,
+                generation,
+                sub_id,
+                message,
+            } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_closed(&message, now);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_closed(&relay, &sub_id, &message, now);
+                }
+            }
+            Report::SelfEvent { generation, event } => {
+                if generation == self.own.generation {
+                    self.push_self_event(&event, now);
+                }
+            }
+        }
+    }
+
+    fn is_current(&self, relay: &RelayUrl, generation: u64) -> bool {
+        self.relays
+            .get(relay)
+            .is_some_and(|s| s.generation == generation)
+    }
+
+    fn new_sub_id(&mut self) -> SubscriptionId {
+        self.next_sub += 1;
+        SubscriptionId::new(format!("gs{}", self.next_sub))
+    }
+
+    // ----- own relay (self-subscription) -----
+
+    fn connect_own(&mut self, _now: Time) {
+        self.own.generation += 1;
+        self.own.connection_status = ConnectionStatus::Connecting;
+        self.counters.connect_attempts += 1;
+        self.commands.push_back(Command::Connect {
+            relay: self.config.own_relay.clone(),
+            generation: self.own.generation,
+        });
+    }
+
+    fn handle_own_connected(&mut self, now: Time) {
+        let since = self
+            .own
+            .last_connected
+            .map(|t| t.sub(self.config.quick_reconnect_window).timestamp());
+        self.own.connection_status = ConnectionStatus::Connected;
+        self.own.last_connected = Some(now);
+        self.own.disconnected_at = None;
+        self.own_link.health.record_success(now);
+        let sub_id = self.new_sub_id();
+        self.own_link.subs.clear();
+        self.own_link
+            .subs
+            .insert(sub_id.clone(), SubPurpose::SelfSubscription);
+        info!(
+            "own relay {} connected; self-subscribing{}",
+            self.config.own_relay,
+            since.map_or(String::from(" (full history)"), |s| format!(
+                " since {}",
+                s.as_secs()
+            ))
+        );
+        self.commands.push_back(Command::Subscribe {
+            relay: self.config.own_relay.clone(),
+            generation: self.own.generation,
+            sub_id,
+            filter: self_subscription_filter(since),
+        });
+    }
+
+    fn handle_own_disconnected(&mut self, reason: &str, now: Time) {
+        if self.own.connection_status == ConnectionStatus::Connected {
+            self.own.disconnected_at = Some(now);
+        }
+        self.own.connection_status = ConnectionStatus::Disconnected;
+        self.own_link.subs.clear();
+        self.own_link
+            .health
+            .record_failure(now, &self.config.backoff);
+        let at = self
+            .own_link
+            .health
+            .next_attempt(now, &self.config.backoff, self.jitter.unit());
+        warn!(
+            "own relay {} unavailable ({reason}); retrying in {:.1}s",
+            self.config.own_relay,
+            at.since(now).as_secs_f64()
+        );
+        self.own_link.next_attempt = Some(at);
+    }
+
+    fn handle_own_closed(&mut self, message: &str, now: Time) {
+        warn!("own relay closed the self-subscription ({message:?}); reconnecting after backoff");
+        // The next Connect (new generation) replaces the connection.
+        self.handle_own_disconnected(&format!("CLOSED {message:?}"), now);
+    }
+
+    fn push_self_event(&mut self, event: &Event, now: Time) {
+        self.counters.self_events += 1;
+        let meaning = classify_self_event(event);
+        if meaning == SelfEventMeaning::Other {
+            debug!("self-subscription: ignoring event {} of kind {}", event.id, event.kind);
+            return;
+        }
+        self.batch.meanings.push(meaning);
+        if self.batch.started.is_none() {
+            self.batch.started = Some(now);
+        }
+        if self.batch.meanings.len() >= self.config.max_batch_events {
+            self.process_batch(now);
+        }
+    }
+
+    /// Applies the self-subscription batch to the repository index and runs compute_actions.
+    fn process_batch(&mut self, now: Time) {
+        let meanings = std::mem::take(&mut self.batch.meanings);
+        self.batch.started = None;
+        self.counters.self_batches += 1;
+        let mut announcements = 0usize;
+        let mut roots = 0usize;
+        for m in meanings {
+            match m {
+                SelfEventMeaning::Announcement(a) => {
+                    let needs = self.repo_index.entry(a.repo_ref.clone()).or_default();
+                    if needs.announced_at.is_some_and(|t| t > a.created_at) {
+                        debug!("ignoring older announcement of {}", a.repo_ref);
+                        continue;
+                    }
+                    needs.announced_at = Some(a.created_at);
+                    needs.relays = a.relays.into_iter().collect();
+                    announcements += 1;
+                }
+                SelfEventMeaning::RootEvent { id, repos } => {
+                    if repos.is_empty() {
+                        debug!("root event {id} names no repository; ignored");
+                    }
+                    for r in repos {
+                        if self
+                            .repo_index
+                            .entry(r)
+                            .or_default()
+                            .root_events
+                            .insert(id)
+                        {
+                            roots += 1;
+                        }
+                    }
+                }
+                SelfEventMeaning::Other => {}
+            }
+        }
+        info!(
+            "batch: {announcements} announcements, {roots} new root-event links; {} repositories known",
+            self.repo_index.len()
+        );
+        if announcements > 0 {
+            self.commands.push_back(Command::RetryRejected);
+        }
+        self.run_compute_actions(now);
+    }
+
+    // ----- remote relays -----
+
+    fn targets(&self) -> HashMap<RelayUrl, RelaySyncNeeds> {
+        derive_relay_targets(&self.repo_index, &self.excluded)
+    }
+
+    fn run_compute_actions(&mut self, now: Time) {
+        let targets = self.targets();
+        let actions = compute_actions(&targets, &self.pending, &self.relays);
+        for a in actions {
+            if self
+                .links
+                .get(&a.relay_url)
+                .is_some_and(|l| l.retry_after.is_some())
+            {
+                continue;
+            }
+            self.handle_add_filters(a, now);
+        }
+    }
+
+    fn recompute_actions_for_relay(&mut self, relay: &RelayUrl, now: Time) {
+        let mut targets = self.targets();
+        let Some(target) = targets.remove(relay) else {
+            return;
+        };
+        let single = HashMap::from([(relay.clone(), target)]);
+        for a in compute_actions(&single, &self.pending, &self.relays) {
+            self.handle_add_filters(a, now);
+        }
+    }
+
+    /// The design's `handle_add_filters`: spawn unknown relays; subscribe connected ones and
+    /// record a [`PendingBatch`].
+    fn handle_add_filters(&mut self, action: AddFilters, now: Time) {
+        let AddFilters {
+            relay_url,
+            repos,
+            root_events,
+            filters,
+        } = action;
+        match self.relays.get(&relay_url) {
+            None => {
+                info!("discovered relay {relay_url}");
+                self.relays
+                    .insert(relay_url.clone(), RelayState::new(false));
+                self.links.insert(relay_url.clone(), Link::default());
+                self.connect_remote(&relay_url, now);
+                return;
+            }
+            Some(s) if s.connection_status != ConnectionStatus::Connected => return,
+            Some(_) => {}
+        }
+        let generation = self.relays[&relay_url].generation;
+        self.next_batch += 1;
+        let batch_id = self.next_batch;
+        let mut outstanding = HashSet::new();
+        for filter in filters {
+            let sub_id = self.new_sub_id();
+            outstanding.insert(sub_id.clone());
+            self.link(&relay_url)
+                .subs
+                .insert(sub_id.clone(), SubPurpose::Batch(batch_id));
+            self.commands.push_back(Command::Subscribe {
+                relay: relay_url.clone(),
+                generation,
+                sub_id,
+                filter,
+            });
+        }
+        debug!(
+            "{relay_url}: batch {batch_id} with {} repos, {} root events, {} subscriptions",
+            repos.len(),
+            root_events.len(),
+            outstanding.len()
+        );
+        self.pending
+            .entry(relay_url)
+            .or_default()
+            .push(PendingBatch {
+                batch_id,
+                items: PendingItems { repos, root_events },
+                outstanding_subs: outstanding,
+                started_at: now,
+            });
+    }
+
+    fn link(&mut self, relay: &RelayUrl) -> &mut Link {
+        self.links.entry(relay.clone()).or_default()
+    }
+
+    fn connect_remote(&mut self, relay: &RelayUrl, _now: Time) {
+        let Some(state) = self.relays.get_mut(relay) else {
+            return;
+        };
+        state.generation += 1;
+        state.connection_status = ConnectionStatus::Connecting;
+        self.counters.connect_attempts += 1;
+        self.commands.push_back(Command::Connect {
+            relay: relay.clone(),
+            generation: state.generation,
+        });
+    }
+
+    /// The design's `handle_connect_or_reconnect`: fresh, quick or stale.
+    fn handle_connect_or_reconnect(&mut self, relay: &RelayUrl, now: Time) {
+        let window = self.config.quick_reconnect_window;
+        let Some(state) = self.relays.get_mut(relay) else {
+            return;
+        };
+        let stale = state.last_connected.is_some() && state.should_clear_state(now, window);
+        let fresh = state.last_connected.is_none() || stale;
+        let since = if fresh {
+            None
+        } else {
+            state.last_connected.map(|t| t.sub(window).timestamp())
+        };
+        if stale {
+            info!("{relay}: reconnected after more than {window:?}; fresh sync");
+            state.clear_sync_state();
+        }
+        state.connection_status = ConnectionStatus::Connected;
+        state.last_connected = Some(now);
+        state.disconnected_at = None;
+        let generation = state.generation;
+        let (repos, roots) = (state.repos.clone(), state.root_events.clone());
+        self.link(relay).health.record_success(now);
+        info!(
+            "{relay}: connected ({})",
+            match since {
+                None => "fresh sync".to_string(),
+                Some(s) => format!("quick reconnect, catch-up since {}", s.as_secs()),
+            }
+        );
+        let mut subs = vec![(SubPurpose::Announcements, build_announcement_filter(since))];
+        if !fresh {
+            for f in build_layer2_and_layer3_filters(&repos, &roots, since) {
+                subs.push((SubPurpose::CatchUp, f));
+            }
+        }
+        for (purpose, filter) in subs {
+            let sub_id = self.new_sub_id();
+            self.link(relay).subs.insert(sub_id.clone(), purpose);
+            self.commands.push_back(Command::Subscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id,
+                filter,
+            });
+        }
+        self.recompute_actions_for_relay(relay, now);
+    }
+
+    /// The design's `handle_disconnect`, plus the reconnect schedule.
+    fn handle_disconnect(&mut self, relay: &RelayUrl, reason: &str, now: Time) {
+        let Some(state) = self.relays.get_mut(relay) else {
+            return;
+        };
+        let was_connected = state.connection_status == ConnectionStatus::Connected;
+        if was_connected {
+            state.disconnected_at = Some(now);
+        }
+        state.connection_status = ConnectionStatus::Disconnected;
+        if let Some(batches) = self.pending.remove(relay) {
+            self.counters.batches_failed += batches.len() as u64;
+        }
+        let policy = self.config.backoff;
+        let unit = self.jitter.unit();
+        let link = self.links.entry(relay.clone()).or_default();
+        link.subs.clear();
+        link.health.record_failure(now, &policy);
+        let at = link.health.next_attempt(now, &policy, unit);
+        link.next_attempt = Some(at);
+        let verb = if was_connected {
+            "lost"
+        } else {
+            "connect failed"
+        };
+        warn!(
+            "{relay}: {verb} ({reason}); retry in {:.1}s (failures: {})",
+            at.since(now).as_secs_f64(),
+            link.health.failures()
+        );
+    }
+
+    fn handle_eose(&mut self, relay: &RelayUrl, sub_id: &SubscriptionId, received: u64, _now: Time) {
+        let purpose = self.links.get(relay).and_then(|l| l.subs.get(sub_id)).copied();
+        let Some(SubPurpose::Batch(batch_id)) = purpose else {
+            debug!("{relay}: EOSE for {sub_id} ({purpose:?}, {received} events)");
+            return;
+        };
+        let Some(batches) = self.pending.get_mut(relay) else {
+            return;
+        };
+        let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
+            return;
+        };
+        batches[pos].outstanding_subs.remove(sub_id);
+        if !batches[pos].outstanding_subs.is_empty() {
+            return;
+        }
+        let batch = batches.remove(pos);
+        if batches.is_empty() {
+            self.pending.remove(relay);
+        }
+        self.counters.batches_confirmed += 1;
+        if let Some(state) = self.relays.get_mut(relay) {
+            debug!(
+                "{relay}: batch {} confirmed ({} repos, {} root events)",
+                batch.batch_id,
+                batch.items.repos.len(),
+                batch.items.root_events.len()
+            );
+            state.repos.extend(batch.items.repos);
+            state.root_events.extend(batch.items.root_events);
+        }
+    }
+
+    fn handle_closed(&mut self, relay: &RelayUrl, sub_id: &SubscriptionId, message: &str, now: Time) {
+        self.counters.closed_by_relay += 1;
+        let purpose = self
+            .links
+            .get_mut(relay)
+            .and_then(|l| l.subs.remove(sub_id));
+        warn!("{relay}: subscription {sub_id} ({purpose:?}) closed by the relay: {message:?}");
+        if let Some(SubPurpose::Batch(batch_id)) = purpose {
+            self.fail_batch(relay, batch_id, now, "closed by relay");
+        }
+    }
+
+    fn fail_batch(&mut self, relay: &RelayUrl, batch_id: u64, now: Time, why: &str) {
+        let Some(batches) = self.pending.get_mut(relay) else {
+            return;
+        };
+        let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
+            return;
+        };
+        let batch = batches.remove(pos);
+        if batches.is_empty() {
+            self.pending.remove(relay);
+        }
+        self.counters.batches_failed += 1;
+        let generation = self.relays.get(relay).map_or(0, |s| s.generation);
+        let policy = self.config.backoff;
+        let unit = self.jitter.unit();
+        let link = self.links.entry(relay.clone()).or_default();
+        for sub in &batch.outstanding_subs {
+            if link.subs.remove(sub).is_some() {
+                self.commands.push_back(Command::Unsubscribe {
+                    relay: relay.clone(),
+                    generation,
+                    sub_id: sub.clone(),
+                });
+            }
+        }
+        let delay = policy.base.mul_f64(0.75 + 0.5 * unit).max(Duration::from_secs(1));
+        let at = now.add(delay.max(link.health.base_delay(now, &policy)));
+        link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
+        warn!(
+            "{relay}: batch {batch_id} failed ({why}); its {} repos and {} root events are retried in {:.0}s",
+            batch.items.repos.len(),
+            batch.items.root_events.len(),
+            at.since(now).as_secs_f64()
+        );
+    }
+
+    fn expire_batches(&mut self, now: Time) {
+        let timeout = self.config.eose_timeout;
+        let expired: Vec<(RelayUrl, u64)> = self
+            .pending
+            .iter()
+            .flat_map(|(u, bs)| {
+                bs.iter()
+                    .filter(|b| now.since(b.started_at) >= timeout)
+                    .map(|b| (u.clone(), b.batch_id))
+            })
+            .collect();
+        for (relay, batch_id) in expired {
+            self.fail_batch(&relay, batch_id, now, "no EOSE before the deadline");
+        }
+    }
+
+    /// The design's `check_disconnects`, corrected: a relay is dropped only when it has no
+    /// target items, no pending batch and is not bootstrap. A relay still in its first sync
+    /// has targets, so it is never dropped.
+    fn check_disconnects(&mut self, _now: Time) {
+        let targets = self.targets();
+        let idle: Vec<RelayUrl> = self
+            .relays
+            .iter()
+            .filter(|(url, s)| {
+                !s.is_bootstrap
+                    && !targets.contains_key(*url)
+                    && self.pending.get(*url).is_none_or(|b| b.is_empty())
+            })
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in idle {
+            info!("{url}: no repository needs this relay any more; disconnecting");
+            self.relays.remove(&url);
+            self.pending.remove(&url);
+            self.links.remove(&url);
+            self.commands.push_back(Command::Forget { relay: url });
+        }
+    }
+
+    // ----- read access -----
+
+    /// The repository index (what we want).
+    pub fn repo_index(&self) -> &RepoSyncIndex {
+        &self.repo_index
+    }
+
+    /// Confirmed state per relay.
+    pub fn relay_index(&self) -> &RelaySyncIndex {
+        &self.relays
+    }
+
+    /// In-flight batches per relay.
+    pub fn pending_index(&self) -> &PendingSyncIndex {
+        &self.pending
+    }
+
+    /// Open subscriptions per relay and purpose.
+    pub fn subscriptions(&self, relay: &RelayUrl) -> Vec<(SubscriptionId, SubPurpose)> {
+        let mut v: Vec<_> = self
+            .links
+            .get(relay)
+            .map(|l| l.subs.iter().map(|(s, p)| (s.clone(), *p)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Status of the own relay's self-subscription connection.
+    pub fn own_status(&self) -> ConnectionStatus {
+        self.own.connection_status
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> SyncCounters {
+        self.counters
+    }
+
+    /// Total root events known (distinct ids).
+    pub fn root_event_count(&self) -> usize {
+        let ids: HashSet<&EventId> = self
+            .repo_index
+            .values()
+            .flat_map(|n| n.root_events.iter())
+            .collect();
+        ids.len()
+    }
+
+    /// A status line per remote relay, sorted by URL.
+    pub fn relay_statuses(&self, now: Time) -> Vec<RelaySyncStatus> {
+        let targets = self.targets();
+        let sorted: BTreeMap<&RelayUrl, &RelayState> = self.relays.iter().collect();
+        sorted
+            .into_iter()
+            .map(|(url, s)| {
+                let link = self.links.get(url);
+                let pending = self.pending.get(url).map(|v| v.as_slice()).unwrap_or(&[]);
+                let target = targets.get(url);
+                RelaySyncStatus {
+                    url: url.clone(),
+                    connection_status: s.connection_status,
+                    health: link.map_or(HealthState::Healthy, |l| {
+                        l.health.state(now, &self.config.backoff)
+                    }),
+                    failures: link.map_or(0, |l| l.health.failures()),
+                    is_bootstrap: s.is_bootstrap,
+                    target_repos: target.map_or(0, |t| t.repos.len()),
+                    target_root_events: target.map_or(0, |t| t.root_events.len()),
+                    confirmed_repos: s.repos.len(),
+                    confirmed_root_events: s.root_events.len(),
+                    pending_batches: pending.len(),
+                    pending_repos: pending.iter().map(|b| b.items.repos.len()).sum(),
+                    pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
+                    open_subscriptions: link.map_or(0, |l| l.subs.len()),
+                    next_attempt: link.and_then(|l| l.next_attempt),
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,436 @@
+//! One thread per relay: a blocking websocket loop that only moves bytes and messages.
+//!
+//! The thread waits for a `Connect` from the coordinator, connects (with a deadline), reports
+//! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
+//! read one frame with a short read timeout, ping when due. Every event is checked (id,
+//! signature, matches the subscription's filter) and handed on: to the forwarder for a remote
+//! relay, to the coordinator for the own relay's self-subscription. After a disconnect the
+//! thread goes back to waiting; the coordinator decides when to reconnect.
+//!
+//! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
+//! connection is never sent on a later one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use log::{debug, info, trace, warn};
+use nostr::event::EventId;
+use nostr::filter::Filter;
+use nostr::message::{ClientMessage, SubscriptionId};
+use tungstenite::Message;
+
+use crate::core::keepalive::{KeepaliveAction, Keepalive};
+use crate::core::message::{check_event, parse_relay_frame, EventRejection, Incoming};
+use crate::core::sync::Report;
+use crate::core::time::Clock;
+use crate::engine::metrics::RelayCounters;
+use crate::engine::Input;
+use crate::net::url::RelayUrl;
+use crate::net::ws::{self, Socket, WsOptions};
+
+/// Commands from the coordinator to a relay thread.
+#[derive(Debug, Clone)]
+pub enum Control {
+    /// Open a connection tagged `generation` (closing any open one first).
+    Connect {
+        /// Generation.
+        generation: u64,
+    },
+    /// Send a REQ with one filter.
+    Subscribe {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// Filter.
+        filter: Box<Filter>,
+    },
+    /// Send a CLOSE.
+    Unsubscribe {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+    },
+    /// Close and end the thread.
+    Shutdown,
+}
+
+/// A checked event on its way into the own relay.
+#[derive(Debug, Clone)]
+pub struct ForwardItem {
+    /// Event id.
+    pub id: EventId,
+    /// The event's JSON exactly as the remote relay sent it.
+    pub raw: Arc<str>,
+}
+
+/// Where a connection's events go.
+#[derive(Clone)]
+pub enum Role {
+    /// A remote relay: checked events go to the forwarder.
+    Remote(Sender<ForwardItem>),
+    /// The own relay's self-subscription: checked events go to the coordinator.
+    Own,
+}
+
+/// Everything a relay thread needs.
+pub struct ConnectionThread {
+    /// The relay.
+    pub url: RelayUrl,
+    /// Where events go.
+    pub role: Role,
+    /// Commands in.
+    pub control: Receiver<Control>,
+    /// Reports out.
+    pub reports: Sender<Input>,
+    /// Websocket options.
+    pub ws: WsOptions,
+    /// Ping interval.
+    pub ping_interval: Duration,
+    /// Pong deadline.
+    pub pong_timeout: Duration,
+    /// Counters of this relay.
+    pub counters: Arc<RelayCounters>,
+    /// Set when the engine stops.
+    pub stopping: Arc<AtomicBool>,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+}
+
+struct Sub {
+    filter: Filter,
+    received: u64,
+}
+
+enum SessionEnd {
+    /// Lost; wait for the next Connect.
+    Lost,
+    /// A new Connect arrived during the session.
+    Reconnect(u64),
+    /// Shut down.
+    Stop,
+}
+
+impl ConnectionThread {
+    /// Runs until `Shutdown` (or the engine stops).
+    pub fn run(self) {
+        let mut next: Option<u64> = None;
+        loop {
+            let generation = match next.take() {
+                Some(g) => g,
+                None => match self.wait_for_connect() {
+                    Some(g) => g,
+                    None => break,
+                },
+            };
+            match self.session(generation) {
+                SessionEnd::Lost => {}
+                SessionEnd::Reconnect(g) => next = Some(g),
+                SessionEnd::Stop => break,
+            }
+        }
+        debug!("{}: thread ends", self.url);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    fn wait_for_connect(&self) -> Option<u64> {
+        loop {
+            if self.stopping() {
+                return None;
+            }
+            match self.control.recv_timeout(Duration::from_millis(200)) {
+                Ok(Control::Connect { generation }) => return Some(generation),
+                Ok(Control::Shutdown) => return None,
+                Ok(other) => trace!("{}: dropping {other:?} while disconnected", self.url),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    fn report(&self, r: Report) -> bool {
+        // The coordinator never waits on relay threads, so this cannot deadlock; the timeout
+        // loop only lets a stopping engine end the thread.
+        let mut msg = Input::Report(r);
+        loop {
+            match self.reports.send_timeout(msg, Duration::from_millis(200)) {
+                Ok(()) => return true,
+                Err(SendTimeoutError::Timeout(m)) => {
+                    if self.stopping() {
+                        return false;
+                    }
+                    msg = m;
+                }
+                Err(SendTimeoutError::Disconnected(_)) => return false,
+            }
+        }
+    }
+
+    fn disconnected(&self, generation: u64, reason: String) {
+        RelayCounters::inc(&self.counters.disconnects);
+        self.report(Report::Disconnected {
+            relay: self.url.clone(),
+            generation,
+            reason,
+        });
+    }
+
+    fn session(&self, generation: u64) -> SessionEnd {
+        debug!("{}: connecting (generation {generation})", self.url);
+        let mut socket = match ws::connect(&self.url, &self.ws) {
+            Ok(s) => s,
+            Err(e) => {
+                self.disconnected(generation, e.to_string());
+                return SessionEnd::Lost;
+            }
+        };
+        RelayCounters::inc(&self.counters.connects);
+        if !self.report(Report::Connected {
+            relay: self.url.clone(),
+            generation,
+        }) {
+            return SessionEnd::Stop;
+        }
+        let mut subs: HashMap<String, Sub> = HashMap::new();
+        let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
+        let end = loop {
+            if self.stopping() {
+                break SessionEnd::Stop;
+            }
+            // 1. Commands.
+            let mut failed = None;
+            while let Ok(c) = self.control.try_recv() {
+                match c {
+                    Control::Connect { generation: g } => {
+                        let _ = socket.close(None);
+                        let _ = socket.flush();
+                        return SessionEnd::Reconnect(g);
+                    }
+                    Control::Shutdown => {
+                        let _ = socket.close(None);
+                        let _ = socket.flush();
+                        return SessionEnd::Stop;
+                    }
+                    Control::Subscribe {
+                        generation: g,
+                        sub_id,
+                        filter,
+                    } if g == generation => {
+                        let text = ClientMessage::req(sub_id.clone(), vec![(*filter).clone()]).as_json();
+                        trace!("{} <- {text}", self.url);
+                        subs.insert(
+                            sub_id.to_string(),
+                            Sub {
+                                filter: *filter,
+                                received: 0,
+                            },
+                        );
+                        if let Err(e) = socket.write(Message::text(text)) {
+                            failed = Some(format!("write failed: {e}"));
+                            break;
+                        }
+                    }
+                    Control::Unsubscribe {
+                        generation: g,
+                        sub_id,
+                    } if g == generation => {
+                        subs.remove(sub_id.as_str());
+                        let text = ClientMessage::close(sub_id).as_json();
+                        if let Err(e) = socket.write(Message::text(text)) {
+                            failed = Some(format!("write failed: {e}"));
+                            break;
+                        }
+                    }
+                    stale => trace!("{}: dropping stale {stale:?}", self.url),
+                }
+            }
+            if let Some(reason) = failed {
+                self.disconnected(generation, reason);
+                break SessionEnd::Lost;
+            }
+            if let Err(e) = socket.flush() {
+                if !ws::is_timeout(&e) {
+                    self.disconnected(generation, format!("flush failed: {e}"));
+                    break SessionEnd::Lost;
+                }
+            }
+            // 2. One frame (or a tick of silence).
+            match socket.read() {
+                Ok(msg) => {
+                    keepalive.on_activity();
+                    match msg {
+                        Message::Text(text) => {
+                            if !self.handle_text(generation, text.as_str(), &mut subs) {
+                                break SessionEnd::Stop;
+                            }
+                        }
+                        Message::Binary(_) | Message::Frame(_) => {
+                            RelayCounters::inc(&self.counters.garbage_frames);
+                            debug!("{}: ignoring a binary frame", self.url);
+                        }
+                        Message::Ping(_) | Message::Pong(_) => {}
+                        Message::Close(frame) => {
+                            self.disconnected(generation, format!("closed by relay ({frame:?})"));
+                            break SessionEnd::Lost;
+                        }
+                    }
+                }
+                Err(e) if ws::is_timeout(&e) => {}
+                Err(e) => {
+                    self.disconnected(generation, e.to_string());
+                    break SessionEnd::Lost;
+                }
+            }
+            // 3. Keep-alive.
+            match keepalive.poll(self.clock.now()) {
+                KeepaliveAction::Idle => {}
+                KeepaliveAction::SendPing => {
+                    if let Err(e) = socket.write(Message::Ping(Vec::new().into())) {
+                        self.disconnected(generation, format!("ping failed: {e}"));
+                        break SessionEnd::Lost;
+                    }
+                }
+                KeepaliveAction::Dead => {
+                    self.disconnected(generation, "no pong before the deadline".into());
+                    break SessionEnd::Lost;
+                }
+            }
+        };
+        if matches!(end, SessionEnd::Stop) {
+            let _ = socket.close(None);
+            let _ = socket.flush();
+        }
+        end
+    }
+
+    /// Handles one text frame. Returns false when the engine is stopping.
+    fn handle_text(&self, generation: u64, text: &str, subs: &mut HashMap<String, Sub>) -> bool {
+        let msg = match parse_relay_frame(text) {
+            Ok(m) => m,
+            Err(e) => {
+                RelayCounters::inc(&self.counters.garbage_frames);
+                debug!("{}: unreadable frame ({e}): {:.120}", self.url, text);
+                return true;
+            }
+        };
+        match msg {
+            Incoming::Event { sub_id, raw } => {
+                RelayCounters::inc(&self.counters.events_received);
+                let Some(sub) = subs.get_mut(&sub_id) else {
+                    RelayCounters::inc(&self.counters.events_unknown_subscription);
+                    debug!("{}: event for unknown subscription {sub_id:?}", self.url);
+                    return true;
+                };
+                sub.received += 1;
+                match check_event(raw.get(), &sub.filter) {
+                    Ok(event) => {
+                        RelayCounters::inc(&self.counters.events_accepted);
+                        match &self.role {
+                            Role::Remote(forward) => {
+                                let item = ForwardItem {
+                                    id: event.id,
+                                    raw: Arc::from(raw.get()),
+                                };
+                                return self.forward(forward, item);
+                            }
+                            Role::Own => {
+                                return self.report(Report::SelfEvent {
+                                    generation,
+                                    event: Box::new(event),
+                                });
+                            }
+                        }
+                    }
+                    Err(EventRejection::NotMatching) => {
+                        RelayCounters::inc(&self.counters.events_unmatched);
+                        info!(
+                            "{}: dropped an event that does not match subscription {sub_id}",
+                            self.url
+                        );
+                    }
+                    Err(e) => {
+                        RelayCounters::inc(&self.counters.events_invalid);
+                        warn!("{}: dropped an invalid event on {sub_id}: {e}", self.url);
+                    }
+                }
+            }
+            Incoming::Eose(sub_id) => {
+                if let Some(sub) = subs.get(&sub_id) {
+                    return self.report(Report::Eose {
+                        relay: self.url.clone(),
+                        generation,
+                        sub_id: SubscriptionId::new(sub_id),
+                        received: sub.received,
+                    });
+                }
+                debug!("{}: EOSE for unknown subscription {sub_id:?}", self.url);
+            }
+            Incoming::Closed { sub_id, message } => {
+                RelayCounters::inc(&self.counters.closed);
+                if subs.remove(&sub_id).is_some() {
+                    return self.report(Report::Closed {
+                        relay: self.url.clone(),
+                        generation,
+                        sub_id: SubscriptionId::new(sub_id),
+                        message,
+                    });
+                }
+                debug!("{}: CLOSED for unknown subscription {sub_id:?}: {message}", self.url);
+            }
+            Incoming::Notice(text) => {
+                RelayCounters::inc(&self.counters.notices);
+                info!("{}: NOTICE {:.200}", self.url, text);
+            }
+            Incoming::Auth(_) => {
+                RelayCounters::inc(&self.counters.auth_challenges);
+                info!("{}: AUTH challenge received; no key is configured, ignoring it", self.url);
+            }
+            Incoming::Ok { event_id, .. } => {
+                debug!("{}: unexpected OK for {event_id}", self.url);
+            }
+            Incoming::Other(kind) => {
+                RelayCounters::inc(&self.counters.garbage_frames);
+                debug!("{}: ignoring {kind:?} message", self.url);
+            }
+        }
+        true
+    }
+
+    /// Hands an event to the forwarder, waiting while its queue is full (back-pressure:
+    /// this relay is not read meanwhile). Returns false when the engine is stopping.
+    fn forward(&self, forward: &Sender<ForwardItem>, mut item: ForwardItem) -> bool {
+        loop {
+            match forward.send_timeout(item, Duration::from_millis(200)) {
+                Ok(()) => return true,
+                Err(SendTimeoutError::Timeout(i)) => {
+                    if self.stopping() {
+                        return false;
+                    }
+                    item = i;
+                }
+                Err(SendTimeoutError::Disconnected(_)) => return false,
+            }
+        }
+    }
+}
+
+/// Spawns a relay thread named after the relay.
+pub fn spawn(t: ConnectionThread) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let name = format!("relay {}", t.url);
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(256 * 1024)
+        .spawn(move || t.run())
+}
+
+/// Re-export for the forwarder.
+pub(crate) fn write_text(socket: &mut Socket, text: String) -> Result<(), tungstenite::Error> {
+    socket.write(Message::text(text))
+}

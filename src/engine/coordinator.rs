@@ -1,0 +1,259 @@
+//! The coordinator thread: the only writer of sync state.
+//!
+//! It feeds reports and timer ticks into [`SyncMachine`] and carries out the commands it
+//! returns: spawning relay threads, passing REQ/CLOSE to them, telling the forwarder to retry.
+//! It never waits on another thread except with a deadline, and never blocks on a channel
+//! only it could drain (commands to relay threads go through unbounded channels).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use log::{debug, error, info, warn};
+use parking_lot::RwLock;
+
+use crate::config::Config;
+use crate::core::sync::{Command, SyncMachine};
+use crate::core::time::Time;
+use crate::engine::connection::{self, Control, ConnectionThread, ForwardItem, Role};
+use crate::engine::forwarder::ForwarderControl;
+use crate::engine::metrics::{Metrics, RelayCounters};
+use crate::engine::Input;
+use crate::net::url::RelayUrl;
+
+struct RelayThread {
+    control: Sender<Control>,
+    handle: JoinHandle<()>,
+}
+
+/// The coordinator's state besides the machine.
+pub struct Coordinator {
+    /// The sync machine, shared read-only with status readers.
+    pub machine: Arc<RwLock<SyncMachine>>,
+    /// Reports in.
+    pub inputs: Receiver<Input>,
+    /// A sender for new relay threads' reports.
+    pub inputs_tx: Sender<Input>,
+    /// Checked events out (handed to new remote relay threads).
+    pub forward_tx: Sender<ForwardItem>,
+    /// Commands to the forwarder.
+    pub forwarder: Sender<ForwarderControl>,
+    /// Configuration.
+    pub config: Config,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Set when the engine stops.
+    pub stopping: Arc<AtomicBool>,
+}
+
+impl Coordinator {
+    /// Runs until an `Input::Shutdown`; then stops every relay thread and joins them until
+    /// `deadline`. Returns the names of threads that did not end in time.
+    pub fn run(self) -> Vec<String> {
+        let clock = self.config.clock.clone();
+        let mut threads: HashMap<RelayUrl, RelayThread> = HashMap::new();
+        let mut retired: Vec<(String, JoinHandle<()>)> = Vec::new();
+        self.machine.write().start(clock.now());
+        self.execute(&mut threads, &mut retired);
+        let mut next_summary = clock.now().add(self.config.summary_interval);
+        let shutdown_deadline = loop {
+            let now = clock.now();
+            let wake = self.machine.read().poll_timeout();
+            let mut wait = wake.map_or(Duration::from_millis(500), |t| t.since(now));
+            wait = wait.min(Duration::from_millis(500));
+            match self.inputs.recv_timeout(wait) {
+                Ok(Input::Shutdown(deadline)) => break deadline,
+                Ok(Input::Report(r)) => {
+                    let mut m = self.machine.write();
+                    m.handle_report(r, clock.now());
+                    // Take what else is waiting in one go (bounded, so timers still run).
+                    for _ in 0..1024 {
+                        match self.inputs.try_recv() {
+                            Ok(Input::Report(r)) => m.handle_report(r, clock.now()),
+                            Ok(Input::Shutdown(d)) => {
+                                drop(m);
+                                self.execute(&mut threads, &mut retired);
+                                return self.stop(threads, retired, d);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    break Instant::now() + Duration::from_secs(5);
+                }
+            }
+            let now = clock.now();
+            if self.machine.read().poll_timeout().is_some_and(|t| t <= now) {
+                self.machine.write().handle_timeout(now);
+            }
+            self.execute(&mut threads, &mut retired);
+            retired.retain(|(_, h)| !h.is_finished());
+            if now >= next_summary {
+                next_summary = now.add(self.config.summary_interval);
+                self.summary(now);
+            }
+        };
+        self.stop(threads, retired, shutdown_deadline)
+    }
+
+    fn summary(&self, now: Time) {
+        let m = self.machine.read();
+        let statuses = m.relay_statuses(now);
+        let connected = statuses
+            .iter()
+            .filter(|s| s.connection_status == crate::core::ConnectionStatus::Connected)
+            .count();
+        let f = &self.metrics.forward;
+        let own = &self.config.own_relay;
+        info!(
+            "relays connected {connected}/{}; repos {}; root events {}; events forwarded {} (duplicates {}), rejected {}, invalid {}, unmatched {}",
+            statuses.len(),
+            m.repo_index().len(),
+            m.root_event_count(),
+            f.stored.load(Ordering::Relaxed),
+            f.duplicates.load(Ordering::Relaxed),
+            f.rejected.load(Ordering::Relaxed),
+            self.metrics.sum(own, |c| &c.events_invalid),
+            self.metrics.sum(own, |c| &c.events_unmatched),
+        );
+    }
+
+    fn execute(
+        &self,
+        threads: &mut HashMap<RelayUrl, RelayThread>,
+        retired: &mut Vec<(String, JoinHandle<()>)>,
+    ) {
+        loop {
+            let Some(cmd) = self.machine.write().poll_command() else {
+                break;
+            };
+            match cmd {
+                Command::Connect { relay, generation } => {
+                    if !threads.contains_key(&relay) {
+                        match self.spawn_relay(&relay) {
+                            Ok(t) => {
+                                threads.insert(relay.clone(), t);
+                            }
+                            Err(e) => {
+                                error!("{relay}: cannot spawn a thread: {e}");
+                                let _ = self.inputs_tx.send(Input::Report(
+                                    crate::core::Report::Disconnected {
+                                        relay: relay.clone(),
+                                        generation,
+                                        reason: format!("cannot spawn thread: {e}"),
+                                    },
+                                ));
+                                continue;
+                            }
+                        }
+                    }
+                    self.send(threads, &relay, Control::Connect { generation });
+                }
+                Command::Subscribe {
+                    relay,
+                    generation,
+                    sub_id,
+                    filter,
+                } => self.send(
+                    threads,
+                    &relay,
+                    Control::Subscribe {
+                        generation,
+                        sub_id,
+                        filter: Box::new(filter),
+                    },
+                ),
+                Command::Unsubscribe {
+                    relay,
+                    generation,
+                    sub_id,
+                } => self.send(
+                    threads,
+                    &relay,
+                    Control::Unsubscribe { generation, sub_id },
+                ),
+                Command::Forget { relay } => {
+                    if let Some(t) = threads.remove(&relay) {
+                        let _ = t.control.send(Control::Shutdown);
+                        retired.push((relay.to_string(), t.handle));
+                    }
+                    self.metrics.forget(&relay);
+                }
+                Command::RetryRejected => {
+                    let _ = self.forwarder.send(ForwarderControl::RetryRejected);
+                }
+            }
+        }
+    }
+
+    fn send(&self, threads: &HashMap<RelayUrl, RelayThread>, relay: &RelayUrl, c: Control) {
+        match threads.get(relay) {
+            Some(t) => {
+                if t.control.send(c).is_err() {
+                    warn!("{relay}: relay thread has ended; command dropped");
+                }
+            }
+            None => debug!("{relay}: no thread for command {c:?}"),
+        }
+    }
+
+    fn spawn_relay(&self, relay: &RelayUrl) -> std::io::Result<RelayThread> {
+        let (tx, rx) = unbounded();
+        let role = if *relay == self.config.own_relay {
+            Role::Own
+        } else {
+            Role::Remote(self.forward_tx.clone())
+        };
+        let counters: Arc<RelayCounters> = self.metrics.relay(relay);
+        let handle = connection::spawn(ConnectionThread {
+            url: relay.clone(),
+            role,
+            control: rx,
+            reports: self.inputs_tx.clone(),
+            ws: self.config.ws,
+            ping_interval: self.config.ping_interval,
+            pong_timeout: self.config.pong_timeout,
+            counters,
+            stopping: self.stopping.clone(),
+            clock: self.config.clock.clone(),
+        })?;
+        Ok(RelayThread {
+            control: tx,
+            handle,
+        })
+    }
+
+    fn stop(
+        self,
+        threads: HashMap<RelayUrl, RelayThread>,
+        mut retired: Vec<(String, JoinHandle<()>)>,
+        deadline: Instant,
+    ) -> Vec<String> {
+        info!("stopping {} relay threads", threads.len());
+        self.stopping.store(true, Ordering::Relaxed);
+        let _ = self.forwarder.send(ForwarderControl::Shutdown);
+        for (url, t) in threads {
+            let _ = t.control.send(Control::Shutdown);
+            retired.push((url.to_string(), t.handle));
+        }
+        // Drain reports so no relay thread waits on a full channel while we join.
+        while Instant::now() < deadline && retired.iter().any(|(_, h)| !h.is_finished()) {
+            while self.inputs.try_recv().is_ok() {}
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut running = Vec::new();
+        for (name, h) in retired {
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                running.push(name);
+            }
+        }
+        running
+    }
+}

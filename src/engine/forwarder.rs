@@ -1,0 +1,257 @@
+//! The forwarder: one connection to the own relay that publishes checked events as their
+//! original JSON and reads the `OK`s. All decisions live in [`ForwardQueue`]; this thread
+//! moves bytes. When the queue is full it stops taking events from the relay threads, which
+//! then block: remote reading pauses instead of dropping.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use log::{debug, info, warn};
+use tungstenite::Message;
+
+use crate::core::forward::{ForwardLimits, ForwardQueue, OkOutcome};
+use crate::core::health::{BackoffPolicy, Health, Jitter};
+use crate::core::keepalive::{KeepaliveAction, Keepalive};
+use crate::core::message::{parse_relay_frame, Incoming};
+use crate::core::time::Clock;
+use crate::engine::connection::{write_text, ForwardItem};
+use crate::engine::metrics::Metrics;
+use crate::net::url::RelayUrl;
+use crate::net::ws::{self, WsOptions};
+
+/// Commands to the forwarder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwarderControl {
+    /// Re-offer events the own relay rejected earlier.
+    RetryRejected,
+    /// Stop.
+    Shutdown,
+}
+
+/// Everything the forwarder thread needs.
+pub struct Forwarder {
+    /// The own relay.
+    pub url: RelayUrl,
+    /// Checked events in.
+    pub events: Receiver<ForwardItem>,
+    /// Commands in.
+    pub control: Receiver<ForwarderControl>,
+    /// Limits.
+    pub limits: ForwardLimits,
+    /// Websocket options.
+    pub ws: WsOptions,
+    /// Reconnect backoff.
+    pub backoff: BackoffPolicy,
+    /// Ping interval.
+    pub ping_interval: Duration,
+    /// Pong deadline.
+    pub pong_timeout: Duration,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Set when the engine stops.
+    pub stopping: Arc<AtomicBool>,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+    /// Jitter seed.
+    pub seed: u64,
+}
+
+impl Forwarder {
+    /// Runs until shut down.
+    pub fn run(self) {
+        let mut queue = ForwardQueue::new(self.limits);
+        let mut health = Health::default();
+        let mut jitter = Jitter::new(self.seed);
+        let mut logged_down = false;
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                break;
+            }
+            match ws::connect(&self.url, &self.ws) {
+                Ok(mut socket) => {
+                    health.record_success(self.clock.now());
+                    info!("forwarder connected to the own relay {}", self.url);
+                    logged_down = false;
+                    self.metrics.forward.connected.store(1, Ordering::Relaxed);
+                    let stop = self.session(&mut socket, &mut queue);
+                    self.metrics.forward.connected.store(0, Ordering::Relaxed);
+                    queue.on_disconnect();
+                    self.publish_counters(&queue);
+                    if stop {
+                        let _ = socket.close(None);
+                        let _ = socket.flush();
+                        break;
+                    }
+                    health.record_failure(self.clock.now(), &self.backoff);
+                }
+                Err(e) => {
+                    health.record_failure(self.clock.now(), &self.backoff);
+                    if !logged_down {
+                        warn!("forwarder cannot reach the own relay {}: {e}", self.url);
+                        logged_down = true;
+                    } else {
+                        debug!("forwarder: own relay still unreachable: {e}");
+                    }
+                }
+            }
+            let now = self.clock.now();
+            let wait = health
+                .next_attempt(now, &self.backoff, jitter.unit())
+                .since(now)
+                .min(Duration::from_secs(30));
+            if self.wait(wait, &mut queue) {
+                break;
+            }
+        }
+        debug!("forwarder ends");
+    }
+
+    /// Waits `d` while taking events into the queue (until it is full). True on shutdown.
+    fn wait(&self, d: Duration, queue: &mut ForwardQueue) -> bool {
+        let end = std::time::Instant::now() + d;
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                return true;
+            }
+            if let Ok(c) = self.control.try_recv() {
+                match c {
+                    ForwarderControl::Shutdown => return true,
+                    ForwarderControl::RetryRejected => {
+                        queue.retry_rejected();
+                    }
+                }
+            }
+            self.take_events(queue);
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+    }
+
+    fn take_events(&self, queue: &mut ForwardQueue) {
+        while !queue.is_full() {
+            match self.events.try_recv() {
+                Ok(item) => {
+                    queue.offer(item.id, item.raw);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn publish_counters(&self, queue: &ForwardQueue) {
+        let c = queue.counters();
+        let f = &self.metrics.forward;
+        f.stored.store(c.stored, Ordering::Relaxed);
+        f.duplicates.store(c.duplicates, Ordering::Relaxed);
+        f.rejected.store(c.rejected, Ordering::Relaxed);
+        f.resent.store(c.resent, Ordering::Relaxed);
+        f.deduplicated.store(c.deduplicated, Ordering::Relaxed);
+        f.backlog.store(queue.backlog() as u64, Ordering::Relaxed);
+    }
+
+    /// One connection. Returns true on shutdown, false when the connection was lost.
+    fn session(&self, socket: &mut ws::Socket, queue: &mut ForwardQueue) -> bool {
+        let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                return true;
+            }
+            while let Ok(c) = self.control.try_recv() {
+                match c {
+                    ForwarderControl::Shutdown => return true,
+                    ForwarderControl::RetryRejected => {
+                        queue.retry_rejected();
+                    }
+                }
+            }
+            if queue.is_idle() {
+                // Nothing to do: block briefly for the next event instead of spinning.
+                match self.events.recv_timeout(Duration::from_millis(20)) {
+                    Ok(item) => {
+                        queue.offer(item.id, item.raw);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return true,
+                }
+            }
+            self.take_events(queue);
+            let now = self.clock.now();
+            queue.handle_timeout(now);
+            while let Some((_, raw)) = queue.poll_send(now) {
+                if let Err(e) = write_text(socket, format!("[\"EVENT\",{raw}]")) {
+                    warn!("forwarder: write to the own relay failed: {e}");
+                    return false;
+                }
+            }
+            if let Err(e) = socket.flush() {
+                if !ws::is_timeout(&e) {
+                    warn!("forwarder: own relay connection lost: {e}");
+                    return false;
+                }
+            }
+            // Read every frame that is ready (the read timeout is the tick).
+            loop {
+                match socket.read() {
+                    Ok(Message::Text(text)) => {
+                        keepalive.on_activity();
+                        self.handle_text(text.as_str(), queue);
+                    }
+                    Ok(Message::Close(_)) => {
+                        warn!("forwarder: the own relay closed the connection");
+                        return false;
+                    }
+                    Ok(_) => keepalive.on_activity(),
+                    Err(e) if ws::is_timeout(&e) => break,
+                    Err(e) => {
+                        warn!("forwarder: own relay connection lost: {e}");
+                        return false;
+                    }
+                }
+            }
+            match keepalive.poll(self.clock.now()) {
+                KeepaliveAction::Idle => {}
+                KeepaliveAction::SendPing => {
+                    if socket.write(Message::Ping(Vec::new().into())).is_err() {
+                        return false;
+                    }
+                }
+                KeepaliveAction::Dead => {
+                    warn!("forwarder: no pong from the own relay; reconnecting");
+                    return false;
+                }
+            }
+            self.publish_counters(queue);
+        }
+    }
+
+    fn handle_text(&self, text: &str, queue: &mut ForwardQueue) {
+        match parse_relay_frame(text) {
+            Ok(Incoming::Ok {
+                event_id,
+                accepted,
+                message,
+            }) => match queue.on_ok(event_id, accepted, &message, self.clock.now()) {
+                OkOutcome::Stored => debug!("own relay stored {event_id}"),
+                OkOutcome::Duplicate => debug!("own relay already had {event_id}"),
+                OkOutcome::RateLimited => {
+                    info!("own relay rate-limits writes ({message}); slowing down")
+                }
+                OkOutcome::Rejected(reason) => {
+                    info!("own relay rejected {event_id}: {reason}")
+                }
+                OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),
+            },
+            Ok(Incoming::Notice(n)) => info!("own relay NOTICE (forwarder): {n:.200}"),
+            Ok(Incoming::Auth(_)) => {
+                info!("own relay sent an AUTH challenge to the forwarder; no key is configured")
+            }
+            Ok(other) => debug!("forwarder: ignoring {other:?}"),
+            Err(e) => debug!("forwarder: unreadable frame from the own relay: {e}"),
+        }
+    }
+}

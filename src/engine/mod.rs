@@ -1,0 +1,299 @@
+//! The threads: coordinator, one thread per relay (the own relay's self-subscription
+//! included), and the forwarder. [`start`] wires them up and returns a [`SyncHandle`].
+
+pub mod connection;
+pub mod coordinator;
+pub mod forwarder;
+pub mod metrics;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Sender};
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::Config;
+use crate::core::health::HealthState;
+use crate::core::state::ConnectionStatus;
+use crate::core::sync::{Report, SyncMachine};
+use crate::engine::coordinator::Coordinator;
+use crate::engine::forwarder::Forwarder;
+use crate::engine::metrics::{Metrics, RelayCounters};
+use crate::error::Error;
+use crate::net::url::RelayUrl;
+
+/// What the coordinator receives.
+#[derive(Debug)]
+pub enum Input {
+    /// A report from a relay thread.
+    Report(Report),
+    /// Stop everything; join threads until the deadline.
+    Shutdown(Instant),
+}
+
+/// One remote relay in a [`Status`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayStatus {
+    /// Relay URL.
+    pub url: RelayUrl,
+    /// Connection status.
+    pub connection_status: ConnectionStatus,
+    /// Health.
+    pub health: HealthState,
+    /// Bootstrap relay (never idle-disconnected).
+    pub is_bootstrap: bool,
+    /// Repositories this relay should carry.
+    pub target_repos: usize,
+    /// Root events this relay should carry.
+    pub target_root_events: usize,
+    /// Repositories whose history is confirmed (EOSE).
+    pub confirmed_repos: usize,
+    /// Root events whose history is confirmed.
+    pub confirmed_root_events: usize,
+    /// Batches awaiting EOSE.
+    pub pending_batches: usize,
+    /// Repositories in pending batches.
+    pub pending_repos: usize,
+    /// Root events in pending batches.
+    pub pending_root_events: usize,
+    /// Open subscriptions.
+    pub open_subscriptions: usize,
+    /// Events received.
+    pub events_received: u64,
+    /// Events that passed the checks and went to the forwarder.
+    pub events_accepted: u64,
+    /// Events with a bad id/signature or malformed.
+    pub events_invalid: u64,
+    /// Events that did not match their subscription.
+    pub events_unmatched: u64,
+    /// NOTICE messages.
+    pub notices: u64,
+    /// CLOSED messages.
+    pub closed: u64,
+}
+
+/// A snapshot of the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    /// The self-subscription connection to the own relay.
+    pub own_relay: ConnectionStatus,
+    /// Whether the forwarder is connected to the own relay.
+    pub forwarder_connected: bool,
+    /// Repositories known.
+    pub repos: usize,
+    /// Distinct root events known.
+    pub root_events: usize,
+    /// Remote relays, sorted by URL.
+    pub relays: Vec<RelayStatus>,
+    /// Events the own relay stored.
+    pub forwarded: u64,
+    /// Events the own relay already had.
+    pub duplicates: u64,
+    /// Events the own relay rejected.
+    pub rejected: u64,
+    /// Events waiting for or in flight to the own relay.
+    pub forward_backlog: u64,
+    /// Invalid events dropped (all relays).
+    pub invalid: u64,
+    /// Events dropped for not matching their subscription (all relays).
+    pub unmatched: u64,
+}
+
+impl Status {
+    /// The entry of `url`, if known.
+    pub fn relay(&self, url: &RelayUrl) -> Option<&RelayStatus> {
+        self.relays.iter().find(|r| &r.url == url)
+    }
+
+    /// True when every known relay is connected with nothing pending and everything it should
+    /// carry confirmed, and the forward queue is empty.
+    pub fn is_settled(&self) -> bool {
+        self.forward_backlog == 0
+            && self.relays.iter().all(|r| {
+                r.connection_status == ConnectionStatus::Connected
+                    && r.pending_batches == 0
+                    && r.confirmed_repos >= r.target_repos
+                    && r.confirmed_root_events >= r.target_root_events
+            })
+    }
+}
+
+/// A running engine. Dropping it without [`SyncHandle::shutdown`] stops it too (with a 5 s
+/// deadline).
+pub struct SyncHandle {
+    machine: Arc<RwLock<SyncMachine>>,
+    metrics: Arc<Metrics>,
+    config: Config,
+    inputs: Sender<Input>,
+    stopping: Arc<AtomicBool>,
+    coordinator: Mutex<Option<JoinHandle<Vec<String>>>>,
+    forwarder: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Starts the engine: the coordinator, the forwarder and (through the coordinator) the
+/// self-subscription and bootstrap relay threads.
+pub fn start(config: Config) -> Result<SyncHandle, Error> {
+    if config.batch_window.is_zero() {
+        return Err(Error::Config(
+            "batch window must be greater than zero".into(),
+        ));
+    }
+    let machine = Arc::new(RwLock::new(SyncMachine::new(config.sync_config())));
+    let metrics = Arc::new(Metrics::default());
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (inputs_tx, inputs_rx) = bounded(65_536);
+    let (forward_tx, forward_rx) = bounded(config.forward_channel.max(1));
+    let (fctl_tx, fctl_rx) = unbounded();
+
+    let forwarder = Forwarder {
+        url: config.own_relay.clone(),
+        events: forward_rx,
+        control: fctl_rx,
+        limits: config.forward,
+        ws: config.ws,
+        backoff: config.backoff,
+        ping_interval: config.ping_interval,
+        pong_timeout: config.pong_timeout,
+        metrics: metrics.clone(),
+        stopping: stopping.clone(),
+        clock: config.clock.clone(),
+        seed: config.seed ^ 0x5555,
+    };
+    let forwarder = std::thread::Builder::new()
+        .name("forwarder".into())
+        .spawn(move || forwarder.run())
+        .map_err(Error::Spawn)?;
+
+    let coordinator = Coordinator {
+        machine: machine.clone(),
+        inputs: inputs_rx,
+        inputs_tx: inputs_tx.clone(),
+        forward_tx,
+        forwarder: fctl_tx,
+        config: config.clone(),
+        metrics: metrics.clone(),
+        stopping: stopping.clone(),
+    };
+    let coordinator = std::thread::Builder::new()
+        .name("coordinator".into())
+        .spawn(move || coordinator.run())
+        .map_err(Error::Spawn)?;
+
+    Ok(SyncHandle {
+        machine,
+        metrics,
+        config,
+        inputs: inputs_tx,
+        stopping,
+        coordinator: Mutex::new(Some(coordinator)),
+        forwarder: Mutex::new(Some(forwarder)),
+    })
+}
+
+impl SyncHandle {
+    /// A consistent snapshot of the sync state and counters.
+    pub fn status(&self) -> Status {
+        let clock_now = self.config.clock.now();
+        let m = self.machine.read();
+        let relays = m
+            .relay_statuses(clock_now)
+            .into_iter()
+            .map(|s| {
+                let c = self.metrics.relay_if_known(&s.url);
+                let get = |f: fn(&RelayCounters) -> &std::sync::atomic::AtomicU64| {
+                    c.as_ref().map_or(0, |c| RelayCounters::get(f(c)))
+                };
+                RelayStatus {
+                    events_received: get(|c| &c.events_received),
+                    events_accepted: get(|c| &c.events_accepted),
+                    events_invalid: get(|c| &c.events_invalid),
+                    events_unmatched: get(|c| &c.events_unmatched),
+                    notices: get(|c| &c.notices),
+                    closed: get(|c| &c.closed),
+                    url: s.url,
+                    connection_status: s.connection_status,
+                    health: s.health,
+                    is_bootstrap: s.is_bootstrap,
+                    target_repos: s.target_repos,
+                    target_root_events: s.target_root_events,
+                    confirmed_repos: s.confirmed_repos,
+                    confirmed_root_events: s.confirmed_root_events,
+                    pending_batches: s.pending_batches,
+                    pending_repos: s.pending_repos,
+                    pending_root_events: s.pending_root_events,
+                    open_subscriptions: s.open_subscriptions,
+                }
+            })
+            .collect();
+        let f = &self.metrics.forward;
+        let own = &self.config.own_relay;
+        Status {
+            own_relay: m.own_status(),
+            forwarder_connected: f.connected.load(Ordering::Relaxed) == 1,
+            repos: m.repo_index().len(),
+            root_events: m.root_event_count(),
+            relays,
+            forwarded: f.stored.load(Ordering::Relaxed),
+            duplicates: f.duplicates.load(Ordering::Relaxed),
+            rejected: f.rejected.load(Ordering::Relaxed),
+            forward_backlog: f.backlog.load(Ordering::Relaxed),
+            invalid: self.metrics.sum(own, |c| &c.events_invalid),
+            unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
+        }
+    }
+
+    /// Read access to the sync machine (indexes, subscriptions) for inspection.
+    pub fn with_machine<R>(&self, f: impl FnOnce(&SyncMachine) -> R) -> R {
+        f(&self.machine.read())
+    }
+
+    /// Stops every thread and joins them within `deadline`.
+    ///
+    /// Returns [`Error::ShutdownTimeout`] naming the threads still running at the deadline
+    /// (a thread inside a connect attempt ends at its connect timeout).
+    pub fn shutdown(&self, deadline: Duration) -> Result<(), Error> {
+        let end = Instant::now() + deadline;
+        self.stopping.store(true, Ordering::Relaxed);
+        let _ = self.inputs.try_send(Input::Shutdown(end));
+        let mut running = Vec::new();
+        if let Some(h) = self.coordinator.lock().take() {
+            while !h.is_finished() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                if let Ok(r) = h.join() {
+                    running.extend(r);
+                }
+            } else {
+                running.push("coordinator".to_string());
+            }
+        }
+        if let Some(h) = self.forwarder.lock().take() {
+            while !h.is_finished() && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                running.push("forwarder".to_string());
+            }
+        }
+        if running.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::ShutdownTimeout { running })
+        }
+    }
+}
+
+impl Drop for SyncHandle {
+    fn drop(&mut self) {
+        if self.coordinator.lock().is_some() || self.forwarder.lock().is_some() {
+            if let Err(e) = self.shutdown(Duration::from_secs(5)) {
+                log::warn!("engine dropped without shutdown: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Networking: relay URLs and the blocking websocket connector.
+
+pub mod url;
+pub mod ws;

@@ -1,0 +1,277 @@
+//! Relay URL parsing and normalisation.
+//!
+//! One relay is often written several ways (`wss://Relay.Example.com/`, `wss://relay.example.com:443`).
+//! [`RelayUrl::parse`] maps all of them onto one canonical string so that the indexes hold one
+//! entry per relay:
+//!
+//! * only `ws` and `wss` schemes are accepted (case-insensitive, stored lower-case);
+//! * the host is lower-cased; IPv6 literals keep their brackets;
+//! * the default port (80 for `ws`, 443 for `wss`) is dropped;
+//! * a trailing `/` is dropped (`wss://r.example/` and `wss://r.example` are one relay);
+//! * user-info, whitespace inside the URL, and fragments are rejected or dropped as documented
+//!   on [`UrlError`].
+
+use std::fmt;
+
+/// A normalised `ws://` or `wss://` relay URL.
+///
+/// Two `RelayUrl`s are equal exactly when they name the same relay endpoint after
+/// normalisation, so the type is used as the key of every per-relay index.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelayUrl {
+    text: String,
+    tls: bool,
+    host: String,
+    port: u16,
+}
+
+/// Why a relay URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UrlError {
+    /// The URL is empty after trimming whitespace.
+    Empty,
+    /// The scheme is not `ws` or `wss` (for example `https://` or no scheme at all).
+    Scheme(String),
+    /// There is no host between `//` and the path.
+    MissingHost,
+    /// The URL contains user-info (`user@host`), which relays never use.
+    UserInfo,
+    /// The port is not a number between 1 and 65535.
+    Port(String),
+    /// The URL contains whitespace or control characters.
+    InvalidCharacter,
+}
+
+impl fmt::Display for UrlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UrlError::Empty => write!(f, "the relay URL is empty"),
+            UrlError::Scheme(s) => write!(
+                f,
+                "unsupported scheme {s:?}: a relay URL starts with ws:// or wss://"
+            ),
+            UrlError::MissingHost => write!(f, "the relay URL has no host"),
+            UrlError::UserInfo => write!(f, "the relay URL must not contain user@ credentials"),
+            UrlError::Port(p) => write!(f, "invalid port {p:?}: expected a number from 1 to 65535"),
+            UrlError::InvalidCharacter => {
+                write!(f, "the relay URL contains whitespace or control characters")
+            }
+        }
+    }
+}
+
+impl std::error::Error for UrlError {}
+
+impl RelayUrl {
+    /// Parses and normalises a relay URL.
+    ///
+    /// ```
+    /// use grasp_sync::RelayUrl;
+    /// let a = RelayUrl::parse("WSS://Relay.Example.com:443/").unwrap();
+    /// let b = RelayUrl::parse("wss://relay.example.com").unwrap();
+    /// assert_eq!(a, b);
+    /// assert_eq!(a.as_str(), "wss://relay.example.com");
+    /// ```
+    pub fn parse(input: &str) -> Result<RelayUrl, UrlError> {
+        let s = input.trim();
+        if s.is_empty() {
+            return Err(UrlError::Empty);
+        }
+        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(UrlError::InvalidCharacter);
+        }
+        let (scheme, rest) = match s.find("://") {
+            Some(i) => (&s[..i], &s[i + 3..]),
+            None => return Err(UrlError::Scheme(String::new())),
+        };
+        let scheme = scheme.to_ascii_lowercase();
+        let tls = match scheme.as_str() {
+            "ws" => false,
+            "wss" => true,
+            _ => return Err(UrlError::Scheme(scheme)),
+        };
+        // Drop the fragment; it never reaches the server.
+        let rest = rest.split('#').next().unwrap_or("");
+        let split_at = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path_and_query) = rest.split_at(split_at);
+        if authority.contains('@') {
+            return Err(UrlError::UserInfo);
+        }
+        let (host, port_text) = if let Some(stripped) = authority.strip_prefix('[') {
+            let end = stripped.find(']').ok_or(UrlError::MissingHost)?;
+            let host = &authority[..end + 2];
+            let after = &stripped[end + 1..];
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(p),
+                None if after.is_empty() => None,
+                None => return Err(UrlError::Port(after.to_string())),
+            };
+            (host.to_ascii_lowercase(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_ascii_lowercase(), Some(p)),
+                None => (authority.to_ascii_lowercase(), None),
+            }
+        };
+        if host.is_empty() || host == "[]" {
+            return Err(UrlError::MissingHost);
+        }
+        let default_port = if tls { 443 } else { 80 };
+        let port = match port_text {
+            None | Some("") => default_port,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(UrlError::Port(p.to_string())),
+            },
+        };
+        let mut path = path_and_query.to_string();
+        if let Some(q) = path.find('?') {
+            let (p, query) = path.split_at(q);
+            let p = p.trim_end_matches('/');
+            path = format!("{p}{query}");
+        } else {
+            path = path.trim_end_matches('/').to_string();
+        }
+        let mut text = format!("{scheme}://{host}");
+        if port != default_port {
+            text.push_str(&format!(":{port}"));
+        }
+        text.push_str(&path);
+        Ok(RelayUrl {
+            text,
+            tls,
+            host,
+            port,
+        })
+    }
+
+    /// The canonical text of the URL.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// True for `wss://`.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The host (lower-case; IPv6 literals with brackets).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The host as it must be resolved: IPv6 literals without brackets.
+    pub fn host_for_resolve(&self) -> &str {
+        self.host.trim_start_matches('[').trim_end_matches(']')
+    }
+
+    /// The port, with the scheme's default filled in.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of the relay's NIP-11 information document (`http(s)://` with the same host,
+    /// port and path).
+    pub fn http_url(&self) -> String {
+        let rest = &self.text[if self.tls { 6 } else { 5 }..];
+        format!("{}://{}", if self.tls { "https" } else { "http" }, rest)
+    }
+}
+
+impl fmt::Display for RelayUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Debug for RelayUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RelayUrl({})", self.text)
+    }
+}
+
+impl std::str::FromStr for RelayUrl {
+    type Err = UrlError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RelayUrl::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> String {
+        RelayUrl::parse(s).unwrap().as_str().to_string()
+    }
+
+    #[test]
+    fn normalises_case_port_and_slash() {
+        assert_eq!(n("WSS://Relay.Example.COM:443/"), "wss://relay.example.com");
+        assert_eq!(n("ws://relay.example.com:80"), "ws://relay.example.com");
+        assert_eq!(n("ws://relay.example.com:443"), "ws://relay.example.com:443");
+        assert_eq!(n("wss://relay.example.com:80/"), "wss://relay.example.com:80");
+        assert_eq!(n("  wss://r.example/nostr/  "), "wss://r.example/nostr");
+        assert_eq!(n("wss://r.example/Path"), "wss://r.example/Path");
+        assert_eq!(n("wss://r.example/?x=1"), "wss://r.example?x=1");
+        assert_eq!(n("wss://r.example#frag"), "wss://r.example");
+        assert_eq!(n("ws://127.0.0.1:7777/"), "ws://127.0.0.1:7777");
+        assert_eq!(n("ws://[::1]:7777"), "ws://[::1]:7777");
+        assert_eq!(n("ws://[::1]"), "ws://[::1]");
+    }
+
+    #[test]
+    fn one_relay_written_two_ways_is_one_key() {
+        let a = RelayUrl::parse("wss://Nos.Lol/").unwrap();
+        let b = RelayUrl::parse("wss://nos.lol:443").unwrap();
+        assert_eq!(a, b);
+        let mut set = std::collections::HashSet::new();
+        set.insert(a);
+        set.insert(b);
+        assert_eq!(set.len(), 1);
+    }
+
+    #[test]
+    fn accessors() {
+        let u = RelayUrl::parse("wss://r.example:8443/x").unwrap();
+        assert!(u.is_tls());
+        assert_eq!(u.host(), "r.example");
+        assert_eq!(u.port(), 8443);
+        assert_eq!(u.http_url(), "https://r.example:8443/x");
+        let v = RelayUrl::parse("ws://[::1]:9").unwrap();
+        assert_eq!(v.host_for_resolve(), "::1");
+        assert_eq!(v.http_url(), "http://[::1]:9");
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        assert_eq!(RelayUrl::parse(""), Err(UrlError::Empty));
+        assert!(matches!(
+            RelayUrl::parse("https://r.example"),
+            Err(UrlError::Scheme(_))
+        ));
+        assert!(matches!(
+            RelayUrl::parse("r.example"),
+            Err(UrlError::Scheme(_))
+        ));
+        assert_eq!(RelayUrl::parse("wss://"), Err(UrlError::MissingHost));
+        assert_eq!(RelayUrl::parse("wss:///path"), Err(UrlError::MissingHost));
+        assert_eq!(RelayUrl::parse("wss://u:p@r.example"), Err(UrlError::UserInfo));
+        assert!(matches!(
+            RelayUrl::parse("wss://r.example:0"),
+            Err(UrlError::Port(_))
+        ));
+        assert!(matches!(
+            RelayUrl::parse("wss://r.example:99999"),
+            Err(UrlError::Port(_))
+        ));
+        assert!(matches!(
+            RelayUrl::parse("wss://r.example:abc"),
+            Err(UrlError::Port(_))
+        ));
+        assert_eq!(
+            RelayUrl::parse("wss://r. example"),
+            Err(UrlError::InvalidCharacter)
+        );
+    }
+}

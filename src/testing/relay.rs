@@ -1,0 +1,1190 @@
+//! [`TestRelay`]: a scriptable NIP-01 websocket relay running on blocking
+//! threads inside the test process.
+//!
+//! Threads: one acceptor (nonblocking listener polled every
+//! [`ACCEPT_POLL`]) plus one thread per TCP connection. A connection thread
+//! reads the HTTP request head itself, answers NIP-11 or upgrades to a
+//! websocket, then loops: drain its outbound channel (live events, injected
+//! frames), send due delayed EOSEs, flush, and read with a [`TICK`] read
+//! timeout. Every wait is bounded, so [`TestRelay::stop`] returns promptly.
+//!
+//! All relay state (options, store, recorded REQs, connections and their
+//! subscriptions) lives behind one mutex. A REQ's stored-event query and the
+//! registration of its subscription happen under that lock, and live events are
+//! queued on the connection's channel under the same lock, so a subscriber sees
+//! every event exactly once: either in the stored answer or live afterwards.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use log::{debug, trace, warn};
+use nostr::event::{Event, EventId};
+use nostr::filter::{Filter, MatchEventOptions};
+use nostr::key::PublicKey;
+use nostr::types::Timestamp;
+use parking_lot::Mutex;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tungstenite::protocol::{Role, WebSocketConfig};
+use tungstenite::{Message, WebSocket};
+
+use super::nip11;
+
+/// Largest websocket message (and frame) the relay accepts.
+const MAX_MESSAGE_SIZE: usize = 16 << 20;
+/// Largest amount of outgoing data buffered for one slow client before the
+/// connection is dropped.
+const MAX_WRITE_BUFFER: usize = 64 << 20;
+/// Read timeout of connection sockets: the connection loop's tick.
+const TICK: Duration = Duration::from_millis(20);
+/// Write timeout of connection sockets.
+const WRITE_TIMEOUT: Duration = Duration::from_millis(200);
+/// How often the acceptor polls its nonblocking listener.
+const ACCEPT_POLL: Duration = Duration::from_millis(10);
+/// How long a client may take to send its HTTP request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`TestRelay::stop`] lets connection threads close gracefully
+/// before shutting their sockets down.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+/// How long [`TestRelay::start_on_port`] retries a bind that fails with
+/// `AddrInUse`.
+const REBIND_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The NOTICE sent for anything the relay cannot parse.
+const PARSE_ERROR: &str = "could not parse command";
+
+/// How a relay answers a REQ that would exceed its subscription limit.
+///
+/// Real relays differ: some send `["CLOSED", sub_id, msg]`, strfry sends
+/// `["NOTICE", "ERROR: too many concurrent REQs"]` and no EOSE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Answer `["CLOSED", sub_id, msg]`.
+    Closed(String),
+    /// Answer `["NOTICE", msg]` (and nothing else for that REQ).
+    Notice(String),
+}
+
+/// Behaviour of a [`TestRelay`]; every field can also be changed while the
+/// relay runs through the matching `TestRelay::set_*` method.
+///
+/// Build with struct-update syntax:
+/// `TestRelayOptions { result_cap: Some(2), ..Default::default() }`.
+#[derive(Debug, Clone)]
+pub struct TestRelayOptions {
+    /// NIP-11 document served to HTTP requests with
+    /// `Accept: application/nostr+json`; `None` answers them 404.
+    pub nip11: Option<Value>,
+    /// Per-filter cap on stored events returned for a REQ, applied on top of
+    /// the filter's own `limit`.
+    pub result_cap: Option<usize>,
+    /// Never send EOSE (stored events are still sent, the subscription stays open).
+    pub withhold_eose: bool,
+    /// Send EOSE only this long after the stored events (scheduled; the
+    /// connection keeps working meanwhile).
+    pub eose_delay: Option<Duration>,
+    /// Answer every REQ with `["CLOSED", sub_id, msg]` instead of serving it.
+    pub closed_on_req: Option<String>,
+    /// Most open subscriptions allowed per connection.
+    pub max_subscriptions: Option<usize>,
+    /// The answer to a REQ beyond `max_subscriptions`.
+    pub too_many_subs_reply: Reply,
+    /// Answer every EVENT with `["OK", id, false, msg]` and store nothing.
+    pub reject_events: Option<String>,
+    /// Accept TCP connections and close them at once, without any handshake.
+    pub refuse_connections: bool,
+}
+
+impl Default for TestRelayOptions {
+    fn default() -> Self {
+        Self {
+            nip11: None,
+            result_cap: None,
+            withhold_eose: false,
+            eose_delay: None,
+            closed_on_req: None,
+            max_subscriptions: None,
+            too_many_subs_reply: Reply::Closed("error: too many subscriptions".to_string()),
+            reject_events: None,
+            refuse_connections: false,
+        }
+    }
+}
+
+/// A REQ the relay received (recorded even when it was refused or CLOSED).
+#[derive(Debug, Clone)]
+pub struct RecordedReq {
+    /// Id of the connection it arrived on (ids start at 1, one per TCP accept).
+    pub conn: u64,
+    /// The subscription id.
+    pub sub_id: String,
+    /// The parsed filters.
+    pub filters: Vec<Filter>,
+    /// The whole REQ message as received.
+    pub raw: String,
+    /// When it was received.
+    pub at: Instant,
+}
+
+/// A stored event: parsed form plus the JSON served verbatim.
+#[derive(Debug, Clone)]
+struct Stored {
+    event: Event,
+    raw: Arc<str>,
+}
+
+/// Store order: newest first, then lowest id first.
+type OrderKey = (Reverse<Timestamp>, EventId);
+
+/// Identity of a replaceable (`d` = "") or addressable event slot.
+type SlotKey = (PublicKey, u16, String);
+
+/// The event store, iterated newest first.
+#[derive(Debug, Default)]
+struct Store {
+    by_order: BTreeMap<OrderKey, Stored>,
+    by_id: HashMap<EventId, Timestamp>,
+    /// The one event currently held for each replaceable/addressable slot.
+    slots: HashMap<SlotKey, EventId>,
+}
+
+/// What storing an event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreOutcome {
+    Stored,
+    Duplicate,
+    HaveNewer,
+}
+
+impl Store {
+    fn len(&self) -> usize {
+        self.by_order.len()
+    }
+
+    fn contains(&self, id: &EventId) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Stored> {
+        self.by_order.values()
+    }
+
+    fn remove(&mut self, id: &EventId) {
+        if let Some(ts) = self.by_id.remove(id) {
+            self.by_order.remove(&(Reverse(ts), *id));
+        }
+    }
+
+    /// Stores `stored`, applying replaceable/addressable semantics.
+    fn put(&mut self, stored: Stored) -> StoreOutcome {
+        let event = &stored.event;
+        if self.contains(&event.id) {
+            return StoreOutcome::Duplicate;
+        }
+        if let Some(slot) = slot_key(event) {
+            if let Some(old_id) = self.slots.get(&slot).copied() {
+                if let Some(old_ts) = self.by_id.get(&old_id).copied() {
+                    let old_wins = old_ts > event.created_at
+                        || (old_ts == event.created_at && old_id < event.id);
+                    if old_wins {
+                        return StoreOutcome::HaveNewer;
+                    }
+                }
+                self.remove(&old_id);
+            }
+            self.slots.insert(slot, event.id);
+        }
+        self.by_id.insert(event.id, event.created_at);
+        self.by_order
+            .insert((Reverse(event.created_at), event.id), stored);
+        StoreOutcome::Stored
+    }
+
+    fn clear(&mut self) {
+        *self = Store::default();
+    }
+}
+
+/// The replaceable (kinds 0, 3, 10000–19999) or addressable (30000–39999)
+/// slot of `event`, if it has one.
+fn slot_key(event: &Event) -> Option<SlotKey> {
+    let kind = event.kind.as_u16();
+    if kind == 0 || kind == 3 || (10_000..20_000).contains(&kind) {
+        Some((event.pubkey, kind, String::new()))
+    } else if (30_000..40_000).contains(&kind) {
+        let d = event
+            .tags
+            .iter()
+            .find(|t| t.kind() == "d")
+            .and_then(|t| t.content())
+            .unwrap_or("")
+            .to_string();
+        Some((event.pubkey, kind, d))
+    } else {
+        None
+    }
+}
+
+/// Ephemeral kinds (20000–29999) are relayed live but never stored.
+fn is_ephemeral(event: &Event) -> bool {
+    (20_000..30_000).contains(&event.kind.as_u16())
+}
+
+/// An open subscription.
+#[derive(Debug)]
+struct Sub {
+    filters: Vec<Filter>,
+    /// Distinguishes a subscription from an earlier one with the same id.
+    generation: u64,
+}
+
+impl Sub {
+    fn matches(&self, event: &Event) -> bool {
+        self.filters
+            .iter()
+            .any(|f| f.match_event(event, MatchEventOptions::new()))
+    }
+}
+
+/// A websocket connection as seen from other threads.
+#[derive(Debug)]
+struct Conn {
+    /// Frames for the connection thread to send.
+    tx: Sender<String>,
+    /// A clone of the socket, to shut it down from outside.
+    socket: TcpStream,
+    subs: HashMap<String, Sub>,
+}
+
+/// Everything behind the relay's lock.
+#[derive(Debug, Default)]
+struct State {
+    opts: TestRelayOptions,
+    store: Store,
+    reqs: Vec<RecordedReq>,
+    conns: BTreeMap<u64, Conn>,
+    max_subs_per_conn: usize,
+    next_generation: u64,
+}
+
+impl State {
+    /// Queues `["EVENT", sub, raw]` for every open subscription matching `event`.
+    fn deliver(&self, event: &Event, raw: &str) {
+        for conn in self.conns.values() {
+            for (sub_id, sub) in &conn.subs {
+                if sub.matches(event) {
+                    let _ = conn.tx.send(event_frame(sub_id, raw));
+                }
+            }
+        }
+    }
+
+    /// Stores `stored` and, when it was new, delivers it live.
+    fn store_and_deliver(&mut self, stored: Stored) -> StoreOutcome {
+        let event = stored.event.clone();
+        let raw = Arc::clone(&stored.raw);
+        let outcome = self.store.put(stored);
+        if outcome == StoreOutcome::Stored {
+            self.deliver(&event, &raw);
+        }
+        outcome
+    }
+
+    /// Queues `frame` on every connection.
+    fn broadcast(&self, frame: &str) {
+        for conn in self.conns.values() {
+            let _ = conn.tx.send(frame.to_string());
+        }
+    }
+}
+
+/// State shared by the relay handle and its threads.
+#[derive(Debug, Default)]
+struct Shared {
+    stop: AtomicBool,
+    state: Mutex<State>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_conn: AtomicU64,
+    tcp_accepts: AtomicU64,
+    connections_accepted: AtomicU64,
+    nip11_requests: AtomicU64,
+}
+
+/// An EOSE scheduled by `eose_delay`.
+#[derive(Debug)]
+struct PendingEose {
+    at: Instant,
+    sub_id: String,
+    generation: u64,
+}
+
+/// What the connection thread must do after handling one message.
+#[derive(Debug, Default)]
+struct Handled {
+    frames: Vec<String>,
+    delayed_eose: Option<PendingEose>,
+}
+
+impl Handled {
+    fn frame(frame: String) -> Self {
+        Handled {
+            frames: vec![frame],
+            delayed_eose: None,
+        }
+    }
+}
+
+fn json_str(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+fn event_frame(sub_id: &str, raw: &str) -> String {
+    format!("[\"EVENT\",{},{raw}]", json_str(sub_id))
+}
+
+fn eose_frame(sub_id: &str) -> String {
+    format!("[\"EOSE\",{}]", json_str(sub_id))
+}
+
+fn closed_frame(sub_id: &str, msg: &str) -> String {
+    format!("[\"CLOSED\",{},{}]", json_str(sub_id), json_str(msg))
+}
+
+fn notice_frame(msg: &str) -> String {
+    format!("[\"NOTICE\",{}]", json_str(msg))
+}
+
+fn ok_frame(id: &EventId, accepted: bool, msg: &str) -> String {
+    format!("[\"OK\",\"{}\",{accepted},{}]", id.to_hex(), json_str(msg))
+}
+
+/// Whether a tungstenite error only means "nothing more right now".
+fn is_transient(err: &tungstenite::Error) -> bool {
+    matches!(err, tungstenite::Error::Io(e) if is_transient_io(e))
+}
+
+fn is_transient_io(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// A scriptable NIP-01 relay listening on `ws://127.0.0.1:PORT`.
+///
+/// Runs on plain threads inside the process. Dropping it (or calling
+/// [`stop`](Self::stop)) closes the listener and every connection and joins all
+/// threads. All methods take `&self`, so a relay can be shared across threads
+/// (e.g. in an `Arc`).
+///
+/// Stored events keep the exact JSON they arrived with and are served verbatim.
+/// EVENTs from clients are verified (id and signature); [`insert`](Self::insert)
+/// and [`insert_raw`](Self::insert_raw) bypass verification so tests can plant
+/// forged events. Replaceable kinds (0, 3, 10000–19999) keep one event per
+/// (pubkey, kind), addressable kinds (30000–39999) one per (pubkey, kind, `d`):
+/// the newest, ties going to the lowest id; an older version is answered
+/// `["OK", id, false, "replaced: have newer event"]` as strfry does. Ephemeral
+/// kinds (20000–29999) published by clients are relayed live and not stored.
+pub struct TestRelay {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for TestRelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestRelay")
+            .field("url", &self.url())
+            .field("stopped", &self.shared.stop.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestRelay {
+    /// Starts a relay with default options on an ephemeral port of 127.0.0.1.
+    ///
+    /// # Panics
+    /// If no port on 127.0.0.1 can be bound.
+    pub fn start() -> TestRelay {
+        Self::start_with(TestRelayOptions::default())
+    }
+
+    /// Starts a relay with `opts` on an ephemeral port of 127.0.0.1.
+    ///
+    /// # Panics
+    /// If no port on 127.0.0.1 can be bound.
+    pub fn start_with(opts: TestRelayOptions) -> TestRelay {
+        match Self::start_with_store(0, opts, Vec::new()) {
+            Ok(relay) => relay,
+            Err(e) => panic!("test relay: cannot bind 127.0.0.1:0: {e}"),
+        }
+    }
+
+    /// Starts a relay with `opts` on 127.0.0.1:`port` (`0` picks a free port).
+    ///
+    /// Use it to simulate a restart: stop a relay, then start another on its
+    /// [`port`](Self::port). A bind failing with `AddrInUse` is retried for up
+    /// to two seconds.
+    pub fn start_on_port(port: u16, opts: TestRelayOptions) -> io::Result<TestRelay> {
+        Self::start_with_store(port, opts, Vec::new())
+    }
+
+    /// Starts a relay on 127.0.0.1:`port` (`0` picks a free port) whose store
+    /// already holds `store` (raw event JSON, as from
+    /// [`raw_events`](Self::raw_events); not verified).
+    ///
+    /// Fails with `InvalidData` if an entry is not an event, or with the bind error.
+    pub fn start_with_store(
+        port: u16,
+        opts: TestRelayOptions,
+        store: Vec<String>,
+    ) -> io::Result<TestRelay> {
+        let mut state = State {
+            opts,
+            ..State::default()
+        };
+        for raw in store {
+            let event = Event::from_json(&raw).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("bad stored event: {e}"))
+            })?;
+            state.store.put(Stored {
+                event,
+                raw: raw.into(),
+            });
+        }
+
+        let listener = bind_with_retry(port)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            ..Shared::default()
+        });
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name(format!("test-relay-accept-{}", addr.port()))
+                .spawn(move || accept_loop(&shared, listener))?
+        };
+        debug!("test relay listening on ws://{addr}");
+        Ok(TestRelay {
+            shared,
+            addr,
+            acceptor: Mutex::new(Some(acceptor)),
+        })
+    }
+
+    /// Stops this relay and starts a new one on the same port with the same
+    /// options and stored events (recorded REQs and counters start afresh).
+    pub fn restart(self) -> io::Result<TestRelay> {
+        self.stop();
+        let port = self.port();
+        let opts = self.shared.state.lock().opts.clone();
+        let store = self.raw_events();
+        drop(self);
+        Self::start_with_store(port, opts, store)
+    }
+
+    /// The relay's URL, `ws://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("ws://127.0.0.1:{}", self.addr.port())
+    }
+
+    /// The port the relay listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Closes the listener and every connection (with a websocket close frame
+    /// where possible) and joins all threads, within about a second even with
+    /// unresponsive clients. Idempotent; also run on drop.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let acceptor = self.acceptor.lock().take();
+        let Some(acceptor) = acceptor else {
+            return;
+        };
+        // Joining the acceptor drops the listener, freeing the port; after it
+        // no thread handle can be added any more.
+        let _ = acceptor.join();
+        let handles = std::mem::take(&mut *self.shared.threads.lock());
+        let deadline = Instant::now() + STOP_GRACE;
+        while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+        {
+            let mut state = self.shared.state.lock();
+            for conn in state.conns.values() {
+                let _ = conn.socket.shutdown(Shutdown::Both);
+            }
+            state.conns.clear();
+        }
+        for handle in handles {
+            let _ = handle.join();
+        }
+        debug!("test relay on port {} stopped", self.addr.port());
+    }
+
+    // ----- options -----
+
+    /// Serves `doc` as the NIP-11 document (`None`: answer 404).
+    pub fn set_nip11(&self, doc: Option<Value>) {
+        self.shared.state.lock().opts.nip11 = doc;
+    }
+
+    /// Caps every filter of later REQs to at most `cap` stored events.
+    pub fn set_result_cap(&self, cap: Option<usize>) {
+        self.shared.state.lock().opts.result_cap = cap;
+    }
+
+    /// Withholds EOSE for later REQs.
+    pub fn set_withhold_eose(&self, withhold: bool) {
+        self.shared.state.lock().opts.withhold_eose = withhold;
+    }
+
+    /// Delays EOSE of later REQs by `delay`.
+    pub fn set_eose_delay(&self, delay: Option<Duration>) {
+        self.shared.state.lock().opts.eose_delay = delay;
+    }
+
+    /// Answers later REQs with `["CLOSED", sub_id, msg]` (`None`: serve them).
+    pub fn set_closed_on_req(&self, msg: Option<String>) {
+        self.shared.state.lock().opts.closed_on_req = msg;
+    }
+
+    /// Limits open subscriptions per connection (`None`: unlimited).
+    pub fn set_max_subscriptions(&self, max: Option<usize>) {
+        self.shared.state.lock().opts.max_subscriptions = max;
+    }
+
+    /// Sets the answer to a REQ beyond the subscription limit.
+    pub fn set_too_many_subs_reply(&self, reply: Reply) {
+        self.shared.state.lock().opts.too_many_subs_reply = reply;
+    }
+
+    /// Rejects later EVENTs with `["OK", id, false, msg]` (`None`: accept them).
+    pub fn set_reject_events(&self, msg: Option<String>) {
+        self.shared.state.lock().opts.reject_events = msg;
+    }
+
+    /// Closes new TCP connections right after accepting them.
+    pub fn set_refuse_connections(&self, refuse: bool) {
+        self.shared.state.lock().opts.refuse_connections = refuse;
+    }
+
+    /// A copy of the current options.
+    pub fn options(&self) -> TestRelayOptions {
+        self.shared.state.lock().opts.clone()
+    }
+
+    // ----- fault injection -----
+
+    /// Shuts down every current connection's socket without a close frame and
+    /// forgets its subscriptions (at once: [`current_connections`](Self::current_connections)
+    /// is 0 when this returns).
+    pub fn drop_connections(&self) {
+        let conns = std::mem::take(&mut self.shared.state.lock().conns);
+        debug!("test relay: dropping {} connection(s)", conns.len());
+        for conn in conns.values() {
+            let _ = conn.socket.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Sends `["NOTICE", msg]` to every connection.
+    pub fn send_notice(&self, msg: &str) {
+        self.shared.state.lock().broadcast(&notice_frame(msg));
+    }
+
+    /// Sends `["AUTH", challenge]` to every connection.
+    pub fn send_auth(&self, challenge: &str) {
+        let frame = format!("[\"AUTH\",{}]", json_str(challenge));
+        self.shared.state.lock().broadcast(&frame);
+    }
+
+    /// Sends `["CLOSED", sub_id, msg]` for every open subscription on every
+    /// connection and removes them.
+    pub fn send_closed_all(&self, msg: &str) {
+        let mut state = self.shared.state.lock();
+        for conn in state.conns.values_mut() {
+            for (sub_id, _) in conn.subs.drain() {
+                let _ = conn.tx.send(closed_frame(&sub_id, msg));
+            }
+        }
+    }
+
+    /// Sends `text` as a text frame, verbatim, to every connection.
+    pub fn send_raw(&self, text: &str) {
+        self.shared.state.lock().broadcast(text);
+    }
+
+    /// Sends `["EVENT", sub_id, raw_event_json]` to every open subscription
+    /// whatever its filters (`raw_event_json` is inserted verbatim and not
+    /// stored).
+    pub fn push_to_subscriptions(&self, raw_event_json: &str) {
+        let state = self.shared.state.lock();
+        for conn in state.conns.values() {
+            for sub_id in conn.subs.keys() {
+                let _ = conn.tx.send(event_frame(sub_id, raw_event_json));
+            }
+        }
+    }
+
+    // ----- store -----
+
+    /// Stores `event` without verifying it and delivers it to matching open
+    /// subscriptions. Returns `false` if it was a duplicate or a newer version
+    /// of its replaceable/addressable slot is held.
+    pub fn insert(&self, event: &Event) -> bool {
+        let stored = Stored {
+            event: event.clone(),
+            raw: event.as_json().into(),
+        };
+        self.shared.state.lock().store_and_deliver(stored) == StoreOutcome::Stored
+    }
+
+    /// Stores the event JSON `raw` verbatim (not verified: forged signatures
+    /// are kept and served as they are) and delivers it to matching open
+    /// subscriptions. Returns whether it was stored, as [`insert`](Self::insert).
+    pub fn insert_raw(&self, raw: &str) -> Result<bool, nostr::error::Error> {
+        let event = Event::from_json(raw)?;
+        let stored = Stored {
+            event,
+            raw: raw.into(),
+        };
+        Ok(self.shared.state.lock().store_and_deliver(stored) == StoreOutcome::Stored)
+    }
+
+    /// The stored events, newest first (then lowest id).
+    pub fn events(&self) -> Vec<Event> {
+        let state = self.shared.state.lock();
+        state.store.iter().map(|s| s.event.clone()).collect()
+    }
+
+    /// The stored events' JSON as served, newest first (then lowest id).
+    pub fn raw_events(&self) -> Vec<String> {
+        let state = self.shared.state.lock();
+        state.store.iter().map(|s| s.raw.to_string()).collect()
+    }
+
+    /// The ids of the stored events.
+    pub fn event_ids(&self) -> HashSet<EventId> {
+        let state = self.shared.state.lock();
+        state.store.by_id.keys().copied().collect()
+    }
+
+    /// Whether an event with `id` is stored.
+    pub fn contains(&self, id: &EventId) -> bool {
+        self.shared.state.lock().store.contains(id)
+    }
+
+    /// Number of stored events.
+    pub fn len(&self) -> usize {
+        self.shared.state.lock().store.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every stored event.
+    pub fn clear_events(&self) {
+        self.shared.state.lock().store.clear();
+    }
+
+    // ----- observation -----
+
+    /// Every REQ received so far, in arrival order.
+    pub fn reqs(&self) -> Vec<RecordedReq> {
+        self.shared.state.lock().reqs.clone()
+    }
+
+    /// Forgets the recorded REQs.
+    pub fn clear_reqs(&self) {
+        self.shared.state.lock().reqs.clear();
+    }
+
+    /// Number of subscriptions open now, over all connections.
+    pub fn open_subscriptions(&self) -> usize {
+        let state = self.shared.state.lock();
+        state.conns.values().map(|c| c.subs.len()).sum()
+    }
+
+    /// The most subscriptions ever open at once on a single connection.
+    pub fn max_open_subscriptions_per_connection(&self) -> usize {
+        self.shared.state.lock().max_subs_per_conn
+    }
+
+    /// Number of websocket connections established (upgrade completed).
+    pub fn connections_accepted(&self) -> u64 {
+        self.shared.connections_accepted.load(Ordering::SeqCst)
+    }
+
+    /// Number of TCP connections accepted, including refused ones and plain
+    /// HTTP (NIP-11) requests.
+    pub fn tcp_accepts(&self) -> u64 {
+        self.shared.tcp_accepts.load(Ordering::SeqCst)
+    }
+
+    /// Number of websocket connections open now.
+    pub fn current_connections(&self) -> usize {
+        self.shared.state.lock().conns.len()
+    }
+
+    /// Number of HTTP requests carrying `Accept: application/nostr+json`
+    /// (counted whether or not a NIP-11 document is configured).
+    pub fn nip11_requests(&self) -> u64 {
+        self.shared.nip11_requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TestRelay {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Binds 127.0.0.1:`port`, retrying `AddrInUse` for [`REBIND_PATIENCE`].
+fn bind_with_retry(port: u16) -> io::Result<TcpListener> {
+    let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+    let deadline = Instant::now() + REBIND_PATIENCE;
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(listener) => return Ok(listener),
+            Err(e)
+                if port != 0
+                    && e.kind() == io::ErrorKind::AddrInUse
+                    && Instant::now() < deadline =>
+            {
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let (stream, peer) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if is_transient_io(&e) => {
+                thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+            Err(e) => {
+                debug!("test relay: accept failed: {e}");
+                thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+        };
+        shared.tcp_accepts.fetch_add(1, Ordering::SeqCst);
+        if shared.state.lock().opts.refuse_connections {
+            trace!("test relay: refusing connection from {peer}");
+            let _ = stream.shutdown(Shutdown::Both);
+            continue;
+        }
+        let conn_id = shared.next_conn.fetch_add(1, Ordering::SeqCst) + 1;
+        trace!("test relay: connection {conn_id} from {peer}");
+        let thread_shared = Arc::clone(shared);
+        let spawned = thread::Builder::new()
+            .name(format!("test-relay-conn-{conn_id}"))
+            .spawn(move || serve_connection(&thread_shared, stream, conn_id));
+        match spawned {
+            Ok(handle) => {
+                let mut threads = shared.threads.lock();
+                threads.retain(|h| !h.is_finished());
+                threads.push(handle);
+            }
+            Err(e) => warn!("test relay: cannot spawn connection thread: {e}"),
+        }
+    }
+    trace!("test relay: acceptor exiting");
+}
+
+/// Reads the HTTP request head; returns it and any bytes read past it.
+fn read_head(shared: &Shared, stream: &mut TcpStream) -> Option<(Vec<u8>, Vec<u8>)> {
+    let deadline = Instant::now() + HEAD_TIMEOUT;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = nip11::find_head_end(&buf) {
+            if end > nip11::MAX_HEAD_BYTES {
+                let _ = stream.write_all(&nip11::error_response(
+                    431,
+                    "Request Header Fields Too Large",
+                ));
+                return None;
+            }
+            let rest = buf.split_off(end);
+            return Some((buf, rest));
+        }
+        if buf.len() > nip11::MAX_HEAD_BYTES {
+            let _ = stream.write_all(&nip11::error_response(
+                431,
+                "Request Header Fields Too Large",
+            ));
+            return None;
+        }
+        if shared.stop.load(Ordering::SeqCst) || Instant::now() > deadline {
+            return None;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if is_transient_io(&e) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+fn serve_connection(shared: &Arc<Shared>, mut stream: TcpStream, conn_id: u64) {
+    let configured = stream
+        .set_read_timeout(Some(TICK))
+        .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)))
+        .and_then(|()| stream.set_nodelay(true));
+    if let Err(e) = configured {
+        debug!("test relay: connection {conn_id}: cannot configure socket: {e}");
+        return;
+    }
+    let Some((head, rest)) = read_head(shared, &mut stream) else {
+        trace!("test relay: connection {conn_id}: no request head");
+        return;
+    };
+    let Some(head) = nip11::parse_head(&head) else {
+        let _ = stream.write_all(&nip11::error_response(400, "Bad Request"));
+        return;
+    };
+    if let Some(key) = head.websocket_key() {
+        if let Err(e) = stream.write_all(&nip11::switching_protocols(key)) {
+            debug!("test relay: connection {conn_id}: cannot answer upgrade: {e}");
+            return;
+        }
+        run_websocket(shared, stream, rest, conn_id);
+        return;
+    }
+    let response = if head.wants_nip11() {
+        shared.nip11_requests.fetch_add(1, Ordering::SeqCst);
+        match &shared.state.lock().opts.nip11 {
+            Some(doc) => nip11::nip11_document(doc),
+            None => nip11::error_response(404, "Not Found"),
+        }
+    } else {
+        nip11::error_response(404, "Not Found")
+    };
+    trace!(
+        "test relay: connection {conn_id}: HTTP {} {}",
+        head.method,
+        head.target
+    );
+    let _ = stream.write_all(&response);
+    let _ = stream.flush();
+    let _ = stream.shutdown(Shutdown::Write);
+}
+
+fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id: u64) {
+    let socket = match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => {
+            debug!("test relay: connection {conn_id}: cannot clone socket: {e}");
+            return;
+        }
+    };
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_SIZE))
+        .max_frame_size(Some(MAX_MESSAGE_SIZE))
+        .max_write_buffer_size(MAX_WRITE_BUFFER);
+    let mut ws = if rest.is_empty() {
+        WebSocket::from_raw_socket(stream, Role::Server, Some(config))
+    } else {
+        WebSocket::from_partially_read(stream, rest, Role::Server, Some(config))
+    };
+    let (tx, rx) = crossbeam_channel::unbounded();
+    {
+        let mut state = shared.state.lock();
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        state.conns.insert(
+            conn_id,
+            Conn {
+                tx,
+                socket,
+                subs: HashMap::new(),
+            },
+        );
+    }
+    shared.connections_accepted.fetch_add(1, Ordering::SeqCst);
+    debug!("test relay: connection {conn_id}: websocket open");
+    connection_loop(shared, &mut ws, &rx, conn_id);
+    shared.state.lock().conns.remove(&conn_id);
+    debug!("test relay: connection {conn_id}: closed");
+}
+
+/// Writes `frame`; returns `false` if the connection is broken.
+fn write_frame(ws: &mut WebSocket<TcpStream>, frame: String) -> bool {
+    match ws.write(Message::text(frame)) {
+        Ok(()) => true,
+        // The frame stays buffered and goes out with a later flush.
+        Err(e) if is_transient(&e) => true,
+        Err(e) => {
+            trace!("test relay: write failed: {e}");
+            false
+        }
+    }
+}
+
+fn connection_loop(
+    shared: &Shared,
+    ws: &mut WebSocket<TcpStream>,
+    rx: &Receiver<String>,
+    conn_id: u64,
+) {
+    let mut pending: Vec<PendingEose> = Vec::new();
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            let _ = ws.close(None);
+            let _ = ws.flush();
+            return;
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(frame) => {
+                    if !write_frame(ws, frame) {
+                        return;
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                // The connection was dropped from outside.
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        if !pending.is_empty() {
+            let now = Instant::now();
+            let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.at <= now);
+            pending = later;
+            for eose in due {
+                let still_open = shared
+                    .state
+                    .lock()
+                    .conns
+                    .get(&conn_id)
+                    .and_then(|c| c.subs.get(&eose.sub_id))
+                    .is_some_and(|s| s.generation == eose.generation);
+                if still_open && !write_frame(ws, eose_frame(&eose.sub_id)) {
+                    return;
+                }
+            }
+        }
+        match ws.flush() {
+            Ok(()) => {}
+            Err(e) if is_transient(&e) => {}
+            Err(e) => {
+                trace!("test relay: connection {conn_id}: flush failed: {e}");
+                return;
+            }
+        }
+        match ws.read() {
+            Ok(Message::Text(text)) => {
+                trace!("test relay: connection {conn_id} <- {}", text.as_str());
+                let handled = handle_message(shared, conn_id, text.as_str());
+                for frame in handled.frames {
+                    if !write_frame(ws, frame) {
+                        return;
+                    }
+                }
+                pending.extend(handled.delayed_eose);
+            }
+            Ok(Message::Binary(_)) => {
+                if !write_frame(ws, notice_frame(PARSE_ERROR)) {
+                    return;
+                }
+            }
+            // Pings are answered by tungstenite; a close is answered on the
+            // next read, which then reports ConnectionClosed.
+            Ok(_) => {}
+            Err(e) if is_transient(&e) => {}
+            Err(e) => {
+                trace!("test relay: connection {conn_id}: read ended: {e}");
+                return;
+            }
+        }
+    }
+}
+
+fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
+    let parse_error = || Handled::frame(notice_frame(PARSE_ERROR));
+    let Ok(parts) = serde_json::from_str::<Vec<&RawValue>>(text) else {
+        return parse_error();
+    };
+    let Some(command) = parts
+        .first()
+        .and_then(|c| serde_json::from_str::<String>(c.get()).ok())
+    else {
+        return parse_error();
+    };
+    match (command.as_str(), parts.len()) {
+        ("EVENT", n) if n >= 2 => handle_event(shared, parts[1].get()),
+        ("REQ", n) if n >= 3 => {
+            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                return parse_error();
+            };
+            let filters: Result<Vec<Filter>, _> = parts[2..]
+                .iter()
+                .map(|f| Filter::from_json(f.get()))
+                .collect();
+            let Ok(filters) = filters else {
+                return parse_error();
+            };
+            handle_req(shared, conn_id, sub_id, filters, text)
+        }
+        ("CLOSE", n) if n >= 2 => {
+            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                return parse_error();
+            };
+            if let Some(conn) = shared.state.lock().conns.get_mut(&conn_id) {
+                conn.subs.remove(&sub_id);
+            }
+            Handled::default()
+        }
+        ("AUTH", n) if n >= 2 => match Event::from_json(parts[1].get()) {
+            Ok(event) => {
+                let valid = event.verify().is_ok();
+                let msg = if valid { "" } else { "invalid: bad signature" };
+                Handled::frame(ok_frame(&event.id, valid, msg))
+            }
+            Err(_) => parse_error(),
+        },
+        _ => parse_error(),
+    }
+}
+
+fn handle_event(shared: &Shared, raw: &str) -> Handled {
+    let Ok(event) = Event::from_json(raw) else {
+        return Handled::frame(notice_frame(PARSE_ERROR));
+    };
+    if event.verify().is_err() {
+        return Handled::frame(ok_frame(&event.id, false, "invalid: bad signature"));
+    }
+    let mut state = shared.state.lock();
+    if let Some(msg) = &state.opts.reject_events {
+        return Handled::frame(ok_frame(&event.id, false, msg));
+    }
+    let id = event.id;
+    if is_ephemeral(&event) {
+        state.deliver(&event, raw);
+        return Handled::frame(ok_frame(&id, true, ""));
+    }
+    let outcome = state.store_and_deliver(Stored {
+        event,
+        raw: raw.into(),
+    });
+    let frame = match outcome {
+        StoreOutcome::Stored => ok_frame(&id, true, ""),
+        StoreOutcome::Duplicate => ok_frame(&id, true, "duplicate: already have this event"),
+        StoreOutcome::HaveNewer => ok_frame(&id, false, "replaced: have newer event"),
+    };
+    Handled::frame(frame)
+}
+
+fn handle_req(
+    shared: &Shared,
+    conn_id: u64,
+    sub_id: String,
+    filters: Vec<Filter>,
+    raw: &str,
+) -> Handled {
+    let mut guard = shared.state.lock();
+    let state = &mut *guard;
+    state.reqs.push(RecordedReq {
+        conn: conn_id,
+        sub_id: sub_id.clone(),
+        filters: filters.clone(),
+        raw: raw.to_string(),
+        at: Instant::now(),
+    });
+    let Some(conn) = state.conns.get_mut(&conn_id) else {
+        // Dropped from outside meanwhile; the loop ends on its next tick.
+        return Handled::default();
+    };
+    let opts = &state.opts;
+    if let Some(msg) = &opts.closed_on_req {
+        conn.subs.remove(&sub_id);
+        return Handled::frame(closed_frame(&sub_id, msg));
+    }
+    if let Some(max) = opts.max_subscriptions {
+        if !conn.subs.contains_key(&sub_id) && conn.subs.len() >= max {
+            let frame = match &opts.too_many_subs_reply {
+                Reply::Closed(msg) => closed_frame(&sub_id, msg),
+                Reply::Notice(msg) => notice_frame(msg),
+            };
+            return Handled::frame(frame);
+        }
+    }
+
+    // Stored answer: each filter contributes its newest min(limit, cap)
+    // matches; the union is served newest first.
+    let mut seen: HashSet<EventId> = HashSet::new();
+    let mut matched: Vec<(OrderKey, Arc<str>)> = Vec::new();
+    for filter in &filters {
+        let limit = match (filter.limit, opts.result_cap) {
+            (Some(l), Some(c)) => l.min(c),
+            (Some(n), None) | (None, Some(n)) => n,
+            (None, None) => usize::MAX,
+        };
+        let hits = state
+            .store
+            .iter()
+            .filter(|s| filter.match_event(&s.event, MatchEventOptions::new()))
+            .take(limit);
+        for stored in hits {
+            if seen.insert(stored.event.id) {
+                matched.push((
+                    (Reverse(stored.event.created_at), stored.event.id),
+                    Arc::clone(&stored.raw),
+                ));
+            }
+        }
+    }
+    matched.sort_by_key(|a| a.0);
+    let mut frames: Vec<String> = matched
+        .iter()
+        .map(|(_, raw)| event_frame(&sub_id, raw))
+        .collect();
+
+    state.next_generation += 1;
+    let generation = state.next_generation;
+    conn.subs.insert(
+        sub_id.clone(),
+        Sub {
+            filters,
+            generation,
+        },
+    );
+    state.max_subs_per_conn = state.max_subs_per_conn.max(conn.subs.len());
+
+    let mut delayed_eose = None;
+    if !opts.withhold_eose {
+        match opts.eose_delay {
+            Some(delay) if !delay.is_zero() => {
+                delayed_eose = Some(PendingEose {
+                    at: Instant::now() + delay,
+                    sub_id,
+                    generation,
+                });
+            }
+            _ => frames.push(eose_frame(&sub_id)),
+        }
+    }
+    Handled {
+        frames,
+        delayed_eose,
+    }
+}

@@ -1,0 +1,782 @@
+//! Tests for `grasp_sync::testing::TestRelay`, driven by a plain tungstenite client.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use grasp_sync::testing::{wait_until, Reply, TestRelay, TestRelayOptions};
+use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
+use nostr::key::Keys;
+use nostr::types::Timestamp;
+use serde_json::{json, Value};
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+/// Generous deadline for anything that should happen.
+const WAIT: Duration = Duration::from_secs(5);
+/// How long we listen to assert that nothing arrives.
+const QUIET: Duration = Duration::from_millis(300);
+
+const REPO_A: &str = "30617:0000000000000000000000000000000000000000000000000000000000000001:repo";
+
+struct Client {
+    ws: WebSocket<MaybeTlsStream<TcpStream>>,
+}
+
+impl Client {
+    fn connect(relay: &TestRelay) -> Client {
+        let (ws, _) = tungstenite::connect(relay.url()).expect("connect to test relay");
+        Client { ws }
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        match self.ws.get_ref() {
+            MaybeTlsStream::Plain(s) => s.set_read_timeout(Some(timeout)).unwrap(),
+            _ => unreachable!("plain ws only"),
+        }
+    }
+
+    fn send(&mut self, text: &str) {
+        self.ws.send(Message::text(text)).expect("send");
+    }
+
+    fn send_json(&mut self, value: Value) {
+        self.send(&value.to_string());
+    }
+
+    /// Next text frame within `timeout`; `None` on timeout. Panics if the
+    /// connection breaks.
+    fn recv_text_within(&mut self, timeout: Duration) -> Option<String> {
+        self.set_timeout(timeout);
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.ws.read() {
+                Ok(Message::Text(t)) => return Some(t.as_str().to_string()),
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                }
+                Err(e) => panic!("connection broke: {e}"),
+            }
+        }
+    }
+
+    fn recv_text(&mut self) -> String {
+        self.recv_text_within(WAIT)
+            .expect("a message within the deadline")
+    }
+
+    fn recv(&mut self) -> Value {
+        let text = self.recv_text();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON {text}: {e}"))
+    }
+
+    fn assert_quiet(&mut self) {
+        if let Some(text) = self.recv_text_within(QUIET) {
+            panic!("expected silence, got {text}");
+        }
+    }
+
+    fn publish(&mut self, event: &Event) -> Value {
+        self.send(&format!(r#"["EVENT",{}]"#, event.as_json()));
+        let ok = self.recv();
+        assert_eq!(ok[0], "OK", "{ok}");
+        assert_eq!(ok[1], event.id.to_hex(), "{ok}");
+        ok
+    }
+
+    /// Sends a REQ and collects the event ids up to EOSE.
+    fn req_until_eose(&mut self, sub: &str, filters: &[Value]) -> Vec<String> {
+        let mut msg = vec![json!("REQ"), json!(sub)];
+        msg.extend(filters.iter().cloned());
+        self.send_json(Value::Array(msg));
+        let mut ids = Vec::new();
+        loop {
+            let m = self.recv();
+            match m[0].as_str() {
+                Some("EVENT") => {
+                    assert_eq!(m[1], sub, "{m}");
+                    ids.push(m[2]["id"].as_str().unwrap().to_string());
+                }
+                Some("EOSE") => {
+                    assert_eq!(m[1], sub, "{m}");
+                    return ids;
+                }
+                _ => panic!("unexpected {m}"),
+            }
+        }
+    }
+
+    /// Waits until the connection is closed by the relay.
+    fn expect_closed(&mut self) {
+        self.set_timeout(Duration::from_millis(50));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.ws.read() {
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    assert!(Instant::now() < deadline, "connection still open");
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+fn issue(keys: &Keys, created_at: u64, content: &str) -> Event {
+    EventBuilder::new(Kind::Custom(1621), content)
+        .tag(Tag::parse(["a", REPO_A]).unwrap())
+        .custom_created_at(Timestamp::from_secs(created_at))
+        .finalize(keys)
+        .unwrap()
+}
+
+fn announcement(keys: &Keys, created_at: u64, d: &str) -> Event {
+    EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", d]).unwrap())
+        .custom_created_at(Timestamp::from_secs(created_at))
+        .finalize(keys)
+        .unwrap()
+}
+
+fn ids(events: &[&Event]) -> Vec<String> {
+    events.iter().map(|e| e.id.to_hex()).collect()
+}
+
+fn issues_filter() -> Value {
+    json!({"kinds": [1621]})
+}
+
+#[test]
+fn publish_ok_then_duplicate() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let ev = issue(&keys, 1000, "hello");
+    let mut c = Client::connect(&relay);
+
+    let ok = c.publish(&ev);
+    assert_eq!(ok, json!(["OK", ev.id.to_hex(), true, ""]));
+    let ok = c.publish(&ev);
+    assert_eq!(ok[2], true);
+    assert!(ok[3].as_str().unwrap().starts_with("duplicate:"), "{ok}");
+
+    assert_eq!(relay.len(), 1);
+    assert!(relay.contains(&ev.id));
+    assert!(relay.event_ids().contains(&ev.id));
+    assert_eq!(relay.events(), vec![ev]);
+}
+
+#[test]
+fn forged_signature_is_rejected() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let a = issue(&keys, 1000, "a");
+    let b = issue(&keys, 1000, "b");
+    // a's id and content with b's signature.
+    let mut forged: Value = serde_json::from_str(&a.as_json()).unwrap();
+    forged["sig"] = json!(b.sig.to_string());
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["EVENT", forged]));
+    assert_eq!(
+        c.recv(),
+        json!(["OK", a.id.to_hex(), false, "invalid: bad signature"])
+    );
+    // Tampered content (id no longer matches).
+    let mut tampered: Value = serde_json::from_str(&a.as_json()).unwrap();
+    tampered["content"] = json!("changed");
+    c.send_json(json!(["EVENT", tampered]));
+    let ok = c.recv();
+    assert_eq!(ok[2], false, "{ok}");
+    assert!(ok[3].as_str().unwrap().starts_with("invalid:"), "{ok}");
+    assert!(relay.is_empty());
+}
+
+#[test]
+fn reject_events_hook() {
+    let relay = TestRelay::start();
+    relay.set_reject_events(Some("blocked: not on my relay".into()));
+    let ev = issue(&Keys::generate(), 1000, "x");
+    let mut c = Client::connect(&relay);
+    let ok = c.publish(&ev);
+    assert_eq!(
+        ok,
+        json!(["OK", ev.id.to_hex(), false, "blocked: not on my relay"])
+    );
+    assert!(relay.is_empty());
+    relay.set_reject_events(None);
+    assert_eq!(c.publish(&ev)[2], true);
+    assert_eq!(relay.len(), 1);
+}
+
+#[test]
+fn req_serves_stored_newest_first_then_eose() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let e1 = issue(&keys, 1000, "one");
+    let e2 = issue(&keys, 3000, "two");
+    let e3 = issue(&keys, 2000, "three");
+    let other = EventBuilder::new(Kind::TextNote, "note")
+        .finalize(&keys)
+        .unwrap();
+    for e in [&e1, &e2, &e3, &other] {
+        assert!(relay.insert(e));
+    }
+    let mut c = Client::connect(&relay);
+    let got = c.req_until_eose("s1", &[issues_filter()]);
+    assert_eq!(got, ids(&[&e2, &e3, &e1]));
+
+    // Several filters: union, deduplicated, still newest first.
+    let got = c.req_until_eose(
+        "s2",
+        &[
+            json!({"ids": [e1.id.to_hex()]}),
+            json!({"kinds": [1621], "limit": 1}),
+            json!({"kinds": [1]}),
+        ],
+    );
+    let mut expected = vec![
+        (other.created_at, other.id),
+        (e2.created_at, e2.id),
+        (e1.created_at, e1.id),
+    ];
+    expected.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    assert_eq!(
+        got,
+        expected
+            .iter()
+            .map(|(_, id)| id.to_hex())
+            .collect::<Vec<_>>()
+    );
+
+    // limit 0: no stored events, only EOSE.
+    assert!(c
+        .req_until_eose("s3", &[json!({"kinds": [1621], "limit": 0})])
+        .is_empty());
+    assert_eq!(relay.open_subscriptions(), 3);
+}
+
+#[test]
+fn raw_events_are_served_verbatim() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let ev = issue(&keys, 1000, "verbatim");
+    // Same event with odd spacing and a forged signature.
+    let mut v: Value = serde_json::from_str(&ev.as_json()).unwrap();
+    v["sig"] = json!("00".repeat(64));
+    let raw = serde_json::to_string_pretty(&v).unwrap();
+    assert!(relay.insert_raw(&raw).unwrap());
+    assert!(relay.insert_raw("not json").is_err());
+    assert_eq!(relay.raw_events(), vec![raw.clone()]);
+
+    let mut c = Client::connect(&relay);
+    c.send(r#"["REQ","v",{"kinds":[1621]}]"#);
+    assert_eq!(c.recv_text(), format!(r#"["EVENT","v",{raw}]"#));
+    assert_eq!(c.recv(), json!(["EOSE", "v"]));
+}
+
+#[test]
+fn live_delivery_after_eose() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let mut sub = Client::connect(&relay);
+    assert!(sub.req_until_eose("live", &[issues_filter()]).is_empty());
+
+    // Published by another client.
+    let mut publisher = Client::connect(&relay);
+    let e1 = issue(&keys, 1000, "live one");
+    assert_eq!(publisher.publish(&e1)[2], true);
+    let m = sub.recv();
+    assert_eq!(m[0], "EVENT");
+    assert_eq!(m[1], "live");
+    assert_eq!(m[2]["id"], e1.id.to_hex());
+
+    // Inserted by the test.
+    let e2 = issue(&keys, 900, "older, still live");
+    assert!(relay.insert(&e2));
+    let m = sub.recv();
+    assert_eq!(m[2]["id"], e2.id.to_hex());
+
+    // Non-matching events and duplicates are not delivered.
+    let note = EventBuilder::new(Kind::TextNote, "n")
+        .finalize(&keys)
+        .unwrap();
+    assert_eq!(publisher.publish(&note)[2], true);
+    assert_eq!(publisher.publish(&e1)[2], true);
+    sub.assert_quiet();
+
+    // After CLOSE nothing more arrives.
+    sub.send(r#"["CLOSE","live"]"#);
+    assert!(wait_until(WAIT, || relay.open_subscriptions() == 0));
+    assert!(relay.insert(&issue(&keys, 1100, "after close")));
+    sub.assert_quiet();
+}
+
+#[test]
+fn result_cap_limits_each_filter() {
+    let relay = TestRelay::start_with(TestRelayOptions {
+        result_cap: Some(2),
+        ..Default::default()
+    });
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..5).map(|i| issue(&keys, 1000 + i, "e")).collect();
+    for e in &events {
+        relay.insert(e);
+    }
+    let mut c = Client::connect(&relay);
+    let got = c.req_until_eose("a", &[json!({"kinds": [1621], "limit": 10})]);
+    assert_eq!(got, ids(&[&events[4], &events[3]]));
+    let got = c.req_until_eose("b", &[json!({"kinds": [1621], "limit": 1})]);
+    assert_eq!(got, ids(&[&events[4]]));
+    let got = c.req_until_eose("c", &[issues_filter()]);
+    assert_eq!(got.len(), 2);
+
+    relay.set_result_cap(None);
+    assert_eq!(c.req_until_eose("d", &[issues_filter()]).len(), 5);
+}
+
+#[test]
+fn withheld_eose_still_delivers_events() {
+    let relay = TestRelay::start();
+    relay.set_withhold_eose(true);
+    let keys = Keys::generate();
+    let e1 = issue(&keys, 1000, "a");
+    let e2 = issue(&keys, 2000, "b");
+    relay.insert(&e1);
+    relay.insert(&e2);
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["REQ", "w", issues_filter()]));
+    assert_eq!(c.recv()[2]["id"], e2.id.to_hex());
+    assert_eq!(c.recv()[2]["id"], e1.id.to_hex());
+    c.assert_quiet();
+    // The subscription is open: live events still arrive.
+    let e3 = issue(&keys, 3000, "c");
+    relay.insert(&e3);
+    let m = c.recv();
+    assert_eq!(
+        (m[0].as_str(), m[2]["id"].as_str()),
+        (Some("EVENT"), Some(&*e3.id.to_hex()))
+    );
+}
+
+#[test]
+fn delayed_eose_does_not_block_the_connection() {
+    let relay = TestRelay::start();
+    let delay = Duration::from_secs(1);
+    relay.set_eose_delay(Some(delay));
+    let keys = Keys::generate();
+    let e1 = issue(&keys, 1000, "a");
+    relay.insert(&e1);
+    let mut c = Client::connect(&relay);
+    let sent = Instant::now();
+    c.send_json(json!(["REQ", "d", issues_filter()]));
+    assert_eq!(c.recv()[2]["id"], e1.id.to_hex());
+    // The connection keeps answering while EOSE is pending.
+    let e2 = issue(&keys, 2000, "b");
+    assert_eq!(c.publish(&e2)[2], true);
+    assert!(
+        sent.elapsed() < delay,
+        "publish was answered only after the EOSE delay"
+    );
+    assert_eq!(c.recv()[2]["id"], e2.id.to_hex(), "live event");
+    assert_eq!(c.recv(), json!(["EOSE", "d"]));
+    assert!(sent.elapsed() >= delay);
+
+    // A subscription replaced before its delayed EOSE gets only the new EOSE.
+    c.send_json(json!(["REQ", "r", {"kinds": [7]}]));
+    c.send_json(json!(["REQ", "r", {"kinds": [8]}]));
+    assert_eq!(c.recv(), json!(["EOSE", "r"]));
+    c.assert_quiet();
+}
+
+#[test]
+fn closed_on_req() {
+    let relay = TestRelay::start();
+    relay.set_closed_on_req(Some("blocked: go away".into()));
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["REQ", "x", issues_filter()]));
+    assert_eq!(c.recv(), json!(["CLOSED", "x", "blocked: go away"]));
+    c.assert_quiet();
+    assert_eq!(relay.reqs().len(), 1);
+    assert_eq!(relay.open_subscriptions(), 0);
+
+    relay.set_closed_on_req(None);
+    assert!(c.req_until_eose("x", &[issues_filter()]).is_empty());
+    assert_eq!(relay.open_subscriptions(), 1);
+}
+
+#[test]
+fn max_subscriptions_with_closed_reply() {
+    let relay = TestRelay::start_with(TestRelayOptions {
+        max_subscriptions: Some(2),
+        ..Default::default()
+    });
+    let mut c = Client::connect(&relay);
+    c.req_until_eose("a", &[issues_filter()]);
+    c.req_until_eose("b", &[issues_filter()]);
+    c.send_json(json!(["REQ", "c", issues_filter()]));
+    assert_eq!(
+        c.recv(),
+        json!(["CLOSED", "c", "error: too many subscriptions"])
+    );
+    // Replacing an open subscription is allowed.
+    c.req_until_eose("a", &[json!({"kinds": [1]})]);
+    // The limit is per connection.
+    let mut other = Client::connect(&relay);
+    other.req_until_eose("c", &[issues_filter()]);
+    assert_eq!(relay.open_subscriptions(), 3);
+    // Closing one frees a slot.
+    c.send(r#"["CLOSE","b"]"#);
+    assert!(wait_until(WAIT, || relay.open_subscriptions() == 2));
+    c.req_until_eose("c", &[issues_filter()]);
+    assert_eq!(relay.max_open_subscriptions_per_connection(), 2);
+    assert_eq!(relay.reqs().len(), 6);
+}
+
+#[test]
+fn max_subscriptions_with_notice_reply() {
+    let relay = TestRelay::start();
+    relay.set_max_subscriptions(Some(1));
+    relay.set_too_many_subs_reply(Reply::Notice("ERROR: too many concurrent REQs".into()));
+    let mut c = Client::connect(&relay);
+    c.req_until_eose("a", &[issues_filter()]);
+    c.send_json(json!(["REQ", "b", issues_filter()]));
+    assert_eq!(
+        c.recv(),
+        json!(["NOTICE", "ERROR: too many concurrent REQs"])
+    );
+    c.assert_quiet();
+    assert_eq!(relay.open_subscriptions(), 1);
+    assert_eq!(relay.max_open_subscriptions_per_connection(), 1);
+}
+
+#[test]
+fn reqs_are_recorded() {
+    let relay = TestRelay::start();
+    let before = Instant::now();
+    let mut c1 = Client::connect(&relay);
+    let mut c2 = Client::connect(&relay);
+    let raw = r##"["REQ","r1",{"kinds":[1621],"#a":["30617:00:repo"]},{"ids":[]}]"##;
+    c1.send(raw);
+    assert_eq!(c1.recv(), json!(["EOSE", "r1"]));
+    c2.req_until_eose("r2", &[json!({"kinds": [1617], "limit": 5})]);
+
+    let reqs = relay.reqs();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].sub_id, "r1");
+    assert_eq!(reqs[0].raw, raw);
+    assert_eq!(reqs[0].filters.len(), 2);
+    assert!(reqs[0].filters[0]
+        .kinds
+        .as_ref()
+        .unwrap()
+        .contains(&Kind::Custom(1621)));
+    assert_eq!(reqs[1].sub_id, "r2");
+    assert_eq!(reqs[1].filters[0].limit, Some(5));
+    assert_ne!(reqs[0].conn, reqs[1].conn);
+    assert!(reqs[0].at >= before && reqs[1].at >= reqs[0].at);
+    assert_eq!(relay.connections_accepted(), 2);
+    assert_eq!(relay.current_connections(), 2);
+
+    relay.clear_reqs();
+    assert!(relay.reqs().is_empty());
+}
+
+#[test]
+fn garbage_gets_a_notice() {
+    let relay = TestRelay::start();
+    let mut c = Client::connect(&relay);
+    for garbage in [
+        "hello",
+        "{}",
+        "[]",
+        r#"["FOO","x"]"#,
+        r#"["REQ","x"]"#,
+        r#"["REQ","x",{"kinds":"nope"}]"#,
+        r#"["EVENT",{"id":"zz"}]"#,
+    ] {
+        c.send(garbage);
+        assert_eq!(
+            c.recv(),
+            json!(["NOTICE", "could not parse command"]),
+            "{garbage}"
+        );
+    }
+    // The connection is still usable.
+    assert!(c.req_until_eose("ok", &[issues_filter()]).is_empty());
+}
+
+#[test]
+fn injected_frames() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    c.req_until_eose("s1", &[issues_filter()]);
+    c.req_until_eose("s2", &[json!({"kinds": [1]})]);
+
+    relay.send_notice("hi there");
+    assert_eq!(c.recv(), json!(["NOTICE", "hi there"]));
+    relay.send_auth("challenge-1");
+    assert_eq!(c.recv(), json!(["AUTH", "challenge-1"]));
+    relay.send_raw("}{ garbage");
+    assert_eq!(c.recv_text(), "}{ garbage");
+
+    // Pushed to every subscription regardless of its filter; not stored.
+    let note = EventBuilder::new(Kind::TextNote, "pushed")
+        .finalize(&keys)
+        .unwrap();
+    relay.push_to_subscriptions(&note.as_json());
+    let mut subs = vec![
+        c.recv()[1].as_str().unwrap().to_string(),
+        c.recv()[1].as_str().unwrap().to_string(),
+    ];
+    subs.sort();
+    assert_eq!(subs, ["s1", "s2"]);
+    assert!(relay.is_empty());
+
+    relay.send_closed_all("error: shutting down");
+    let mut closed = vec![c.recv(), c.recv()];
+    closed.sort_by_key(|m| m[1].as_str().unwrap().to_string());
+    assert_eq!(
+        closed,
+        vec![
+            json!(["CLOSED", "s1", "error: shutting down"]),
+            json!(["CLOSED", "s2", "error: shutting down"]),
+        ]
+    );
+    assert_eq!(relay.open_subscriptions(), 0);
+    relay.insert(&issue(&keys, 1000, "no longer delivered"));
+    c.assert_quiet();
+}
+
+fn http_get(relay: &TestRelay, accept: Option<&str>) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", relay.port())).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{accept}Connection: close\r\n\r\n",
+        relay.port()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn nip11_document() {
+    let relay = TestRelay::start();
+    let not_configured = http_get(&relay, Some("application/nostr+json"));
+    assert!(
+        not_configured.starts_with("HTTP/1.1 404"),
+        "{not_configured}"
+    );
+
+    let doc = json!({"name": "test relay", "supported_nips": [1, 11], "limitation": {"max_subscriptions": 20}});
+    relay.set_nip11(Some(doc.clone()));
+    let resp = http_get(&relay, Some("application/nostr+json"));
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("content-type: application/nostr+json")),
+        "{head}"
+    );
+    assert_eq!(serde_json::from_str::<Value>(body).unwrap(), doc);
+
+    // Without the Accept header: 404, not counted.
+    let plain = http_get(&relay, None);
+    assert!(plain.starts_with("HTTP/1.1 404"), "{plain}");
+    assert_eq!(relay.nip11_requests(), 2);
+    assert_eq!(relay.connections_accepted(), 0);
+    assert_eq!(relay.tcp_accepts(), 3);
+
+    // Websockets still work on the same port.
+    let mut c = Client::connect(&relay);
+    assert!(c.req_until_eose("s", &[issues_filter()]).is_empty());
+}
+
+#[test]
+fn refuse_connections() {
+    let relay = TestRelay::start_with(TestRelayOptions {
+        refuse_connections: true,
+        ..Default::default()
+    });
+    assert!(tungstenite::connect(relay.url()).is_err());
+    assert_eq!(relay.tcp_accepts(), 1);
+    assert_eq!(relay.connections_accepted(), 0);
+    relay.set_refuse_connections(false);
+    let mut c = Client::connect(&relay);
+    assert!(c.req_until_eose("s", &[issues_filter()]).is_empty());
+    assert_eq!(relay.connections_accepted(), 1);
+}
+
+#[test]
+fn drop_connections_closes_every_connection() {
+    let relay = TestRelay::start();
+    let mut c1 = Client::connect(&relay);
+    let mut c2 = Client::connect(&relay);
+    c1.req_until_eose("a", &[issues_filter()]);
+    c2.req_until_eose("b", &[issues_filter()]);
+    assert_eq!(relay.current_connections(), 2);
+
+    relay.drop_connections();
+    assert_eq!(relay.current_connections(), 0);
+    assert_eq!(relay.open_subscriptions(), 0);
+    c1.expect_closed();
+    c2.expect_closed();
+
+    // The relay still accepts new connections.
+    let mut c3 = Client::connect(&relay);
+    assert!(c3.req_until_eose("c", &[issues_filter()]).is_empty());
+    assert_eq!(relay.connections_accepted(), 3);
+    assert_eq!(relay.max_open_subscriptions_per_connection(), 1);
+}
+
+#[test]
+fn replaceable_and_addressable_replacement() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+
+    let old = announcement(&keys, 100, "repo");
+    let new = announcement(&keys, 200, "repo");
+    let other_d = announcement(&keys, 50, "other");
+    assert_eq!(c.publish(&old)[2], true);
+    assert_eq!(c.publish(&other_d)[2], true);
+    assert_eq!(c.publish(&new)[2], true);
+    assert!(!relay.contains(&old.id));
+    assert!(relay.contains(&new.id));
+    assert!(relay.contains(&other_d.id));
+    // An older version is refused the way strfry does.
+    assert_eq!(
+        c.publish(&old),
+        json!(["OK", old.id.to_hex(), false, "replaced: have newer event"])
+    );
+    // Another author's slot is separate.
+    let theirs = announcement(&Keys::generate(), 10, "repo");
+    assert!(relay.insert(&theirs));
+    assert_eq!(relay.len(), 3);
+
+    // Same timestamp: the lowest id wins.
+    let t1 = announcement(&keys, 500, "tie");
+    let t2 = EventBuilder::new(Kind::Custom(30617), "different content")
+        .tag(Tag::parse(["d", "tie"]).unwrap())
+        .custom_created_at(Timestamp::from_secs(500))
+        .finalize(&keys)
+        .unwrap();
+    let (low, high) = if t1.id < t2.id { (t1, t2) } else { (t2, t1) };
+    assert!(relay.insert(&high));
+    assert!(relay.insert(&low));
+    assert!(!relay.insert(&high));
+    assert!(relay.contains(&low.id) && !relay.contains(&high.id));
+
+    // Replaceable kind: one per (pubkey, kind).
+    let list = |t: u64| {
+        EventBuilder::new(Kind::Custom(10002), "")
+            .custom_created_at(Timestamp::from_secs(t))
+            .finalize(&keys)
+            .unwrap()
+    };
+    let (l1, l2) = (list(100), list(200));
+    assert_eq!(c.publish(&l1)[2], true);
+    assert_eq!(c.publish(&l2)[2], true);
+    assert!(!relay.contains(&l1.id) && relay.contains(&l2.id));
+
+    // Regular kinds are never replaced.
+    let (i1, i2) = (issue(&keys, 1, "a"), issue(&keys, 2, "b"));
+    relay.insert(&i1);
+    relay.insert(&i2);
+    assert!(relay.contains(&i1.id) && relay.contains(&i2.id));
+}
+
+#[test]
+fn stop_is_prompt_and_port_can_be_reused() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let ev = issue(&keys, 1000, "persisted");
+    relay.insert(&ev);
+    let port = relay.port();
+
+    let mut clients: Vec<Client> = (0..3).map(|_| Client::connect(&relay)).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        c.req_until_eose(&format!("s{i}"), &[issues_filter()]);
+    }
+    // A client that never sends its HTTP request.
+    let silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(wait_until(WAIT, || relay.tcp_accepts() == 4));
+
+    let started = Instant::now();
+    let raw = relay.raw_events();
+    relay.stop();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "stop took {:?}",
+        started.elapsed()
+    );
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+    for c in &mut clients {
+        c.expect_closed();
+    }
+    drop(silent);
+    drop(relay);
+
+    // "Restart": same port, same store.
+    let relay = TestRelay::start_with_store(port, TestRelayOptions::default(), raw).unwrap();
+    assert_eq!(relay.port(), port);
+    let mut c = Client::connect(&relay);
+    assert_eq!(c.req_until_eose("again", &[issues_filter()]), ids(&[&ev]));
+
+    // restart() keeps store and options.
+    relay.set_result_cap(Some(7));
+    let relay = relay.restart().unwrap();
+    assert_eq!(relay.port(), port);
+    assert_eq!(relay.options().result_cap, Some(7));
+    assert!(relay.contains(&ev.id));
+    c.expect_closed();
+    let mut c = Client::connect(&relay);
+    assert_eq!(c.req_until_eose("third", &[issues_filter()]), ids(&[&ev]));
+
+    let started = Instant::now();
+    drop(relay);
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn start_on_port_and_url() {
+    let first = TestRelay::start();
+    let port = first.port();
+    assert_eq!(first.url(), format!("ws://127.0.0.1:{port}"));
+    first.stop();
+    let second = TestRelay::start_on_port(port, TestRelayOptions::default()).unwrap();
+    assert_eq!(second.url(), format!("ws://127.0.0.1:{port}"));
+    // Binding a port in use fails (after the retry window).
+    let busy = TestRelay::start_on_port(port, TestRelayOptions::default());
+    assert!(busy.is_err());
+}
+
+#[test]
+fn wait_until_times_out() {
+    let started = Instant::now();
+    assert!(!wait_until(Duration::from_millis(50), || false));
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    let mut n = 0;
+    assert!(wait_until(WAIT, || {
+        n += 1;
+        n == 3
+    }));
+}
