@@ -1,1 +1,155 @@
-fn main() {}
+//! `grasp-sync`: keep a GRASP server's own relay complete (GRASP-02 proactive sync).
+//!
+//! A thin CLI over the library: parse flags, start the engine, run until the process is
+//! stopped. Flag or URL errors exit with status 2 and a message naming the flag.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use argh::FromArgs;
+use grasp_sync::{Config, RelayUrl};
+
+/// Keep a GRASP server's own relay complete: watch it for NIP-34 repository announcements and
+/// root events, connect to every relay those announcements list, pull all related history,
+/// stay subscribed live, and publish every related event into the own relay.
+///
+/// Logging: set RUST_LOG (e.g. RUST_LOG=info, RUST_LOG=grasp_sync=debug). An info-level
+/// summary line is printed once per minute.
+#[derive(FromArgs, Debug)]
+struct Args {
+    /// websocket URL the engine connects to for the own relay (required), e.g.
+    /// ws://127.0.0.1:7777; the self-subscription reads it and the forwarder writes to it
+    #[argh(option)]
+    own_relay: String,
+
+    /// another URL under which the own relay is announced (repeatable), e.g.
+    /// wss://git.example.com; relays equal to the own relay or an alias are never synced from
+    #[argh(option)]
+    public_url: Vec<String>,
+
+    /// a relay to connect from the start and never idle-disconnect (repeatable); its
+    /// announcements (kinds 30617/30618) are pulled into the own relay
+    #[argh(option)]
+    bootstrap: Vec<String>,
+
+    /// self-subscription batch window in milliseconds (default 5000): events read from the
+    /// own relay are applied together once this long after the first one of a batch
+    #[argh(option, default = "5000")]
+    batch_window: u64,
+
+    /// seconds a batch of subscriptions may wait for all its EOSEs before it fails and is
+    /// retried after a backoff (default 120)
+    #[argh(option, default = "120")]
+    eose_timeout: u64,
+}
+
+fn parse_url(setting: &str, value: &str) -> Result<RelayUrl, String> {
+    RelayUrl::parse(value).map_err(|e| format!("--{setting} {value:?}: {e}"))
+}
+
+fn build_config(args: &Args) -> Result<Config, String> {
+    let own = parse_url("own-relay", &args.own_relay)?;
+    let mut config = Config::new(own);
+    for u in &args.public_url {
+        config = config.public_url(parse_url("public-url", u)?);
+    }
+    for u in &args.bootstrap {
+        config = config.bootstrap(parse_url("bootstrap", u)?);
+    }
+    if args.batch_window == 0 {
+        return Err("--batch-window must be at least 1 millisecond".into());
+    }
+    if args.eose_timeout == 0 {
+        return Err("--eose-timeout must be at least 1 second".into());
+    }
+    config = config
+        .batch_window(Duration::from_millis(args.batch_window))
+        .eose_timeout(Duration::from_secs(args.eose_timeout));
+    Ok(config)
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    let name = argv.first().map(String::as_str).unwrap_or("grasp-sync");
+    let rest: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
+    let args = match Args::from_args(&[name], &rest) {
+        Ok(a) => a,
+        Err(exit) => {
+            return if exit.status.is_ok() {
+                print!("{}", exit.output);
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("{}Run grasp-sync --help for usage.", exit.output);
+                ExitCode::from(2)
+            };
+        }
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let config = match build_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("grasp-sync: {e}\nRun grasp-sync --help for usage.");
+            return ExitCode::from(2);
+        }
+    };
+    log::info!(
+        "grasp-sync {} syncing into {}",
+        env!("CARGO_PKG_VERSION"),
+        config.own_relay
+    );
+    let _handle = match grasp_sync::start(config) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("grasp-sync: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    // The engine runs on its own threads until the process is stopped.
+    loop {
+        std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Result<Args, argh::EarlyExit> {
+        Args::from_args(&["grasp-sync"], v)
+    }
+
+    #[test]
+    fn parses_flags() {
+        let a = args(&[
+            "--own-relay",
+            "ws://127.0.0.1:7777",
+            "--public-url",
+            "wss://git.example.com",
+            "--public-url",
+            "wss://alias.example.com",
+            "--bootstrap",
+            "wss://relay.example.org",
+            "--batch-window",
+            "250",
+        ])
+        .unwrap();
+        let c = build_config(&a).unwrap();
+        assert_eq!(c.own_relay.as_str(), "ws://127.0.0.1:7777");
+        assert_eq!(c.public_urls.len(), 2);
+        assert_eq!(c.bootstrap.len(), 1);
+        assert_eq!(c.batch_window, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        let a = args(&["--own-relay", "http://x"]).unwrap();
+        let e = build_config(&a).unwrap_err();
+        assert!(e.contains("--own-relay") && e.contains("ws://"), "{e}");
+        let a = args(&["--own-relay", "ws://x", "--bootstrap", "nope"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--bootstrap"));
+        let a = args(&["--own-relay", "ws://x", "--batch-window", "0"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--batch-window"));
+        assert!(args(&[]).is_err(), "--own-relay is required");
+        assert!(args(&["--own-relay", "ws://x", "--batch-window", "abc"]).is_err());
+    }
+}

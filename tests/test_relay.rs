@@ -246,7 +246,7 @@ fn req_serves_stored_newest_first_then_eose() {
             json!({"kinds": [1]}),
         ],
     );
-    let mut expected = vec![
+    let mut expected = [
         (other.created_at, other.id),
         (e2.created_at, e2.id),
         (e1.created_at, e1.id),

@@ -207,8 +207,16 @@ mod tests {
         assert_eq!(a[0].filters.len(), 6);
 
         // Everything confirmed or pending: nothing to do.
-        confirmed.get_mut(&url("wss://a")).unwrap().repos.insert(repo("r2"));
-        confirmed.get_mut(&url("wss://a")).unwrap().root_events.insert(id(3));
+        confirmed
+            .get_mut(&url("wss://a"))
+            .unwrap()
+            .repos
+            .insert(repo("r2"));
+        confirmed
+            .get_mut(&url("wss://a"))
+            .unwrap()
+            .root_events
+            .insert(id(3));
         assert!(compute_actions(&t, &pending, &confirmed).is_empty());
     }
 

@@ -34,7 +34,11 @@ pub fn build_announcement_filter(since: Option<Timestamp>) -> Filter {
     }
 }
 
-fn tag_filters(values: Vec<String>, tags: [SingleLetterTag; 3], since: Option<Timestamp>) -> Vec<Filter> {
+fn tag_filters(
+    values: Vec<String>,
+    tags: [SingleLetterTag; 3],
+    since: Option<Timestamp>,
+) -> Vec<Filter> {
     let mut filters = Vec::new();
     for chunk in values.chunks(CHUNK_SIZE) {
         for tag in tags {
@@ -125,9 +129,18 @@ mod tests {
     #[test]
     fn layer2_chunks_per_100_refs() {
         assert!(tagged_one_of_our_repo_event_filters(&repos(0), None).is_empty());
-        assert_eq!(tagged_one_of_our_repo_event_filters(&repos(1), None).len(), 3);
-        assert_eq!(tagged_one_of_our_repo_event_filters(&repos(100), None).len(), 3);
-        assert_eq!(tagged_one_of_our_repo_event_filters(&repos(101), None).len(), 6);
+        assert_eq!(
+            tagged_one_of_our_repo_event_filters(&repos(1), None).len(),
+            3
+        );
+        assert_eq!(
+            tagged_one_of_our_repo_event_filters(&repos(100), None).len(),
+            3
+        );
+        assert_eq!(
+            tagged_one_of_our_repo_event_filters(&repos(101), None).len(),
+            6
+        );
         let f = tagged_one_of_our_repo_event_filters(&repos(250), None);
         assert_eq!(f.len(), 9);
         let sizes: Vec<usize> = f
@@ -154,7 +167,9 @@ mod tests {
 
     #[test]
     fn layer3_uses_lowercase_hex_and_e_upper_e_q() {
-        let ids: HashSet<EventId> = (0u8..3).map(|i| EventId::from_byte_array([i + 0xA0; 32])).collect();
+        let ids: HashSet<EventId> = (0u8..3)
+            .map(|i| EventId::from_byte_array([i + 0xA0; 32]))
+            .collect();
         let f = tagged_one_of_our_root_event_filters(&ids, None);
         assert_eq!(f.len(), 3);
         let j: serde_json::Value = serde_json::from_str(&f[0].as_json()).unwrap();
@@ -185,13 +200,19 @@ mod tests {
         assert_eq!(j["since"], 5);
         let j: serde_json::Value =
             serde_json::from_str(&self_subscription_filter(None).as_json()).unwrap();
-        assert_eq!(j["kinds"], serde_json::json!([1617, 1618, 1619, 1621, 30617]));
+        assert_eq!(
+            j["kinds"],
+            serde_json::json!([1617, 1618, 1619, 1621, 30617])
+        );
     }
 
     #[test]
     fn combined_layers() {
         let ids: HashSet<EventId> = [EventId::from_byte_array([1; 32])].into();
-        assert_eq!(build_layer2_and_layer3_filters(&repos(250), &ids, None).len(), 12);
+        assert_eq!(
+            build_layer2_and_layer3_filters(&repos(250), &ids, None).len(),
+            12
+        );
         assert!(build_layer2_and_layer3_filters(&HashSet::new(), &HashSet::new(), None).is_empty());
     }
 }

@@ -326,7 +326,10 @@ mod tests {
         assert!(q.poll_send(t).is_none(), "window of 2");
         assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
         assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);
-        assert_eq!(q.on_ok(id(2), false, "duplicate: have it", t), OkOutcome::Duplicate);
+        assert_eq!(
+            q.on_ok(id(2), false, "duplicate: have it", t),
+            OkOutcome::Duplicate
+        );
         assert_eq!(q.on_ok(id(2), true, "", t), OkOutcome::Unexpected);
         assert_eq!(q.poll_send(t).unwrap().0, id(3));
         let c = q.counters();
@@ -379,7 +382,10 @@ mod tests {
         q.on_disconnect();
         assert_eq!(q.counters().resent, 3);
         let (first, _) = q.poll_send(t2).unwrap();
-        assert_eq!(q.on_ok(first, false, "rate-limited: slow down", t2), OkOutcome::RateLimited);
+        assert_eq!(
+            q.on_ok(first, false, "rate-limited: slow down", t2),
+            OkOutcome::RateLimited
+        );
         assert!(q.poll_send(t2).is_none(), "paused");
         assert!(q.poll_send(t2.add(Duration::from_secs(2))).is_some());
     }

@@ -128,7 +128,11 @@ pub struct Jitter(u64);
 impl Jitter {
     /// A source seeded with `seed` (0 is replaced by a fixed non-zero constant).
     pub fn new(seed: u64) -> Jitter {
-        Jitter(if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed })
+        Jitter(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
     }
 
     /// A number in `[0, 1)`.

@@ -182,21 +182,43 @@ mod tests {
             parse_relay_frame(r#"["CLOSED","s","rate-limited: slow"]"#),
             Ok(Incoming::Closed { message, .. }) if message == "rate-limited: slow"
         ));
-        assert!(matches!(parse_relay_frame(r#"["NOTICE","hi"]"#), Ok(Incoming::Notice(_))));
-        assert!(matches!(parse_relay_frame(r#"["AUTH","ch"]"#), Ok(Incoming::Auth(_))));
+        assert!(matches!(
+            parse_relay_frame(r#"["NOTICE","hi"]"#),
+            Ok(Incoming::Notice(_))
+        ));
+        assert!(matches!(
+            parse_relay_frame(r#"["AUTH","ch"]"#),
+            Ok(Incoming::Auth(_))
+        ));
         let ok = format!(r#"["OK","{}",false,"blocked: no"]"#, ev.id);
         assert!(matches!(
             parse_relay_frame(&ok),
-            Ok(Incoming::Ok { accepted: false, .. })
+            Ok(Incoming::Ok {
+                accepted: false,
+                ..
+            })
         ));
-        assert!(matches!(parse_relay_frame(r#"["COUNT","s",{"count":1}]"#), Ok(Incoming::Other(_))));
+        assert!(matches!(
+            parse_relay_frame(r#"["COUNT","s",{"count":1}]"#),
+            Ok(Incoming::Other(_))
+        ));
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         for g in [
-            "", "null", "{}", "[]", "[1,2]", "[\"EVENT\"]", "[\"EVENT\",\"s\",5]",
-            "[\"EOSE\"]", "[\"OK\",\"zz\",true,\"\"]", "[\"OK\"]", "\u{0}\u{1}", "[\"NOTICE\",7]",
+            "",
+            "null",
+            "{}",
+            "[]",
+            "[1,2]",
+            "[\"EVENT\"]",
+            "[\"EVENT\",\"s\",5]",
+            "[\"EOSE\"]",
+            "[\"OK\",\"zz\",true,\"\"]",
+            "[\"OK\"]",
+            "\u{0}\u{1}",
+            "[\"NOTICE\",7]",
         ] {
             assert!(parse_relay_frame(g).is_err(), "{g:?} should fail");
         }
@@ -208,10 +230,16 @@ mod tests {
         let any = Filter::new().kind(Kind::Custom(1621));
         assert_eq!(check_event(&ev.as_json(), &any).unwrap().id, ev.id);
         let other = Filter::new().kind(Kind::Custom(1));
-        assert_eq!(check_event(&ev.as_json(), &other).unwrap_err(), EventRejection::NotMatching);
+        assert_eq!(
+            check_event(&ev.as_json(), &other).unwrap_err(),
+            EventRejection::NotMatching
+        );
         // Forge: change the content but keep id and signature.
         let forged = ev.as_json().replace("hello", "HELLO");
-        assert_eq!(check_event(&forged, &any).unwrap_err(), EventRejection::BadId);
+        assert_eq!(
+            check_event(&forged, &any).unwrap_err(),
+            EventRejection::BadId
+        );
         // Forge: keep content, swap the signature for another valid-looking one.
         let mut v: serde_json::Value = serde_json::from_str(&ev.as_json()).unwrap();
         v["sig"] = serde_json::Value::String("ab".repeat(64));
@@ -219,6 +247,9 @@ mod tests {
             check_event(&v.to_string(), &any).unwrap_err(),
             EventRejection::BadSignature
         );
-        assert!(matches!(check_event("{\"id\":1}", &any), Err(EventRejection::Malformed(_))));
+        assert!(matches!(
+            check_event("{\"id\":1}", &any),
+            Err(EventRejection::Malformed(_))
+        ));
     }
 }

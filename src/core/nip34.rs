@@ -207,7 +207,10 @@ mod tests {
         );
         assert_eq!(parse_repo_coordinate(&format!("30618:{pk}:x")), None);
         assert_eq!(parse_repo_coordinate("30617:abc:x"), None);
-        assert_eq!(parse_repo_coordinate(&format!("30617:{}:x", "g".repeat(64))), None);
+        assert_eq!(
+            parse_repo_coordinate(&format!("30617:{}:x", "g".repeat(64))),
+            None
+        );
         assert_eq!(parse_repo_coordinate(&format!("30617:{pk}")), None);
         assert_eq!(parse_repo_coordinate(""), None);
     }

@@ -531,7 +531,10 @@ impl SyncMachine {
         self.counters.self_events += 1;
         let meaning = classify_self_event(event);
         if meaning == SelfEventMeaning::Other {
-            debug!("self-subscription: ignoring event {} of kind {}", event.id, event.kind);
+            debug!(
+                "self-subscription: ignoring event {} of kind {}",
+                event.id, event.kind
+            );
             return;
         }
         self.batch.meanings.push(meaning);
@@ -567,13 +570,7 @@ impl SyncMachine {
                         debug!("root event {id} names no repository; ignored");
                     }
                     for r in repos {
-                        if self
-                            .repo_index
-                            .entry(r)
-                            .or_default()
-                            .root_events
-                            .insert(id)
-                        {
+                        if self.repo_index.entry(r).or_default().root_events.insert(id) {
                             roots += 1;
                         }
                     }
@@ -776,8 +773,18 @@ impl SyncMachine {
         );
     }
 
-    fn handle_eose(&mut self, relay: &RelayUrl, sub_id: &SubscriptionId, received: u64, _now: Time) {
-        let purpose = self.links.get(relay).and_then(|l| l.subs.get(sub_id)).copied();
+    fn handle_eose(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: &SubscriptionId,
+        received: u64,
+        _now: Time,
+    ) {
+        let purpose = self
+            .links
+            .get(relay)
+            .and_then(|l| l.subs.get(sub_id))
+            .copied();
         let Some(SubPurpose::Batch(batch_id)) = purpose else {
             debug!("{relay}: EOSE for {sub_id} ({purpose:?}, {received} events)");
             return;
@@ -809,7 +816,13 @@ impl SyncMachine {
         }
     }
 
-    fn handle_closed(&mut self, relay: &RelayUrl, sub_id: &SubscriptionId, message: &str, now: Time) {
+    fn handle_closed(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: &SubscriptionId,
+        message: &str,
+        now: Time,
+    ) {
         self.counters.closed_by_relay += 1;
         let purpose = self
             .links
@@ -846,7 +859,10 @@ impl SyncMachine {
                 });
             }
         }
-        let delay = policy.base.mul_f64(0.75 + 0.5 * unit).max(Duration::from_secs(1));
+        let delay = policy
+            .base
+            .mul_f64(0.75 + 0.5 * unit)
+            .max(Duration::from_secs(1));
         let at = now.add(delay.max(link.health.base_delay(now, &policy)));
         link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
         warn!(

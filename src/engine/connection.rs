@@ -22,7 +22,7 @@ use nostr::filter::Filter;
 use nostr::message::{ClientMessage, SubscriptionId};
 use tungstenite::Message;
 
-use crate::core::keepalive::{KeepaliveAction, Keepalive};
+use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{check_event, parse_relay_frame, EventRejection, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
@@ -223,7 +223,8 @@ impl ConnectionThread {
                         sub_id,
                         filter,
                     } if g == generation => {
-                        let text = ClientMessage::req(sub_id.clone(), vec![(*filter).clone()]).as_json();
+                        let text =
+                            ClientMessage::req(sub_id.clone(), vec![(*filter).clone()]).as_json();
                         trace!("{} <- {text}", self.url);
                         subs.insert(
                             sub_id.to_string(),
@@ -382,7 +383,10 @@ impl ConnectionThread {
                         message,
                     });
                 }
-                debug!("{}: CLOSED for unknown subscription {sub_id:?}: {message}", self.url);
+                debug!(
+                    "{}: CLOSED for unknown subscription {sub_id:?}: {message}",
+                    self.url
+                );
             }
             Incoming::Notice(text) => {
                 RelayCounters::inc(&self.counters.notices);
@@ -390,7 +394,10 @@ impl ConnectionThread {
             }
             Incoming::Auth(_) => {
                 RelayCounters::inc(&self.counters.auth_challenges);
-                info!("{}: AUTH challenge received; no key is configured, ignoring it", self.url);
+                info!(
+                    "{}: AUTH challenge received; no key is configured, ignoring it",
+                    self.url
+                );
             }
             Incoming::Ok { event_id, .. } => {
                 debug!("{}: unexpected OK for {event_id}", self.url);

@@ -18,7 +18,7 @@ use parking_lot::RwLock;
 use crate::config::Config;
 use crate::core::sync::{Command, SyncMachine};
 use crate::core::time::Time;
-use crate::engine::connection::{self, Control, ConnectionThread, ForwardItem, Role};
+use crate::engine::connection::{self, ConnectionThread, Control, ForwardItem, Role};
 use crate::engine::forwarder::ForwarderControl;
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
@@ -172,11 +172,7 @@ impl Coordinator {
                     relay,
                     generation,
                     sub_id,
-                } => self.send(
-                    threads,
-                    &relay,
-                    Control::Unsubscribe { generation, sub_id },
-                ),
+                } => self.send(threads, &relay, Control::Unsubscribe { generation, sub_id }),
                 Command::Forget { relay } => {
                     if let Some(t) = threads.remove(&relay) {
                         let _ = t.control.send(Control::Shutdown);

@@ -13,7 +13,7 @@ use tungstenite::Message;
 
 use crate::core::forward::{ForwardLimits, ForwardQueue, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
-use crate::core::keepalive::{KeepaliveAction, Keepalive};
+use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{parse_relay_frame, Incoming};
 use crate::core::time::Clock;
 use crate::engine::connection::{write_text, ForwardItem};

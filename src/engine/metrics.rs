@@ -80,7 +80,11 @@ impl Metrics {
         if let Some(c) = self.relays.read().get(relay) {
             return c.clone();
         }
-        self.relays.write().entry(relay.clone()).or_default().clone()
+        self.relays
+            .write()
+            .entry(relay.clone())
+            .or_default()
+            .clone()
     }
 
     /// The counters of `relay` if it has any.

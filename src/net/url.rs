@@ -209,8 +209,14 @@ mod tests {
     fn normalises_case_port_and_slash() {
         assert_eq!(n("WSS://Relay.Example.COM:443/"), "wss://relay.example.com");
         assert_eq!(n("ws://relay.example.com:80"), "ws://relay.example.com");
-        assert_eq!(n("ws://relay.example.com:443"), "ws://relay.example.com:443");
-        assert_eq!(n("wss://relay.example.com:80/"), "wss://relay.example.com:80");
+        assert_eq!(
+            n("ws://relay.example.com:443"),
+            "ws://relay.example.com:443"
+        );
+        assert_eq!(
+            n("wss://relay.example.com:80/"),
+            "wss://relay.example.com:80"
+        );
         assert_eq!(n("  wss://r.example/nostr/  "), "wss://r.example/nostr");
         assert_eq!(n("wss://r.example/Path"), "wss://r.example/Path");
         assert_eq!(n("wss://r.example/?x=1"), "wss://r.example?x=1");
@@ -256,7 +262,10 @@ mod tests {
         ));
         assert_eq!(RelayUrl::parse("wss://"), Err(UrlError::MissingHost));
         assert_eq!(RelayUrl::parse("wss:///path"), Err(UrlError::MissingHost));
-        assert_eq!(RelayUrl::parse("wss://u:p@r.example"), Err(UrlError::UserInfo));
+        assert_eq!(
+            RelayUrl::parse("wss://u:p@r.example"),
+            Err(UrlError::UserInfo)
+        );
         assert!(matches!(
             RelayUrl::parse("wss://r.example:0"),
             Err(UrlError::Port(_))

@@ -154,8 +154,10 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
         .connect_timeout
         .saturating_sub(start.elapsed())
         .max(Duration::from_millis(10));
-    tcp.set_read_timeout(Some(left)).map_err(ConnectError::Tcp)?;
-    tcp.set_write_timeout(Some(left)).map_err(ConnectError::Tcp)?;
+    tcp.set_read_timeout(Some(left))
+        .map_err(ConnectError::Tcp)?;
+    tcp.set_write_timeout(Some(left))
+        .map_err(ConnectError::Tcp)?;
     let request = url
         .as_str()
         .into_client_request()
@@ -174,7 +176,10 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
         Ok(ok) => ok,
         Err(tungstenite::HandshakeError::Interrupted(_)) => return Err(ConnectError::Timeout),
         Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Io(e)))
-            if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
         {
             return Err(ConnectError::Timeout)
         }
