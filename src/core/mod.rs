@@ -14,6 +14,8 @@ pub mod message;
 pub mod nip34;
 pub mod state;
 pub mod sync;
+#[cfg(test)]
+mod sync_tests;
 pub mod time;
 
 pub use actions::{compute_actions, derive_relay_targets, AddFilters};

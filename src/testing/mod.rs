@@ -1,5 +1,6 @@
-//! Test support: a scriptable in-process NIP-01 relay ([`TestRelay`]) and a
-//! polling helper ([`wait_until`]).
+//! Test support: a scriptable in-process NIP-01 relay
+//! ([`TestRelay`](crate::testing::TestRelay)) and a polling helper
+//! ([`wait_until`](crate::testing::wait_until)).
 //!
 //! Enabled by the `testing` feature. Everything runs on plain blocking threads;
 //! no async runtime is involved.

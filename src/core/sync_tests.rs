@@ -1,0 +1,511 @@
+//! Deterministic tests of [`SyncMachine`] in simulated time: inputs in, commands out.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::filter::Filter;
+use nostr::key::Keys;
+use nostr::message::SubscriptionId;
+
+use crate::core::state::ConnectionStatus;
+use crate::core::sync::{Command, Report, SubPurpose, SyncConfig, SyncMachine};
+use crate::core::time::Time;
+use crate::net::url::RelayUrl;
+
+const OWN: &str = "ws://own.example";
+
+fn url(s: &str) -> RelayUrl {
+    RelayUrl::parse(s).unwrap()
+}
+
+fn keys() -> Keys {
+    Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e").unwrap()
+}
+
+fn announcement(d: &str, relays: &[&str], created_at: u64) -> Event {
+    let mut t = vec!["relays".to_string()];
+    t.extend(relays.iter().map(|s| s.to_string()));
+    EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", d]).unwrap())
+        .tag(Tag::parse(t).unwrap())
+        .custom_created_at(nostr::types::Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+fn repo(d: &str) -> String {
+    format!("30617:{}:{d}", keys().public_key().to_hex())
+}
+
+fn issue(d: &str, text: &str) -> Event {
+    EventBuilder::new(Kind::Custom(1621), text)
+        .tag(Tag::parse(["a", &repo(d)]).unwrap())
+        .finalize(&keys())
+        .unwrap()
+}
+
+struct Sim {
+    m: SyncMachine,
+    now: Time,
+    own_gen: u64,
+}
+
+impl Sim {
+    fn new(cfg: impl FnOnce(&mut SyncConfig)) -> Sim {
+        let mut c = SyncConfig::new(url(OWN));
+        c.batch_window = Duration::from_secs(5);
+        cfg(&mut c);
+        let mut s = Sim {
+            m: SyncMachine::new(c),
+            now: Time::from_secs(1_700_000_000),
+            own_gen: 0,
+        };
+        s.m.start(s.now);
+        let cmds = s.drain();
+        s.own_gen = match &cmds[0] {
+            Command::Connect { relay, generation } if relay.as_str() == OWN => *generation,
+            other => panic!("first command must connect the own relay, got {other:?}"),
+        };
+        s
+    }
+
+    fn drain(&mut self) -> Vec<Command> {
+        std::iter::from_fn(|| self.m.poll_command()).collect()
+    }
+
+    fn advance(&mut self, d: Duration) -> Vec<Command> {
+        let end = self.now.add(d);
+        // Fire every timer on the way, as the coordinator would.
+        while let Some(t) = self.m.poll_timeout() {
+            if t > end {
+                break;
+            }
+            self.now = t.max(self.now);
+            self.m.handle_timeout(self.now);
+        }
+        self.now = end;
+        self.m.handle_timeout(self.now);
+        self.drain()
+    }
+
+    fn report(&mut self, r: Report) -> Vec<Command> {
+        self.m.handle_report(r, self.now);
+        self.drain()
+    }
+
+    fn own_connected(&mut self) -> Vec<Command> {
+        let g = self.own_gen;
+        self.report(Report::Connected {
+            relay: url(OWN),
+            generation: g,
+        })
+    }
+
+    fn self_event(&mut self, e: &Event) -> Vec<Command> {
+        let g = self.own_gen;
+        self.report(Report::SelfEvent {
+            generation: g,
+            event: Box::new(e.clone()),
+        })
+    }
+
+    fn gen(&self, relay: &str) -> u64 {
+        self.m.relay_index()[&url(relay)].generation
+    }
+
+    fn connected(&mut self, relay: &str) -> Vec<Command> {
+        let g = self.gen(relay);
+        self.report(Report::Connected {
+            relay: url(relay),
+            generation: g,
+        })
+    }
+
+    fn disconnected(&mut self, relay: &str) -> Vec<Command> {
+        let g = self.gen(relay);
+        self.report(Report::Disconnected {
+            relay: url(relay),
+            generation: g,
+            reason: "test".into(),
+        })
+    }
+
+    fn eose_all(&mut self, relay: &str, cmds: &[Command]) -> Vec<Command> {
+        let g = self.gen(relay);
+        let mut out = vec![];
+        for (sub_id, _) in subscribes(cmds, relay) {
+            out.extend(self.report(Report::Eose {
+                relay: url(relay),
+                generation: g,
+                sub_id,
+                received: 0,
+            }));
+        }
+        out
+    }
+}
+
+fn subscribes(cmds: &[Command], relay: &str) -> Vec<(SubscriptionId, Filter)> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Subscribe {
+                relay: r,
+                sub_id,
+                filter,
+                ..
+            } if r.as_str() == relay => Some((sub_id.clone(), filter.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn json(f: &Filter) -> serde_json::Value {
+    serde_json::from_str(&f.as_json()).unwrap()
+}
+
+fn is_l1(f: &Filter) -> bool {
+    json(f)["kinds"] == serde_json::json!([30617, 30618])
+}
+
+fn since(f: &Filter) -> Option<u64> {
+    json(f)["since"].as_u64()
+}
+
+fn connects(cmds: &[Command]) -> Vec<String> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Connect { relay, .. } => Some(relay.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Own relay connected, one announcement for `relays`, batch fired.
+fn discovered(relays: &[&str]) -> (Sim, Vec<Command>) {
+    let mut s = Sim::new(|_| {});
+    let cmds = s.own_connected();
+    let self_sub = subscribes(&cmds, OWN);
+    assert_eq!(self_sub.len(), 1);
+    assert_eq!(since(&self_sub[0].1), None, "first self-subscription has no since");
+    s.self_event(&announcement("r", relays, 1000));
+    let cmds = s.advance(Duration::from_secs(5));
+    (s, cmds)
+}
+
+#[test]
+fn batch_window_starts_at_first_event_and_does_not_reset() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    s.self_event(&announcement("a", &["wss://a.example"], 1));
+    assert!(s.advance(Duration::from_secs(3)).is_empty());
+    s.self_event(&announcement("b", &["wss://b.example"], 1));
+    // 5 s after the FIRST event, not the second.
+    let cmds = s.advance(Duration::from_secs(2));
+    let mut c = connects(&cmds);
+    c.sort();
+    assert_eq!(c, vec!["wss://a.example", "wss://b.example"]);
+    assert_eq!(s.m.repo_index().len(), 2);
+}
+
+#[test]
+fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
+    let (mut s, cmds) = discovered(&["wss://a.example"]);
+    assert_eq!(connects(&cmds), vec!["wss://a.example"]);
+    assert_eq!(
+        s.m.relay_index()[&url("wss://a.example")].connection_status,
+        ConnectionStatus::Connecting
+    );
+    let cmds = s.connected("wss://a.example");
+    let subs = subscribes(&cmds, "wss://a.example");
+    assert_eq!(subs.len(), 4, "L1 + a/A/q");
+    assert!(is_l1(&subs[0].1) && since(&subs[0].1).is_none());
+    assert!(subs[1..].iter().all(|(_, f)| since(f).is_none()));
+    assert_eq!(s.m.pending_index()[&url("wss://a.example")].len(), 1);
+    // Not confirmed until every batch subscription saw EOSE.
+    let g = s.gen("wss://a.example");
+    for (i, (sub_id, _)) in subs[1..].iter().enumerate() {
+        assert!(s.m.relay_index()[&url("wss://a.example")].repos.is_empty(), "after {i} EOSEs");
+        s.report(Report::Eose {
+            relay: url("wss://a.example"),
+            generation: g,
+            sub_id: sub_id.clone(),
+            received: 3,
+        });
+    }
+    let st = &s.m.relay_index()[&url("wss://a.example")];
+    assert_eq!(st.repos, [repo("r")].into());
+    assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
+    assert_eq!(s.m.counters().batches_confirmed, 1);
+}
+
+#[test]
+fn root_events_add_layer3_batches_only_for_new_items() {
+    let (mut s, _) = discovered(&["wss://a.example"]);
+    let cmds = s.connected("wss://a.example");
+    s.eose_all("wss://a.example", &cmds);
+    let iss = issue("r", "bug");
+    s.self_event(&iss);
+    let cmds = s.advance(Duration::from_secs(5));
+    let subs = subscribes(&cmds, "wss://a.example");
+    assert_eq!(subs.len(), 3, "e/E/q for the one new root event, nothing for the confirmed repo");
+    for (_, f) in &subs {
+        let j = json(f);
+        let key = j.as_object().unwrap().keys().find(|k| k.starts_with('#')).unwrap().clone();
+        assert!(["#e", "#E", "#q"].contains(&key.as_str()));
+        assert_eq!(j[&key], serde_json::json!([iss.id.to_hex()]));
+    }
+    // Same event again: nothing new.
+    s.self_event(&iss);
+    assert!(subscribes(&s.advance(Duration::from_secs(5)), "wss://a.example").is_empty());
+}
+
+#[test]
+fn newer_announcement_replaces_relay_set_older_is_ignored() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    s.self_event(&announcement("r", &["wss://a.example"], 100));
+    s.advance(Duration::from_secs(5));
+    s.self_event(&announcement("r", &["wss://b.example"], 200));
+    s.advance(Duration::from_secs(5));
+    let relays = &s.m.repo_index()[&repo("r")].relays;
+    assert_eq!(relays, &HashSet::from([url("wss://b.example")]));
+    s.self_event(&announcement("r", &["wss://c.example"], 150));
+    s.advance(Duration::from_secs(5));
+    assert_eq!(
+        s.m.repo_index()[&repo("r")].relays,
+        HashSet::from([url("wss://b.example")])
+    );
+}
+
+#[test]
+fn own_relay_and_aliases_are_never_targets() {
+    let mut s = Sim::new(|c| c.own_aliases = vec![url("wss://git.example.com")]);
+    s.own_connected();
+    s.self_event(&announcement(
+        "r",
+        &["ws://OWN.example/", "wss://git.example.com:443", "wss://a.example"],
+        1,
+    ));
+    let cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(connects(&cmds), vec!["wss://a.example"]);
+}
+
+#[test]
+fn failed_first_connect_is_retried_with_backoff() {
+    let (mut s, _) = discovered(&["wss://a.example"]);
+    s.disconnected("wss://a.example");
+    assert_eq!(
+        s.m.relay_index()[&url("wss://a.example")].connection_status,
+        ConnectionStatus::Disconnected
+    );
+    // Backoff 5 s ± 25 %: nothing at 3 s, a retry by 7 s.
+    assert!(connects(&s.advance(Duration::from_secs(3))).is_empty());
+    assert_eq!(connects(&s.advance(Duration::from_secs(4))), vec!["wss://a.example"]);
+    // Unreachable for two simulated hours, then reachable: it still gets synced.
+    for _ in 0..200 {
+        if s.m.relay_index()[&url("wss://a.example")].connection_status == ConnectionStatus::Connecting {
+            s.disconnected("wss://a.example");
+        }
+        s.advance(Duration::from_secs(60));
+        if s.now.as_secs() >= 1_700_000_000 + 7200 {
+            break;
+        }
+    }
+    let cmds = s.advance(Duration::from_secs(3600));
+    assert_eq!(connects(&cmds).len(), 1, "retried within the 1 h cap");
+    let cmds = s.connected("wss://a.example");
+    assert_eq!(subscribes(&cmds, "wss://a.example").len(), 4);
+}
+
+#[test]
+fn stale_reports_of_an_earlier_connection_are_ignored() {
+    let (mut s, _) = discovered(&["wss://a.example"]);
+    let old = s.gen("wss://a.example");
+    s.connected("wss://a.example");
+    s.disconnected("wss://a.example");
+    s.advance(Duration::from_secs(10)); // reconnect attempt → new generation
+    assert!(s.gen("wss://a.example") > old);
+    let cmds = s.report(Report::Connected {
+        relay: url("wss://a.example"),
+        generation: old,
+    });
+    assert!(cmds.is_empty());
+    assert_eq!(
+        s.m.relay_index()[&url("wss://a.example")].connection_status,
+        ConnectionStatus::Connecting
+    );
+}
+
+fn synced(relay: &str) -> Sim {
+    let (mut s, _) = discovered(&[relay]);
+    s.self_event(&issue("r", "one"));
+    s.advance(Duration::from_secs(5));
+    let cmds = s.connected(relay);
+    s.eose_all(relay, &cmds);
+    let st = &s.m.relay_index()[&url(relay)];
+    assert_eq!((st.repos.len(), st.root_events.len()), (1, 1));
+    s
+}
+
+#[test]
+fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
+    let relay = "wss://a.example";
+    let mut s = synced(relay);
+    let connected_at = s.m.relay_index()[&url(relay)].last_connected.unwrap();
+    s.advance(Duration::from_secs(600));
+    s.disconnected(relay);
+    let cmds = s.advance(Duration::from_secs(14 * 60));
+    assert_eq!(connects(&cmds), vec![relay]);
+    let cmds = s.connected(relay);
+    let subs = subscribes(&cmds, relay);
+    // L1 + L2 (3) + L3 (3), all with since = last_connected − 15 min, none pending.
+    assert_eq!(subs.len(), 7);
+    let want = connected_at.sub(Duration::from_secs(900)).as_secs();
+    assert!(subs.iter().all(|(_, f)| since(f) == Some(want)), "since {want}");
+    assert!(is_l1(&subs[0].1));
+    assert!(!s.m.pending_index().contains_key(&url(relay)));
+    assert_eq!(s.m.relay_index()[&url(relay)].repos.len(), 1, "confirmed kept");
+    let purposes: Vec<SubPurpose> = s.m.subscriptions(&url(relay)).into_iter().map(|x| x.1).collect();
+    assert_eq!(purposes.iter().filter(|p| **p == SubPurpose::CatchUp).count(), 6);
+}
+
+#[test]
+fn stale_reconnect_after_16_minutes_is_a_fresh_sync() {
+    let relay = "wss://a.example";
+    let mut s = synced(relay);
+    s.disconnected(relay);
+    // Fail repeatedly so the reconnect comes after 16 minutes.
+    let mut t = 0;
+    while t < 16 * 60 {
+        let cmds = s.advance(Duration::from_secs(30));
+        t += 30;
+        if !connects(&cmds).is_empty() && t < 16 * 60 {
+            s.disconnected(relay);
+        }
+    }
+    let cmds = s.advance(Duration::from_secs(3600));
+    assert_eq!(connects(&cmds).len(), 1);
+    let cmds = s.connected(relay);
+    let subs = subscribes(&cmds, relay);
+    assert!(subs.iter().all(|(_, f)| since(f).is_none()), "fresh: no since");
+    assert_eq!(subs.len(), 7, "L1 + a pending batch of 6");
+    assert!(s.m.relay_index()[&url(relay)].repos.is_empty(), "confirmed cleared");
+    assert_eq!(s.m.pending_index()[&url(relay)].len(), 1);
+}
+
+#[test]
+fn disconnect_clears_pending_and_items_are_resubscribed() {
+    let (mut s, _) = discovered(&["wss://a.example"]);
+    s.connected("wss://a.example");
+    assert_eq!(s.m.pending_index()[&url("wss://a.example")].len(), 1);
+    s.disconnected("wss://a.example");
+    assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
+    s.advance(Duration::from_secs(10));
+    let cmds = s.connected("wss://a.example");
+    // Never confirmed → quick reconnect has nothing to catch up but re-adds the batch.
+    let subs = subscribes(&cmds, "wss://a.example");
+    assert_eq!(subs.len(), 4);
+    assert_eq!(s.m.pending_index()[&url("wss://a.example")].len(), 1);
+}
+
+#[test]
+fn withheld_eose_fails_the_batch_and_it_is_retried() {
+    let mut s = Sim::new(|c| c.eose_timeout = Duration::from_secs(60));
+    s.own_connected();
+    s.self_event(&announcement("r", &["wss://a.example"], 1));
+    s.advance(Duration::from_secs(5));
+    s.connected("wss://a.example");
+    let cmds = s.advance(Duration::from_secs(61));
+    let closes = cmds
+        .iter()
+        .filter(|c| matches!(c, Command::Unsubscribe { .. }))
+        .count();
+    assert_eq!(closes, 3, "the failed batch's subscriptions are closed");
+    assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
+    assert_eq!(s.m.counters().batches_failed, 1);
+    let cmds = s.advance(Duration::from_secs(30));
+    assert_eq!(subscribes(&cmds, "wss://a.example").len(), 3, "retried after backoff");
+}
+
+#[test]
+fn closed_subscription_fails_its_batch_instead_of_leaving_it_pending() {
+    let (mut s, _) = discovered(&["wss://a.example"]);
+    let cmds = s.connected("wss://a.example");
+    let subs = subscribes(&cmds, "wss://a.example");
+    let g = s.gen("wss://a.example");
+    s.report(Report::Closed {
+        relay: url("wss://a.example"),
+        generation: g,
+        sub_id: subs[1].0.clone(),
+        message: "error: shutting down".into(),
+    });
+    assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
+    let cmds = s.advance(Duration::from_secs(30));
+    assert_eq!(subscribes(&cmds, "wss://a.example").len(), 3);
+}
+
+#[test]
+fn idle_relay_is_forgotten_but_bootstrap_and_first_sync_relays_are_not() {
+    let mut s = Sim::new(|c| c.bootstrap = vec![url("wss://boot.example")]);
+    s.drain();
+    s.own_connected();
+    let g = s.gen("wss://boot.example");
+    s.report(Report::Connected {
+        relay: url("wss://boot.example"),
+        generation: g,
+    });
+    s.self_event(&announcement("r", &["wss://a.example"], 1));
+    s.advance(Duration::from_secs(5));
+    s.connected("wss://a.example");
+    // First sync in progress (no EOSE) across several checks: kept.
+    let cmds = s.advance(Duration::from_secs(200));
+    assert!(!cmds.iter().any(|c| matches!(c, Command::Forget { .. })));
+    assert!(s.m.relay_index().contains_key(&url("wss://a.example")));
+    // The announcement moves the repo elsewhere: a.example is no longer needed.
+    s.self_event(&announcement("r", &["wss://b.example"], 2));
+    // Its unanswered batch keeps it until the batch fails at the EOSE deadline (120 s).
+    let cmds = s.advance(Duration::from_secs(60));
+    assert!(!cmds.iter().any(|c| matches!(c, Command::Forget { .. })));
+    let cmds = s.advance(Duration::from_secs(130));
+    assert!(cmds.contains(&Command::Forget {
+        relay: url("wss://a.example")
+    }));
+    assert!(!s.m.relay_index().contains_key(&url("wss://a.example")));
+    assert!(s.m.relay_index().contains_key(&url("wss://boot.example")));
+}
+
+#[test]
+fn self_subscription_reconnect_uses_since_last_connected_minus_15_minutes() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    let first = s.now;
+    s.advance(Duration::from_secs(3600));
+    let g = s.own_gen;
+    s.report(Report::Disconnected {
+        relay: url(OWN),
+        generation: g,
+        reason: "test".into(),
+    });
+    let cmds = s.advance(Duration::from_secs(10));
+    s.own_gen = match cmds.as_slice() {
+        [Command::Connect { generation, .. }] => *generation,
+        other => panic!("{other:?}"),
+    };
+    let cmds = s.own_connected();
+    let subs = subscribes(&cmds, OWN);
+    assert_eq!(since(&subs[0].1), Some(first.as_secs() - 900));
+}
+
+#[test]
+fn events_from_an_old_self_subscription_generation_are_ignored() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    s.report(Report::SelfEvent {
+        generation: 999,
+        event: Box::new(announcement("r", &["wss://a.example"], 1)),
+    });
+    assert!(s.advance(Duration::from_secs(10)).is_empty());
+    assert!(s.m.repo_index().is_empty());
+    let _: EventId = issue("r", "x").id;
+}
