@@ -176,7 +176,7 @@ impl ForwardQueue {
             id,
             InFlight {
                 raw: raw.clone(),
-                deadline: now.add(self.limits.ok_timeout),
+                deadline: now.plus(self.limits.ok_timeout),
             },
         );
         Some((id, raw))
@@ -199,7 +199,7 @@ impl ForwardQueue {
         }
         if message.starts_with("rate-limited:") {
             self.counters.resent += 1;
-            self.paused_until = Some(now.add(self.limits.rate_limit_pause));
+            self.paused_until = Some(now.plus(self.limits.rate_limit_pause));
             self.queued.insert(id);
             self.queue.push_front((id, flight.raw));
             return OkOutcome::RateLimited;
@@ -374,10 +374,10 @@ mod tests {
         q.offer(id(2), raw(2));
         q.poll_send(t);
         q.poll_send(t);
-        assert_eq!(q.poll_timeout(), Some(t.add(Duration::from_secs(10))));
-        q.handle_timeout(t.add(Duration::from_secs(10)));
+        assert_eq!(q.poll_timeout(), Some(t.plus(Duration::from_secs(10))));
+        q.handle_timeout(t.plus(Duration::from_secs(10)));
         assert_eq!(q.backlog(), 2);
-        let t2 = t.add(Duration::from_secs(11));
+        let t2 = t.plus(Duration::from_secs(11));
         assert!(q.poll_send(t2).is_some());
         q.on_disconnect();
         assert_eq!(q.counters().resent, 3);
@@ -387,6 +387,6 @@ mod tests {
             OkOutcome::RateLimited
         );
         assert!(q.poll_send(t2).is_none(), "paused");
-        assert!(q.poll_send(t2.add(Duration::from_secs(2))).is_some());
+        assert!(q.poll_send(t2.plus(Duration::from_secs(2))).is_some());
     }
 }

@@ -114,9 +114,9 @@ impl Health {
     pub fn next_attempt(&self, now: Time, policy: &BackoffPolicy, unit: f64) -> Time {
         let d = self.base_delay(now, policy);
         if self.state(now, policy) == HealthState::Dead {
-            return now.add(d.mul_f64(1.0 + 0.1 * unit));
+            return now.plus(d.mul_f64(1.0 + 0.1 * unit));
         }
-        now.add(d.mul_f64(0.75 + 0.5 * unit))
+        now.plus(d.mul_f64(0.75 + 0.5 * unit))
     }
 }
 
@@ -182,13 +182,13 @@ mod tests {
         assert_eq!(h.failures(), 3);
         // Connects and drops after 2 s: not stable.
         h.record_success(t);
-        t = t.add(Duration::from_secs(2));
+        t = t.plus(Duration::from_secs(2));
         h.record_failure(t, &P);
         assert_eq!(h.failures(), 4);
         assert_eq!(h.base_delay(t, &P).as_secs(), 40);
         // Connects and stays 5 minutes: recovery.
         h.record_success(t);
-        t = t.add(Duration::from_secs(300));
+        t = t.plus(Duration::from_secs(300));
         assert_eq!(h.state(t, &P), HealthState::Healthy);
         h.record_failure(t, &P);
         assert_eq!(h.failures(), 1);
@@ -200,11 +200,11 @@ mod tests {
         let mut h = Health::default();
         let start = Time::from_secs(0);
         h.record_failure(start, &P);
-        let later = start.add(Duration::from_secs(24 * 3600));
+        let later = start.plus(Duration::from_secs(24 * 3600));
         h.record_failure(later, &P);
         assert_eq!(h.state(later, &P), HealthState::Dead);
         assert_eq!(h.base_delay(later, &P), Duration::from_secs(24 * 3600));
-        assert!(h.next_attempt(later, &P, 0.0) >= later.add(Duration::from_secs(24 * 3600)));
+        assert!(h.next_attempt(later, &P, 0.0) >= later.plus(Duration::from_secs(24 * 3600)));
     }
 
     #[test]
@@ -221,7 +221,7 @@ mod tests {
         h.record_failure(t, &P);
         let lo = h.next_attempt(t, &P, 0.0);
         let hi = h.next_attempt(t, &P, 0.999);
-        assert_eq!(lo, t.add(Duration::from_millis(3750)));
-        assert!(hi < t.add(Duration::from_millis(6250)));
+        assert_eq!(lo, t.plus(Duration::from_millis(3750)));
+        assert!(hi < t.plus(Duration::from_millis(6250)));
     }
 }

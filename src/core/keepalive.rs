@@ -71,32 +71,32 @@ mod tests {
         let t0 = Time::from_secs(0);
         let mut k = Keepalive::new(t0, Duration::from_secs(30), Duration::from_secs(20));
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(29))),
+            k.poll(t0.plus(Duration::from_secs(29))),
             KeepaliveAction::Idle
         );
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(30))),
+            k.poll(t0.plus(Duration::from_secs(30))),
             KeepaliveAction::SendPing
         );
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(31))),
+            k.poll(t0.plus(Duration::from_secs(31))),
             KeepaliveAction::Idle
         );
         k.on_activity();
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(55))),
+            k.poll(t0.plus(Duration::from_secs(55))),
             KeepaliveAction::Idle
         );
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(60))),
+            k.poll(t0.plus(Duration::from_secs(60))),
             KeepaliveAction::SendPing
         );
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(79))),
+            k.poll(t0.plus(Duration::from_secs(79))),
             KeepaliveAction::Idle
         );
         assert_eq!(
-            k.poll(t0.add(Duration::from_secs(80))),
+            k.poll(t0.plus(Duration::from_secs(80))),
             KeepaliveAction::Dead
         );
     }

@@ -310,7 +310,7 @@ impl SyncMachine {
             self.links.insert(b.clone(), Link::default());
             self.connect_remote(&b, now);
         }
-        self.next_disconnect_check = Some(now.add(self.config.disconnect_check_interval));
+        self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
     }
 
     /// The next command to carry out.
@@ -326,7 +326,7 @@ impl SyncMachine {
                 t = Some(t.map_or(x, |t| t.min(x)));
             }
         };
-        consider(self.batch.started.map(|s| s.add(self.config.batch_window)));
+        consider(self.batch.started.map(|s| s.plus(self.config.batch_window)));
         consider(self.next_disconnect_check);
         consider(self.own_link.next_attempt);
         for (url, link) in &self.links {
@@ -336,7 +336,7 @@ impl SyncMachine {
                 consider(
                     batches
                         .iter()
-                        .map(|b| b.started_at.add(self.config.eose_timeout))
+                        .map(|b| b.started_at.plus(self.config.eose_timeout))
                         .min(),
                 );
             }
@@ -347,7 +347,7 @@ impl SyncMachine {
     /// Runs every timer that is due at `now`.
     pub fn handle_timeout(&mut self, now: Time) {
         if let Some(s) = self.batch.started {
-            if now >= s.add(self.config.batch_window) {
+            if now >= s.plus(self.config.batch_window) {
                 self.process_batch(now);
             }
         }
@@ -381,7 +381,7 @@ impl SyncMachine {
             self.recompute_actions_for_relay(&url, now);
         }
         if self.next_disconnect_check.is_some_and(|t| t <= now) {
-            self.next_disconnect_check = Some(now.add(self.config.disconnect_check_interval));
+            self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
             self.check_disconnects(now);
         }
     }
@@ -474,7 +474,7 @@ impl SyncMachine {
         let since = self
             .own
             .last_connected
-            .map(|t| t.sub(self.config.quick_reconnect_window).timestamp());
+            .map(|t| t.minus(self.config.quick_reconnect_window).timestamp());
         self.own.connection_status = ConnectionStatus::Connected;
         self.own.last_connected = Some(now);
         self.own.disconnected_at = None;
@@ -703,7 +703,7 @@ impl SyncMachine {
         let since = if fresh {
             None
         } else {
-            state.last_connected.map(|t| t.sub(window).timestamp())
+            state.last_connected.map(|t| t.minus(window).timestamp())
         };
         if stale {
             info!("{relay}: reconnected after more than {window:?}; fresh sync");
@@ -863,7 +863,7 @@ impl SyncMachine {
             .base
             .mul_f64(0.75 + 0.5 * unit)
             .max(Duration::from_secs(1));
-        let at = now.add(delay.max(link.health.base_delay(now, &policy)));
+        let at = now.plus(delay.max(link.health.base_delay(now, &policy)));
         link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
         warn!(
             "{relay}: batch {batch_id} failed ({why}); its {} repos and {} root events are retried in {:.0}s",

@@ -75,7 +75,7 @@ impl Sim {
     }
 
     fn advance(&mut self, d: Duration) -> Vec<Command> {
-        let end = self.now.add(d);
+        let end = self.now.plus(d);
         // Fire every timer on the way, as the coordinator would.
         while let Some(t) = self.m.poll_timeout() {
             if t > end {
@@ -187,7 +187,11 @@ fn discovered(relays: &[&str]) -> (Sim, Vec<Command>) {
     let cmds = s.own_connected();
     let self_sub = subscribes(&cmds, OWN);
     assert_eq!(self_sub.len(), 1);
-    assert_eq!(since(&self_sub[0].1), None, "first self-subscription has no since");
+    assert_eq!(
+        since(&self_sub[0].1),
+        None,
+        "first self-subscription has no since"
+    );
     s.self_event(&announcement("r", relays, 1000));
     let cmds = s.advance(Duration::from_secs(5));
     (s, cmds)
@@ -225,7 +229,10 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
     // Not confirmed until every batch subscription saw EOSE.
     let g = s.gen("wss://a.example");
     for (i, (sub_id, _)) in subs[1..].iter().enumerate() {
-        assert!(s.m.relay_index()[&url("wss://a.example")].repos.is_empty(), "after {i} EOSEs");
+        assert!(
+            s.m.relay_index()[&url("wss://a.example")].repos.is_empty(),
+            "after {i} EOSEs"
+        );
         s.report(Report::Eose {
             relay: url("wss://a.example"),
             generation: g,
@@ -248,10 +255,20 @@ fn root_events_add_layer3_batches_only_for_new_items() {
     s.self_event(&iss);
     let cmds = s.advance(Duration::from_secs(5));
     let subs = subscribes(&cmds, "wss://a.example");
-    assert_eq!(subs.len(), 3, "e/E/q for the one new root event, nothing for the confirmed repo");
+    assert_eq!(
+        subs.len(),
+        3,
+        "e/E/q for the one new root event, nothing for the confirmed repo"
+    );
     for (_, f) in &subs {
         let j = json(f);
-        let key = j.as_object().unwrap().keys().find(|k| k.starts_with('#')).unwrap().clone();
+        let key = j
+            .as_object()
+            .unwrap()
+            .keys()
+            .find(|k| k.starts_with('#'))
+            .unwrap()
+            .clone();
         assert!(["#e", "#E", "#q"].contains(&key.as_str()));
         assert_eq!(j[&key], serde_json::json!([iss.id.to_hex()]));
     }
@@ -284,7 +301,11 @@ fn own_relay_and_aliases_are_never_targets() {
     s.own_connected();
     s.self_event(&announcement(
         "r",
-        &["ws://OWN.example/", "wss://git.example.com:443", "wss://a.example"],
+        &[
+            "ws://OWN.example/",
+            "wss://git.example.com:443",
+            "wss://a.example",
+        ],
         1,
     ));
     let cmds = s.advance(Duration::from_secs(5));
@@ -301,10 +322,15 @@ fn failed_first_connect_is_retried_with_backoff() {
     );
     // Backoff 5 s ± 25 %: nothing at 3 s, a retry by 7 s.
     assert!(connects(&s.advance(Duration::from_secs(3))).is_empty());
-    assert_eq!(connects(&s.advance(Duration::from_secs(4))), vec!["wss://a.example"]);
+    assert_eq!(
+        connects(&s.advance(Duration::from_secs(4))),
+        vec!["wss://a.example"]
+    );
     // Unreachable for two simulated hours, then reachable: it still gets synced.
     for _ in 0..200 {
-        if s.m.relay_index()[&url("wss://a.example")].connection_status == ConnectionStatus::Connecting {
+        if s.m.relay_index()[&url("wss://a.example")].connection_status
+            == ConnectionStatus::Connecting
+        {
             s.disconnected("wss://a.example");
         }
         s.advance(Duration::from_secs(60));
@@ -361,13 +387,30 @@ fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
     let subs = subscribes(&cmds, relay);
     // L1 + L2 (3) + L3 (3), all with since = last_connected − 15 min, none pending.
     assert_eq!(subs.len(), 7);
-    let want = connected_at.sub(Duration::from_secs(900)).as_secs();
-    assert!(subs.iter().all(|(_, f)| since(f) == Some(want)), "since {want}");
+    let want = connected_at.minus(Duration::from_secs(900)).as_secs();
+    assert!(
+        subs.iter().all(|(_, f)| since(f) == Some(want)),
+        "since {want}"
+    );
     assert!(is_l1(&subs[0].1));
     assert!(!s.m.pending_index().contains_key(&url(relay)));
-    assert_eq!(s.m.relay_index()[&url(relay)].repos.len(), 1, "confirmed kept");
-    let purposes: Vec<SubPurpose> = s.m.subscriptions(&url(relay)).into_iter().map(|x| x.1).collect();
-    assert_eq!(purposes.iter().filter(|p| **p == SubPurpose::CatchUp).count(), 6);
+    assert_eq!(
+        s.m.relay_index()[&url(relay)].repos.len(),
+        1,
+        "confirmed kept"
+    );
+    let purposes: Vec<SubPurpose> =
+        s.m.subscriptions(&url(relay))
+            .into_iter()
+            .map(|x| x.1)
+            .collect();
+    assert_eq!(
+        purposes
+            .iter()
+            .filter(|p| **p == SubPurpose::CatchUp)
+            .count(),
+        6
+    );
 }
 
 #[test]
@@ -388,9 +431,15 @@ fn stale_reconnect_after_16_minutes_is_a_fresh_sync() {
     assert_eq!(connects(&cmds).len(), 1);
     let cmds = s.connected(relay);
     let subs = subscribes(&cmds, relay);
-    assert!(subs.iter().all(|(_, f)| since(f).is_none()), "fresh: no since");
+    assert!(
+        subs.iter().all(|(_, f)| since(f).is_none()),
+        "fresh: no since"
+    );
     assert_eq!(subs.len(), 7, "L1 + a pending batch of 6");
-    assert!(s.m.relay_index()[&url(relay)].repos.is_empty(), "confirmed cleared");
+    assert!(
+        s.m.relay_index()[&url(relay)].repos.is_empty(),
+        "confirmed cleared"
+    );
     assert_eq!(s.m.pending_index()[&url(relay)].len(), 1);
 }
 
@@ -425,7 +474,11 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
     assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
     assert_eq!(s.m.counters().batches_failed, 1);
     let cmds = s.advance(Duration::from_secs(30));
-    assert_eq!(subscribes(&cmds, "wss://a.example").len(), 3, "retried after backoff");
+    assert_eq!(
+        subscribes(&cmds, "wss://a.example").len(),
+        3,
+        "retried after backoff"
+    );
 }
 
 #[test]

@@ -40,12 +40,12 @@ impl Time {
     }
 
     /// `self + d`, saturating.
-    pub fn add(self, d: Duration) -> Time {
+    pub fn plus(self, d: Duration) -> Time {
         Time(self.0.saturating_add(d.as_millis() as u64))
     }
 
     /// `self - d`, saturating at the epoch.
-    pub fn sub(self, d: Duration) -> Time {
+    pub fn minus(self, d: Duration) -> Time {
         Time(self.0.saturating_sub(d.as_millis() as u64))
     }
 
@@ -108,8 +108,8 @@ mod tests {
     #[test]
     fn arithmetic_saturates() {
         let t = Time::from_secs(10);
-        assert_eq!(t.sub(Duration::from_secs(20)), Time::from_millis(0));
-        assert_eq!(t.add(Duration::from_millis(1500)).as_millis(), 11_500);
+        assert_eq!(t.minus(Duration::from_secs(20)), Time::from_millis(0));
+        assert_eq!(t.plus(Duration::from_millis(1500)).as_millis(), 11_500);
         assert_eq!(t.since(Time::from_secs(12)), Duration::ZERO);
         assert_eq!(t.timestamp().as_secs(), 10);
     }

@@ -58,7 +58,7 @@ impl Coordinator {
         let mut retired: Vec<(String, JoinHandle<()>)> = Vec::new();
         self.machine.write().start(clock.now());
         self.execute(&mut threads, &mut retired);
-        let mut next_summary = clock.now().add(self.config.summary_interval);
+        let mut next_summary = clock.now().plus(self.config.summary_interval);
         let shutdown_deadline = loop {
             let now = clock.now();
             let wake = self.machine.read().poll_timeout();
@@ -94,7 +94,7 @@ impl Coordinator {
             self.execute(&mut threads, &mut retired);
             retired.retain(|(_, h)| !h.is_finished());
             if now >= next_summary {
-                next_summary = now.add(self.config.summary_interval);
+                next_summary = now.plus(self.config.summary_interval);
                 self.summary(now);
             }
         };
