@@ -49,6 +49,15 @@ pub struct SyncConfig {
     pub disconnect_check_interval: Duration,
     /// Reconnect backoff and health thresholds.
     pub backoff: BackoffPolicy,
+    /// Open subscriptions per relay above which `handle_add_filters` consolidates
+    /// (design: 70).
+    pub consolidation_threshold: usize,
+    /// How long a consolidation waits for the relay's pending batches (design: 30 s).
+    pub consolidation_wait: Duration,
+    /// Shortest delay of the daily full resync (design: 23 h).
+    pub daily_min: Duration,
+    /// Longest delay of the daily full resync (design: 25 h).
+    pub daily_max: Duration,
     /// Seed of the jitter source.
     pub seed: u64,
 }
@@ -66,6 +75,10 @@ impl SyncConfig {
             eose_timeout: Duration::from_secs(120),
             disconnect_check_interval: Duration::from_secs(60),
             backoff: BackoffPolicy::default(),
+            consolidation_threshold: 70,
+            consolidation_wait: Duration::from_secs(30),
+            daily_min: Duration::from_secs(23 * 3600),
+            daily_max: Duration::from_secs(25 * 3600),
             seed: 1,
         }
     }
@@ -176,10 +189,17 @@ pub enum SubPurpose {
 #[derive(Debug, Default)]
 struct Link {
     subs: HashMap<SubscriptionId, SubPurpose>,
+    /// Subscriptions still loading stored history (no EOSE yet); consolidation never
+    /// closes these.
+    loading: HashSet<SubscriptionId>,
     health: Health,
     next_attempt: Option<Time>,
     /// Batches failed: compute_actions leaves the relay alone until then.
     retry_after: Option<Time>,
+    /// New items waiting for a consolidation (which waits for pending batches).
+    deferred: PendingItems,
+    /// Consolidate at this time at the latest, pending batches or not.
+    consolidate_by: Option<Time>,
 }
 
 #[derive(Debug)]
@@ -254,6 +274,7 @@ pub struct SyncMachine {
     next_sub: u64,
     next_batch: u64,
     next_disconnect_check: Option<Time>,
+    next_daily: Option<Time>,
     jitter: Jitter,
     counters: SyncCounters,
     started: bool,
@@ -285,6 +306,7 @@ impl SyncMachine {
             next_sub: 0,
             next_batch: 0,
             next_disconnect_check: None,
+            next_daily: None,
             jitter,
             counters: SyncCounters::default(),
             config,
@@ -311,6 +333,17 @@ impl SyncMachine {
             self.connect_remote(&b, now);
         }
         self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
+        self.schedule_daily(now);
+    }
+
+    fn schedule_daily(&mut self, now: Time) {
+        let (lo, hi) = (
+            self.config.daily_min,
+            self.config.daily_max.max(self.config.daily_min),
+        );
+        let delay = lo + (hi - lo).mul_f64(self.jitter.unit());
+        self.next_daily = Some(now.plus(delay));
+        debug!("next daily resync in {:.1} h", delay.as_secs_f64() / 3600.0);
     }
 
     /// The next command to carry out.
@@ -328,10 +361,12 @@ impl SyncMachine {
         };
         consider(self.batch.started.map(|s| s.plus(self.config.batch_window)));
         consider(self.next_disconnect_check);
+        consider(self.next_daily);
         consider(self.own_link.next_attempt);
         for (url, link) in &self.links {
             consider(link.next_attempt);
             consider(link.retry_after);
+            consider(link.consolidate_by);
             if let Some(batches) = self.pending.get(url) {
                 consider(
                     batches
@@ -379,6 +414,19 @@ impl SyncMachine {
                 l.retry_after = None;
             }
             self.recompute_actions_for_relay(&url, now);
+        }
+        let consolidate: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.consolidate_by.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in consolidate {
+            self.run_deferred(&url, now);
+        }
+        if self.next_daily.is_some_and(|t| t <= now) {
+            self.daily_resync(now);
+            self.schedule_daily(now);
         }
         if self.next_disconnect_check.is_some_and(|t| t <= now) {
             self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
@@ -641,6 +689,45 @@ impl SyncMachine {
             Some(s) if s.connection_status != ConnectionStatus::Connected => return,
             Some(_) => {}
         }
+        // maybe_consolidate: checked BEFORE the new filters are added.
+        let open = self.links.get(&relay_url).map_or(0, |l| l.subs.len());
+        let deferring = self
+            .links
+            .get(&relay_url)
+            .is_some_and(|l| !l.deferred.is_empty());
+        if deferring || (open > 1 && open + filters.len() > self.config.consolidation_threshold) {
+            let wait = self.config.consolidation_wait;
+            let threshold = self.config.consolidation_threshold;
+            let link = self.link(&relay_url);
+            link.deferred.repos.extend(repos);
+            link.deferred.root_events.extend(root_events);
+            if link.consolidate_by.is_none() {
+                info!(
+                    "{relay_url}: {open} open + {} new subscriptions exceed {}; consolidating",
+                    filters.len(),
+                    threshold
+                );
+                link.consolidate_by = Some(now.plus(wait));
+            }
+            self.run_deferred_if_idle(&relay_url, now);
+            return;
+        }
+        self.subscribe_batch(&relay_url, repos, root_events, filters, now);
+    }
+
+    /// Subscribes `filters` (one REQ each) as a new [`PendingBatch`] of the given items.
+    fn subscribe_batch(
+        &mut self,
+        relay_url: &RelayUrl,
+        repos: HashSet<crate::core::nip34::RepoRef>,
+        root_events: HashSet<EventId>,
+        filters: Vec<Filter>,
+        now: Time,
+    ) {
+        if filters.is_empty() {
+            return;
+        }
+        let relay_url = relay_url.clone();
         let generation = self.relays[&relay_url].generation;
         self.next_batch += 1;
         let batch_id = self.next_batch;
@@ -648,9 +735,10 @@ impl SyncMachine {
         for filter in filters {
             let sub_id = self.new_sub_id();
             outstanding.insert(sub_id.clone());
-            self.link(&relay_url)
-                .subs
+            let link = self.link(&relay_url);
+            link.subs
                 .insert(sub_id.clone(), SubPurpose::Batch(batch_id));
+            link.loading.insert(sub_id.clone());
             self.commands.push_back(Command::Subscribe {
                 relay: relay_url.clone(),
                 generation,
@@ -730,7 +818,9 @@ impl SyncMachine {
         }
         for (purpose, filter) in subs {
             let sub_id = self.new_sub_id();
-            self.link(relay).subs.insert(sub_id.clone(), purpose);
+            let link = self.link(relay);
+            link.subs.insert(sub_id.clone(), purpose);
+            link.loading.insert(sub_id.clone());
             self.commands.push_back(Command::Subscribe {
                 relay: relay.clone(),
                 generation,
@@ -758,6 +848,9 @@ impl SyncMachine {
         let unit = self.jitter.unit();
         let link = self.links.entry(relay.clone()).or_default();
         link.subs.clear();
+        link.loading.clear();
+        link.deferred = PendingItems::default();
+        link.consolidate_by = None;
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
         link.next_attempt = Some(at);
@@ -773,13 +866,10 @@ impl SyncMachine {
         );
     }
 
-    fn handle_eose(
-        &mut self,
-        relay: &RelayUrl,
-        sub_id: &SubscriptionId,
-        received: u64,
-        _now: Time,
-    ) {
+    fn handle_eose(&mut self, relay: &RelayUrl, sub_id: &SubscriptionId, received: u64, now: Time) {
+        if let Some(l) = self.links.get_mut(relay) {
+            l.loading.remove(sub_id);
+        }
         let purpose = self
             .links
             .get(relay)
@@ -787,6 +877,7 @@ impl SyncMachine {
             .copied();
         let Some(SubPurpose::Batch(batch_id)) = purpose else {
             debug!("{relay}: EOSE for {sub_id} ({purpose:?}, {received} events)");
+            self.run_deferred_if_idle(relay, now);
             return;
         };
         let Some(batches) = self.pending.get_mut(relay) else {
@@ -814,6 +905,7 @@ impl SyncMachine {
             state.repos.extend(batch.items.repos);
             state.root_events.extend(batch.items.root_events);
         }
+        self.run_deferred_if_idle(relay, now);
     }
 
     fn handle_closed(
@@ -824,10 +916,10 @@ impl SyncMachine {
         now: Time,
     ) {
         self.counters.closed_by_relay += 1;
-        let purpose = self
-            .links
-            .get_mut(relay)
-            .and_then(|l| l.subs.remove(sub_id));
+        let purpose = self.links.get_mut(relay).and_then(|l| {
+            l.loading.remove(sub_id);
+            l.subs.remove(sub_id)
+        });
         warn!("{relay}: subscription {sub_id} ({purpose:?}) closed by the relay: {message:?}");
         if let Some(SubPurpose::Batch(batch_id)) = purpose {
             self.fail_batch(relay, batch_id, now, "closed by relay");
@@ -851,6 +943,7 @@ impl SyncMachine {
         let unit = self.jitter.unit();
         let link = self.links.entry(relay.clone()).or_default();
         for sub in &batch.outstanding_subs {
+            link.loading.remove(sub);
             if link.subs.remove(sub).is_some() {
                 self.commands.push_back(Command::Unsubscribe {
                     relay: relay.clone(),
@@ -865,12 +958,151 @@ impl SyncMachine {
             .max(Duration::from_secs(1));
         let at = now.plus(delay.max(link.health.base_delay(now, &policy)));
         link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
+        let deferred_waiting = !link.deferred.is_empty();
         warn!(
             "{relay}: batch {batch_id} failed ({why}); its {} repos and {} root events are retried in {:.0}s",
             batch.items.repos.len(),
             batch.items.root_events.len(),
             at.since(now).as_secs_f64()
         );
+        if deferred_waiting {
+            self.run_deferred_if_idle(relay, now);
+        }
+    }
+
+    fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {
+        let ready = self
+            .links
+            .get(relay)
+            .is_some_and(|l| !l.deferred.is_empty() && l.loading.is_empty());
+        if ready {
+            self.run_deferred(relay, now);
+        }
+    }
+
+    /// The design's `consolidate`, without blocking: runs once the relay's pending batches
+    /// are done or the wait deadline passed (then the still-pending batches are folded into
+    /// the new items instead of being waited for). Closes every subscription, re-subscribes
+    /// Layer 1 and Layers 2+3 of the confirmed items with `since = now − 15 min`, then adds
+    /// the deferred new items as one batch without `since`.
+    fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
+        let Some(link) = self.links.get_mut(relay) else {
+            return;
+        };
+        link.consolidate_by = None;
+        let mut items = std::mem::take(&mut link.deferred);
+        let connected = self
+            .relays
+            .get(relay)
+            .is_some_and(|s| s.connection_status == ConnectionStatus::Connected);
+        if !connected {
+            return;
+        }
+        let state = &self.relays[relay];
+        let generation = state.generation;
+        let (repos, roots) = (state.repos.clone(), state.root_events.clone());
+        let before = self.links.get(relay).map_or(0, |l| l.subs.len());
+        // Subscriptions still loading history (pending batches, a first Layer 1) stay open:
+        // closing them would lose what they have not delivered yet.
+        let mut keep_l1 = false;
+        let mut old: Vec<SubscriptionId> = Vec::new();
+        if let Some(l) = self.links.get_mut(relay) {
+            let loading = l.loading.clone();
+            l.subs.retain(|sub, purpose| {
+                if loading.contains(sub) {
+                    keep_l1 |= *purpose == SubPurpose::Announcements;
+                    true
+                } else {
+                    old.push(sub.clone());
+                    false
+                }
+            });
+        }
+        old.sort();
+        for sub_id in old {
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id,
+            });
+        }
+        let since = now.minus(self.config.quick_reconnect_window).timestamp();
+        let mut subs = Vec::new();
+        if !keep_l1 {
+            subs.push((
+                SubPurpose::Announcements,
+                build_announcement_filter(Some(since)),
+            ));
+        }
+        for f in build_layer2_and_layer3_filters(&repos, &roots, Some(since)) {
+            subs.push((SubPurpose::CatchUp, f));
+        }
+        for (purpose, filter) in subs {
+            let sub_id = self.new_sub_id();
+            let link = self.link(relay);
+            link.subs.insert(sub_id.clone(), purpose);
+            link.loading.insert(sub_id.clone());
+            self.commands.push_back(Command::Subscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id,
+                filter,
+            });
+        }
+        items.repos.retain(|r| !repos.contains(r));
+        items.root_events.retain(|e| !roots.contains(e));
+        let filters = build_layer2_and_layer3_filters(&items.repos, &items.root_events, None);
+        self.subscribe_batch(relay, items.repos, items.root_events, filters, now);
+        let after = self.links.get(relay).map_or(0, |l| l.subs.len());
+        info!("{relay}: consolidated {before} subscriptions (plus the new items) into {after}");
+    }
+
+    /// Scenario 5: the daily full resync of every relay (close all, clear pending and
+    /// confirmed, Layer 1 without since, compute_actions for everything).
+    fn daily_resync(&mut self, now: Time) {
+        let urls: Vec<RelayUrl> = self.relays.keys().cloned().collect();
+        info!("daily resync of {} relays", urls.len());
+        for url in urls {
+            if let Some(batches) = self.pending.remove(&url) {
+                self.counters.batches_failed += batches.len() as u64;
+            }
+            let Some(state) = self.relays.get_mut(&url) else {
+                continue;
+            };
+            state.clear_sync_state();
+            let generation = state.generation;
+            let connected = state.connection_status == ConnectionStatus::Connected;
+            if !connected {
+                // Not connected: the next connect is a fresh sync.
+                state.last_connected = None;
+                state.disconnected_at = None;
+                continue;
+            }
+            let link = self.links.entry(url.clone()).or_default();
+            link.deferred = PendingItems::default();
+            link.consolidate_by = None;
+            link.loading.clear();
+            let mut old: Vec<SubscriptionId> = link.subs.drain().map(|(s, _)| s).collect();
+            old.sort();
+            for sub_id in old {
+                self.commands.push_back(Command::Unsubscribe {
+                    relay: url.clone(),
+                    generation,
+                    sub_id,
+                });
+            }
+            let sub_id = self.new_sub_id();
+            let link = self.link(&url);
+            link.subs.insert(sub_id.clone(), SubPurpose::Announcements);
+            link.loading.insert(sub_id.clone());
+            self.commands.push_back(Command::Subscribe {
+                relay: url.clone(),
+                generation,
+                sub_id,
+                filter: build_announcement_filter(None),
+            });
+            self.recompute_actions_for_relay(&url, now);
+        }
     }
 
     fn expire_batches(&mut self, now: Time) {

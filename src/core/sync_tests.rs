@@ -562,3 +562,147 @@ fn events_from_an_old_self_subscription_generation_are_ignored() {
     assert!(s.m.repo_index().is_empty());
     let _: EventId = issue("r", "x").id;
 }
+
+fn unsubscribes(cmds: &[Command]) -> usize {
+    cmds.iter()
+        .filter(|c| matches!(c, Command::Unsubscribe { .. }))
+        .count()
+}
+
+fn tag_values(f: &Filter, key: &str) -> Vec<String> {
+    json(f)[key]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// A relay carrying one repo and `n` root events, each added in its own batch.
+fn many_batches(n: usize) -> (Sim, Vec<EventId>) {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    s.eose_all(relay, &cmds);
+    let mut ids = vec![];
+    for i in 0..n {
+        let e = issue("r", &format!("issue {i}"));
+        ids.push(e.id);
+        s.self_event(&e);
+        let cmds = s.advance(Duration::from_secs(5));
+        assert_eq!(unsubscribes(&cmds), 0, "no consolidation yet at batch {i}");
+        s.eose_all(relay, &cmds);
+    }
+    (s, ids)
+}
+
+#[test]
+fn crossing_the_consolidation_threshold_leaves_fewer_subscriptions_and_loses_nothing() {
+    let relay = "wss://a.example";
+    let (mut s, ids) = many_batches(22);
+    assert_eq!(s.m.subscriptions(&url(relay)).len(), 1 + 3 + 22 * 3);
+    let e = issue("r", "the 23rd");
+    s.self_event(&e);
+    let cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(unsubscribes(&cmds), 70, "every settled subscription closed");
+    let subs = subscribes(&cmds, relay);
+    // L1 + L2 catch-up (3) + L3 catch-up for 22 roots (3) + the new root's batch (3).
+    assert_eq!(subs.len(), 10);
+    assert_eq!(s.m.subscriptions(&url(relay)).len(), 10);
+    let want_since = s.now.minus(Duration::from_secs(900)).as_secs();
+    let catchup: Vec<&Filter> = subs[..7].iter().map(|(_, f)| f).collect();
+    assert!(catchup.iter().all(|f| since(f) == Some(want_since)));
+    assert!(is_l1(catchup[0]));
+    let mut covered: HashSet<String> = HashSet::new();
+    for f in &catchup {
+        covered.extend(tag_values(f, "#e"));
+    }
+    let confirmed: HashSet<String> = ids.iter().map(|i| i.to_hex()).collect();
+    assert_eq!(
+        covered, confirmed,
+        "every confirmed root event is still subscribed"
+    );
+    let new_batch: Vec<&Filter> = subs[7..].iter().map(|(_, f)| f).collect();
+    assert!(
+        new_batch.iter().all(|f| since(f).is_none()),
+        "new items get full history"
+    );
+    assert_eq!(tag_values(new_batch[0], "#e"), vec![e.id.to_hex()]);
+    s.eose_all(relay, &cmds);
+    assert_eq!(s.m.relay_index()[&url(relay)].root_events.len(), 23);
+    assert!(s.m.relay_index()[&url(relay)].repos.contains(&repo("r")));
+}
+
+#[test]
+fn consolidation_waits_for_pending_batches_without_blocking() {
+    let relay = "wss://a.example";
+    let (mut s, _) = many_batches(21);
+    // 67 open; batch 22 (70 open, not above the threshold) stays pending (no EOSE) ...
+    s.self_event(&issue("r", "pending one"));
+    let pending_cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(unsubscribes(&pending_cmds), 0);
+    // ... when batch 23 crosses the threshold: deferred, nothing closed yet.
+    s.self_event(&issue("r", "deferred one"));
+    let cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(unsubscribes(&cmds), 0);
+    assert!(subscribes(&cmds, relay).is_empty());
+    // The pending batch completes: consolidation runs at once.
+    let cmds = s.eose_all(relay, &pending_cmds);
+    assert_eq!(unsubscribes(&cmds), 70);
+    assert_eq!(subscribes(&cmds, relay).len(), 1 + 3 + 3 + 3);
+    assert_eq!(s.m.subscriptions(&url(relay)).len(), 10);
+}
+
+#[test]
+fn consolidation_deadline_keeps_loading_subscriptions_open() {
+    let relay = "wss://a.example";
+    let (mut s, _) = many_batches(21);
+    s.self_event(&issue("r", "never answered"));
+    let pending_cmds = s.advance(Duration::from_secs(5));
+    s.self_event(&issue("r", "deferred"));
+    s.advance(Duration::from_secs(5));
+    // 30 s later the consolidation runs anyway; the unanswered batch stays open.
+    let cmds = s.advance(Duration::from_secs(30));
+    assert_eq!(unsubscribes(&cmds), 67);
+    let open: HashSet<SubscriptionId> =
+        s.m.subscriptions(&url(relay))
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
+    for (sub, _) in subscribes(&pending_cmds, relay) {
+        assert!(open.contains(&sub), "loading subscription {sub} kept");
+    }
+    assert_eq!(s.m.pending_index()[&url(relay)].len(), 2);
+}
+
+#[test]
+fn daily_timer_does_a_full_fresh_sync_between_23_and_25_hours() {
+    let relay = "wss://a.example";
+    let mut s = synced(relay);
+    let start = s.now;
+    let mut fired_at = None;
+    let mut fired = vec![];
+    for _ in 0..(26 * 60) {
+        let cmds = s.advance(Duration::from_secs(60));
+        if unsubscribes(&cmds) > 0 {
+            fired_at = Some(s.now);
+            fired = cmds;
+            break;
+        }
+    }
+    let at = fired_at.expect("daily resync fired");
+    let h = at.since(start).as_secs_f64() / 3600.0;
+    assert!((23.0..=25.1).contains(&h), "fired after {h} h");
+    assert_eq!(unsubscribes(&fired), 7, "L1 + L2 + L3 closed");
+    let subs = subscribes(&fired, relay);
+    assert_eq!(subs.len(), 7);
+    assert!(
+        subs.iter().all(|(_, f)| since(f).is_none()),
+        "full history again"
+    );
+    assert!(
+        s.m.relay_index()[&url(relay)].repos.is_empty(),
+        "confirmed cleared"
+    );
+    assert_eq!(s.m.pending_index()[&url(relay)].len(), 1);
+    s.eose_all(relay, &fired);
+    assert_eq!(s.m.relay_index()[&url(relay)].repos.len(), 1);
+}
