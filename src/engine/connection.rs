@@ -26,7 +26,7 @@ use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{check_event, parse_relay_frame, EventRejection, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
-use crate::engine::metrics::RelayCounters;
+use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, Socket, WsOptions};
@@ -95,6 +95,8 @@ pub struct ConnectionThread {
     pub pong_timeout: Duration,
     /// Counters of this relay.
     pub counters: Arc<RelayCounters>,
+    /// Shared counters (the forwarder's unresolved count).
+    pub metrics: Arc<Metrics>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
     /// Time source.
@@ -413,16 +415,22 @@ impl ConnectionThread {
     /// Hands an event to the forwarder, waiting while its queue is full (back-pressure:
     /// this relay is not read meanwhile). Returns false when the engine is stopping.
     fn forward(&self, forward: &Sender<ForwardItem>, mut item: ForwardItem) -> bool {
+        let unresolved = &self.metrics.forward.unresolved;
+        unresolved.fetch_add(1, Ordering::Relaxed);
         loop {
             match forward.send_timeout(item, Duration::from_millis(200)) {
                 Ok(()) => return true,
                 Err(SendTimeoutError::Timeout(i)) => {
                     if self.stopping() {
+                        unresolved.fetch_sub(1, Ordering::Relaxed);
                         return false;
                     }
                     item = i;
                 }
-                Err(SendTimeoutError::Disconnected(_)) => return false,
+                Err(SendTimeoutError::Disconnected(_)) => {
+                    unresolved.fetch_sub(1, Ordering::Relaxed);
+                    return false;
+                }
             }
         }
     }

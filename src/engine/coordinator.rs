@@ -215,6 +215,7 @@ impl Coordinator {
             ping_interval: self.config.ping_interval,
             pong_timeout: self.config.pong_timeout,
             counters,
+            metrics: self.metrics.clone(),
             stopping: self.stopping.clone(),
             clock: self.config.clock.clone(),
         })?;

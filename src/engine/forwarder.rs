@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::{debug, info, warn};
 use tungstenite::Message;
 
-use crate::core::forward::{ForwardLimits, ForwardQueue, OkOutcome};
+use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{parse_relay_frame, Incoming};
@@ -135,12 +135,23 @@ impl Forwarder {
     fn take_events(&self, queue: &mut ForwardQueue) {
         while !queue.is_full() {
             match self.events.try_recv() {
-                Ok(item) => {
-                    queue.offer(item.id, item.raw);
-                }
+                Ok(item) => self.offer(queue, item),
                 Err(_) => break,
             }
         }
+    }
+
+    fn offer(&self, queue: &mut ForwardQueue, item: ForwardItem) {
+        if queue.offer(item.id, item.raw) != Offer::Queued {
+            self.resolved();
+        }
+    }
+
+    fn resolved(&self) {
+        let u = &self.metrics.forward.unresolved;
+        let _ = u.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(1))
+        });
     }
 
     fn publish_counters(&self, queue: &ForwardQueue) {
@@ -151,7 +162,6 @@ impl Forwarder {
         f.rejected.store(c.rejected, Ordering::Relaxed);
         f.resent.store(c.resent, Ordering::Relaxed);
         f.deduplicated.store(c.deduplicated, Ordering::Relaxed);
-        f.backlog.store(queue.backlog() as u64, Ordering::Relaxed);
     }
 
     /// One connection. Returns true on shutdown, false when the connection was lost.
@@ -172,9 +182,7 @@ impl Forwarder {
             if queue.is_idle() {
                 // Nothing to do: block briefly for the next event instead of spinning.
                 match self.events.recv_timeout(Duration::from_millis(20)) {
-                    Ok(item) => {
-                        queue.offer(item.id, item.raw);
-                    }
+                    Ok(item) => self.offer(queue, item),
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return true,
                 }
@@ -200,6 +208,7 @@ impl Forwarder {
                     Ok(Message::Text(text)) => {
                         keepalive.on_activity();
                         self.handle_text(text.as_str(), queue);
+                        self.publish_counters(queue);
                     }
                     Ok(Message::Close(_)) => {
                         warn!("forwarder: the own relay closed the connection");
@@ -236,12 +245,19 @@ impl Forwarder {
                 accepted,
                 message,
             }) => match queue.on_ok(event_id, accepted, &message, self.clock.now()) {
-                OkOutcome::Stored => debug!("own relay stored {event_id}"),
-                OkOutcome::Duplicate => debug!("own relay already had {event_id}"),
+                OkOutcome::Stored => {
+                    self.resolved();
+                    debug!("own relay stored {event_id}")
+                }
+                OkOutcome::Duplicate => {
+                    self.resolved();
+                    debug!("own relay already had {event_id}")
+                }
                 OkOutcome::RateLimited => {
                     info!("own relay rate-limits writes ({message}); slowing down")
                 }
                 OkOutcome::Rejected(reason) => {
+                    self.resolved();
                     info!("own relay rejected {event_id}: {reason}")
                 }
                 OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),

@@ -60,8 +60,10 @@ pub struct ForwardCounters {
     pub resent: AtomicU64,
     /// Copies dropped before sending (already stored or queued).
     pub deduplicated: AtomicU64,
-    /// Events waiting or in flight.
-    pub backlog: AtomicU64,
+    /// Events handed to the forwarder and not yet resolved (stored, duplicate, rejected or
+    /// dropped as a copy): counted up by the relay thread *before* it hands an event over
+    /// and down by the forwarder, so there is no moment an event is counted nowhere.
+    pub unresolved: AtomicU64,
     /// 1 while the forwarder's connection is open.
     pub connected: AtomicU64,
 }

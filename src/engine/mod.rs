@@ -93,7 +93,8 @@ pub struct Status {
     pub duplicates: u64,
     /// Events the own relay rejected.
     pub rejected: u64,
-    /// Events waiting for or in flight to the own relay.
+    /// Events checked and handed to the forwarder but not yet stored, found duplicate or
+    /// rejected by the own relay (including those still in the channel).
     pub forward_backlog: u64,
     /// Invalid events dropped (all relays).
     pub invalid: u64,
@@ -238,7 +239,7 @@ impl SyncHandle {
             forwarded: f.stored.load(Ordering::Relaxed),
             duplicates: f.duplicates.load(Ordering::Relaxed),
             rejected: f.rejected.load(Ordering::Relaxed),
-            forward_backlog: f.backlog.load(Ordering::Relaxed),
+            forward_backlog: f.unresolved.load(Ordering::Relaxed),
             invalid: self.metrics.sum(own, |c| &c.events_invalid),
             unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
         }
