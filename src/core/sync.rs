@@ -733,18 +733,8 @@ impl SyncMachine {
         let batch_id = self.next_batch;
         let mut outstanding = HashSet::new();
         for filter in filters {
-            let sub_id = self.new_sub_id();
-            outstanding.insert(sub_id.clone());
-            let link = self.link(&relay_url);
-            link.subs
-                .insert(sub_id.clone(), SubPurpose::Batch(batch_id));
-            link.loading.insert(sub_id.clone());
-            self.commands.push_back(Command::Subscribe {
-                relay: relay_url.clone(),
-                generation,
-                sub_id,
-                filter,
-            });
+            let sub_id = self.open_sub(&relay_url, generation, SubPurpose::Batch(batch_id), filter);
+            outstanding.insert(sub_id);
         }
         debug!(
             "{relay_url}: batch {batch_id} with {} repos, {} root events, {} subscriptions",
@@ -761,6 +751,28 @@ impl SyncMachine {
                 outstanding_subs: outstanding,
                 started_at: now,
             });
+    }
+
+    /// Opens one subscription (one REQ, one filter) on a remote relay; it counts as loading
+    /// history until its EOSE.
+    fn open_sub(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        purpose: SubPurpose,
+        filter: Filter,
+    ) -> SubscriptionId {
+        let sub_id = self.new_sub_id();
+        let link = self.link(relay);
+        link.subs.insert(sub_id.clone(), purpose);
+        link.loading.insert(sub_id.clone());
+        self.commands.push_back(Command::Subscribe {
+            relay: relay.clone(),
+            generation,
+            sub_id: sub_id.clone(),
+            filter,
+        });
+        sub_id
     }
 
     fn link(&mut self, relay: &RelayUrl) -> &mut Link {
@@ -817,16 +829,7 @@ impl SyncMachine {
             }
         }
         for (purpose, filter) in subs {
-            let sub_id = self.new_sub_id();
-            let link = self.link(relay);
-            link.subs.insert(sub_id.clone(), purpose);
-            link.loading.insert(sub_id.clone());
-            self.commands.push_back(Command::Subscribe {
-                relay: relay.clone(),
-                generation,
-                sub_id,
-                filter,
-            });
+            self.open_sub(relay, generation, purpose, filter);
         }
         self.recompute_actions_for_relay(relay, now);
     }
@@ -1038,16 +1041,7 @@ impl SyncMachine {
             subs.push((SubPurpose::CatchUp, f));
         }
         for (purpose, filter) in subs {
-            let sub_id = self.new_sub_id();
-            let link = self.link(relay);
-            link.subs.insert(sub_id.clone(), purpose);
-            link.loading.insert(sub_id.clone());
-            self.commands.push_back(Command::Subscribe {
-                relay: relay.clone(),
-                generation,
-                sub_id,
-                filter,
-            });
+            self.open_sub(relay, generation, purpose, filter);
         }
         items.repos.retain(|r| !repos.contains(r));
         items.root_events.retain(|e| !roots.contains(e));
@@ -1091,16 +1085,12 @@ impl SyncMachine {
                     sub_id,
                 });
             }
-            let sub_id = self.new_sub_id();
-            let link = self.link(&url);
-            link.subs.insert(sub_id.clone(), SubPurpose::Announcements);
-            link.loading.insert(sub_id.clone());
-            self.commands.push_back(Command::Subscribe {
-                relay: url.clone(),
+            self.open_sub(
+                &url,
                 generation,
-                sub_id,
-                filter: build_announcement_filter(None),
-            });
+                SubPurpose::Announcements,
+                build_announcement_filter(None),
+            );
             self.recompute_actions_for_relay(&url, now);
         }
     }
