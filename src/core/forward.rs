@@ -35,6 +35,8 @@ pub struct ForwardLimits {
     pub remembered: usize,
     /// Rejected events kept for a retry after the index changes.
     pub rejected_kept: usize,
+    /// Total JSON bytes of the kept rejected events.
+    pub rejected_bytes: usize,
     /// Pause after a `rate-limited:` answer.
     pub rate_limit_pause: Duration,
 }
@@ -47,6 +49,7 @@ impl Default for ForwardLimits {
             backlog: 4096,
             remembered: 200_000,
             rejected_kept: 10_000,
+            rejected_bytes: 16 << 20,
             rate_limit_pause: Duration::from_secs(2),
         }
     }
@@ -111,6 +114,7 @@ pub struct ForwardQueue {
     stored: RecentIds,
     rejected: HashMap<EventId, Arc<str>>,
     rejected_order: VecDeque<EventId>,
+    rejected_bytes: usize,
     paused_until: Option<Time>,
     counters: ForwardCounters,
 }
@@ -126,6 +130,7 @@ impl ForwardQueue {
             stored: RecentIds::new(limits.remembered),
             rejected: HashMap::new(),
             rejected_order: VecDeque::new(),
+            rejected_bytes: 0,
             paused_until: None,
             counters: ForwardCounters::default(),
         }
@@ -210,23 +215,33 @@ impl ForwardQueue {
     }
 
     fn keep_rejected(&mut self, id: EventId, raw: Arc<str>) {
+        let len = raw.len();
         if self.rejected.insert(id, raw).is_none() {
             self.rejected_order.push_back(id);
+            self.rejected_bytes += len;
         }
-        while self.rejected_order.len() > self.limits.rejected_kept {
-            if let Some(old) = self.rejected_order.pop_front() {
-                self.rejected.remove(&old);
+        while self.rejected_order.len() > self.limits.rejected_kept
+            || self.rejected_bytes > self.limits.rejected_bytes
+        {
+            let Some(old) = self.rejected_order.pop_front() else {
+                break;
+            };
+            if let Some(raw) = self.rejected.remove(&old) {
+                self.rejected_bytes = self.rejected_bytes.saturating_sub(raw.len());
             }
         }
     }
 
     /// Re-queues every kept rejected event (call when the repository index changed).
+    /// Returns how many were queued again.
     pub fn retry_rejected(&mut self) -> usize {
-        let n = self.rejected_order.len();
+        let mut n = 0;
+        self.rejected_bytes = 0;
         for id in self.rejected_order.drain(..) {
             if let Some(raw) = self.rejected.remove(&id) {
                 if !self.stored.contains(&id) && self.queued.insert(id) {
                     self.queue.push_back((id, raw));
+                    n += 1;
                 }
             }
         }
@@ -308,6 +323,7 @@ mod tests {
             backlog: 3,
             remembered: 100,
             rejected_kept: 2,
+            rejected_bytes: 1 << 20,
             rate_limit_pause: Duration::from_secs(2),
         }
     }
@@ -364,6 +380,18 @@ mod tests {
             q.on_ok(id(b), false, "blocked:", t);
         }
         assert_eq!(q.rejected_kept(), 2);
+        // The byte bound holds too.
+        let mut small = ForwardQueue::new(ForwardLimits {
+            rejected_bytes: 20,
+            ..limits()
+        });
+        for b in 1..=3 {
+            small.offer(id(b), raw(b));
+            small.poll_send(t);
+            small.on_ok(id(b), false, "blocked:", t);
+        }
+        assert_eq!(small.rejected_kept(), 2, "each raw is 8 bytes");
+        assert_eq!(small.retry_rejected(), 2);
     }
 
     #[test]

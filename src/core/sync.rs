@@ -945,15 +945,23 @@ impl SyncMachine {
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
         let link = self.links.entry(relay.clone()).or_default();
-        for sub in &batch.outstanding_subs {
-            link.loading.remove(sub);
-            if link.subs.remove(sub).is_some() {
-                self.commands.push_back(Command::Unsubscribe {
-                    relay: relay.clone(),
-                    generation,
-                    sub_id: sub.clone(),
-                });
-            }
+        // Close every subscription of the batch, also those that already saw EOSE: the
+        // retry opens the same filters again.
+        let mut subs: Vec<SubscriptionId> = link
+            .subs
+            .iter()
+            .filter(|(_, p)| **p == SubPurpose::Batch(batch_id))
+            .map(|(s, _)| s.clone())
+            .collect();
+        subs.sort();
+        for sub in subs {
+            link.loading.remove(&sub);
+            link.subs.remove(&sub);
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id: sub,
+            });
         }
         let delay = policy
             .base
@@ -1005,14 +1013,23 @@ impl SyncMachine {
         let generation = state.generation;
         let (repos, roots) = (state.repos.clone(), state.root_events.clone());
         let before = self.links.get(relay).map_or(0, |l| l.subs.len());
-        // Subscriptions still loading history (pending batches, a first Layer 1) stay open:
-        // closing them would lose what they have not delivered yet.
+        // Subscriptions still loading history (a first Layer 1) and every subscription of a
+        // batch that is still pending stay open: closing them would lose what they have not
+        // delivered yet, or leave the batch's items without a live subscription once it
+        // confirms.
+        let pending_batches: HashSet<u64> = self
+            .pending
+            .get(relay)
+            .map(|bs| bs.iter().map(|b| b.batch_id).collect())
+            .unwrap_or_default();
         let mut keep_l1 = false;
         let mut old: Vec<SubscriptionId> = Vec::new();
         if let Some(l) = self.links.get_mut(relay) {
             let loading = l.loading.clone();
             l.subs.retain(|sub, purpose| {
-                if loading.contains(sub) {
+                let of_pending_batch =
+                    matches!(purpose, SubPurpose::Batch(id) if pending_batches.contains(id));
+                if loading.contains(sub) || of_pending_batch {
                     keep_l1 |= *purpose == SubPurpose::Announcements;
                     true
                 } else {

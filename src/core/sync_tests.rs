@@ -464,13 +464,26 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
     s.own_connected();
     s.self_event(&announcement("r", &["wss://a.example"], 1));
     s.advance(Duration::from_secs(5));
-    s.connected("wss://a.example");
+    let cmds = s.connected("wss://a.example");
+    // One subscription answered, two did not.
+    let g = s.gen("wss://a.example");
+    s.report(Report::Eose {
+        relay: url("wss://a.example"),
+        generation: g,
+        sub_id: subscribes(&cmds, "wss://a.example")[1].0.clone(),
+        received: 0,
+    });
     let cmds = s.advance(Duration::from_secs(61));
     let closes = cmds
         .iter()
         .filter(|c| matches!(c, Command::Unsubscribe { .. }))
         .count();
-    assert_eq!(closes, 3, "the failed batch's subscriptions are closed");
+    assert_eq!(closes, 3, "all the failed batch's subscriptions are closed");
+    assert_eq!(
+        s.m.subscriptions(&url("wss://a.example")).len(),
+        1,
+        "only L1 left"
+    );
     assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
     assert_eq!(s.m.counters().batches_failed, 1);
     let cmds = s.advance(Duration::from_secs(30));
@@ -657,6 +670,16 @@ fn consolidation_deadline_keeps_loading_subscriptions_open() {
     let (mut s, _) = many_batches(21);
     s.self_event(&issue("r", "never answered"));
     let pending_cmds = s.advance(Duration::from_secs(5));
+    // One of the pending batch's three subscriptions has seen EOSE: it must stay open too,
+    // or the batch's items would have no live subscription once it confirms.
+    let g = s.gen(relay);
+    let first = subscribes(&pending_cmds, relay)[0].0.clone();
+    s.report(Report::Eose {
+        relay: url(relay),
+        generation: g,
+        sub_id: first,
+        received: 0,
+    });
     s.self_event(&issue("r", "deferred"));
     s.advance(Duration::from_secs(5));
     // 30 s later the consolidation runs anyway; the unanswered batch stays open.

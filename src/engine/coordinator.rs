@@ -140,14 +140,17 @@ impl Coordinator {
                                 threads.insert(relay.clone(), t);
                             }
                             Err(e) => {
+                                // Fed straight into the machine: the coordinator never
+                                // sends into its own input channel (it could be full).
                                 error!("{relay}: cannot spawn a thread: {e}");
-                                let _ = self.inputs_tx.send(Input::Report(
+                                self.machine.write().handle_report(
                                     crate::core::Report::Disconnected {
                                         relay: relay.clone(),
                                         generation,
                                         reason: format!("cannot spawn thread: {e}"),
                                     },
-                                ));
+                                    self.config.clock.now(),
+                                );
                                 continue;
                             }
                         }

@@ -118,9 +118,7 @@ impl Forwarder {
             if let Ok(c) = self.control.try_recv() {
                 match c {
                     ForwarderControl::Shutdown => return true,
-                    ForwarderControl::RetryRejected => {
-                        queue.retry_rejected();
-                    }
+                    ForwarderControl::RetryRejected => self.retry_rejected(queue),
                 }
             }
             self.take_events(queue);
@@ -145,6 +143,15 @@ impl Forwarder {
         if queue.offer(item.id, item.raw) != Offer::Queued {
             self.resolved();
         }
+    }
+
+    fn retry_rejected(&self, queue: &mut ForwardQueue) {
+        let n = queue.retry_rejected() as u64;
+        // Re-queued events are unresolved again until the own relay answers.
+        self.metrics
+            .forward
+            .unresolved
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     fn resolved(&self) {
@@ -174,9 +181,7 @@ impl Forwarder {
             while let Ok(c) = self.control.try_recv() {
                 match c {
                     ForwarderControl::Shutdown => return true,
-                    ForwarderControl::RetryRejected => {
-                        queue.retry_rejected();
-                    }
+                    ForwarderControl::RetryRejected => self.retry_rejected(queue),
                 }
             }
             if queue.is_idle() {
