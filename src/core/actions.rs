@@ -198,6 +198,7 @@ mod tests {
                 },
                 outstanding_subs: HashSet::new(),
                 started_at: Time::from_secs(0),
+                incomplete: false,
             }],
         );
         let a = compute_actions(&t, &pending, &confirmed);

@@ -137,9 +137,20 @@ impl std::fmt::Display for EventRejection {
 
 /// Parses and checks an event: valid JSON, id, signature, and `filter` matches it.
 pub fn check_event(raw: &str, filter: &Filter) -> Result<Event, EventRejection> {
-    let event = Event::from_json(raw).map_err(|e| EventRejection::Malformed(e.to_string()))?;
-    // Cheap checks first: the filter, then the id hash, then the signature.
-    if !filter.match_event(&event, MatchEventOptions::new()) {
+    let event = parse_event(raw)?;
+    check_parsed(&event, filter)?;
+    Ok(event)
+}
+
+/// Parses an event object without checking it.
+pub fn parse_event(raw: &str) -> Result<Event, EventRejection> {
+    Event::from_json(raw).map_err(|e| EventRejection::Malformed(e.to_string()))
+}
+
+/// Checks a parsed event: `filter` matches it, its id is the hash of its content and its
+/// signature verifies (cheap checks first).
+pub fn check_parsed(event: &Event, filter: &Filter) -> Result<(), EventRejection> {
+    if !filter.match_event(event, MatchEventOptions::new()) {
         return Err(EventRejection::NotMatching);
     }
     if !event.verify_id() {
@@ -148,7 +159,7 @@ pub fn check_event(raw: &str, filter: &Filter) -> Result<Event, EventRejection> 
     if !event.verify_signature() {
         return Err(EventRejection::BadSignature);
     }
-    Ok(event)
+    Ok(())
 }
 
 #[cfg(test)]

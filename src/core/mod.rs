@@ -12,6 +12,7 @@ pub mod health;
 pub mod keepalive;
 pub mod message;
 pub mod nip34;
+pub mod paging;
 pub mod state;
 pub mod sync;
 #[cfg(test)]

@@ -67,6 +67,9 @@ pub struct RelayState {
     /// Connection generation: bumped on every connect attempt so that reports and commands
     /// from an earlier connection are recognised and ignored.
     pub generation: u64,
+    /// Batches confirmed although the relay could not deliver their whole history (a
+    /// same-second burst beyond its cap that no query split could fetch).
+    pub incomplete_batches: u64,
 }
 
 impl RelayState {
@@ -80,6 +83,7 @@ impl RelayState {
             last_connected: None,
             disconnected_at: None,
             generation: 0,
+            incomplete_batches: 0,
         }
     }
 
@@ -127,8 +131,11 @@ pub struct PendingBatch {
     pub items: PendingItems,
     /// Subscriptions that must all see EOSE before the items count as confirmed.
     pub outstanding_subs: HashSet<SubscriptionId>,
-    /// When the batch was sent.
+    /// When the batch was sent, or last made progress (an EOSE of one of its queries): the
+    /// EOSE deadline counts from here.
     pub started_at: Time,
+    /// Set when a query of the batch could not be paged completely.
+    pub incomplete: bool,
 }
 
 /// In-flight batches per relay.

@@ -20,6 +20,7 @@ use crate::core::filters::{
 };
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::{classify_self_event, SelfEventMeaning};
+use crate::core::paging::{plan_pages, PageLimits, PageStats};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RelaySyncNeeds, RepoSyncIndex,
@@ -58,6 +59,9 @@ pub struct SyncConfig {
     pub daily_min: Duration,
     /// Longest delay of the daily full resync (design: 25 h).
     pub daily_max: Duration,
+    /// Events per query assumed for a relay that publishes no NIP-11 limits: a query that
+    /// returns this many is paged. Lower is safer and costs one extra REQ per full query.
+    pub assumed_page_size: usize,
     /// Seed of the jitter source.
     pub seed: u64,
 }
@@ -79,6 +83,7 @@ impl SyncConfig {
             consolidation_wait: Duration::from_secs(30),
             daily_min: Duration::from_secs(23 * 3600),
             daily_max: Duration::from_secs(25 * 3600),
+            assumed_page_size: 20,
             seed: 1,
         }
     }
@@ -111,8 +116,15 @@ pub enum Report {
         generation: u64,
         /// The subscription.
         sub_id: SubscriptionId,
-        /// Events received on it before EOSE (accepted or not).
-        received: u64,
+        /// What it delivered before EOSE (accepted or not).
+        stats: PageStats,
+    },
+    /// What a relay publishes about its limits (NIP-11).
+    Limits {
+        /// Relay (the own relay too).
+        relay: RelayUrl,
+        /// Page size and `max_limit`.
+        page: PageLimits,
     },
     /// The relay closed a subscription.
     Closed {
@@ -184,11 +196,23 @@ pub enum SubPurpose {
     CatchUp,
     /// The self-subscription on the own relay.
     SelfSubscription,
+    /// A page of older history, closed at EOSE; part of a batch when `batch` is set.
+    Page {
+        /// The batch the page completes, if any.
+        batch: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct SubInfo {
+    purpose: SubPurpose,
+    /// The filter exactly as sent (for paging).
+    filter: Filter,
 }
 
 #[derive(Debug, Default)]
 struct Link {
-    subs: HashMap<SubscriptionId, SubPurpose>,
+    subs: HashMap<SubscriptionId, SubInfo>,
     /// Subscriptions still loading stored history (no EOSE yet); consolidation never
     /// closes these.
     loading: HashSet<SubscriptionId>,
@@ -215,6 +239,10 @@ pub struct SyncCounters {
     pub batches_confirmed: u64,
     /// Batches failed (EOSE deadline, CLOSED, disconnect).
     pub batches_failed: u64,
+    /// Pages of older history requested from capped relays.
+    pub pages_requested: u64,
+    /// Queries whose history a relay could not deliver completely.
+    pub incomplete_queries: u64,
     /// Subscriptions closed by a relay.
     pub closed_by_relay: u64,
     /// Events read by the self-subscription.
@@ -267,6 +295,7 @@ pub struct SyncMachine {
     relays: RelaySyncIndex,
     pending: PendingSyncIndex,
     links: HashMap<RelayUrl, Link>,
+    limits: HashMap<RelayUrl, PageLimits>,
     own: RelayState,
     own_link: Link,
     batch: SelfBatch,
@@ -296,6 +325,7 @@ impl SyncMachine {
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
             links: HashMap::new(),
+            limits: HashMap::new(),
             own: RelayState::new(false),
             own_link: Link::default(),
             batch: SelfBatch {
@@ -463,15 +493,22 @@ impl SyncMachine {
                 relay,
                 generation,
                 sub_id,
-                received,
+                stats,
             } => {
                 if relay == self.config.own_relay {
                     if generation == self.own.generation {
-                        info!("self-subscription: stored history read ({received} events)");
+                        self.handle_own_eose(&sub_id, &stats);
                     }
                 } else if self.is_current(&relay, generation) {
-                    self.handle_eose(&relay, &sub_id, received, now);
+                    self.handle_eose(&relay, &sub_id, &stats, now);
                 }
+            }
+            Report::Limits { relay, page } => {
+                debug!(
+                    "{relay}: page size {} (max_limit {:?})",
+                    page.page_size, page.max_limit
+                );
+                self.limits.insert(relay, page);
             }
             Report::Closed {
                 relay,
@@ -527,11 +564,7 @@ impl SyncMachine {
         self.own.last_connected = Some(now);
         self.own.disconnected_at = None;
         self.own_link.health.record_success(now);
-        let sub_id = self.new_sub_id();
         self.own_link.subs.clear();
-        self.own_link
-            .subs
-            .insert(sub_id.clone(), SubPurpose::SelfSubscription);
         info!(
             "own relay {} connected; self-subscribing{}",
             self.config.own_relay,
@@ -540,12 +573,73 @@ impl SyncMachine {
                 s.as_secs()
             ))
         );
+        self.open_own_sub(
+            SubPurpose::SelfSubscription,
+            self_subscription_filter(since),
+        );
+    }
+
+    fn open_own_sub(&mut self, purpose: SubPurpose, filter: Filter) {
+        let sub_id = self.new_sub_id();
+        self.own_link.subs.insert(
+            sub_id.clone(),
+            SubInfo {
+                purpose,
+                filter: filter.clone(),
+            },
+        );
         self.commands.push_back(Command::Subscribe {
             relay: self.config.own_relay.clone(),
             generation: self.own.generation,
             sub_id,
-            filter: self_subscription_filter(since),
+            filter,
         });
+    }
+
+    fn page_limits(&self, relay: &RelayUrl) -> PageLimits {
+        self.limits
+            .get(relay)
+            .copied()
+            .unwrap_or_else(|| PageLimits::assumed(self.config.assumed_page_size))
+    }
+
+    /// EOSE of the self-subscription or one of its pages: page back through a capped own
+    /// relay exactly like a remote one, so every announcement and root event is read.
+    fn handle_own_eose(&mut self, sub_id: &SubscriptionId, stats: &PageStats) {
+        let Some(info) = self.own_link.subs.get(sub_id).cloned() else {
+            return;
+        };
+        let own = self.config.own_relay.clone();
+        let plan = plan_pages(&info.filter, stats, &self.page_limits(&own));
+        if let SubPurpose::Page { .. } = info.purpose {
+            self.own_link.subs.remove(sub_id);
+            self.commands.push_back(Command::Unsubscribe {
+                relay: own.clone(),
+                generation: self.own.generation,
+                sub_id: sub_id.clone(),
+            });
+        } else {
+            info!(
+                "self-subscription: stored history read ({} events{})",
+                stats.received,
+                if plan.next.is_empty() {
+                    ""
+                } else {
+                    "; paging for older ones"
+                }
+            );
+        }
+        if plan.partial_split {
+            info!("own relay {own}: a burst in one second is split by the kinds/authors seen");
+        }
+        if let Some(why) = plan.incomplete {
+            self.counters.incomplete_queries += 1;
+            warn!("own relay {own}: self-subscription history incomplete: {why}");
+        }
+        for f in plan.next {
+            self.counters.pages_requested += 1;
+            self.open_own_sub(SubPurpose::Page { batch: None }, f);
+        }
     }
 
     fn handle_own_disconnected(&mut self, reason: &str, now: Time) {
@@ -750,6 +844,7 @@ impl SyncMachine {
                 items: PendingItems { repos, root_events },
                 outstanding_subs: outstanding,
                 started_at: now,
+                incomplete: false,
             });
     }
 
@@ -762,9 +857,20 @@ impl SyncMachine {
         purpose: SubPurpose,
         filter: Filter,
     ) -> SubscriptionId {
+        let mut filter = filter;
+        if let (Some(max), None) = (self.page_limits(relay).max_limit, filter.limit) {
+            // The relay's default page may be smaller than its max_limit: ask for the max.
+            filter = filter.limit(max);
+        }
         let sub_id = self.new_sub_id();
         let link = self.link(relay);
-        link.subs.insert(sub_id.clone(), purpose);
+        link.subs.insert(
+            sub_id.clone(),
+            SubInfo {
+                purpose,
+                filter: filter.clone(),
+            },
+        );
         link.loading.insert(sub_id.clone());
         self.commands.push_back(Command::Subscribe {
             relay: relay.clone(),
@@ -869,17 +975,66 @@ impl SyncMachine {
         );
     }
 
-    fn handle_eose(&mut self, relay: &RelayUrl, sub_id: &SubscriptionId, received: u64, now: Time) {
-        if let Some(l) = self.links.get_mut(relay) {
+    fn handle_eose(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: &SubscriptionId,
+        stats: &PageStats,
+        now: Time,
+    ) {
+        let Some(info) = self.links.get_mut(relay).and_then(|l| {
             l.loading.remove(sub_id);
+            l.subs.get(sub_id).cloned()
+        }) else {
+            return;
+        };
+        let batch_id = match info.purpose {
+            SubPurpose::Batch(id) => Some(id),
+            SubPurpose::Page { batch } => batch,
+            _ => None,
+        };
+        // Pages of older history first, so a batch never confirms before its pages.
+        let plan = plan_pages(&info.filter, stats, &self.page_limits(relay));
+        let generation = self.relays.get(relay).map_or(0, |s| s.generation);
+        let mut page_subs = Vec::new();
+        for f in plan.next {
+            self.counters.pages_requested += 1;
+            page_subs.push(self.open_sub(
+                relay,
+                generation,
+                SubPurpose::Page { batch: batch_id },
+                f,
+            ));
         }
-        let purpose = self
-            .links
-            .get(relay)
-            .and_then(|l| l.subs.get(sub_id))
-            .copied();
-        let Some(SubPurpose::Batch(batch_id)) = purpose else {
-            debug!("{relay}: EOSE for {sub_id} ({purpose:?}, {received} events)");
+        if let SubPurpose::Page { .. } = info.purpose {
+            if let Some(l) = self.links.get_mut(relay) {
+                l.subs.remove(sub_id);
+            }
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id: sub_id.clone(),
+            });
+        }
+        if plan.partial_split {
+            info!(
+                "{relay}: more events than the relay returns share one second; split by the kinds/authors seen (events of other kinds/authors in that second cannot be asked for)"
+            );
+        }
+        if let Some(why) = &plan.incomplete {
+            self.counters.incomplete_queries += 1;
+            warn!(
+                "{relay}: history of {sub_id} ({:?}) is incomplete: {why}",
+                info.purpose
+            );
+        }
+        debug!(
+            "{relay}: EOSE for {sub_id} ({:?}, {} events, {} pages)",
+            info.purpose,
+            stats.received,
+            page_subs.len()
+        );
+        let Some(batch_id) = batch_id else {
             self.run_deferred_if_idle(relay, now);
             return;
         };
@@ -889,8 +1044,15 @@ impl SyncMachine {
         let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
             return;
         };
-        batches[pos].outstanding_subs.remove(sub_id);
-        if !batches[pos].outstanding_subs.is_empty() {
+        let batch = &mut batches[pos];
+        batch.outstanding_subs.remove(sub_id);
+        batch.outstanding_subs.extend(page_subs);
+        // Progress: the EOSE deadline counts from the last answer.
+        batch.started_at = now;
+        if plan.incomplete.is_some() {
+            batch.incomplete = true;
+        }
+        if !batch.outstanding_subs.is_empty() {
             return;
         }
         let batch = batches.remove(pos);
@@ -898,6 +1060,14 @@ impl SyncMachine {
             self.pending.remove(relay);
         }
         self.counters.batches_confirmed += 1;
+        if batch.incomplete {
+            warn!(
+                "{relay}: batch {} confirmed INCOMPLETE: the relay could not deliver all history of its {} repos and {} root events",
+                batch.batch_id,
+                batch.items.repos.len(),
+                batch.items.root_events.len()
+            );
+        }
         if let Some(state) = self.relays.get_mut(relay) {
             debug!(
                 "{relay}: batch {} confirmed ({} repos, {} root events)",
@@ -905,6 +1075,9 @@ impl SyncMachine {
                 batch.items.repos.len(),
                 batch.items.root_events.len()
             );
+            if batch.incomplete {
+                state.incomplete_batches += 1;
+            }
             state.repos.extend(batch.items.repos);
             state.root_events.extend(batch.items.root_events);
         }
@@ -921,11 +1094,15 @@ impl SyncMachine {
         self.counters.closed_by_relay += 1;
         let purpose = self.links.get_mut(relay).and_then(|l| {
             l.loading.remove(sub_id);
-            l.subs.remove(sub_id)
+            l.subs.remove(sub_id).map(|i| i.purpose)
         });
         warn!("{relay}: subscription {sub_id} ({purpose:?}) closed by the relay: {message:?}");
-        if let Some(SubPurpose::Batch(batch_id)) = purpose {
-            self.fail_batch(relay, batch_id, now, "closed by relay");
+        match purpose {
+            Some(SubPurpose::Batch(batch_id))
+            | Some(SubPurpose::Page {
+                batch: Some(batch_id),
+            }) => self.fail_batch(relay, batch_id, now, "closed by relay"),
+            _ => {}
         }
     }
 
@@ -950,7 +1127,13 @@ impl SyncMachine {
         let mut subs: Vec<SubscriptionId> = link
             .subs
             .iter()
-            .filter(|(_, p)| **p == SubPurpose::Batch(batch_id))
+            .filter(|(_, i)| {
+                i.purpose == SubPurpose::Batch(batch_id)
+                    || i.purpose
+                        == SubPurpose::Page {
+                            batch: Some(batch_id),
+                        }
+            })
             .map(|(s, _)| s.clone())
             .collect();
         subs.sort();
@@ -1026,9 +1209,11 @@ impl SyncMachine {
         let mut old: Vec<SubscriptionId> = Vec::new();
         if let Some(l) = self.links.get_mut(relay) {
             let loading = l.loading.clone();
-            l.subs.retain(|sub, purpose| {
-                let of_pending_batch =
-                    matches!(purpose, SubPurpose::Batch(id) if pending_batches.contains(id));
+            l.subs.retain(|sub, info| {
+                let purpose = &info.purpose;
+                let of_pending_batch = matches!(purpose,
+                    SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) }
+                        if pending_batches.contains(id));
                 if loading.contains(sub) || of_pending_batch {
                     keep_l1 |= *purpose == SubPurpose::Announcements;
                     true
@@ -1174,7 +1359,7 @@ impl SyncMachine {
         let mut v: Vec<_> = self
             .links
             .get(relay)
-            .map(|l| l.subs.iter().map(|(s, p)| (s.clone(), *p)).collect())
+            .map(|l| l.subs.iter().map(|(s, i)| (s.clone(), i.purpose)).collect())
             .unwrap_or_default();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v

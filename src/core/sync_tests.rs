@@ -8,6 +8,7 @@ use nostr::filter::Filter;
 use nostr::key::Keys;
 use nostr::message::SubscriptionId;
 
+use crate::core::paging::PageStats;
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Command, Report, SubPurpose, SyncConfig, SyncMachine};
 use crate::core::time::Time;
@@ -139,7 +140,7 @@ impl Sim {
                 relay: url(relay),
                 generation: g,
                 sub_id,
-                received: 0,
+                stats: PageStats::default(),
             }));
         }
         out
@@ -237,7 +238,7 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
             relay: url("wss://a.example"),
             generation: g,
             sub_id: sub_id.clone(),
-            received: 3,
+            stats: PageStats::default(),
         });
     }
     let st = &s.m.relay_index()[&url("wss://a.example")];
@@ -471,7 +472,7 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
         relay: url("wss://a.example"),
         generation: g,
         sub_id: subscribes(&cmds, "wss://a.example")[1].0.clone(),
-        received: 0,
+        stats: PageStats::default(),
     });
     let cmds = s.advance(Duration::from_secs(61));
     let closes = cmds
@@ -678,7 +679,7 @@ fn consolidation_deadline_keeps_loading_subscriptions_open() {
         relay: url(relay),
         generation: g,
         sub_id: first,
-        received: 0,
+        stats: PageStats::default(),
     });
     s.self_event(&issue("r", "deferred"));
     s.advance(Duration::from_secs(5));

@@ -23,7 +23,10 @@ use nostr::message::{ClientMessage, SubscriptionId};
 use tungstenite::Message;
 
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
-use crate::core::message::{check_event, parse_relay_frame, EventRejection, Incoming};
+use crate::core::message::{
+    check_parsed, parse_event, parse_relay_frame, EventRejection, Incoming,
+};
+use crate::core::paging::PageStats;
 use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::metrics::{Metrics, RelayCounters};
@@ -105,7 +108,9 @@ pub struct ConnectionThread {
 
 struct Sub {
     filter: Filter,
-    received: u64,
+    /// What arrived before EOSE (for paging decisions).
+    stats: PageStats,
+    eose: bool,
 }
 
 enum SessionEnd {
@@ -232,7 +237,8 @@ impl ConnectionThread {
                             sub_id.to_string(),
                             Sub {
                                 filter: *filter,
-                                received: 0,
+                                stats: PageStats::default(),
+                                eose: false,
                             },
                         );
                         if let Err(e) = socket.write(Message::text(text)) {
@@ -331,9 +337,22 @@ impl ConnectionThread {
                     debug!("{}: event for unknown subscription {sub_id:?}", self.url);
                     return true;
                 };
-                sub.received += 1;
-                match check_event(raw.get(), &sub.filter) {
-                    Ok(event) => {
+                let event = match parse_event(raw.get()) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        if !sub.eose {
+                            sub.stats.received += 1;
+                        }
+                        RelayCounters::inc(&self.counters.events_invalid);
+                        warn!("{}: dropped an invalid event on {sub_id}: {e}", self.url);
+                        return true;
+                    }
+                };
+                if !sub.eose {
+                    sub.stats.record_event(&event);
+                }
+                match check_parsed(&event, &sub.filter) {
+                    Ok(()) => {
                         RelayCounters::inc(&self.counters.events_accepted);
                         match &self.role {
                             Role::Remote(forward) => {
@@ -365,12 +384,17 @@ impl ConnectionThread {
                 }
             }
             Incoming::Eose(sub_id) => {
-                if let Some(sub) = subs.get(&sub_id) {
+                if let Some(sub) = subs.get_mut(&sub_id) {
+                    if sub.eose {
+                        debug!("{}: repeated EOSE for {sub_id:?}", self.url);
+                        return true;
+                    }
+                    sub.eose = true;
                     return self.report(Report::Eose {
                         relay: self.url.clone(),
                         generation,
                         sub_id: SubscriptionId::new(sub_id),
-                        received: sub.received,
+                        stats: sub.stats.clone(),
                     });
                 }
                 debug!("{}: EOSE for unknown subscription {sub_id:?}", self.url);
