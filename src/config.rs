@@ -39,6 +39,9 @@ pub struct Config {
     pub summary_interval: Duration,
     /// Time source (default: the system clock).
     pub clock: Arc<dyn Clock>,
+    /// Events per query assumed for relays that publish no NIP-11 limits (default 20): a
+    /// query that returns this many is paged with `until`.
+    pub assumed_page_size: usize,
     /// Seed of the core's jitter source (default: random).
     pub seed: u64,
 }
@@ -73,6 +76,7 @@ impl Config {
             forward_channel: 1024,
             summary_interval: Duration::from_secs(60),
             clock: Arc::new(SystemClock),
+            assumed_page_size: 20,
             seed: rand::random::<u64>(),
         }
     }
@@ -121,6 +125,7 @@ impl Config {
         c.batch_window = self.batch_window;
         c.eose_timeout = self.eose_timeout;
         c.backoff = self.backoff;
+        c.assumed_page_size = self.assumed_page_size;
         c.seed = self.seed;
         c
     }

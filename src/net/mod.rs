@@ -1,4 +1,5 @@
 //! Networking: relay URLs and the blocking websocket connector.
 
+pub mod nip11;
 pub mod url;
 pub mod ws;

@@ -1,0 +1,125 @@
+//! Complete history from relays that cap their results (10, 50 and 500 events per query),
+//! including a same-second burst larger than the cap, over real sockets.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use grasp_sync::testing::{wait_until, TestRelay, TestRelayOptions};
+use grasp_sync::{Config, RelayUrl};
+use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::key::Keys;
+use nostr::types::Timestamp;
+
+fn signed(keys: &Keys, kind: u16, text: String, tags: Vec<Vec<String>>, at: u64) -> Event {
+    let mut b =
+        EventBuilder::new(Kind::Custom(kind), text).custom_created_at(Timestamp::from_secs(at));
+    for t in tags {
+        b = b.tag(Tag::parse(t).unwrap());
+    }
+    b.finalize(keys).unwrap()
+}
+
+/// One repository on a remote relay that returns at most `cap` events per query: 30 root
+/// issues at distinct seconds, `2 × cap` replies spread over older seconds and a burst of
+/// `3 × cap + 7` replies all created in the same second.
+fn capped_history(cap: usize) {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start_with(TestRelayOptions {
+        result_cap: Some(cap),
+        ..TestRelayOptions::default()
+    });
+    let keys = Keys::generate();
+    let now = Timestamp::now().as_secs();
+    let ann = signed(
+        &keys,
+        30617,
+        String::new(),
+        vec![
+            vec!["d".into(), "capped".into()],
+            vec!["relays".into(), remote.url()],
+        ],
+        now - 100_000,
+    );
+    let repo = format!("30617:{}:capped", keys.public_key().to_hex());
+    own.insert(&ann);
+    remote.insert(&ann);
+    let mut expected: HashSet<EventId> = [ann.id].into();
+    let roots: Vec<Event> = (0..30)
+        .map(|i| {
+            signed(
+                &keys,
+                1621,
+                format!("issue {i}"),
+                vec![vec!["a".into(), repo.clone()]],
+                now - 90_000 + i,
+            )
+        })
+        .collect();
+    let replier = Keys::generate();
+    let mut all: Vec<Event> = roots.clone();
+    for i in 0..2 * cap {
+        let root = &roots[i % roots.len()];
+        all.push(signed(
+            &replier,
+            1111,
+            format!("older reply {i}"),
+            vec![
+                vec!["E".into(), root.id.to_hex()],
+                vec!["e".into(), root.id.to_hex()],
+            ],
+            now - 50_000 + i as u64,
+        ));
+    }
+    let burst_second = now - 1_000;
+    for i in 0..3 * cap + 7 {
+        let root = &roots[i % roots.len()];
+        all.push(signed(
+            &replier,
+            1111,
+            format!("burst reply {i}"),
+            vec![vec!["e".into(), root.id.to_hex()]],
+            burst_second,
+        ));
+    }
+    for e in &all {
+        remote.insert(e);
+        expected.insert(e.id);
+    }
+    let mut config =
+        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    // The relay's cap is known (as from NIP-11 `default_limit`), so every split is exact.
+    config.assumed_page_size = cap;
+    let handle = grasp_sync::start(config).unwrap();
+    let ok = wait_until(Duration::from_secs(120), || own.event_ids() == expected);
+    let have = own.event_ids();
+    let missing = expected.difference(&have).count();
+    let extra = have.difference(&expected).count();
+    assert!(
+        ok,
+        "cap {cap}: own relay misses {missing} and has {extra} unexpected of {} events\n{:#?}",
+        expected.len(),
+        handle.status()
+    );
+    let pages = handle.with_machine(|m| m.counters());
+    assert!(pages.pages_requested > 0, "paging happened");
+    assert_eq!(pages.incomplete_queries, 0, "every split was exact");
+    // Every REQ still carries exactly one filter, and no page asked for a second twice in a loop.
+    assert!(remote.reqs().iter().all(|r| r.filters.len() == 1));
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn relay_capping_at_10() {
+    capped_history(10);
+}
+
+#[test]
+fn relay_capping_at_50() {
+    capped_history(50);
+}
+
+#[test]
+fn relay_capping_at_500() {
+    capped_history(500);
+}
