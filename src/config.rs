@@ -39,6 +39,9 @@ pub struct Config {
     pub summary_interval: Duration,
     /// Time source (default: the system clock).
     pub clock: Arc<dyn Clock>,
+    /// Deadline of the NIP-11 information request made before a relay's first connect
+    /// (default 5 s; zero disables NIP-11).
+    pub nip11_timeout: Duration,
     /// Events per query assumed for relays that publish no NIP-11 limits (default 20): a
     /// query that returns this many is paged with `until`.
     pub assumed_page_size: usize,
@@ -77,6 +80,7 @@ impl Config {
             summary_interval: Duration::from_secs(60),
             clock: Arc::new(SystemClock),
             assumed_page_size: 20,
+            nip11_timeout: Duration::from_secs(5),
             seed: rand::random::<u64>(),
         }
     }

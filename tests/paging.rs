@@ -123,3 +123,57 @@ fn relay_capping_at_50() {
 fn relay_capping_at_500() {
     capped_history(500);
 }
+
+/// The relay caps at 10 and says so in NIP-11 (`max_limit`); the engine is left at its
+/// default assumption (20) and still gets everything because it believes the relay.
+#[test]
+fn nip11_max_limit_is_believed() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start_with(TestRelayOptions {
+        result_cap: Some(10),
+        nip11: Some(serde_json::json!({"limitation": {"max_limit": 10}})),
+        ..TestRelayOptions::default()
+    });
+    let keys = Keys::generate();
+    let now = Timestamp::now().as_secs();
+    let ann = signed(
+        &keys,
+        30617,
+        String::new(),
+        vec![
+            vec!["d".into(), "r".into()],
+            vec!["relays".into(), remote.url()],
+        ],
+        now - 10_000,
+    );
+    let repo = format!("30617:{}:r", keys.public_key().to_hex());
+    own.insert(&ann);
+    remote.insert(&ann);
+    let mut expected: HashSet<EventId> = [ann.id].into();
+    for i in 0..35 {
+        let e = signed(
+            &keys,
+            1621,
+            format!("issue {i}"),
+            vec![vec!["a".into(), repo.clone()]],
+            now - 5_000 + i,
+        );
+        remote.insert(&e);
+        expected.insert(e.id);
+    }
+    let config =
+        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let handle = grasp_sync::start(config).unwrap();
+    let ok = wait_until(Duration::from_secs(60), || own.event_ids() == expected);
+    assert!(
+        ok,
+        "own relay has {} of {}",
+        own.event_ids().len(),
+        expected.len()
+    );
+    assert!(remote.nip11_requests() >= 1);
+    // REQs carry the explicit limit the relay published.
+    assert!(remote.reqs().iter().all(|r| r.filters[0].limit == Some(10)));
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}

@@ -26,6 +26,7 @@ use crate::core::state::{
     RelaySyncNeeds, RepoSyncIndex,
 };
 use crate::core::time::Time;
+use crate::net::nip11::RelayLimits;
 use crate::net::url::RelayUrl;
 
 /// Settings of the sync logic.
@@ -123,8 +124,8 @@ pub enum Report {
     Limits {
         /// Relay (the own relay too).
         relay: RelayUrl,
-        /// Page size and `max_limit`.
-        page: PageLimits,
+        /// The `limitation` values it published.
+        limits: RelayLimits,
     },
     /// The relay closed a subscription.
     Closed {
@@ -503,10 +504,14 @@ impl SyncMachine {
                     self.handle_eose(&relay, &sub_id, &stats, now);
                 }
             }
-            Report::Limits { relay, page } => {
-                debug!(
-                    "{relay}: page size {} (max_limit {:?})",
-                    page.page_size, page.max_limit
+            Report::Limits { relay, limits } => {
+                let page = PageLimits {
+                    page_size: limits.page_size(self.config.assumed_page_size).max(1),
+                    max_limit: limits.max_limit,
+                };
+                info!(
+                    "{relay}: NIP-11 limits: page size {} (max_limit {:?}, default_limit {:?}, max_subscriptions {:?})",
+                    page.page_size, limits.max_limit, limits.default_limit, limits.max_subscriptions
                 );
                 self.limits.insert(relay, page);
             }

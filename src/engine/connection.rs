@@ -31,6 +31,7 @@ use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
+use crate::net::nip11;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, Socket, WsOptions};
 
@@ -104,6 +105,8 @@ pub struct ConnectionThread {
     pub stopping: Arc<AtomicBool>,
     /// Time source.
     pub clock: Arc<dyn Clock>,
+    /// Deadline of the NIP-11 information request (fetched before the first connect).
+    pub nip11_timeout: Duration,
 }
 
 struct Sub {
@@ -126,6 +129,7 @@ impl ConnectionThread {
     /// Runs until `Shutdown` (or the engine stops).
     pub fn run(self) {
         let mut next: Option<u64> = None;
+        let mut limits_known = false;
         loop {
             let generation = match next.take() {
                 Some(g) => g,
@@ -134,6 +138,9 @@ impl ConnectionThread {
                     None => break,
                 },
             };
+            if !limits_known {
+                limits_known = self.fetch_limits();
+            }
             match self.session(generation) {
                 SessionEnd::Lost => {}
                 SessionEnd::Reconnect(g) => next = Some(g),
@@ -141,6 +148,35 @@ impl ConnectionThread {
             }
         }
         debug!("{}: thread ends", self.url);
+    }
+
+    /// Reads the relay's NIP-11 `limitation` and reports it (before `Connected`, so the
+    /// first REQs already use it). Returns false when it should be asked for again.
+    fn fetch_limits(&self) -> bool {
+        if self.nip11_timeout.is_zero() {
+            return true;
+        }
+        match nip11::fetch(&self.url, self.nip11_timeout, 64 * 1024) {
+            Ok(limits) => {
+                debug!("{}: NIP-11 {limits:?}", self.url);
+                self.report(Report::Limits {
+                    relay: self.url.clone(),
+                    limits,
+                });
+                true
+            }
+            Err(e) => {
+                debug!("{}: no NIP-11 limits ({e}); using defaults", self.url);
+                // Ask again on the next connect only if the relay was not reachable; a relay
+                // that answered without a usable document keeps the defaults.
+                !matches!(
+                    e,
+                    nip11::Nip11Error::Connect(_)
+                        | nip11::Nip11Error::Io(_)
+                        | nip11::Nip11Error::Timeout
+                )
+            }
+        }
     }
 
     fn stopping(&self) -> bool {

@@ -221,6 +221,7 @@ impl Coordinator {
             metrics: self.metrics.clone(),
             stopping: self.stopping.clone(),
             clock: self.config.clock.clone(),
+            nip11_timeout: self.config.nip11_timeout,
         })?;
         Ok(RelayThread {
             control: tx,
