@@ -177,3 +177,77 @@ fn nip11_max_limit_is_believed() {
     assert!(remote.reqs().iter().all(|r| r.filters[0].limit == Some(10)));
     handle.shutdown(Duration::from_secs(10)).unwrap();
 }
+
+/// The own relay caps results at 50 while holding 1,000 announcements and 2,000 root events
+/// (many sharing a second): the self-subscription pages through all of it, so every
+/// repository and root event reaches the index.
+#[test]
+fn capped_own_relay_is_read_completely() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start_with(TestRelayOptions {
+        result_cap: Some(50),
+        nip11: Some(serde_json::json!({"limitation": {"max_limit": 50}})),
+        ..TestRelayOptions::default()
+    });
+    let remote = TestRelay::start();
+    let now = Timestamp::now().as_secs();
+    let maintainers: Vec<Keys> = (0..10).map(|_| Keys::generate()).collect();
+    let mut repos = HashSet::new();
+    let mut roots = HashSet::new();
+    for i in 0..1000u64 {
+        let keys = &maintainers[(i % 10) as usize];
+        let d = format!("repo-{i}");
+        let ann = signed(
+            keys,
+            30617,
+            String::new(),
+            vec![
+                vec!["d".into(), d.clone()],
+                vec!["relays".into(), remote.url()],
+            ],
+            // Ten announcements per second: bursts larger than nothing, smaller than the cap.
+            now - 100_000 + i / 10,
+        );
+        own.insert(&ann);
+        let repo = format!("30617:{}:{d}", keys.public_key().to_hex());
+        for j in 0..2u64 {
+            let root = signed(
+                keys,
+                if j == 0 { 1621 } else { 1617 },
+                format!("root {i}/{j}"),
+                vec![vec!["a".into(), repo.clone()]],
+                // 60 root events share each second: more than the cap of 50.
+                now - 50_000 + (i * 2 + j) / 60,
+            );
+            own.insert(&root);
+            roots.insert(root.id);
+        }
+        repos.insert(repo);
+    }
+    let config =
+        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(200));
+    let handle = grasp_sync::start(config).unwrap();
+    let ok = wait_until(Duration::from_secs(120), || {
+        let s = handle.status();
+        s.repos == 1000 && s.root_events == 2000
+    });
+    let (indexed_repos, indexed_roots) = handle.with_machine(|m| {
+        let r: HashSet<String> = m.repo_index().keys().cloned().collect();
+        let e: HashSet<EventId> = m
+            .repo_index()
+            .values()
+            .flat_map(|n| n.root_events.iter().copied())
+            .collect();
+        (r, e)
+    });
+    assert!(
+        ok,
+        "index holds {} repos and {} root events",
+        indexed_repos.len(),
+        indexed_roots.len()
+    );
+    assert_eq!(indexed_repos, repos);
+    assert_eq!(indexed_roots, roots);
+    assert_eq!(handle.with_machine(|m| m.counters().incomplete_queries), 0);
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}
