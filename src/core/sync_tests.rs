@@ -730,3 +730,202 @@ fn daily_timer_does_a_full_fresh_sync_between_23_and_25_hours() {
     s.eose_all(relay, &fired);
     assert_eq!(s.m.relay_index()[&url(relay)].repos.len(), 1);
 }
+
+/// Delays between consecutive connect attempts of a relay that always fails.
+fn attempt_gaps(s: &mut Sim, relay: &str, attempts: usize, step: Duration) -> Vec<Duration> {
+    let mut last = s.now;
+    let mut gaps = vec![];
+    while gaps.len() < attempts {
+        let cmds = s.advance(step);
+        if !connects(&cmds).is_empty() {
+            gaps.push(s.now.since(last));
+            last = s.now;
+            s.disconnected(relay);
+        }
+    }
+    gaps
+}
+
+#[test]
+fn flapping_relay_backoff_grows() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    // Every attempt connects and drops at once: the failure count is never reset.
+    let mut gaps = vec![];
+    let mut last = s.now;
+    for _ in 0..6 {
+        s.connected(relay);
+        s.advance(Duration::from_secs(1));
+        s.disconnected(relay);
+        loop {
+            let cmds = s.advance(Duration::from_secs(1));
+            if !connects(&cmds).is_empty() {
+                break;
+            }
+        }
+        gaps.push(s.now.since(last).as_secs());
+        last = s.now;
+    }
+    // 5 s × 2^(n−1) ± 25 % (+1 s connected each time).
+    for (i, g) in gaps.iter().enumerate() {
+        let base = 5u64 << i;
+        assert!(
+            *g as f64 >= base as f64 * 0.75 && *g as f64 <= base as f64 * 1.25 + 3.0,
+            "gap {i} = {g} s, base {base} s ({gaps:?})"
+        );
+    }
+    assert!(gaps.windows(2).all(|w| w[1] > w[0]), "{gaps:?}");
+}
+
+#[test]
+fn dead_after_24_hours_then_one_attempt_a_day() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let start = s.now;
+    s.disconnected(relay);
+    let gaps = attempt_gaps(&mut s, relay, 40, Duration::from_secs(60));
+    let mut at = Duration::ZERO;
+    let mut daily = 0;
+    for g in &gaps {
+        if at < Duration::from_secs(24 * 3600) {
+            // Degraded: exponential backoff capped at 1 h (+25 % jitter, 60 s steps).
+            assert!(
+                *g <= Duration::from_secs(4500 + 60),
+                "gap {g:?} at {at:?}: {gaps:?}"
+            );
+        } else {
+            // Dead: once a day (+10 % jitter).
+            assert!(*g >= Duration::from_secs(24 * 3600), "gap {g:?} at {at:?}");
+            assert!(
+                *g <= Duration::from_secs(26 * 3600 + 60),
+                "gap {g:?} at {at:?}"
+            );
+            daily += 1;
+        }
+        at += *g;
+    }
+    assert!(daily >= 3, "{gaps:?}");
+    assert_eq!(
+        s.m.relay_statuses(s.now)[0].health,
+        crate::core::health::HealthState::Dead
+    );
+    assert!(s.now.since(start) > Duration::from_secs(4 * 24 * 3600));
+    // It comes back: a fresh sync, and healthy again once stable.
+    let cmds = s.advance(Duration::from_secs(27 * 3600));
+    assert_eq!(connects(&cmds).len(), 1);
+    let cmds = s.connected(relay);
+    assert_eq!(subscribes(&cmds, relay).len(), 4);
+    s.advance(Duration::from_secs(120));
+    assert_eq!(
+        s.m.relay_statuses(s.now)[0].health,
+        crate::core::health::HealthState::Healthy
+    );
+}
+
+#[test]
+fn capped_self_subscription_pages_with_until() {
+    let mut s = Sim::new(|c| c.assumed_page_size = 20);
+    let cmds = s.own_connected();
+    let (sub, _) = subscribes(&cmds, OWN).remove(0);
+    let g = s.own_gen;
+    let stats = PageStats {
+        received: 20,
+        oldest: Some(1000),
+        newest: Some(2000),
+        ..PageStats::default()
+    };
+    let cmds = s.report(Report::Eose {
+        relay: url(OWN),
+        generation: g,
+        sub_id: sub.clone(),
+        stats,
+    });
+    let pages = subscribes(&cmds, OWN);
+    assert_eq!(pages.len(), 1);
+    assert_eq!(json(&pages[0].1)["until"], 1000);
+    assert_eq!(
+        json(&pages[0].1)["kinds"],
+        json(&self_subscription_filter_for_test())["kinds"]
+    );
+    // A short page ends it and is closed; the live self-subscription stays.
+    let cmds = s.report(Report::Eose {
+        relay: url(OWN),
+        generation: g,
+        sub_id: pages[0].0.clone(),
+        stats: PageStats {
+            received: 3,
+            oldest: Some(900),
+            newest: Some(1000),
+            ..PageStats::default()
+        },
+    });
+    assert!(subscribes(&cmds, OWN).is_empty());
+    assert!(cmds.contains(&Command::Unsubscribe {
+        relay: url(OWN),
+        generation: g,
+        sub_id: pages[0].0.clone(),
+    }));
+    assert_eq!(s.m.counters().pages_requested, 1);
+}
+
+fn self_subscription_filter_for_test() -> Filter {
+    crate::core::filters::self_subscription_filter(None)
+}
+
+#[test]
+fn batch_waits_for_its_pages_before_confirming() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    let subs = subscribes(&cmds, relay);
+    let g = s.gen(relay);
+    let full = PageStats {
+        received: 20,
+        oldest: Some(500),
+        newest: Some(900),
+        ..PageStats::default()
+    };
+    // L1 and two of the three batch filters answer short; the #a filter is full.
+    for (i, (sub, _)) in subs.iter().enumerate() {
+        let stats = if i == 1 {
+            full.clone()
+        } else {
+            PageStats::default()
+        };
+        let out = s.report(Report::Eose {
+            relay: url(relay),
+            generation: g,
+            sub_id: sub.clone(),
+            stats,
+        });
+        if i == 1 {
+            let pages = subscribes(&out, relay);
+            assert_eq!(pages.len(), 1);
+            assert_eq!(json(&pages[0].1)["until"], 500);
+            assert_eq!(tag_values(&pages[0].1, "#a"), vec![repo("r")]);
+            // Pages finish before the batch may confirm.
+            let last = subs.len() - 1;
+            for (sub, _) in &subs[2..=last] {
+                s.report(Report::Eose {
+                    relay: url(relay),
+                    generation: g,
+                    sub_id: sub.clone(),
+                    stats: PageStats::default(),
+                });
+            }
+            assert!(
+                s.m.relay_index()[&url(relay)].repos.is_empty(),
+                "not before the page"
+            );
+            s.report(Report::Eose {
+                relay: url(relay),
+                generation: g,
+                sub_id: pages[0].0.clone(),
+                stats: PageStats::default(),
+            });
+            break;
+        }
+    }
+    assert_eq!(s.m.relay_index()[&url(relay)].repos, [repo("r")].into());
+    assert!(!s.m.pending_index().contains_key(&url(relay)));
+}
