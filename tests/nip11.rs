@@ -208,3 +208,40 @@ fn non_json_body_is_malformed() {
     assert!(matches!(err, Nip11Error::Malformed(_)), "{err}");
     server.join().expect("server thread");
 }
+
+#[test]
+fn tls_to_a_plain_http_server_is_an_error() {
+    let (l, plain) = listener("");
+    let url = RelayUrl::parse(&format!("wss://127.0.0.1:{}", plain.port())).expect("url");
+    // Answers plain text at once, without waiting for a request head (a ClientHello has none).
+    let server = thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let _ = s.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\nnot TLS");
+        let _ = s.flush();
+        let mut sink = [0u8; 1024];
+        s.set_read_timeout(Some(WAIT)).expect("read timeout");
+        // Until the client hangs up.
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let err = fetch(&url, WAIT, CAP).unwrap_err();
+    assert!(matches!(err, Nip11Error::Io(_)), "{err}");
+    server.join().expect("server thread");
+}
+
+#[test]
+fn tls_handshake_to_a_silent_server_times_out() {
+    let (l, plain) = listener("");
+    let url = RelayUrl::parse(&format!("wss://127.0.0.1:{}", plain.port())).expect("url");
+    let (release, hold) = mpsc::channel::<()>();
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().expect("accept");
+        let _ = hold.recv();
+        drop(s);
+    });
+    let started = Instant::now();
+    let err = fetch(&url, Duration::from_millis(300), CAP).unwrap_err();
+    assert!(matches!(err, Nip11Error::Timeout), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(release);
+    server.join().expect("server thread");
+}
