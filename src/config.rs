@@ -39,6 +39,12 @@ pub struct Config {
     pub summary_interval: Duration,
     /// Time source (default: the system clock).
     pub clock: Arc<dyn Clock>,
+    /// Cool-down after a relay signals a rate limit (CLOSED `rate-limited:` or a rate-limit
+    /// NOTICE; default 65 s).
+    pub rate_limit_cooldown: Duration,
+    /// Delay before a query a relay refused (`restricted:`, `blocked:`, …) is tried again
+    /// (default 10 min).
+    pub refused_retry: Duration,
     /// Deadline of the NIP-11 information request made before a relay's first connect
     /// (default 5 s; zero disables NIP-11).
     pub nip11_timeout: Duration,
@@ -81,6 +87,8 @@ impl Config {
             clock: Arc::new(SystemClock),
             assumed_page_size: 20,
             nip11_timeout: Duration::from_secs(5),
+            rate_limit_cooldown: Duration::from_secs(65),
+            refused_retry: Duration::from_secs(600),
             seed: rand::random::<u64>(),
         }
     }
@@ -130,6 +138,8 @@ impl Config {
         c.eose_timeout = self.eose_timeout;
         c.backoff = self.backoff;
         c.assumed_page_size = self.assumed_page_size;
+        c.rate_limit_cooldown = self.rate_limit_cooldown;
+        c.refused_retry = self.refused_retry;
         c.seed = self.seed;
         c
     }

@@ -5,6 +5,7 @@
 //! tested in simulated time.
 
 pub mod actions;
+pub mod complaints;
 pub mod dedup;
 pub mod filters;
 pub mod forward;

@@ -15,6 +15,9 @@ use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
 use crate::core::actions::{compute_actions, derive_relay_targets, AddFilters};
+use crate::core::complaints::{
+    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
+};
 use crate::core::filters::{
     build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
 };
@@ -60,6 +63,11 @@ pub struct SyncConfig {
     pub daily_min: Duration,
     /// Longest delay of the daily full resync (design: 25 h).
     pub daily_max: Duration,
+    /// Cool-down after a `rate-limited:` CLOSED or a rate-limit NOTICE (default 65 s).
+    pub rate_limit_cooldown: Duration,
+    /// Delay before a query refused by a relay (`restricted:`, `blocked:`, …) is tried again
+    /// (default 10 min).
+    pub refused_retry: Duration,
     /// Events per query assumed for a relay that publishes no NIP-11 limits: a query that
     /// returns this many is paged. Lower is safer and costs one extra REQ per full query.
     pub assumed_page_size: usize,
@@ -85,6 +93,8 @@ impl SyncConfig {
             daily_min: Duration::from_secs(23 * 3600),
             daily_max: Duration::from_secs(25 * 3600),
             assumed_page_size: 20,
+            rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
+            refused_retry: Duration::from_secs(600),
             seed: 1,
         }
     }
@@ -136,6 +146,15 @@ pub enum Report {
         /// The subscription.
         sub_id: SubscriptionId,
         /// The relay's reason.
+        message: String,
+    },
+    /// A NOTICE from a relay.
+    Notice {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The text.
         message: String,
     },
     /// A checked event read by the self-subscription on the own relay.
@@ -225,6 +244,10 @@ struct Link {
     deferred: PendingItems,
     /// Consolidate at this time at the latest, pending batches or not.
     consolidate_by: Option<Time>,
+    /// Subscriptions (not part of a batch) closed by the relay, to open again at a time.
+    reopen: Vec<(Time, SubPurpose, Filter)>,
+    /// CLOSED prefixes and NOTICE texts already logged at warn level for this relay.
+    warned: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -244,6 +267,8 @@ pub struct SyncCounters {
     pub pages_requested: u64,
     /// Queries whose history a relay could not deliver completely.
     pub incomplete_queries: u64,
+    /// Rate limits signalled by remote relays (CLOSED `rate-limited:` or NOTICE).
+    pub rate_limited: u64,
     /// Subscriptions closed by a relay.
     pub closed_by_relay: u64,
     /// Events read by the self-subscription.
@@ -398,6 +423,7 @@ impl SyncMachine {
             consider(link.next_attempt);
             consider(link.retry_after);
             consider(link.consolidate_by);
+            consider(link.reopen.iter().map(|r| r.0).min());
             if let Some(batches) = self.pending.get(url) {
                 consider(
                     batches
@@ -445,6 +471,24 @@ impl SyncMachine {
                 l.retry_after = None;
             }
             self.recompute_actions_for_relay(&url, now);
+        }
+        let reopen: Vec<(RelayUrl, SubPurpose, Filter)> = self
+            .links
+            .iter_mut()
+            .flat_map(|(u, l)| {
+                let (due, later): (Vec<_>, Vec<_>) = l.reopen.drain(..).partition(|r| r.0 <= now);
+                l.reopen = later;
+                due.into_iter().map(move |r| (u.clone(), r.1, r.2))
+            })
+            .collect();
+        for (url, purpose, filter) in reopen {
+            if let Some(state) = self.relays.get(&url) {
+                if state.connection_status == ConnectionStatus::Connected {
+                    let generation = state.generation;
+                    info!("{url}: subscribing again to the {purpose:?} query it closed");
+                    self.open_sub(&url, generation, purpose, filter);
+                }
+            }
         }
         let consolidate: Vec<RelayUrl> = self
             .links
@@ -527,6 +571,15 @@ impl SyncMachine {
                     }
                 } else if self.is_current(&relay, generation) {
                     self.handle_closed(&relay, &sub_id, &message, now);
+                }
+            }
+            Report::Notice {
+                relay,
+                generation,
+                message,
+            } => {
+                if relay != self.config.own_relay && self.is_current(&relay, generation) {
+                    self.handle_notice(&relay, &message, now);
                 }
             }
             Report::SelfEvent { generation, event } => {
@@ -965,6 +1018,7 @@ impl SyncMachine {
         link.loading.clear();
         link.deferred = PendingItems::default();
         link.consolidate_by = None;
+        link.reopen.clear();
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
         link.next_attempt = Some(at);
@@ -1097,21 +1151,96 @@ impl SyncMachine {
         now: Time,
     ) {
         self.counters.closed_by_relay += 1;
-        let purpose = self.links.get_mut(relay).and_then(|l| {
+        let Some(info) = self.links.get_mut(relay).and_then(|l| {
             l.loading.remove(sub_id);
-            l.subs.remove(sub_id).map(|i| i.purpose)
-        });
-        warn!("{relay}: subscription {sub_id} ({purpose:?}) closed by the relay: {message:?}");
-        match purpose {
-            Some(SubPurpose::Batch(batch_id))
-            | Some(SubPurpose::Page {
+            l.subs.remove(sub_id)
+        }) else {
+            return;
+        };
+        let reason = classify_closed(message);
+        let prefix = closed_prefix(message).to_string();
+        let first = self.link(relay).warned.insert(format!("CLOSED {prefix}"));
+        let what = format!(
+            "{relay}: subscription {sub_id} ({:?}) closed by the relay: {message:?}",
+            info.purpose
+        );
+        if first {
+            warn!("{what}");
+        } else {
+            debug!("{what}");
+        }
+        let delay = match reason {
+            ClosedReason::RateLimited => {
+                self.counters.rate_limited += 1;
+                // Hold back new batches of this relay for the cool-down, too.
+                let until = now.plus(self.config.rate_limit_cooldown);
+                let l = self.link(relay);
+                l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
+                self.config.rate_limit_cooldown
+            }
+            ClosedReason::AuthRequired => {
+                if first {
+                    warn!(
+                        "{relay}: requires NIP-42 authentication; no key is configured (see --nsec-file), so this relay's {:?} query is retried later",
+                        info.purpose
+                    );
+                }
+                self.config.refused_retry
+            }
+            ClosedReason::Refused => self.config.refused_retry,
+        };
+        match info.purpose {
+            SubPurpose::Batch(batch_id)
+            | SubPurpose::Page {
                 batch: Some(batch_id),
-            }) => self.fail_batch(relay, batch_id, now, "closed by relay"),
-            _ => {}
+            } => self.fail_batch_for(relay, batch_id, now, "closed by relay", Some(delay)),
+            SubPurpose::SelfSubscription => {}
+            purpose => {
+                // Layer 1, catch-up or a page without a batch: never silently gone; the same
+                // query is opened again after the delay.
+                let at = now.plus(delay);
+                self.link(relay).reopen.push((at, purpose, info.filter));
+            }
+        }
+    }
+
+    /// A NOTICE from a remote relay: rate-limit texts pause new subscriptions for the
+    /// cool-down; every NOTICE is counted by the relay thread.
+    fn handle_notice(&mut self, relay: &RelayUrl, message: &str, now: Time) {
+        match classify_notice(message) {
+            NoticeKind::RateLimit => {
+                self.counters.rate_limited += 1;
+                let until = now.plus(self.config.rate_limit_cooldown);
+                let first = self.link(relay).warned.insert(format!("NOTICE {message}"));
+                let l = self.link(relay);
+                l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
+                if first {
+                    warn!(
+                        "{relay}: NOTICE {message:?}: pausing new subscriptions for {:?}",
+                        self.config.rate_limit_cooldown
+                    );
+                } else {
+                    debug!("{relay}: NOTICE {message:?} (rate limit, repeated)");
+                }
+            }
+            NoticeKind::Other => debug!("{relay}: NOTICE {message:?}"),
         }
     }
 
     fn fail_batch(&mut self, relay: &RelayUrl, batch_id: u64, now: Time, why: &str) {
+        self.fail_batch_for(relay, batch_id, now, why, None);
+    }
+
+    /// Fails a batch; its items are retried after `min_delay` or the backoff, whichever is
+    /// longer.
+    fn fail_batch_for(
+        &mut self,
+        relay: &RelayUrl,
+        batch_id: u64,
+        now: Time,
+        why: &str,
+        min_delay: Option<Duration>,
+    ) {
         let Some(batches) = self.pending.get_mut(relay) else {
             return;
         };
@@ -1155,7 +1284,10 @@ impl SyncMachine {
             .base
             .mul_f64(0.75 + 0.5 * unit)
             .max(Duration::from_secs(1));
-        let at = now.plus(delay.max(link.health.base_delay(now, &policy)));
+        let delay = delay
+            .max(link.health.base_delay(now, &policy))
+            .max(min_delay.unwrap_or(Duration::ZERO));
+        let at = now.plus(delay);
         link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
         let deferred_waiting = !link.deferred.is_empty();
         warn!(
@@ -1189,6 +1321,9 @@ impl SyncMachine {
             return;
         };
         link.consolidate_by = None;
+        // The rebuild below re-subscribes Layer 1 and every confirmed item.
+        link.reopen
+            .retain(|r| !matches!(r.1, SubPurpose::Announcements | SubPurpose::CatchUp));
         let mut items = std::mem::take(&mut link.deferred);
         let connected = self
             .relays
@@ -1282,6 +1417,7 @@ impl SyncMachine {
             let link = self.links.entry(url.clone()).or_default();
             link.deferred = PendingItems::default();
             link.consolidate_by = None;
+            link.reopen.clear();
             link.loading.clear();
             let mut old: Vec<SubscriptionId> = link.subs.drain().map(|(s, _)| s).collect();
             old.sort();

@@ -508,7 +508,8 @@ fn closed_subscription_fails_its_batch_instead_of_leaving_it_pending() {
         message: "error: shutting down".into(),
     });
     assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
-    let cmds = s.advance(Duration::from_secs(30));
+    // A refused query is tried again after `refused_retry` (10 min).
+    let cmds = s.advance(Duration::from_secs(610));
     assert_eq!(subscribes(&cmds, "wss://a.example").len(), 3);
 }
 
@@ -928,4 +929,117 @@ fn batch_waits_for_its_pages_before_confirming() {
     }
     assert_eq!(s.m.relay_index()[&url(relay)].repos, [repo("r")].into());
     assert!(!s.m.pending_index().contains_key(&url(relay)));
+}
+
+fn closed(s: &mut Sim, relay: &str, sub: &SubscriptionId, message: &str) -> Vec<Command> {
+    let g = s.gen(relay);
+    s.report(Report::Closed {
+        relay: url(relay),
+        generation: g,
+        sub_id: sub.clone(),
+        message: message.into(),
+    })
+}
+
+#[test]
+fn rate_limited_closed_waits_the_cooldown_then_resubscribes() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    let subs = subscribes(&cmds, relay);
+    closed(&mut s, relay, &subs[1].0, "rate-limited: slow down");
+    assert_eq!(s.m.counters().rate_limited, 1);
+    // Not before 65 s ...
+    assert!(subscribes(&s.advance(Duration::from_secs(60)), relay).is_empty());
+    // ... then the batch's items again.
+    let cmds = s.advance(Duration::from_secs(10));
+    assert_eq!(subscribes(&cmds, relay).len(), 3);
+}
+
+#[test]
+fn closed_layer1_is_reopened_not_silently_gone() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    let l1 = subscribes(&cmds, relay)[0].clone();
+    assert!(is_l1(&l1.1));
+    s.eose_all(relay, &cmds);
+    closed(
+        &mut s,
+        relay,
+        &l1.0,
+        "error: shutting down idle subscriptions",
+    );
+    let open: Vec<_> = s.m.subscriptions(&url(relay));
+    assert!(!open.iter().any(|(id, _)| *id == l1.0));
+    assert!(subscribes(&s.advance(Duration::from_secs(300)), relay).is_empty());
+    let cmds = s.advance(Duration::from_secs(301));
+    let again = subscribes(&cmds, relay);
+    assert_eq!(again.len(), 1);
+    assert!(is_l1(&again[0].1));
+    assert!(s
+        .m
+        .subscriptions(&url(relay))
+        .iter()
+        .any(|(_, p)| *p == SubPurpose::Announcements));
+}
+
+#[test]
+fn refused_batch_fails_and_is_retried_much_later() {
+    for prefix in [
+        "restricted:",
+        "blocked:",
+        "invalid:",
+        "unsupported:",
+        "error:",
+        "auth-required:",
+        "weird",
+    ] {
+        let relay = "wss://a.example";
+        let (mut s, _) = discovered(&[relay]);
+        let cmds = s.connected(relay);
+        let subs = subscribes(&cmds, relay);
+        closed(&mut s, relay, &subs[2].0, &format!("{prefix} no"));
+        assert!(!s.m.pending_index().contains_key(&url(relay)), "{prefix}");
+        assert_eq!(s.m.counters().batches_failed, 1);
+        assert!(
+            subscribes(&s.advance(Duration::from_secs(590)), relay).is_empty(),
+            "{prefix}"
+        );
+        assert_eq!(
+            subscribes(&s.advance(Duration::from_secs(20)), relay).len(),
+            3,
+            "{prefix}"
+        );
+    }
+}
+
+#[test]
+fn rate_limit_notice_pauses_new_subscriptions() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    s.eose_all(relay, &cmds);
+    let g = s.gen(relay);
+    s.report(Report::Notice {
+        relay: url(relay),
+        generation: g,
+        message: "ERROR: too many concurrent REQs".into(),
+    });
+    s.self_event(&issue("r", "new"));
+    let cmds = s.advance(Duration::from_secs(5));
+    assert!(subscribes(&cmds, relay).is_empty(), "paused");
+    let cmds = s.advance(Duration::from_secs(65));
+    assert_eq!(
+        subscribes(&cmds, relay).len(),
+        3,
+        "resumed after the cool-down"
+    );
+    // Another kind of NOTICE changes nothing.
+    s.report(Report::Notice {
+        relay: url(relay),
+        generation: g,
+        message: "hello".into(),
+    });
+    assert_eq!(s.m.counters().rate_limited, 1);
 }

@@ -452,7 +452,14 @@ impl ConnectionThread {
             }
             Incoming::Notice(text) => {
                 RelayCounters::inc(&self.counters.notices);
-                info!("{}: NOTICE {:.200}", self.url, text);
+                debug!("{}: NOTICE {:.200}", self.url, text);
+                // Bounded: the core only needs to recognise rate-limit texts.
+                let message: String = text.chars().take(300).collect();
+                return self.report(Report::Notice {
+                    relay: self.url.clone(),
+                    generation,
+                    message,
+                });
             }
             Incoming::Auth(_) => {
                 RelayCounters::inc(&self.counters.auth_challenges);

@@ -1,0 +1,130 @@
+//! CLOSED prefixes and NOTICEs from real sockets: every kind ends with the complete expected
+//! set on the own relay once the relay stops complaining.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::{Config, RelayUrl, SyncHandle};
+use nostr::event::{EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::key::Keys;
+
+struct World {
+    own: TestRelay,
+    remote: TestRelay,
+    expected: HashSet<EventId>,
+}
+
+fn world() -> World {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let keys = Keys::generate();
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "r"]).unwrap())
+        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let repo = format!("30617:{}:r", keys.public_key().to_hex());
+    let issue = EventBuilder::new(Kind::Custom(1621), "remote issue")
+        .tag(Tag::parse(["a", &repo]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let reply = EventBuilder::new(Kind::Custom(1111), "reply")
+        .tag(Tag::parse(["E", &issue.id.to_hex()]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    own.insert(&ann);
+    for e in [&ann, &issue, &reply] {
+        remote.insert(e);
+    }
+    World {
+        expected: [ann.id, issue.id, reply.id].into(),
+        own,
+        remote,
+    }
+}
+
+fn start(w: &World) -> SyncHandle {
+    let mut c = Config::new(RelayUrl::parse(&w.own.url()).unwrap())
+        .batch_window(Duration::from_millis(100));
+    c.rate_limit_cooldown = Duration::from_millis(500);
+    c.refused_retry = Duration::from_millis(800);
+    c.backoff.base = Duration::from_millis(200);
+    grasp_sync::start(c).unwrap()
+}
+
+fn closed_then_recovered(message: &str) {
+    let w = world();
+    w.remote.set_closed_on_req(Some(message.to_string()));
+    let h = start(&w);
+    // The engine is refused, waits, and asks again.
+    assert!(
+        wait_until(Duration::from_secs(30), || w.remote.reqs().len() >= 8),
+        "retried after {message:?}: {} REQs",
+        w.remote.reqs().len()
+    );
+    assert!(!w.own.event_ids().is_superset(&w.expected));
+    assert!(h.status().relays[0].closed >= 4);
+    w.remote.set_closed_on_req(None);
+    let ok = wait_until(Duration::from_secs(30), || w.own.event_ids() == w.expected);
+    assert!(ok, "after {message:?}: {:#?}", h.status());
+    h.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn rate_limited_closed() {
+    closed_then_recovered("rate-limited: too many REQs");
+}
+
+#[test]
+fn restricted_closed() {
+    closed_then_recovered("restricted: members only");
+}
+
+#[test]
+fn blocked_invalid_unsupported_error_and_unknown_closed() {
+    for m in [
+        "blocked: go away",
+        "invalid: bad filter",
+        "unsupported: multi-filter REQs aren't supported",
+        "error: internal",
+        "something else",
+    ] {
+        closed_then_recovered(m);
+    }
+}
+
+#[test]
+fn auth_required_without_a_key_is_retried_and_recovers() {
+    closed_then_recovered("auth-required: we only serve authenticated users");
+}
+
+#[test]
+fn rate_limit_notice_and_other_notices_are_counted_and_survived() {
+    let w = world();
+    let h = start(&w);
+    assert!(wait_until(Duration::from_secs(30), || w.own.event_ids() == w.expected));
+    for n in [
+        "ERROR: too many concurrent REQs",
+        "Subscription error: Maximum concurrent subscription count reached",
+        "hello there",
+    ] {
+        w.remote.send_notice(n);
+    }
+    assert!(wait_until(Duration::from_secs(30), || {
+        h.status().relays.first().is_some_and(|r| r.notices >= 3)
+    }));
+    assert_eq!(h.with_machine(|m| m.counters().rate_limited), 2);
+    // Still working: a new event arrives after the cool-down.
+    let keys = Keys::generate();
+    let late = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "late"]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    w.remote.insert(&late);
+    assert!(wait_until(Duration::from_secs(30), || w
+        .own
+        .contains(&late.id)));
+    h.shutdown(Duration::from_secs(10)).unwrap();
+}
