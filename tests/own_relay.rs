@@ -1,0 +1,138 @@
+//! The own relay under stress: down for a while mid-sync, and rate-limiting writes. Both end
+//! with the complete expected set on the own relay.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use grasp_sync::testing::{wait_until, TestRelay, TestRelayOptions};
+use grasp_sync::{Config, RelayUrl};
+use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::key::Keys;
+
+fn seed(own: &TestRelay, remote: &TestRelay, replies: usize) -> (HashSet<EventId>, Event) {
+    let keys = Keys::generate();
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "r"]).unwrap())
+        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let repo = format!("30617:{}:r", keys.public_key().to_hex());
+    let issue = EventBuilder::new(Kind::Custom(1621), "issue")
+        .tag(Tag::parse(["a", &repo]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    own.insert(&ann);
+    own.insert(&issue);
+    remote.insert(&ann);
+    let mut expected: HashSet<EventId> = [ann.id, issue.id].into();
+    for i in 0..replies {
+        let r = EventBuilder::new(Kind::Custom(1111), format!("reply {i}"))
+            .tag(Tag::parse(["E", &issue.id.to_hex()]).unwrap())
+            .finalize(&keys)
+            .unwrap();
+        remote.insert(&r);
+        expected.insert(r.id);
+    }
+    (expected, issue)
+}
+
+fn config(own: &TestRelay) -> Config {
+    let mut c =
+        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    c.backoff.base = Duration::from_millis(200);
+    c.backoff.max = Duration::from_secs(1);
+    c.forward.ok_timeout = Duration::from_secs(2);
+    c
+}
+
+#[test]
+fn own_relay_down_mid_sync_loses_nothing() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let (mut expected, issue) = seed(&own, &remote, 200);
+    let handle = grasp_sync::start(config(&own)).unwrap();
+    // Let the first events arrive, then take the own relay away.
+    assert!(wait_until(Duration::from_secs(30), || own.len() > 2));
+    let port = own.port();
+    let stored = own.raw_events();
+    own.stop();
+    drop(own);
+    // Published on the remote while the own relay is down.
+    let keys = Keys::generate();
+    for i in 0..50 {
+        let r = EventBuilder::new(Kind::Custom(1111), format!("while down {i}"))
+            .tag(Tag::parse(["e", &issue.id.to_hex()]).unwrap())
+            .finalize(&keys)
+            .unwrap();
+        remote.insert(&r);
+        expected.insert(r.id);
+    }
+    assert!(wait_until(Duration::from_secs(30), || !handle
+        .status()
+        .forwarder_connected));
+    // Back, with what it had stored.
+    let own = TestRelay::start_with_store(port, TestRelayOptions::default(), stored).unwrap();
+    let ok = wait_until(Duration::from_secs(60), || own.event_ids() == expected);
+    let missing = expected.difference(&own.event_ids()).count();
+    assert!(ok, "missing {missing}: {:#?}", handle.status());
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn own_relay_rate_limiting_writes_loses_nothing() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let (expected, _) = seed(&own, &remote, 100);
+    own.set_reject_events(Some("rate-limited: slow down".into()));
+    let handle = grasp_sync::start(config(&own)).unwrap();
+    // Refused for a while: the engine keeps the events and tries again.
+    assert!(wait_until(Duration::from_secs(30), || handle
+        .status()
+        .forward_backlog
+        >= 100));
+    assert_eq!(own.len(), 2, "nothing stored while rate-limited");
+    assert_eq!(
+        handle.status().rejected,
+        0,
+        "a rate limit is not a rejection"
+    );
+    own.set_reject_events(None);
+    let ok = wait_until(Duration::from_secs(60), || own.event_ids() == expected);
+    assert!(ok, "{:#?}", handle.status());
+    assert!(wait_until(Duration::from_secs(30), || handle
+        .status()
+        .forward_backlog
+        == 0));
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn own_relay_rejection_is_counted_and_retried_when_the_index_changes() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let (expected, _) = seed(&own, &remote, 5);
+    own.set_reject_events(Some("blocked: unknown repository".into()));
+    let handle = grasp_sync::start(config(&own)).unwrap();
+    assert!(wait_until(Duration::from_secs(30), || handle
+        .status()
+        .rejected
+        >= 5));
+    // The own relay now accepts, and a new announcement arrives: rejected events are retried.
+    own.set_reject_events(None);
+    let keys = Keys::generate();
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "new"]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    own.insert(&ann);
+    let mut all = expected.clone();
+    all.insert(ann.id);
+    let ok = wait_until(Duration::from_secs(30), || {
+        own.event_ids().is_superset(&all)
+    });
+    assert!(ok, "{:#?}", handle.status());
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}
