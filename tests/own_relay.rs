@@ -55,8 +55,10 @@ fn own_relay_down_mid_sync_loses_nothing() {
     // Let the first events arrive, then take the own relay away.
     assert!(wait_until(Duration::from_secs(30), || own.len() > 2));
     let port = own.port();
-    let stored = own.raw_events();
+    // Stop first, then read the store: everything the relay acknowledged is kept, as a real
+    // relay would have persisted it.
     own.stop();
+    let stored = own.raw_events();
     drop(own);
     // Published on the remote while the own relay is down.
     let keys = Keys::generate();
