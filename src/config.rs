@@ -45,6 +45,11 @@ pub struct Config {
     /// Delay before a query a relay refused (`restricted:`, `blocked:`, …) is tried again
     /// (default 10 min).
     pub refused_retry: Duration,
+    /// Open subscriptions per relay when its NIP-11 document does not say (default 20).
+    pub default_subscription_budget: usize,
+    /// How often queries that do not fit a relay's subscription budget are re-run with
+    /// `since` (default 60 s).
+    pub poll_interval: Duration,
     /// Deadline of the NIP-11 information request made before a relay's first connect
     /// (default 5 s; zero disables NIP-11).
     pub nip11_timeout: Duration,
@@ -87,6 +92,8 @@ impl Config {
             clock: Arc::new(SystemClock),
             assumed_page_size: 20,
             nip11_timeout: Duration::from_secs(5),
+            default_subscription_budget: 20,
+            poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: Duration::from_secs(65),
             refused_retry: Duration::from_secs(600),
             seed: rand::random::<u64>(),
@@ -138,6 +145,8 @@ impl Config {
         c.eose_timeout = self.eose_timeout;
         c.backoff = self.backoff;
         c.assumed_page_size = self.assumed_page_size;
+        c.default_subscription_budget = self.default_subscription_budget;
+        c.poll_interval = self.poll_interval;
         c.rate_limit_cooldown = self.rate_limit_cooldown;
         c.refused_retry = self.refused_retry;
         c.seed = self.seed;

@@ -63,6 +63,12 @@ pub struct SyncConfig {
     pub daily_min: Duration,
     /// Longest delay of the daily full resync (design: 25 h).
     pub daily_max: Duration,
+    /// Open subscriptions per relay when NIP-11 does not publish `max_subscriptions`
+    /// (default 20).
+    pub default_subscription_budget: usize,
+    /// How often queries that do not fit a relay's subscription budget are re-run with
+    /// `since` (default 60 s).
+    pub poll_interval: Duration,
     /// Cool-down after a `rate-limited:` CLOSED or a rate-limit NOTICE (default 65 s).
     pub rate_limit_cooldown: Duration,
     /// Delay before a query refused by a relay (`restricted:`, `blocked:`, …) is tried again
@@ -93,6 +99,8 @@ impl SyncConfig {
             daily_min: Duration::from_secs(23 * 3600),
             daily_max: Duration::from_secs(25 * 3600),
             assumed_page_size: 20,
+            default_subscription_budget: 20,
+            poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
             refused_retry: Duration::from_secs(600),
             seed: 1,
