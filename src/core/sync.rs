@@ -256,6 +256,18 @@ struct Link {
     reopen: Vec<(Time, SubPurpose, Filter)>,
     /// CLOSED prefixes and NOTICE texts already logged at warn level for this relay.
     warned: HashSet<String>,
+    /// Subscriptions waiting for room in the relay's subscription budget (in order).
+    queue: VecDeque<(SubscriptionId, SubInfo)>,
+    /// Layer 2/3 queries of confirmed items that do not fit the budget as live
+    /// subscriptions: re-run every poll interval with `since`, closed at EOSE.
+    polled: Vec<Filter>,
+    /// `since` of the next poll round.
+    poll_since: Option<nostr::types::Timestamp>,
+    /// When the next poll round starts.
+    next_poll: Option<Time>,
+    /// A batch's subscriptions were closed at EOSE to make room: rebuild the live/polled
+    /// sets once the relay is idle.
+    rebuild_needed: bool,
 }
 
 #[derive(Debug)]
@@ -330,6 +342,7 @@ pub struct SyncMachine {
     pending: PendingSyncIndex,
     links: HashMap<RelayUrl, Link>,
     limits: HashMap<RelayUrl, PageLimits>,
+    budgets: HashMap<RelayUrl, usize>,
     own: RelayState,
     own_link: Link,
     batch: SelfBatch,
@@ -360,6 +373,7 @@ impl SyncMachine {
             pending: PendingSyncIndex::new(),
             links: HashMap::new(),
             limits: HashMap::new(),
+            budgets: HashMap::new(),
             own: RelayState::new(false),
             own_link: Link::default(),
             batch: SelfBatch {
@@ -432,6 +446,7 @@ impl SyncMachine {
             consider(link.retry_after);
             consider(link.consolidate_by);
             consider(link.reopen.iter().map(|r| r.0).min());
+            consider(link.next_poll);
             if let Some(batches) = self.pending.get(url) {
                 consider(
                     batches
@@ -497,6 +512,15 @@ impl SyncMachine {
                     self.open_sub(&url, generation, purpose, filter);
                 }
             }
+        }
+        let polls: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.next_poll.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in polls {
+            self.poll_round(&url, now);
         }
         let consolidate: Vec<RelayUrl> = self
             .links
@@ -565,6 +589,9 @@ impl SyncMachine {
                     "{relay}: NIP-11 limits: page size {} (max_limit {:?}, default_limit {:?}, max_subscriptions {:?})",
                     page.page_size, limits.max_limit, limits.default_limit, limits.max_subscriptions
                 );
+                if let Some(max) = limits.max_subscriptions {
+                    self.budgets.insert(relay.clone(), max.max(2));
+                }
                 self.limits.insert(relay, page);
             }
             Report::Closed {
@@ -855,9 +882,9 @@ impl SyncMachine {
             .links
             .get(&relay_url)
             .is_some_and(|l| !l.deferred.is_empty());
-        if deferring || (open > 1 && open + filters.len() > self.config.consolidation_threshold) {
+        let threshold = self.threshold(&relay_url);
+        if deferring || (open > 1 && open + filters.len() > threshold) {
             let wait = self.config.consolidation_wait;
-            let threshold = self.config.consolidation_threshold;
             let link = self.link(&relay_url);
             link.deferred.repos.extend(repos);
             link.deferred.root_events.extend(root_events);
@@ -929,22 +956,176 @@ impl SyncMachine {
             filter = filter.limit(max);
         }
         let sub_id = self.new_sub_id();
+        let budget = self.budget(relay);
         let link = self.link(relay);
-        link.subs.insert(
-            sub_id.clone(),
-            SubInfo {
-                purpose,
-                filter: filter.clone(),
-            },
-        );
+        let info = SubInfo { purpose, filter };
+        if link.subs.len() >= budget || !link.queue.is_empty() {
+            // Never more open subscriptions than the relay allows: wait for room.
+            link.queue.push_back((sub_id.clone(), info));
+            return sub_id;
+        }
+        self.send_sub(relay, generation, sub_id.clone(), info);
+        sub_id
+    }
+
+    fn send_sub(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        sub_id: SubscriptionId,
+        info: SubInfo,
+    ) {
+        let filter = info.filter.clone();
+        let link = self.link(relay);
+        link.subs.insert(sub_id.clone(), info);
         link.loading.insert(sub_id.clone());
         self.commands.push_back(Command::Subscribe {
             relay: relay.clone(),
             generation,
-            sub_id: sub_id.clone(),
+            sub_id,
             filter,
         });
-        sub_id
+    }
+
+    /// Sends queued subscriptions while the budget has room.
+    fn drain_queue(&mut self, relay: &RelayUrl) {
+        let budget = self.budget(relay);
+        let Some(generation) = self
+            .relays
+            .get(relay)
+            .filter(|s| s.connection_status == ConnectionStatus::Connected)
+            .map(|s| s.generation)
+        else {
+            return;
+        };
+        loop {
+            let Some(link) = self.links.get_mut(relay) else {
+                return;
+            };
+            if link.subs.len() >= budget {
+                return;
+            }
+            let Some((sub_id, info)) = link.queue.pop_front() else {
+                return;
+            };
+            self.send_sub(relay, generation, sub_id, info);
+        }
+    }
+
+    /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default).
+    pub fn budget(&self, relay: &RelayUrl) -> usize {
+        self.budgets
+            .get(relay)
+            .copied()
+            .unwrap_or(self.config.default_subscription_budget)
+            .max(2)
+    }
+
+    /// Open subscriptions above which new items trigger a consolidation.
+    fn threshold(&self, relay: &RelayUrl) -> usize {
+        self.config.consolidation_threshold.min(self.budget(relay))
+    }
+
+    /// Opens Layer 1 (when `with_l1`) and Layers 2+3 of the confirmed items with `since` as
+    /// live subscriptions, as many as the budget allows with one slot left for history
+    /// queries; the rest of Layers 2+3 is polled every poll interval instead.
+    fn open_live_set(
+        &mut self,
+        relay: &RelayUrl,
+        since: nostr::types::Timestamp,
+        with_l1: bool,
+        now: Time,
+    ) {
+        let Some(state) = self.relays.get(relay) else {
+            return;
+        };
+        let generation = state.generation;
+        let mut filters = Vec::new();
+        if with_l1 {
+            filters.push((
+                SubPurpose::Announcements,
+                build_announcement_filter(Some(since)),
+            ));
+        }
+        for f in build_layer2_and_layer3_filters(&state.repos, &state.root_events, Some(since)) {
+            filters.push((SubPurpose::CatchUp, f));
+        }
+        let open = self.links.get(relay).map_or(0, |l| l.subs.len());
+        let capacity = self
+            .budget(relay)
+            .saturating_sub(1)
+            .saturating_sub(open)
+            .max(usize::from(with_l1));
+        let polled: Vec<Filter> = if filters.len() > capacity {
+            filters
+                .split_off(capacity)
+                .into_iter()
+                .map(|(_, mut f)| {
+                    f.since = None;
+                    f
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for (purpose, filter) in filters {
+            self.open_sub(relay, generation, purpose, filter);
+        }
+        let interval = self.config.poll_interval;
+        let link = self.link(relay);
+        if polled.is_empty() {
+            link.polled.clear();
+            link.next_poll = None;
+            link.poll_since = None;
+        } else {
+            info!(
+                "{relay}: {} queries do not fit the relay's subscription budget; polling them every {interval:?}",
+                polled.len()
+            );
+            link.polled = polled;
+            link.poll_since = Some(since);
+            link.next_poll = Some(now);
+        }
+    }
+
+    /// One poll round: every polled query with `since`, closed at EOSE (paged like any
+    /// history). A round starts only when the previous one has finished.
+    fn poll_round(&mut self, relay: &RelayUrl, now: Time) {
+        let interval = self.config.poll_interval;
+        let margin = self.config.quick_reconnect_window;
+        let Some(link) = self.links.get_mut(relay) else {
+            return;
+        };
+        link.next_poll = Some(now.plus(interval));
+        let busy = link
+            .subs
+            .values()
+            .chain(link.queue.iter().map(|q| &q.1))
+            .any(|i| i.purpose == SubPurpose::Page { batch: None });
+        if busy || link.polled.is_empty() {
+            return;
+        }
+        let since = link
+            .poll_since
+            .unwrap_or_else(|| now.minus(margin).timestamp());
+        link.poll_since = Some(now.minus(margin).timestamp());
+        let filters: Vec<Filter> = link.polled.iter().map(|f| f.clone().since(since)).collect();
+        let Some(generation) = self
+            .relays
+            .get(relay)
+            .filter(|s| s.connection_status == ConnectionStatus::Connected)
+            .map(|s| s.generation)
+        else {
+            return;
+        };
+        debug!(
+            "{relay}: poll round of {} queries since {}",
+            filters.len(),
+            since.as_secs()
+        );
+        for f in filters {
+            self.open_sub(relay, generation, SubPurpose::Page { batch: None }, f);
+        }
     }
 
     fn link(&mut self, relay: &RelayUrl) -> &mut Link {
@@ -994,14 +1175,17 @@ impl SyncMachine {
                 Some(s) => format!("quick reconnect, catch-up since {}", s.as_secs()),
             }
         );
-        let mut subs = vec![(SubPurpose::Announcements, build_announcement_filter(since))];
-        if !fresh {
-            for f in build_layer2_and_layer3_filters(&repos, &roots, since) {
-                subs.push((SubPurpose::CatchUp, f));
+        let _ = (&repos, &roots);
+        match since {
+            Some(since) => self.open_live_set(relay, since, true, now),
+            None => {
+                self.open_sub(
+                    relay,
+                    generation,
+                    SubPurpose::Announcements,
+                    build_announcement_filter(None),
+                );
             }
-        }
-        for (purpose, filter) in subs {
-            self.open_sub(relay, generation, purpose, filter);
         }
         self.recompute_actions_for_relay(relay, now);
     }
@@ -1027,6 +1211,11 @@ impl SyncMachine {
         link.deferred = PendingItems::default();
         link.consolidate_by = None;
         link.reopen.clear();
+        link.queue.clear();
+        link.polled.clear();
+        link.poll_since = None;
+        link.next_poll = None;
+        link.rebuild_needed = false;
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
         link.next_attempt = Some(at);
@@ -1073,7 +1262,21 @@ impl SyncMachine {
                 f,
             ));
         }
-        if let SubPurpose::Page { .. } = info.purpose {
+        let constrained = self
+            .links
+            .get(relay)
+            .is_some_and(|l| !l.queue.is_empty() || !l.polled.is_empty());
+        let close = match info.purpose {
+            SubPurpose::Page { .. } => true,
+            // Over budget: a batch's history query gives its slot back at EOSE; its items
+            // join the live or polled set at the next rebuild.
+            SubPurpose::Batch(_) if constrained => {
+                self.link(relay).rebuild_needed = true;
+                true
+            }
+            _ => false,
+        };
+        if close {
             if let Some(l) = self.links.get_mut(relay) {
                 l.subs.remove(sub_id);
             }
@@ -1082,6 +1285,7 @@ impl SyncMachine {
                 generation,
                 sub_id: sub_id.clone(),
             });
+            self.drain_queue(relay);
         }
         if plan.partial_split {
             info!(
@@ -1165,6 +1369,7 @@ impl SyncMachine {
         }) else {
             return;
         };
+        self.drain_queue(relay);
         let reason = classify_closed(message);
         let prefix = closed_prefix(message).to_string();
         let first = self.link(relay).warned.insert(format!("CLOSED {prefix}"));
@@ -1279,6 +1484,13 @@ impl SyncMachine {
             .map(|(s, _)| s.clone())
             .collect();
         subs.sort();
+        link.queue.retain(|(_, i)| {
+            i.purpose != SubPurpose::Batch(batch_id)
+                && i.purpose
+                    != SubPurpose::Page {
+                        batch: Some(batch_id),
+                    }
+        });
         for sub in subs {
             link.loading.remove(&sub);
             link.subs.remove(&sub);
@@ -1304,6 +1516,7 @@ impl SyncMachine {
             batch.items.root_events.len(),
             at.since(now).as_secs_f64()
         );
+        self.drain_queue(relay);
         if deferred_waiting {
             self.run_deferred_if_idle(relay, now);
         }
@@ -1313,7 +1526,7 @@ impl SyncMachine {
         let ready = self
             .links
             .get(relay)
-            .is_some_and(|l| !l.deferred.is_empty() && l.loading.is_empty());
+            .is_some_and(|l| (!l.deferred.is_empty() || l.rebuild_needed) && l.loading.is_empty());
         if ready {
             self.run_deferred(relay, now);
         }
@@ -1380,23 +1593,15 @@ impl SyncMachine {
             });
         }
         let since = now.minus(self.config.quick_reconnect_window).timestamp();
-        let mut subs = Vec::new();
-        if !keep_l1 {
-            subs.push((
-                SubPurpose::Announcements,
-                build_announcement_filter(Some(since)),
-            ));
+        if let Some(l) = self.links.get_mut(relay) {
+            l.rebuild_needed = false;
         }
-        for f in build_layer2_and_layer3_filters(&repos, &roots, Some(since)) {
-            subs.push((SubPurpose::CatchUp, f));
-        }
-        for (purpose, filter) in subs {
-            self.open_sub(relay, generation, purpose, filter);
-        }
+        self.open_live_set(relay, since, !keep_l1, now);
         items.repos.retain(|r| !repos.contains(r));
         items.root_events.retain(|e| !roots.contains(e));
         let filters = build_layer2_and_layer3_filters(&items.repos, &items.root_events, None);
         self.subscribe_batch(relay, items.repos, items.root_events, filters, now);
+        self.drain_queue(relay);
         let after = self.links.get(relay).map_or(0, |l| l.subs.len());
         info!("{relay}: consolidated {before} subscriptions (plus the new items) into {after}");
     }
@@ -1426,6 +1631,11 @@ impl SyncMachine {
             link.deferred = PendingItems::default();
             link.consolidate_by = None;
             link.reopen.clear();
+            link.queue.clear();
+            link.polled.clear();
+            link.poll_since = None;
+            link.next_poll = None;
+            link.rebuild_needed = false;
             link.loading.clear();
             let mut old: Vec<SubscriptionId> = link.subs.drain().map(|(s, _)| s).collect();
             old.sort();

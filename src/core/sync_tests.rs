@@ -56,6 +56,9 @@ impl Sim {
     fn new(cfg: impl FnOnce(&mut SyncConfig)) -> Sim {
         let mut c = SyncConfig::new(url(OWN));
         c.batch_window = Duration::from_secs(5);
+        // The design's scenarios assume a relay that allows more than 70 subscriptions;
+        // the budget tests set their own.
+        c.default_subscription_budget = 1000;
         cfg(&mut c);
         let mut s = Sim {
             m: SyncMachine::new(c),
@@ -1042,4 +1045,122 @@ fn rate_limit_notice_pauses_new_subscriptions() {
         message: "hello".into(),
     });
     assert_eq!(s.m.counters().rate_limited, 1);
+}
+
+/// Plays a relay that answers every REQ with EOSE at once; checks that the engine never has
+/// more than `budget` subscriptions open on it. Returns the commands seen.
+fn play_relay(
+    s: &mut Sim,
+    relay: &str,
+    open: &mut HashSet<SubscriptionId>,
+    budget: usize,
+    mut cmds: Vec<Command>,
+) -> Vec<Command> {
+    let mut seen = vec![];
+    let mut rounds = 0;
+    while !cmds.is_empty() {
+        rounds += 1;
+        assert!(rounds < 10_000);
+        let mut fresh = vec![];
+        for c in &cmds {
+            match c {
+                Command::Subscribe {
+                    relay: r, sub_id, ..
+                } if r.as_str() == relay => {
+                    assert!(open.insert(sub_id.clone()));
+                    assert!(
+                        open.len() <= budget,
+                        "{} open > budget {budget}",
+                        open.len()
+                    );
+                    fresh.push(sub_id.clone());
+                }
+                Command::Unsubscribe {
+                    relay: r, sub_id, ..
+                } if r.as_str() == relay => {
+                    open.remove(sub_id);
+                }
+                _ => {}
+            }
+        }
+        seen.extend(cmds);
+        let g = s.gen(relay);
+        cmds = vec![];
+        for sub_id in fresh {
+            cmds.extend(s.report(Report::Eose {
+                relay: url(relay),
+                generation: g,
+                sub_id,
+                stats: PageStats::default(),
+            }));
+        }
+    }
+    seen
+}
+
+#[test]
+fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
+    let relay = "wss://a.example";
+    let mut s = Sim::new(|c| c.default_subscription_budget = 5);
+    s.own_connected();
+    s.self_event(&announcement("r", &[relay], 1));
+    s.advance(Duration::from_secs(5));
+    let mut open = HashSet::new();
+    let cmds = s.connected(relay);
+    play_relay(&mut s, relay, &mut open, 5, cmds);
+    let mut ids = HashSet::new();
+    // 250 root events, in 25 batches of 10: 9 Layer-3 filters at the end.
+    for b in 0..25 {
+        for i in 0..10 {
+            let e = issue("r", &format!("issue {b}/{i}"));
+            ids.insert(e.id);
+            s.self_event(&e);
+        }
+        let cmds = s.advance(Duration::from_secs(5));
+        play_relay(&mut s, relay, &mut open, 5, cmds);
+    }
+    // Let consolidation deadlines and polls run.
+    for _ in 0..10 {
+        let cmds = s.advance(Duration::from_secs(30));
+        play_relay(&mut s, relay, &mut open, 5, cmds);
+    }
+    let st = &s.m.relay_index()[&url(relay)];
+    assert_eq!(st.root_events, ids, "every root event confirmed");
+    assert_eq!(st.repos, [repo("r")].into());
+    assert!(!s.m.pending_index().contains_key(&url(relay)));
+    assert!(open.len() <= 5);
+    // Live: Layer 1 + 3 queries; the other Layer-2/3 queries are polled with since.
+    let cmds = s.advance(Duration::from_secs(60));
+    let polls = subscribes(&cmds, relay);
+    assert!(!polls.is_empty(), "a poll round runs");
+    assert!(polls.iter().all(|(_, f)| since(f).is_some()));
+    let mut covered: HashSet<String> = HashSet::new();
+    for (_, f) in &polls {
+        covered.extend(tag_values(f, "#e"));
+    }
+    play_relay(&mut s, relay, &mut open, 5, cmds);
+    assert!(!covered.is_empty());
+}
+
+#[test]
+fn nip11_max_subscriptions_sets_the_budget() {
+    let relay = "wss://a.example";
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    s.report(Report::Limits {
+        relay: url(relay),
+        limits: crate::net::nip11::RelayLimits {
+            max_subscriptions: Some(3),
+            ..Default::default()
+        },
+    });
+    assert_eq!(s.m.budget(&url(relay)), 3);
+    s.self_event(&announcement("r", &[relay], 1));
+    s.advance(Duration::from_secs(5));
+    let cmds = s.connected(relay);
+    // L1 + the batch's 3 filters, but only 3 at a time.
+    assert_eq!(subscribes(&cmds, relay).len(), 3);
+    let mut open = HashSet::new();
+    play_relay(&mut s, relay, &mut open, 3, cmds);
+    assert_eq!(s.m.relay_index()[&url(relay)].repos, [repo("r")].into());
 }
