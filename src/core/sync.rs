@@ -343,6 +343,7 @@ pub struct SyncMachine {
     links: HashMap<RelayUrl, Link>,
     limits: HashMap<RelayUrl, PageLimits>,
     budgets: HashMap<RelayUrl, usize>,
+    max_message: HashMap<RelayUrl, usize>,
     own: RelayState,
     own_link: Link,
     batch: SelfBatch,
@@ -374,6 +375,7 @@ impl SyncMachine {
             links: HashMap::new(),
             limits: HashMap::new(),
             budgets: HashMap::new(),
+            max_message: HashMap::new(),
             own: RelayState::new(false),
             own_link: Link::default(),
             batch: SelfBatch {
@@ -591,6 +593,9 @@ impl SyncMachine {
                 );
                 if let Some(max) = limits.max_subscriptions {
                     self.budgets.insert(relay.clone(), max.max(2));
+                }
+                if let Some(max) = limits.max_message_length {
+                    self.max_message.insert(relay.clone(), max);
                 }
                 self.limits.insert(relay, page);
             }
@@ -915,6 +920,7 @@ impl SyncMachine {
             return;
         }
         let relay_url = relay_url.clone();
+        let filters = self.fit_filters(&relay_url, filters);
         let generation = self.relays[&relay_url].generation;
         self.next_batch += 1;
         let batch_id = self.next_batch;
@@ -1012,6 +1018,37 @@ impl SyncMachine {
         }
     }
 
+    /// Splits (by halving tag values) every filter whose REQ would be longer than the relay's
+    /// NIP-11 `max_message_length` (with room for `since`/`until`/`limit` added later).
+    fn fit_filters(&self, relay: &RelayUrl, filters: Vec<Filter>) -> Vec<Filter> {
+        let Some(max) = self.max_message.get(relay).copied() else {
+            return filters;
+        };
+        let budget = max.saturating_sub(120).max(200);
+        let mut out = Vec::new();
+        let mut todo: Vec<Filter> = filters.into_iter().rev().collect();
+        while let Some(f) = todo.pop() {
+            // `["REQ","gsNNNNNNNNNN",` + filter + `]`
+            let len = f.as_json().len() + 24;
+            let splittable = f.generic_tags.iter().find(|(_, v)| v.len() >= 2);
+            match splittable {
+                Some((tag, values)) if len > budget => {
+                    let tag = *tag;
+                    let values: Vec<String> = values.iter().cloned().collect();
+                    let (a, b) = values.split_at(values.len() / 2);
+                    let mut fb = f.clone();
+                    fb.generic_tags.insert(tag, b.iter().cloned().collect());
+                    let mut fa = f;
+                    fa.generic_tags.insert(tag, a.iter().cloned().collect());
+                    todo.push(fb);
+                    todo.push(fa);
+                }
+                _ => out.push(f),
+            }
+        }
+        out
+    }
+
     /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default).
     pub fn budget(&self, relay: &RelayUrl) -> usize {
         self.budgets
@@ -1047,7 +1084,9 @@ impl SyncMachine {
                 build_announcement_filter(Some(since)),
             ));
         }
-        for f in build_layer2_and_layer3_filters(&state.repos, &state.root_events, Some(since)) {
+        let catch_up =
+            build_layer2_and_layer3_filters(&state.repos, &state.root_events, Some(since));
+        for f in self.fit_filters(relay, catch_up) {
             filters.push((SubPurpose::CatchUp, f));
         }
         let open = self.links.get(relay).map_or(0, |l| l.subs.len());

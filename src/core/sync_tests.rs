@@ -1164,3 +1164,32 @@ fn nip11_max_subscriptions_sets_the_budget() {
     play_relay(&mut s, relay, &mut open, 3, cmds);
     assert_eq!(s.m.relay_index()[&url(relay)].repos, [repo("r")].into());
 }
+
+#[test]
+fn reqs_are_split_below_nip11_max_message_length() {
+    let relay = "wss://a.example";
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    s.report(Report::Limits {
+        relay: url(relay),
+        limits: crate::net::nip11::RelayLimits {
+            max_message_length: Some(2000),
+            ..Default::default()
+        },
+    });
+    // 60 repositories on one relay: one #a filter of 60 refs would be ~5 KB.
+    for i in 0..60 {
+        s.self_event(&announcement(&format!("r{i}"), &[relay], 1));
+    }
+    s.advance(Duration::from_secs(5));
+    let cmds = s.connected(relay);
+    let subs = subscribes(&cmds, relay);
+    let mut refs: HashSet<String> = HashSet::new();
+    for (id, f) in &subs[1..] {
+        let req = format!("[\"REQ\",\"{id}\",{}]", f.as_json());
+        assert!(req.len() <= 2000, "REQ of {} bytes", req.len());
+        refs.extend(tag_values(f, "#a"));
+    }
+    assert_eq!(refs.len(), 60, "every repository still asked for");
+    assert!(subs.len() > 4, "split into more filters");
+}
