@@ -1,12 +1,16 @@
 //! Engine configuration.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+use nostr::key::Keys;
 
 use crate::core::forward::ForwardLimits;
 use crate::core::health::BackoffPolicy;
 use crate::core::sync::SyncConfig;
 use crate::core::time::{Clock, SystemClock};
+use crate::error::Error;
 use crate::net::url::RelayUrl;
 use crate::net::ws::WsOptions;
 
@@ -58,6 +62,71 @@ pub struct Config {
     pub assumed_page_size: usize,
     /// Seed of the core's jitter source (default: random).
     pub seed: u64,
+    /// Key used to answer NIP-42 AUTH challenges of remote relays and the own relay (default:
+    /// none; relays that require AUTH then refuse us, which is logged per relay). Load it with
+    /// [`load_auth_key`].
+    pub auth_keys: Option<Keys>,
+}
+
+/// Environment variable holding the NIP-42 AUTH key when no `--nsec-file` is given.
+pub const NSEC_ENV: &str = "GRASP_SYNC_NSEC";
+
+const KEY_FORMAT: &str = "expected a secret key as nsec1… (bech32) or 64 hexadecimal characters";
+
+/// Loads the NIP-42 AUTH key from `nsec_file` if given, else from the environment variable
+/// [`NSEC_ENV`] (`GRASP_SYNC_NSEC`); `Ok(None)` when neither is set (an empty variable counts
+/// as unset). The text is trimmed and must be an `nsec1…` bech32 or 64-hex secret key. File
+/// permissions are not checked. Errors name the file or variable and the expected format,
+/// never the key.
+pub fn load_auth_key(nsec_file: Option<&Path>) -> Result<Option<Keys>, Error> {
+    let env = std::env::var(NSEC_ENV).ok();
+    load_auth_key_from(nsec_file, env.as_deref())
+}
+
+/// [`load_auth_key`] with the environment variable's value passed in.
+pub fn load_auth_key_from(
+    nsec_file: Option<&Path>,
+    env_value: Option<&str>,
+) -> Result<Option<Keys>, Error> {
+    let (source, text) = match nsec_file {
+        Some(path) => {
+            let source = format!("--nsec-file {}", path.display());
+            let text = std::fs::read_to_string(path).map_err(|e| Error::AuthKey {
+                source: source.clone(),
+                reason: format!("cannot read the key file: {e}"),
+            })?;
+            (source, text)
+        }
+        None => match env_value {
+            Some(v) if !v.trim().is_empty() => (NSEC_ENV.to_string(), v.to_string()),
+            _ => return Ok(None),
+        },
+    };
+    let key = text.trim();
+    if key.is_empty() {
+        return Err(Error::AuthKey {
+            source,
+            reason: format!("empty; {KEY_FORMAT}"),
+        });
+    }
+    let valid_form =
+        key.starts_with("nsec1") || (key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()));
+    match Keys::parse(key) {
+        Ok(keys) if valid_form => Ok(Some(keys)),
+        _ => Err(Error::AuthKey {
+            source,
+            reason: format!("not a usable secret key; {KEY_FORMAT}"),
+        }),
+    }
+}
+
+/// Debug-prints `<redacted>`.
+struct Redacted;
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl std::fmt::Debug for Config {
@@ -69,6 +138,7 @@ impl std::fmt::Debug for Config {
             .field("batch_window", &self.batch_window)
             .field("eose_timeout", &self.eose_timeout)
             .field("ws", &self.ws)
+            .field("auth_keys", &self.auth_keys.as_ref().map(|_| Redacted))
             .finish_non_exhaustive()
     }
 }
@@ -97,7 +167,14 @@ impl Config {
             rate_limit_cooldown: Duration::from_secs(65),
             refused_retry: Duration::from_secs(600),
             seed: rand::random::<u64>(),
+            auth_keys: None,
         }
+    }
+
+    /// Sets the key used to answer NIP-42 AUTH challenges.
+    pub fn auth_keys(mut self, keys: Keys) -> Config {
+        self.auth_keys = Some(keys);
+        self
     }
 
     /// Adds a public URL alias of the own relay.
@@ -151,5 +228,98 @@ impl Config {
         c.refused_retry = self.refused_retry;
         c.seed = self.seed;
         c
+    }
+}
+
+#[cfg(test)]
+mod auth_key_tests {
+    use super::*;
+
+    const HEX: &str = "6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e";
+
+    fn temp_file(name: &str, content: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "grasp-sync-key-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    fn nsec() -> String {
+        use nostr::nips::nip19::ToBech32;
+        Keys::parse(HEX).unwrap().secret_key().to_bech32().unwrap()
+    }
+
+    #[test]
+    fn reads_nsec_and_hex_files_trimmed() {
+        let expected = Keys::parse(HEX).unwrap().public_key();
+        let p = temp_file("nsec", &format!("  {}\n", nsec()));
+        let k = load_auth_key_from(Some(&p), None).unwrap().unwrap();
+        assert_eq!(k.public_key(), expected);
+        let p = temp_file("hex", &format!("{HEX}\n"));
+        // The file wins over the environment variable.
+        let k = load_auth_key_from(Some(&p), Some("garbage"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.public_key(), expected);
+    }
+
+    #[test]
+    fn garbage_is_an_error_that_does_not_echo_the_key() {
+        for bad in ["garbage-secret", &HEX[..63], "npub1xyz", "\n\n"] {
+            let p = temp_file("bad", bad);
+            let e = load_auth_key_from(Some(&p), None).unwrap_err().to_string();
+            assert!(e.contains("--nsec-file") && e.contains("nsec1"), "{e}");
+            if !bad.trim().is_empty() {
+                assert!(!e.contains(bad.trim()), "{e}");
+            }
+        }
+        // A valid public key is not a secret key.
+        let npub = {
+            use nostr::nips::nip19::ToBech32;
+            Keys::parse(HEX).unwrap().public_key().to_bech32().unwrap()
+        };
+        let e = load_auth_key_from(None, Some(&npub))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(NSEC_ENV) && !e.contains(&npub), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_an_error_naming_it() {
+        let p = std::env::temp_dir().join("grasp-sync-no-such-dir/nsec");
+        let e = load_auth_key_from(Some(&p), None).unwrap_err().to_string();
+        assert!(
+            e.contains("grasp-sync-no-such-dir") && e.contains("cannot read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn environment_variable() {
+        let k = load_auth_key_from(None, Some(&nsec())).unwrap().unwrap();
+        assert_eq!(k.public_key(), Keys::parse(HEX).unwrap().public_key());
+        assert!(load_auth_key_from(None, Some(&format!(" {HEX} ")))
+            .unwrap()
+            .is_some());
+        assert!(load_auth_key_from(None, None).unwrap().is_none());
+        assert!(load_auth_key_from(None, Some("  ")).unwrap().is_none());
+        let e = load_auth_key_from(None, Some("nope"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(NSEC_ENV) && !e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn debug_redacts_the_key() {
+        let c = Config::new(crate::net::url::RelayUrl::parse("ws://127.0.0.1:1").unwrap())
+            .auth_keys(Keys::parse(HEX).unwrap());
+        let d = format!("{c:?}");
+        assert!(d.contains("auth_keys: Some(<redacted>)"), "{d}");
+        assert!(!d.contains(HEX), "{d}");
     }
 }

@@ -25,6 +25,13 @@ pub enum Error {
     },
     /// The configuration is inconsistent.
     Config(String),
+    /// The NIP-42 AUTH key could not be loaded (the key itself is never part of the message).
+    AuthKey {
+        /// Where it came from: `--nsec-file <path>` or the environment variable's name.
+        source: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -43,6 +50,7 @@ impl fmt::Display for Error {
                 running.join(", ")
             ),
             Error::Config(m) => write!(f, "invalid configuration: {m}"),
+            Error::AuthKey { source, reason } => write!(f, "{source}: {reason}"),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! A thin CLI over the library: parse flags, start the engine, run until the process is
 //! stopped. Flag or URL errors exit with status 2 and a message naming the flag.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -41,6 +42,12 @@ struct Args {
     /// retried after a backoff (default 120)
     #[argh(option, default = "120")]
     eose_timeout: u64,
+
+    /// file holding the nsec1… or 64-hex secret key used to answer NIP-42 AUTH challenges
+    /// from remote relays and the own relay; alternatively set GRASP_SYNC_NSEC; never pass a
+    /// key on the command line
+    #[argh(option)]
+    nsec_file: Option<PathBuf>,
 }
 
 fn parse_url(setting: &str, value: &str) -> Result<RelayUrl, String> {
@@ -65,6 +72,8 @@ fn build_config(args: &Args) -> Result<Config, String> {
     config = config
         .batch_window(Duration::from_millis(args.batch_window))
         .eose_timeout(Duration::from_secs(args.eose_timeout));
+    config.auth_keys =
+        grasp_sync::config::load_auth_key(args.nsec_file.as_deref()).map_err(|e| e.to_string())?;
     Ok(config)
 }
 
@@ -97,6 +106,15 @@ fn main() -> ExitCode {
         env!("CARGO_PKG_VERSION"),
         config.own_relay
     );
+    match &config.auth_keys {
+        Some(k) => log::info!(
+            "NIP-42 AUTH: answering challenges as {}",
+            k.public_key().to_hex()
+        ),
+        None => log::info!(
+            "NIP-42 AUTH: no key configured (--nsec-file or GRASP_SYNC_NSEC); relays that require AUTH will refuse us"
+        ),
+    }
     let _handle = match grasp_sync::start(config) {
         Ok(h) => h,
         Err(e) => {
@@ -151,5 +169,52 @@ mod tests {
         assert!(build_config(&a).unwrap_err().contains("--batch-window"));
         assert!(args(&[]).is_err(), "--own-relay is required");
         assert!(args(&["--own-relay", "ws://x", "--batch-window", "abc"]).is_err());
+    }
+
+    fn key_file(content: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "grasp-sync-main-{}-{}",
+            std::process::id(),
+            content.len()
+        ));
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    #[test]
+    fn nsec_file_loads_the_key() {
+        let hex = "6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e";
+        let p = key_file(&format!("{hex}\n"));
+        let a = args(&["--own-relay", "ws://x", "--nsec-file", p.to_str().unwrap()]).unwrap();
+        let c = build_config(&a).unwrap();
+        let keys = c.auth_keys.expect("key loaded");
+        assert_eq!(
+            keys.public_key(),
+            nostr::key::Keys::parse(hex).unwrap().public_key()
+        );
+        assert!(!format!("{:?}", build_config(&a).unwrap()).contains(hex));
+    }
+
+    #[test]
+    fn bad_nsec_file_is_a_clear_error() {
+        let p = key_file("not a key");
+        let a = args(&["--own-relay", "ws://x", "--nsec-file", p.to_str().unwrap()]).unwrap();
+        let e = build_config(&a).unwrap_err();
+        assert!(e.contains("--nsec-file") && e.contains("nsec1"), "{e}");
+        assert!(!e.contains("not a key"), "{e}");
+        let a = args(&[
+            "--own-relay",
+            "ws://x",
+            "--nsec-file",
+            "/nonexistent/grasp-nsec",
+        ])
+        .unwrap();
+        let e = build_config(&a).unwrap_err();
+        assert!(
+            e.contains("/nonexistent/grasp-nsec") && e.contains("cannot read"),
+            "{e}"
+        );
+        // No flag taking the key itself.
+        assert!(args(&["--own-relay", "ws://x", "--nsec", "nsec1abc"]).is_err());
     }
 }

@@ -6,6 +6,9 @@
 //! * `OK true`, or any answer starting with `duplicate:` → stored; the id is remembered in a
 //!   bounded set so the same event arriving from other relays is not sent again.
 //! * `OK false` with `rate-limited:` → re-queued; sending pauses for a cool-down.
+//! * `OK false` with `auth-required:` while NIP-42 authentication is under way → re-queued by
+//!   [`ForwardQueue::requeue_auth_required`] (the forwarder pauses sending until
+//!   authenticated); otherwise an ordinary rejection.
 //! * any other `OK false` → counted as rejected with its reason, kept (bounded) and re-offered
 //!   only when [`ForwardQueue::retry_rejected`] is called (the repository index changed, so the
 //!   own relay may now accept it); never retried blindly, never remembered as done.
@@ -77,6 +80,8 @@ pub enum OkOutcome {
     Duplicate,
     /// Rate-limited: re-queued.
     RateLimited,
+    /// `auth-required:` while authentication is under way: re-queued.
+    AuthRequired,
     /// Rejected with this reason.
     Rejected(String),
     /// An `OK` for an event we did not send (or answered twice): ignored.
@@ -212,6 +217,19 @@ impl ForwardQueue {
         self.counters.rejected += 1;
         self.keep_rejected(id, flight.raw);
         OkOutcome::Rejected(message.to_string())
+    }
+
+    /// Handles an `OK false "auth-required: …"` for `id` when NIP-42 authentication is under
+    /// way: the event is re-queued at the front (the caller pauses sending until
+    /// authenticated). Returns [`OkOutcome::Unexpected`] if `id` is not in flight.
+    pub fn requeue_auth_required(&mut self, id: EventId) -> OkOutcome {
+        let Some(flight) = self.in_flight.remove(&id) else {
+            return OkOutcome::Unexpected;
+        };
+        self.counters.resent += 1;
+        self.queued.insert(id);
+        self.queue.push_front((id, flight.raw));
+        OkOutcome::AuthRequired
     }
 
     fn keep_rejected(&mut self, id: EventId, raw: Arc<str>) {
@@ -416,5 +434,27 @@ mod tests {
         );
         assert!(q.poll_send(t2).is_none(), "paused");
         assert!(q.poll_send(t2.plus(Duration::from_secs(2))).is_some());
+    }
+
+    #[test]
+    fn auth_required_requeues_at_the_front() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        q.offer(id(2), raw(2));
+        assert_eq!(q.poll_send(t).unwrap().0, id(1));
+        assert_eq!(q.requeue_auth_required(id(1)), OkOutcome::AuthRequired);
+        assert_eq!(q.requeue_auth_required(id(1)), OkOutcome::Unexpected);
+        assert_eq!(q.backlog(), 2);
+        assert_eq!(q.counters().resent, 1);
+        assert_eq!(q.counters().rejected, 0);
+        assert_eq!(q.poll_send(t).unwrap().0, id(1), "sent first again");
+        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        // Without authentication under way the caller uses on_ok: a rejection.
+        q.poll_send(t);
+        assert_eq!(
+            q.on_ok(id(2), false, "auth-required: who are you", t),
+            OkOutcome::Rejected("auth-required: who are you".into())
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! tested in simulated time.
 
 pub mod actions;
+pub mod auth;
 pub mod complaints;
 pub mod dedup;
 pub mod filters;

@@ -1433,7 +1433,7 @@ impl SyncMachine {
             ClosedReason::AuthRequired => {
                 if first {
                     warn!(
-                        "{relay}: requires NIP-42 authentication; no key is configured (see --nsec-file), so this relay's {:?} query is retried later",
+                        "{relay}: requires NIP-42 authentication and did not accept us (no key configured with --nsec-file / GRASP_SYNC_NSEC, or the relay refused it); its {:?} query is retried later",
                         info.purpose
                     );
                 }

@@ -9,6 +9,10 @@
 //!
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
 //! connection is never sent on a later one.
+//!
+//! NIP-42: with a key configured, a challenge is answered with a signed AUTH event, and a
+//! subscription the relay `CLOSED` with `auth-required:` is held back (not reported) until
+//! the relay accepted it, then its REQ is sent again ([`AuthState`] decides).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,11 +21,13 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use log::{debug, info, trace, warn};
-use nostr::event::EventId;
+use nostr::event::{EventBuilder, EventId, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
+use nostr::key::Keys;
 use nostr::message::{ClientMessage, SubscriptionId};
 use tungstenite::Message;
 
+use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, OnChallenge};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{
     check_parsed, parse_event, parse_relay_frame, EventRejection, Incoming,
@@ -107,6 +113,8 @@ pub struct ConnectionThread {
     pub clock: Arc<dyn Clock>,
     /// Deadline of the NIP-11 information request (fetched before the first connect).
     pub nip11_timeout: Duration,
+    /// Key answering NIP-42 AUTH challenges (none: challenges are ignored).
+    pub auth_keys: Option<Keys>,
 }
 
 struct Sub {
@@ -242,6 +250,7 @@ impl ConnectionThread {
             return SessionEnd::Stop;
         }
         let mut subs: HashMap<String, Sub> = HashMap::new();
+        let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
         let end = loop {
             if self.stopping() {
@@ -287,6 +296,7 @@ impl ConnectionThread {
                         sub_id,
                     } if g == generation => {
                         subs.remove(sub_id.as_str());
+                        auth.forget(sub_id.as_str());
                         let text = ClientMessage::close(sub_id).as_json();
                         if let Err(e) = socket.write(Message::text(text)) {
                             failed = Some(format!("write failed: {e}"));
@@ -312,7 +322,13 @@ impl ConnectionThread {
                     keepalive.on_activity();
                     match msg {
                         Message::Text(text) => {
-                            if !self.handle_text(generation, text.as_str(), &mut subs) {
+                            let mut ctx = Session {
+                                generation,
+                                subs: &mut subs,
+                                auth: &mut auth,
+                                socket: &mut socket,
+                            };
+                            if !self.handle_text(&mut ctx, text.as_str()) {
                                 break SessionEnd::Stop;
                             }
                         }
@@ -347,6 +363,21 @@ impl ConnectionThread {
                     break SessionEnd::Lost;
                 }
             }
+            // 4. NIP-42 deadlines: held subscriptions whose wait is over are reported.
+            let now = self.clock.now();
+            if auth.poll_timeout().is_some_and(|t| t <= now) {
+                let released = auth.handle_timeout(now);
+                if !released.is_empty() {
+                    info!(
+                        "{}: no NIP-42 authentication in time; reporting {} subscription(s) the relay closed",
+                        self.url,
+                        released.len()
+                    );
+                }
+                if !self.release(generation, &mut subs, released) {
+                    break SessionEnd::Stop;
+                }
+            }
         };
         if matches!(end, SessionEnd::Stop) {
             let _ = socket.close(None);
@@ -355,8 +386,102 @@ impl ConnectionThread {
         end
     }
 
+    /// Reports held subscriptions' `CLOSED` (those still open). False when stopping.
+    fn release(&self, generation: u64, subs: &mut HashMap<String, Sub>, held: Vec<Held>) -> bool {
+        for h in held {
+            if subs.remove(&h.sub_id).is_some()
+                && !self.report(Report::Closed {
+                    relay: self.url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(h.sub_id),
+                    message: h.message,
+                })
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Answers a challenge (NIP-42). False when the engine is stopping.
+    fn on_challenge(&self, ctx: &mut Session<'_>, challenge: &str) -> bool {
+        let now = self.clock.now();
+        match ctx.auth.on_challenge(challenge, now) {
+            OnChallenge::Sign { challenge } => {
+                let Some(keys) = &self.auth_keys else {
+                    return true;
+                };
+                match auth_message(keys, &self.url, &challenge) {
+                    Ok((id, text)) => {
+                        debug!("{}: answering the AUTH challenge ({id})", self.url);
+                        ctx.auth.auth_sent(id, now);
+                        if let Err(e) = ctx.socket.write(Message::text(text)) {
+                            debug!("{}: cannot send AUTH: {e}", self.url);
+                        }
+                    }
+                    Err(e) => {
+                        warn!("{}: cannot sign the NIP-42 AUTH event: {e}", self.url);
+                        let released = ctx.auth.sign_failed();
+                        return self.release(ctx.generation, ctx.subs, released);
+                    }
+                }
+            }
+            OnChallenge::Ignore(reason) => match reason {
+                crate::core::auth::IgnoreReason::NoKey => info!(
+                    "{}: AUTH challenge received; no key is configured (see --nsec-file), ignoring it",
+                    self.url
+                ),
+                other => debug!("{}: AUTH challenge ignored ({other:?})", self.url),
+            },
+        }
+        true
+    }
+
+    /// Handles the relay's `OK` to our AUTH event. False when the engine is stopping.
+    fn on_auth_outcome(&self, ctx: &mut Session<'_>, outcome: AuthOutcome) -> bool {
+        match outcome {
+            AuthOutcome::Authenticated { resend } => {
+                let who = self
+                    .auth_keys
+                    .as_ref()
+                    .map(|k| k.public_key().to_hex())
+                    .unwrap_or_default();
+                info!(
+                    "{}: authenticated (NIP-42) as {who}; sending {} held subscription(s) again",
+                    self.url,
+                    resend.len()
+                );
+                for sub_id in resend {
+                    let Some(sub) = ctx.subs.get_mut(&sub_id) else {
+                        continue;
+                    };
+                    sub.stats = PageStats::default();
+                    sub.eose = false;
+                    let text =
+                        ClientMessage::req(SubscriptionId::new(sub_id), vec![sub.filter.clone()])
+                            .as_json();
+                    trace!("{} <- {text}", self.url);
+                    if let Err(e) = ctx.socket.write(Message::text(text)) {
+                        debug!("{}: cannot send REQ again: {e}", self.url);
+                        break;
+                    }
+                }
+                true
+            }
+            AuthOutcome::Failed { reason, release } => {
+                warn!(
+                    "{}: the relay refused our NIP-42 AUTH ({reason:?}); not trying again on this connection, {} held subscription(s) reported as closed",
+                    self.url,
+                    release.len()
+                );
+                self.release(ctx.generation, ctx.subs, release)
+            }
+        }
+    }
+
     /// Handles one text frame. Returns false when the engine is stopping.
-    fn handle_text(&self, generation: u64, text: &str, subs: &mut HashMap<String, Sub>) -> bool {
+    fn handle_text(&self, ctx: &mut Session<'_>, text: &str) -> bool {
+        let generation = ctx.generation;
         let msg = match parse_relay_frame(text) {
             Ok(m) => m,
             Err(e) => {
@@ -368,7 +493,7 @@ impl ConnectionThread {
         match msg {
             Incoming::Event { sub_id, raw } => {
                 RelayCounters::inc(&self.counters.events_received);
-                let Some(sub) = subs.get_mut(&sub_id) else {
+                let Some(sub) = ctx.subs.get_mut(&sub_id) else {
                     RelayCounters::inc(&self.counters.events_unknown_subscription);
                     debug!("{}: event for unknown subscription {sub_id:?}", self.url);
                     return true;
@@ -420,7 +545,7 @@ impl ConnectionThread {
                 }
             }
             Incoming::Eose(sub_id) => {
-                if let Some(sub) = subs.get_mut(&sub_id) {
+                if let Some(sub) = ctx.subs.get_mut(&sub_id) {
                     if sub.eose {
                         debug!("{}: repeated EOSE for {sub_id:?}", self.url);
                         return true;
@@ -437,7 +562,16 @@ impl ConnectionThread {
             }
             Incoming::Closed { sub_id, message } => {
                 RelayCounters::inc(&self.counters.closed);
-                if subs.remove(&sub_id).is_some() {
+                if ctx.subs.contains_key(&sub_id)
+                    && ctx.auth.on_closed(&sub_id, &message, self.clock.now()) == ClosedAction::Hold
+                {
+                    debug!(
+                        "{}: subscription {sub_id} held until authenticated: {message}",
+                        self.url
+                    );
+                    return true;
+                }
+                if ctx.subs.remove(&sub_id).is_some() {
                     return self.report(Report::Closed {
                         relay: self.url.clone(),
                         generation,
@@ -461,16 +595,18 @@ impl ConnectionThread {
                     message,
                 });
             }
-            Incoming::Auth(_) => {
+            Incoming::Auth(challenge) => {
                 RelayCounters::inc(&self.counters.auth_challenges);
-                info!(
-                    "{}: AUTH challenge received; no key is configured, ignoring it",
-                    self.url
-                );
+                return self.on_challenge(ctx, &challenge);
             }
-            Incoming::Ok { event_id, .. } => {
-                debug!("{}: unexpected OK for {event_id}", self.url);
-            }
+            Incoming::Ok {
+                event_id,
+                accepted,
+                message,
+            } => match ctx.auth.on_ok(&event_id, accepted, &message) {
+                Some(outcome) => return self.on_auth_outcome(ctx, outcome),
+                None => debug!("{}: unexpected OK for {event_id}", self.url),
+            },
             Incoming::Other(kind) => {
                 RelayCounters::inc(&self.counters.garbage_frames);
                 debug!("{}: ignoring {kind:?} message", self.url);
@@ -510,6 +646,30 @@ pub fn spawn(t: ConnectionThread) -> std::io::Result<std::thread::JoinHandle<()>
         .name(name)
         .stack_size(256 * 1024)
         .spawn(move || t.run())
+}
+
+/// What one session's frame handlers work on.
+struct Session<'a> {
+    generation: u64,
+    subs: &'a mut HashMap<String, Sub>,
+    auth: &'a mut AuthState,
+    socket: &'a mut Socket,
+}
+
+/// Signs the NIP-42 AUTH event (kind 22242, tags `relay` and `challenge`) for `relay` and
+/// returns its id and the `["AUTH", event]` frame.
+pub(crate) fn auth_message(
+    keys: &Keys,
+    relay: &RelayUrl,
+    challenge: &str,
+) -> Result<(EventId, String), String> {
+    let tag = |name: &str, value: &str| Tag::parse([name, value]).map_err(|e| e.to_string());
+    let event = EventBuilder::new(Kind::Authentication, "")
+        .tag(tag("relay", relay.as_str())?)
+        .tag(tag("challenge", challenge)?)
+        .finalize(keys)
+        .map_err(|e| e.to_string())?;
+    Ok((event.id, ClientMessage::auth(event).as_json()))
 }
 
 /// Re-export for the forwarder.

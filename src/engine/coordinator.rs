@@ -222,6 +222,7 @@ impl Coordinator {
             stopping: self.stopping.clone(),
             clock: self.config.clock.clone(),
             nip11_timeout: self.config.nip11_timeout,
+            auth_keys: self.config.auth_keys.clone(),
         })?;
         Ok(RelayThread {
             control: tx,

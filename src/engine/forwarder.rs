@@ -2,6 +2,11 @@
 //! original JSON and reads the `OK`s. All decisions live in [`ForwardQueue`]; this thread
 //! moves bytes. When the queue is full it stops taking events from the relay threads, which
 //! then block: remote reading pauses instead of dropping.
+//!
+//! NIP-42: with a key configured, the own relay's challenge is answered; an EVENT refused with
+//! `auth-required:` is re-queued (not counted as rejected) and sending pauses until the relay
+//! accepted our AUTH event. Without a key, or once authentication failed, such an answer is an
+//! ordinary rejection.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,14 +14,18 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::{debug, info, warn};
+use nostr::key::Keys;
 use tungstenite::Message;
 
+use crate::core::auth::{
+    is_auth_required, AuthLimits, AuthOutcome, AuthState, IgnoreReason, OnChallenge, WriteAction,
+};
 use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{parse_relay_frame, Incoming};
 use crate::core::time::Clock;
-use crate::engine::connection::{write_text, ForwardItem};
+use crate::engine::connection::{auth_message, write_text, ForwardItem};
 use crate::engine::metrics::Metrics;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
@@ -56,6 +65,8 @@ pub struct Forwarder {
     pub clock: Arc<dyn Clock>,
     /// Jitter seed.
     pub seed: u64,
+    /// Key answering the own relay's NIP-42 AUTH challenges (none: they are ignored).
+    pub auth_keys: Option<Keys>,
 }
 
 impl Forwarder {
@@ -174,6 +185,7 @@ impl Forwarder {
     /// One connection. Returns true on shutdown, false when the connection was lost.
     fn session(&self, socket: &mut ws::Socket, queue: &mut ForwardQueue) -> bool {
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
+        let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         loop {
             if self.stopping.load(Ordering::Relaxed) {
                 return true;
@@ -195,7 +207,16 @@ impl Forwarder {
             self.take_events(queue);
             let now = self.clock.now();
             queue.handle_timeout(now);
-            while let Some((_, raw)) = queue.poll_send(now) {
+            if auth.poll_timeout().is_some_and(|t| t <= now) {
+                auth.handle_timeout(now);
+                if auth.has_failed() {
+                    warn!("forwarder: the own relay asked for NIP-42 AUTH but did not complete it in time; its auth-required answers now count as rejections");
+                }
+            }
+            while !auth.writes_paused() {
+                let Some((_, raw)) = queue.poll_send(now) else {
+                    break;
+                };
                 if let Err(e) = write_text(socket, format!("[\"EVENT\",{raw}]")) {
                     warn!("forwarder: write to the own relay failed: {e}");
                     return false;
@@ -212,7 +233,7 @@ impl Forwarder {
                 match socket.read() {
                     Ok(Message::Text(text)) => {
                         keepalive.on_activity();
-                        self.handle_text(text.as_str(), queue);
+                        self.handle_text(text.as_str(), queue, &mut auth, socket);
                         self.publish_counters(queue);
                     }
                     Ok(Message::Close(_)) => {
@@ -243,36 +264,103 @@ impl Forwarder {
         }
     }
 
-    fn handle_text(&self, text: &str, queue: &mut ForwardQueue) {
+    /// Answers the own relay's challenge (NIP-42).
+    fn on_challenge(&self, challenge: &str, auth: &mut AuthState, socket: &mut ws::Socket) {
+        let now = self.clock.now();
+        match auth.on_challenge(challenge, now) {
+            OnChallenge::Sign { challenge } => {
+                let Some(keys) = &self.auth_keys else {
+                    return;
+                };
+                match auth_message(keys, &self.url, &challenge) {
+                    Ok((id, text)) => {
+                        debug!("forwarder: answering the own relay's AUTH challenge ({id})");
+                        auth.auth_sent(id, now);
+                        if let Err(e) = write_text(socket, text) {
+                            debug!("forwarder: cannot send AUTH: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        warn!("forwarder: cannot sign the NIP-42 AUTH event: {e}");
+                        auth.sign_failed();
+                    }
+                }
+            }
+            OnChallenge::Ignore(IgnoreReason::NoKey) => info!(
+                "own relay sent an AUTH challenge to the forwarder; no key is configured (see --nsec-file)"
+            ),
+            OnChallenge::Ignore(other) => debug!("forwarder: AUTH challenge ignored ({other:?})"),
+        }
+    }
+
+    fn handle_text(
+        &self,
+        text: &str,
+        queue: &mut ForwardQueue,
+        auth: &mut AuthState,
+        socket: &mut ws::Socket,
+    ) {
         match parse_relay_frame(text) {
             Ok(Incoming::Ok {
                 event_id,
                 accepted,
                 message,
-            }) => match queue.on_ok(event_id, accepted, &message, self.clock.now()) {
-                OkOutcome::Stored => {
-                    self.resolved();
-                    debug!("own relay stored {event_id}")
+            }) => {
+                match auth.on_ok(&event_id, accepted, &message) {
+                    Some(AuthOutcome::Authenticated { .. }) => {
+                        let who = self
+                            .auth_keys
+                            .as_ref()
+                            .map(|k| k.public_key().to_hex())
+                            .unwrap_or_default();
+                        info!("forwarder: authenticated to the own relay (NIP-42) as {who}");
+                        return;
+                    }
+                    Some(AuthOutcome::Failed { reason, .. }) => {
+                        warn!("forwarder: the own relay refused our NIP-42 AUTH ({reason:?}); its auth-required answers count as rejections on this connection");
+                        return;
+                    }
+                    None => {}
                 }
-                OkOutcome::Duplicate => {
-                    self.resolved();
-                    debug!("own relay already had {event_id}")
-                }
-                OkOutcome::RateLimited => {
-                    info!("own relay rate-limits writes ({message}); slowing down")
-                }
-                OkOutcome::Rejected(reason) => {
-                    self.resolved();
-                    info!("own relay rejected {event_id}: {reason}")
-                }
-                OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),
-            },
-            Ok(Incoming::Notice(n)) => info!("own relay NOTICE (forwarder): {n:.200}"),
-            Ok(Incoming::Auth(_)) => {
-                info!("own relay sent an AUTH challenge to the forwarder; no key is configured")
+                let now = self.clock.now();
+                let outcome = if !accepted
+                    && is_auth_required(&message)
+                    && auth.on_write_auth_required(now) == WriteAction::Retry
+                {
+                    queue.requeue_auth_required(event_id)
+                } else {
+                    queue.on_ok(event_id, accepted, &message, now)
+                };
+                self.ok_outcome(event_id, &message, outcome);
             }
+            Ok(Incoming::Notice(n)) => info!("own relay NOTICE (forwarder): {n:.200}"),
+            Ok(Incoming::Auth(challenge)) => self.on_challenge(&challenge, auth, socket),
             Ok(other) => debug!("forwarder: ignoring {other:?}"),
             Err(e) => debug!("forwarder: unreadable frame from the own relay: {e}"),
+        }
+    }
+
+    fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
+        match outcome {
+            OkOutcome::Stored => {
+                self.resolved();
+                debug!("own relay stored {event_id}")
+            }
+            OkOutcome::Duplicate => {
+                self.resolved();
+                debug!("own relay already had {event_id}")
+            }
+            OkOutcome::RateLimited => {
+                info!("own relay rate-limits writes ({message}); slowing down")
+            }
+            OkOutcome::AuthRequired => {
+                debug!("own relay wants NIP-42 AUTH for {event_id}; sent again once authenticated")
+            }
+            OkOutcome::Rejected(reason) => {
+                self.resolved();
+                info!("own relay rejected {event_id}: {reason}")
+            }
+            OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),
         }
     }
 }

@@ -161,6 +161,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         stopping: stopping.clone(),
         clock: config.clock.clone(),
         seed: config.seed ^ 0x5555,
+        auth_keys: config.auth_keys.clone(),
     };
     let forwarder = std::thread::Builder::new()
         .name("forwarder".into())

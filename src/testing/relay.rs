@@ -60,6 +60,8 @@ const REBIND_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The NOTICE sent for anything the relay cannot parse.
 const PARSE_ERROR: &str = "could not parse command";
+/// The answer to REQs and EVENTs of a connection that has not authenticated (`require_auth`).
+const AUTH_REQUIRED: &str = "auth-required: please authenticate";
 
 /// How a relay answers a REQ that would exceed its subscription limit.
 ///
@@ -101,6 +103,12 @@ pub struct TestRelayOptions {
     pub reject_events: Option<String>,
     /// Accept TCP connections and close them at once, without any handshake.
     pub refuse_connections: bool,
+    /// NIP-42: send `["AUTH", <random challenge>]` on connect and, until the connection has
+    /// authenticated (a valid kind-22242 event with the matching `challenge` tag and a `relay`
+    /// tag), answer REQs with `["CLOSED", sub, "auth-required: please authenticate"]` and
+    /// EVENTs with `["OK", id, false, "auth-required: please authenticate"]`. A connection
+    /// opened before this was turned on gets its challenge right after its first refusal.
+    pub require_auth: bool,
 }
 
 impl Default for TestRelayOptions {
@@ -115,6 +123,7 @@ impl Default for TestRelayOptions {
             too_many_subs_reply: Reply::Closed("error: too many subscriptions".to_string()),
             reject_events: None,
             refuse_connections: false,
+            require_auth: false,
         }
     }
 }
@@ -262,6 +271,27 @@ struct Conn {
     /// A clone of the socket, to shut it down from outside.
     socket: TcpStream,
     subs: HashMap<String, Sub>,
+    /// This connection's NIP-42 challenge.
+    challenge: String,
+    /// Whether the challenge was sent.
+    challenge_sent: bool,
+    /// Whether the connection authenticated (NIP-42).
+    authed: bool,
+}
+
+impl Conn {
+    /// `refusal`, followed by the challenge if it was not sent yet.
+    fn refused(&mut self, refusal: String) -> Handled {
+        let mut frames = vec![refusal];
+        if !self.challenge_sent {
+            self.challenge_sent = true;
+            frames.push(auth_frame(&self.challenge));
+        }
+        Handled {
+            frames,
+            delayed_eose: None,
+        }
+    }
 }
 
 /// Everything behind the relay's lock.
@@ -273,6 +303,8 @@ struct State {
     conns: BTreeMap<u64, Conn>,
     max_subs_per_conn: usize,
     next_generation: u64,
+    /// Pubkeys that authenticated (NIP-42), in order, without repeats.
+    authenticated: Vec<PublicKey>,
 }
 
 impl State {
@@ -360,6 +392,10 @@ fn closed_frame(sub_id: &str, msg: &str) -> String {
 
 fn notice_frame(msg: &str) -> String {
     format!("[\"NOTICE\",{}]", json_str(msg))
+}
+
+fn auth_frame(challenge: &str) -> String {
+    format!("[\"AUTH\",{}]", json_str(challenge))
 }
 
 fn ok_frame(id: &EventId, accepted: bool, msg: &str) -> String {
@@ -580,6 +616,13 @@ impl TestRelay {
         self.shared.state.lock().opts.refuse_connections = refuse;
     }
 
+    /// Requires NIP-42 authentication (see [`TestRelayOptions::require_auth`]). Connections
+    /// already open get their challenge right after their first refused REQ or EVENT (after
+    /// the `CLOSED` or `OK`), so a client sees the refusal before the challenge.
+    pub fn set_require_auth(&self, require: bool) {
+        self.shared.state.lock().opts.require_auth = require;
+    }
+
     /// A copy of the current options.
     pub fn options(&self) -> TestRelayOptions {
         self.shared.state.lock().opts.clone()
@@ -605,8 +648,7 @@ impl TestRelay {
 
     /// Sends `["AUTH", challenge]` to every connection.
     pub fn send_auth(&self, challenge: &str) {
-        let frame = format!("[\"AUTH\",{}]", json_str(challenge));
-        self.shared.state.lock().broadcast(&frame);
+        self.shared.state.lock().broadcast(&auth_frame(challenge));
     }
 
     /// Sends `["CLOSED", sub_id, msg]` for every open subscription on every
@@ -737,6 +779,11 @@ impl TestRelay {
     /// Number of websocket connections open now.
     pub fn current_connections(&self) -> usize {
         self.shared.state.lock().conns.len()
+    }
+
+    /// Pubkeys that authenticated with NIP-42 so far (in order, without repeats).
+    pub fn authenticated_pubkeys(&self) -> Vec<PublicKey> {
+        self.shared.state.lock().authenticated.clone()
     }
 
     /// Number of HTTP requests carrying `Accept: application/nostr+json`
@@ -912,12 +959,24 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
+        let challenge = format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let challenge_sent = state.opts.require_auth;
+        if challenge_sent {
+            let _ = tx.send(auth_frame(&challenge));
+        }
         state.conns.insert(
             conn_id,
             Conn {
                 tx,
                 socket,
                 subs: HashMap::new(),
+                challenge,
+                challenge_sent,
+                authed: false,
             },
         );
     }
@@ -1031,7 +1090,7 @@ fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
         return parse_error();
     };
     match (command.as_str(), parts.len()) {
-        ("EVENT", n) if n >= 2 => handle_event(shared, parts[1].get()),
+        ("EVENT", n) if n >= 2 => handle_event(shared, conn_id, parts[1].get()),
         ("REQ", n) if n >= 3 => {
             let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
                 return parse_error();
@@ -1055,18 +1114,54 @@ fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
             Handled::default()
         }
         ("AUTH", n) if n >= 2 => match Event::from_json(parts[1].get()) {
-            Ok(event) => {
-                let valid = event.verify().is_ok();
-                let msg = if valid { "" } else { "invalid: bad signature" };
-                Handled::frame(ok_frame(&event.id, valid, msg))
-            }
+            Ok(event) => handle_auth(shared, conn_id, &event),
             Err(_) => parse_error(),
         },
         _ => parse_error(),
     }
 }
 
-fn handle_event(shared: &Shared, raw: &str) -> Handled {
+/// NIP-42: a valid kind-22242 event whose `challenge` tag is this connection's challenge and
+/// that has a `relay` tag authenticates the connection. Without `require_auth` any validly
+/// signed AUTH event is acknowledged (as before).
+fn handle_auth(shared: &Shared, conn_id: u64, event: &Event) -> Handled {
+    if event.verify().is_err() {
+        return Handled::frame(ok_frame(&event.id, false, "invalid: bad signature"));
+    }
+    let tag = |name: &str| {
+        event
+            .tags
+            .iter()
+            .find(|t| t.kind() == name)
+            .and_then(|t| t.content())
+            .map(str::to_string)
+    };
+    let mut guard = shared.state.lock();
+    let state = &mut *guard;
+    let Some(conn) = state.conns.get_mut(&conn_id) else {
+        return Handled::default();
+    };
+    let valid = event.kind.as_u16() == 22242
+        && tag("challenge").as_deref() == Some(conn.challenge.as_str())
+        && tag("relay").is_some_and(|r| !r.is_empty());
+    if valid {
+        conn.authed = true;
+        if !state.authenticated.contains(&event.pubkey) {
+            state.authenticated.push(event.pubkey);
+        }
+        return Handled::frame(ok_frame(&event.id, true, ""));
+    }
+    if state.opts.require_auth {
+        return Handled::frame(ok_frame(
+            &event.id,
+            false,
+            "invalid: not an AUTH event for this connection's challenge",
+        ));
+    }
+    Handled::frame(ok_frame(&event.id, true, ""))
+}
+
+fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
     let Ok(event) = Event::from_json(raw) else {
         return Handled::frame(notice_frame(PARSE_ERROR));
     };
@@ -1074,6 +1169,11 @@ fn handle_event(shared: &Shared, raw: &str) -> Handled {
         return Handled::frame(ok_frame(&event.id, false, "invalid: bad signature"));
     }
     let mut state = shared.state.lock();
+    if state.opts.require_auth {
+        if let Some(conn) = state.conns.get_mut(&conn_id).filter(|c| !c.authed) {
+            return conn.refused(ok_frame(&event.id, false, AUTH_REQUIRED));
+        }
+    }
     if let Some(msg) = &state.opts.reject_events {
         return Handled::frame(ok_frame(&event.id, false, msg));
     }
@@ -1115,6 +1215,10 @@ fn handle_req(
         return Handled::default();
     };
     let opts = &state.opts;
+    if opts.require_auth && !conn.authed {
+        conn.subs.remove(&sub_id);
+        return conn.refused(closed_frame(&sub_id, AUTH_REQUIRED));
+    }
     if let Some(msg) = &opts.closed_on_req {
         conn.subs.remove(&sub_id);
         return Handled::frame(closed_frame(&sub_id, msg));

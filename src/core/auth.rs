@@ -1,0 +1,600 @@
+//! NIP-42 authentication of one connection, sans-IO.
+//!
+//! A relay may send `["AUTH", <challenge>]` at any time and refuse REQs (`CLOSED sub
+//! "auth-required: …"`) or EVENTs (`OK id false "auth-required: …"`) until the client has
+//! answered with a signed kind-22242 event carrying `["relay", <url>]` and `["challenge",
+//! <challenge>]` tags. [`AuthState`] decides, per connection, what to do; the caller signs and
+//! sends.
+//!
+//! * Challenge, key configured → [`OnChallenge::Sign`]; the caller signs, sends and reports the
+//!   event id with [`AuthState::auth_sent`]. Without a key challenges are ignored.
+//! * `OK` for that id: accepted → authenticated; every subscription held back meanwhile is
+//!   handed out for its REQ to be sent again, and refused writes may be sent again. Refused
+//!   (or no `OK` in time) → authentication failed for this connection: logged once by the
+//!   caller, held subscriptions are released (the caller reports their `CLOSED` as usual) and
+//!   later `auth-required:` answers are passed on as they are.
+//! * `CLOSED sub "auth-required: …"` with a key, before authentication succeeded or failed →
+//!   the subscription is held ([`ClosedAction::Hold`]) instead of reported. Without a
+//!   challenge yet it waits for one until [`AuthLimits::challenge_wait`] has passed; then it
+//!   is released. After authentication, or without a key, the `CLOSED` is reported.
+//! * `OK false "auth-required: …"` for a write → [`WriteAction::Retry`] (re-queue it and pause
+//!   writing until authenticated) or [`WriteAction::Reject`] (no key, failed, or refused
+//!   although authenticated: a plain rejection).
+//!
+//! Every collection is bounded ([`AuthLimits::max_held`]); time is passed in.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use nostr::event::EventId;
+
+use crate::core::time::Time;
+
+/// The NIP-01 prefix of answers that need NIP-42 authentication.
+pub const AUTH_REQUIRED: &str = "auth-required:";
+
+/// Longest challenge answered (a longer one is ignored).
+pub const MAX_CHALLENGE_LEN: usize = 1024;
+
+/// Whether a `CLOSED` or `OK` message asks for authentication.
+pub fn is_auth_required(message: &str) -> bool {
+    message.trim_start().starts_with(AUTH_REQUIRED)
+}
+
+/// Limits and deadlines of [`AuthState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthLimits {
+    /// Subscriptions held while waiting for authentication, at most (more are reported).
+    pub max_held: usize,
+    /// How long a subscription or write refused with `auth-required:` waits for a challenge.
+    pub challenge_wait: Duration,
+    /// How long to wait for the relay's `OK` to our AUTH event.
+    pub ok_timeout: Duration,
+}
+
+impl Default for AuthLimits {
+    fn default() -> Self {
+        AuthLimits {
+            max_held: 1000,
+            challenge_wait: Duration::from_secs(10),
+            ok_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where authentication of a connection stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthPhase {
+    /// No AUTH event sent (no challenge yet, or no key).
+    Idle,
+    /// An AUTH event was sent; waiting for its `OK` until `deadline`.
+    Pending {
+        /// Id of the AUTH event.
+        event_id: EventId,
+        /// When to give up waiting.
+        deadline: Time,
+    },
+    /// The relay accepted our AUTH event.
+    Authenticated,
+    /// Authentication failed on this connection (refused, no `OK` in time, or no challenge
+    /// in time); not tried again until the next connection.
+    Failed,
+}
+
+/// What to do with a challenge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnChallenge {
+    /// Sign a kind-22242 event for this challenge, send it, then call
+    /// [`AuthState::auth_sent`].
+    Sign {
+        /// The challenge to put into the `challenge` tag.
+        challenge: String,
+    },
+    /// Ignore it.
+    Ignore(IgnoreReason),
+}
+
+/// Why a challenge is ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoreReason {
+    /// No key is configured.
+    NoKey,
+    /// Authentication already failed on this connection.
+    GaveUp,
+    /// The challenge is empty or longer than [`MAX_CHALLENGE_LEN`].
+    Unusable,
+}
+
+/// A subscription held back until authentication (or released).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// Subscription id.
+    pub sub_id: String,
+    /// The relay's `CLOSED` message (reported as it is when the subscription is released).
+    pub message: String,
+    deadline: Time,
+}
+
+/// What an `OK` for our AUTH event meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthOutcome {
+    /// Authenticated: send the REQs of these held subscriptions again (and any writes held
+    /// back).
+    Authenticated {
+        /// Subscription ids, in the order they were held.
+        resend: Vec<String>,
+    },
+    /// Refused: authentication failed; report these subscriptions' `CLOSED` as usual.
+    Failed {
+        /// The relay's reason.
+        reason: String,
+        /// Subscriptions released.
+        release: Vec<Held>,
+    },
+}
+
+/// What to do with a `CLOSED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClosedAction {
+    /// Held until authenticated: do not report it.
+    Hold,
+    /// Report it to the coordinator as usual.
+    Report,
+}
+
+/// What to do with a write refused with `auth-required:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteAction {
+    /// Re-queue it; writes pause until authenticated (see [`AuthState::writes_paused`]).
+    Retry,
+    /// Treat it as an ordinary rejection.
+    Reject,
+}
+
+/// NIP-42 state of one connection.
+#[derive(Debug, Clone)]
+pub struct AuthState {
+    has_key: bool,
+    limits: AuthLimits,
+    phase: AuthPhase,
+    challenge: Option<String>,
+    held: VecDeque<Held>,
+    /// A write was refused with `auth-required:` before a challenge arrived: wait for one
+    /// until then (writes pause meanwhile).
+    writes_waiting: Option<Time>,
+}
+
+impl AuthState {
+    /// A fresh connection's state; `has_key` says whether a key is configured.
+    pub fn new(has_key: bool, limits: AuthLimits) -> AuthState {
+        AuthState {
+            has_key,
+            limits,
+            phase: AuthPhase::Idle,
+            challenge: None,
+            held: VecDeque::new(),
+            writes_waiting: None,
+        }
+    }
+
+    /// Whether a key is configured.
+    pub fn has_key(&self) -> bool {
+        self.has_key
+    }
+
+    /// The phase.
+    pub fn phase(&self) -> &AuthPhase {
+        &self.phase
+    }
+
+    /// True once the relay accepted our AUTH event.
+    pub fn is_authenticated(&self) -> bool {
+        self.phase == AuthPhase::Authenticated
+    }
+
+    /// True once authentication failed on this connection.
+    pub fn has_failed(&self) -> bool {
+        self.phase == AuthPhase::Failed
+    }
+
+    /// The last challenge received.
+    pub fn challenge(&self) -> Option<&str> {
+        self.challenge.as_deref()
+    }
+
+    /// Subscriptions held now.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// A challenge arrived.
+    pub fn on_challenge(&mut self, challenge: &str, _now: Time) -> OnChallenge {
+        if !self.has_key {
+            return OnChallenge::Ignore(IgnoreReason::NoKey);
+        }
+        if self.phase == AuthPhase::Failed {
+            return OnChallenge::Ignore(IgnoreReason::GaveUp);
+        }
+        if challenge.is_empty() || challenge.len() > MAX_CHALLENGE_LEN {
+            return OnChallenge::Ignore(IgnoreReason::Unusable);
+        }
+        self.challenge = Some(challenge.to_string());
+        OnChallenge::Sign {
+            challenge: challenge.to_string(),
+        }
+    }
+
+    /// The caller sent the AUTH event `event_id` for the last challenge.
+    pub fn auth_sent(&mut self, event_id: EventId, now: Time) {
+        self.phase = AuthPhase::Pending {
+            event_id,
+            deadline: now.plus(self.limits.ok_timeout),
+        };
+        self.writes_waiting = None;
+    }
+
+    /// Signing failed (not expected with a local key): give up on this connection.
+    pub fn sign_failed(&mut self) -> Vec<Held> {
+        self.fail()
+    }
+
+    fn fail(&mut self) -> Vec<Held> {
+        self.phase = AuthPhase::Failed;
+        self.writes_waiting = None;
+        self.held.drain(..).collect()
+    }
+
+    /// An `OK` arrived. `None` when it is not about our pending AUTH event (the caller
+    /// handles it as usual).
+    pub fn on_ok(
+        &mut self,
+        event_id: &EventId,
+        accepted: bool,
+        message: &str,
+    ) -> Option<AuthOutcome> {
+        match &self.phase {
+            AuthPhase::Pending { event_id: id, .. } if id == event_id => {}
+            _ => return None,
+        }
+        if accepted {
+            self.phase = AuthPhase::Authenticated;
+            self.writes_waiting = None;
+            let resend = self.held.drain(..).map(|h| h.sub_id).collect();
+            Some(AuthOutcome::Authenticated { resend })
+        } else {
+            Some(AuthOutcome::Failed {
+                reason: message.to_string(),
+                release: self.fail(),
+            })
+        }
+    }
+
+    /// A `CLOSED` arrived for `sub_id`.
+    pub fn on_closed(&mut self, sub_id: &str, message: &str, now: Time) -> ClosedAction {
+        if !self.has_key || !is_auth_required(message) {
+            return ClosedAction::Report;
+        }
+        match self.phase {
+            AuthPhase::Authenticated | AuthPhase::Failed => return ClosedAction::Report,
+            AuthPhase::Idle | AuthPhase::Pending { .. } => {}
+        }
+        if let Some(h) = self.held.iter_mut().find(|h| h.sub_id == sub_id) {
+            h.message = message.to_string();
+            return ClosedAction::Hold;
+        }
+        if self.held.len() >= self.limits.max_held {
+            return ClosedAction::Report;
+        }
+        self.held.push_back(Held {
+            sub_id: sub_id.to_string(),
+            message: message.to_string(),
+            deadline: now.plus(self.limits.challenge_wait),
+        });
+        ClosedAction::Hold
+    }
+
+    /// We closed `sub_id` ourselves: it is no longer held. True if it was.
+    pub fn forget(&mut self, sub_id: &str) -> bool {
+        let before = self.held.len();
+        self.held.retain(|h| h.sub_id != sub_id);
+        self.held.len() != before
+    }
+
+    /// A write was answered `OK false "auth-required: …"`.
+    pub fn on_write_auth_required(&mut self, now: Time) -> WriteAction {
+        if !self.has_key {
+            return WriteAction::Reject;
+        }
+        match self.phase {
+            AuthPhase::Authenticated | AuthPhase::Failed => WriteAction::Reject,
+            AuthPhase::Pending { .. } => WriteAction::Retry,
+            AuthPhase::Idle => {
+                if self.writes_waiting.is_none() {
+                    self.writes_waiting = Some(now.plus(self.limits.challenge_wait));
+                }
+                WriteAction::Retry
+            }
+        }
+    }
+
+    /// True while writes should wait: an AUTH event awaits its `OK`, or a write was refused
+    /// and a challenge is awaited.
+    pub fn writes_paused(&self) -> bool {
+        match self.phase {
+            AuthPhase::Pending { .. } => true,
+            AuthPhase::Idle => self.writes_waiting.is_some(),
+            AuthPhase::Authenticated | AuthPhase::Failed => false,
+        }
+    }
+
+    /// The earliest deadline, if any.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        match self.phase {
+            AuthPhase::Pending { deadline, .. } => Some(deadline),
+            AuthPhase::Idle => {
+                let held = self.held.iter().map(|h| h.deadline).min();
+                match (held, self.writes_waiting) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+            AuthPhase::Authenticated | AuthPhase::Failed => None,
+        }
+    }
+
+    /// Handles passed deadlines. Returns the subscriptions released (report their `CLOSED`).
+    ///
+    /// No `OK` for our AUTH event in time → failed (everything held is released). Without a
+    /// challenge: held subscriptions whose wait is over are released; a write wait that is
+    /// over means failed (later refusals are rejections).
+    pub fn handle_timeout(&mut self, now: Time) -> Vec<Held> {
+        match self.phase {
+            AuthPhase::Pending { deadline, .. } if deadline <= now => self.fail(),
+            AuthPhase::Idle => {
+                if self.writes_waiting.is_some_and(|t| t <= now) {
+                    return self.fail();
+                }
+                let mut released = Vec::new();
+                self.held.retain(|h| {
+                    if h.deadline <= now {
+                        released.push(h.clone());
+                        false
+                    } else {
+                        true
+                    }
+                });
+                released
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(b: u8) -> EventId {
+        EventId::from_byte_array([b; 32])
+    }
+    fn t(secs: u64) -> Time {
+        Time::from_secs(secs)
+    }
+    fn limits() -> AuthLimits {
+        AuthLimits {
+            max_held: 3,
+            challenge_wait: Duration::from_secs(10),
+            ok_timeout: Duration::from_secs(5),
+        }
+    }
+    const AR: &str = "auth-required: please authenticate";
+
+    #[test]
+    fn prefix() {
+        assert!(is_auth_required(AR));
+        assert!(is_auth_required("  auth-required:"));
+        assert!(!is_auth_required("restricted: members only"));
+        assert!(!is_auth_required("auth required"));
+    }
+
+    #[test]
+    fn without_a_key_everything_is_passed_on() {
+        let mut a = AuthState::new(false, limits());
+        assert!(!a.has_key());
+        assert_eq!(
+            a.on_challenge("c", t(0)),
+            OnChallenge::Ignore(IgnoreReason::NoKey)
+        );
+        assert_eq!(a.on_closed("s", AR, t(0)), ClosedAction::Report);
+        assert_eq!(a.on_write_auth_required(t(0)), WriteAction::Reject);
+        assert!(!a.writes_paused());
+        assert_eq!(a.poll_timeout(), None);
+        assert_eq!(a.on_ok(&id(1), true, ""), None);
+        assert_eq!(a.held(), 0);
+    }
+
+    #[test]
+    fn challenge_then_ok_authenticates_and_resends_held() {
+        let mut a = AuthState::new(true, limits());
+        // A REQ refused before the challenge arrived is held.
+        assert_eq!(a.on_closed("s1", AR, t(0)), ClosedAction::Hold);
+        assert_eq!(a.poll_timeout(), Some(t(10)));
+        assert_eq!(
+            a.on_challenge("abc", t(1)),
+            OnChallenge::Sign {
+                challenge: "abc".into()
+            }
+        );
+        assert_eq!(a.challenge(), Some("abc"));
+        a.auth_sent(id(9), t(1));
+        assert!(matches!(a.phase(), AuthPhase::Pending { .. }));
+        assert_eq!(a.poll_timeout(), Some(t(6)), "the OK deadline");
+        // Refused while pending: held too; a repeated CLOSED for the same id is held once.
+        assert_eq!(a.on_closed("s2", AR, t(2)), ClosedAction::Hold);
+        assert_eq!(a.on_closed("s2", AR, t(2)), ClosedAction::Hold);
+        assert_eq!(a.held(), 2);
+        // Other prefixes are reported.
+        assert_eq!(
+            a.on_closed("s3", "restricted: no", t(2)),
+            ClosedAction::Report
+        );
+        // An OK for another event is not ours.
+        assert_eq!(a.on_ok(&id(1), true, ""), None);
+        assert_eq!(
+            a.on_ok(&id(9), true, ""),
+            Some(AuthOutcome::Authenticated {
+                resend: vec!["s1".into(), "s2".into()]
+            })
+        );
+        assert!(a.is_authenticated());
+        assert_eq!(a.held(), 0);
+        assert_eq!(a.poll_timeout(), None);
+        // A second OK for the same id is not ours any more.
+        assert_eq!(a.on_ok(&id(9), true, ""), None);
+        // Refused although authenticated: reported, no loop.
+        assert_eq!(a.on_closed("s1", AR, t(3)), ClosedAction::Report);
+        assert_eq!(a.on_write_auth_required(t(3)), WriteAction::Reject);
+    }
+
+    #[test]
+    fn refused_auth_fails_and_releases() {
+        let mut a = AuthState::new(true, limits());
+        a.on_challenge("c", t(0));
+        a.auth_sent(id(2), t(0));
+        assert_eq!(a.on_closed("s1", AR, t(0)), ClosedAction::Hold);
+        match a.on_ok(&id(2), false, "invalid: bad challenge") {
+            Some(AuthOutcome::Failed { reason, release }) => {
+                assert_eq!(reason, "invalid: bad challenge");
+                assert_eq!(release.len(), 1);
+                assert_eq!(release[0].sub_id, "s1");
+                assert_eq!(release[0].message, AR);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(a.has_failed());
+        assert_eq!(a.on_closed("s2", AR, t(1)), ClosedAction::Report);
+        assert_eq!(
+            a.on_challenge("again", t(1)),
+            OnChallenge::Ignore(IgnoreReason::GaveUp)
+        );
+        assert_eq!(a.on_write_auth_required(t(1)), WriteAction::Reject);
+        assert!(!a.writes_paused());
+    }
+
+    #[test]
+    fn no_ok_in_time_fails() {
+        let mut a = AuthState::new(true, limits());
+        a.on_challenge("c", t(0));
+        a.auth_sent(id(2), t(0));
+        a.on_closed("s1", AR, t(1));
+        assert!(a.handle_timeout(t(4)).is_empty());
+        let released = a.handle_timeout(t(5));
+        assert_eq!(released.len(), 1);
+        assert!(a.has_failed());
+        assert_eq!(a.on_ok(&id(2), true, ""), None, "too late");
+    }
+
+    #[test]
+    fn held_without_challenge_is_released_after_the_wait() {
+        let mut a = AuthState::new(true, limits());
+        a.on_closed("s1", AR, t(0));
+        a.on_closed("s2", AR, t(5));
+        assert!(a.handle_timeout(t(9)).is_empty());
+        let r = a.handle_timeout(t(10));
+        assert_eq!(
+            r.iter().map(|h| h.sub_id.as_str()).collect::<Vec<_>>(),
+            ["s1"]
+        );
+        assert_eq!(a.poll_timeout(), Some(t(15)));
+        assert_eq!(a.handle_timeout(t(15)).len(), 1);
+        assert_eq!(a.poll_timeout(), None);
+        // Still idle: a later challenge is answered.
+        assert!(matches!(
+            a.on_challenge("c", t(16)),
+            OnChallenge::Sign { .. }
+        ));
+    }
+
+    #[test]
+    fn held_is_bounded_and_forgettable() {
+        let mut a = AuthState::new(true, limits());
+        for s in ["a", "b", "c"] {
+            assert_eq!(a.on_closed(s, AR, t(0)), ClosedAction::Hold);
+        }
+        assert_eq!(
+            a.on_closed("d", AR, t(0)),
+            ClosedAction::Report,
+            "max_held 3"
+        );
+        assert!(a.forget("b"));
+        assert!(!a.forget("b"));
+        assert_eq!(a.held(), 2);
+        a.on_challenge("c", t(1));
+        a.auth_sent(id(3), t(1));
+        assert_eq!(
+            a.on_ok(&id(3), true, ""),
+            Some(AuthOutcome::Authenticated {
+                resend: vec!["a".into(), "c".into()]
+            })
+        );
+    }
+
+    #[test]
+    fn unusable_challenges_are_ignored() {
+        let mut a = AuthState::new(true, limits());
+        assert_eq!(
+            a.on_challenge("", t(0)),
+            OnChallenge::Ignore(IgnoreReason::Unusable)
+        );
+        let long = "x".repeat(MAX_CHALLENGE_LEN + 1);
+        assert_eq!(
+            a.on_challenge(&long, t(0)),
+            OnChallenge::Ignore(IgnoreReason::Unusable)
+        );
+        assert_eq!(a.challenge(), None);
+    }
+
+    #[test]
+    fn sign_failure_gives_up() {
+        let mut a = AuthState::new(true, limits());
+        a.on_closed("s", AR, t(0));
+        a.on_challenge("c", t(0));
+        assert_eq!(a.sign_failed().len(), 1);
+        assert!(a.has_failed());
+    }
+
+    #[test]
+    fn writes_pause_until_authenticated() {
+        let mut a = AuthState::new(true, limits());
+        assert!(!a.writes_paused());
+        // Refused before any challenge: retry, pause, wait for a challenge.
+        assert_eq!(a.on_write_auth_required(t(0)), WriteAction::Retry);
+        assert!(a.writes_paused());
+        assert_eq!(a.poll_timeout(), Some(t(10)));
+        a.on_challenge("c", t(1));
+        a.auth_sent(id(4), t(1));
+        assert!(a.writes_paused(), "until the OK");
+        assert_eq!(a.on_write_auth_required(t(1)), WriteAction::Retry);
+        assert_eq!(
+            a.on_ok(&id(4), true, ""),
+            Some(AuthOutcome::Authenticated { resend: vec![] })
+        );
+        assert!(!a.writes_paused());
+    }
+
+    #[test]
+    fn write_wait_without_challenge_gives_up() {
+        let mut a = AuthState::new(true, limits());
+        a.on_write_auth_required(t(0));
+        a.on_write_auth_required(t(3));
+        assert_eq!(
+            a.poll_timeout(),
+            Some(t(10)),
+            "first refusal sets the deadline"
+        );
+        a.handle_timeout(t(10));
+        assert!(a.has_failed());
+        assert!(!a.writes_paused());
+        assert_eq!(a.on_write_auth_required(t(11)), WriteAction::Reject);
+    }
+}

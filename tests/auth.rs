@@ -1,0 +1,288 @@
+//! NIP-42 AUTH over real sockets: a remote relay and the own relay that require
+//! authentication (for REQs and, on the own relay, for writes) end with the complete expected
+//! set when a key is configured; without a key the refusing relay is reported and the others
+//! still sync.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::{Config, RelayUrl, SyncHandle};
+use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::key::Keys;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn url(r: &TestRelay) -> RelayUrl {
+    RelayUrl::parse(&r.url()).unwrap()
+}
+
+fn event(keys: &Keys, kind: u16, content: &str, tags: &[[&str; 2]]) -> Event {
+    let mut b = EventBuilder::new(Kind::Custom(kind), content);
+    for t in tags {
+        b = b.tag(Tag::parse(*t).unwrap());
+    }
+    b.finalize(keys).unwrap()
+}
+
+/// A repository `d` announced on `own` listing `remotes`, with an issue on `own` and `replies`
+/// replies on each remote. Returns the ids that must reach the own relay from each remote
+/// (announcement and issue are already there).
+fn seed(own: &TestRelay, remotes: &[&TestRelay], d: &str, replies: usize) -> Vec<HashSet<EventId>> {
+    let keys = Keys::generate();
+    let mut b = EventBuilder::new(Kind::Custom(30617), "").tag(Tag::parse(["d", d]).unwrap());
+    for r in remotes {
+        b = b.tag(Tag::parse(["relays", &r.url()]).unwrap());
+    }
+    let ann = b.finalize(&keys).unwrap();
+    let repo = format!("30617:{}:{d}", keys.public_key().to_hex());
+    let issue = event(&keys, 1621, "issue", &[["a", &repo]]);
+    own.insert(&ann);
+    own.insert(&issue);
+    remotes
+        .iter()
+        .enumerate()
+        .map(|(n, r)| {
+            r.insert(&ann);
+            let mut ids = HashSet::new();
+            for i in 0..replies {
+                let reply = event(
+                    &keys,
+                    1111,
+                    &format!("reply {i} on remote {n}"),
+                    &[["E", &issue.id.to_hex()]],
+                );
+                r.insert(&reply);
+                ids.insert(reply.id);
+            }
+            ids
+        })
+        .collect()
+}
+
+fn config(own: &TestRelay, keys: Option<&Keys>) -> Config {
+    let mut c = Config::new(url(own)).batch_window(Duration::from_millis(100));
+    c.backoff.base = Duration::from_millis(200);
+    c.backoff.max = Duration::from_secs(1);
+    c.forward.ok_timeout = Duration::from_secs(2);
+    c.refused_retry = Duration::from_secs(1);
+    c.nip11_timeout = Duration::from_millis(500);
+    if let Some(k) = keys {
+        c = c.auth_keys(k.clone());
+    }
+    c
+}
+
+fn has_all(own: &TestRelay, want: &HashSet<EventId>) -> bool {
+    let have = own.event_ids();
+    want.iter().all(|id| have.contains(id))
+}
+
+fn stop(h: SyncHandle) {
+    h.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn remote_requiring_auth_with_a_key_syncs_completely() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    remote.set_require_auth(true);
+    let expected = seed(&own, &[&remote], "r", 30).remove(0);
+    let keys = Keys::generate();
+    let h = grasp_sync::start(config(&own, Some(&keys))).unwrap();
+    let ok = wait_until(WAIT, || has_all(&own, &expected));
+    assert!(ok, "{:#?}", h.status());
+    assert_eq!(remote.authenticated_pubkeys(), vec![keys.public_key()]);
+    let s = h.status();
+    assert_eq!(s.rejected, 0);
+    // The auth-required CLOSEDs were held and never reached the coordinator as failures:
+    // everything the relay should carry is confirmed.
+    assert!(
+        wait_until(WAIT, || h.status().is_settled()),
+        "{:#?}",
+        h.status()
+    );
+    stop(h);
+}
+
+#[test]
+fn own_relay_requiring_auth_for_reads_and_writes_with_a_key_syncs_completely() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    own.set_require_auth(true);
+    let remote = TestRelay::start();
+    let expected = seed(&own, &[&remote], "r", 30).remove(0);
+    let keys = Keys::generate();
+    let h = grasp_sync::start(config(&own, Some(&keys))).unwrap();
+    let ok = wait_until(WAIT, || has_all(&own, &expected));
+    assert!(ok, "{:#?}", h.status());
+    // Both connections to the own relay (self-subscription and forwarder) authenticated with
+    // our key; the remote never asked.
+    assert_eq!(own.authenticated_pubkeys(), vec![keys.public_key()]);
+    assert!(remote.authenticated_pubkeys().is_empty());
+    let s = h.status();
+    assert_eq!(s.rejected, 0, "auth-required writes are not rejections");
+    assert!(s.forwarded >= expected.len() as u64, "{s:#?}");
+    stop(h);
+}
+
+#[test]
+fn remote_requiring_auth_without_a_key_is_reported_and_others_sync() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let locked = TestRelay::start();
+    locked.set_require_auth(true);
+    let open = TestRelay::start();
+    let mut sets = seed(&own, &[&locked, &open], "r", 10);
+    let from_open = sets.remove(1);
+    let from_locked = sets.remove(0);
+    let h = grasp_sync::start(config(&own, None)).unwrap();
+    let ok = wait_until(WAIT, || has_all(&own, &from_open));
+    assert!(ok, "{:#?}", h.status());
+    let locked_url = url(&locked);
+    assert!(
+        wait_until(WAIT, || h
+            .status()
+            .relay(&locked_url)
+            .is_some_and(|r| r.closed > 0)),
+        "{:#?}",
+        h.status()
+    );
+    // Still running: the refused queries are retried and refused again, nothing crashes.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = h.status();
+    let r = s.relay(&locked_url).unwrap();
+    assert!(r.closed > 0);
+    assert_eq!(r.events_accepted, 0);
+    assert!(locked.authenticated_pubkeys().is_empty());
+    assert!(from_locked.iter().all(|id| !own.contains(id)));
+    assert!(s.relay(&url(&open)).unwrap().events_accepted > 0);
+    stop(h);
+}
+
+#[test]
+fn auth_required_mid_session_holds_the_req_and_the_writes_then_resends_them() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let keys = Keys::generate();
+    let author = Keys::generate();
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "r"]).unwrap())
+        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
+        .finalize(&author)
+        .unwrap();
+    let repo = format!("30617:{}:r", author.public_key().to_hex());
+    own.insert(&ann);
+    remote.insert(&ann);
+    let h = grasp_sync::start(config(&own, Some(&keys))).unwrap();
+    assert!(
+        wait_until(WAIT, || h.status().is_settled() && h.status().repos == 1),
+        "{:#?}",
+        h.status()
+    );
+    assert!(
+        remote.authenticated_pubkeys().is_empty(),
+        "nobody asked yet"
+    );
+
+    // Both relays start requiring AUTH on the open connections: the next REQ and EVENT are
+    // refused first, and the challenge follows the refusal.
+    remote.set_require_auth(true);
+    own.set_require_auth(true);
+    remote.clear_reqs();
+    let issue = event(&author, 1621, "new issue", &[["a", &repo]]);
+    let mut expected = HashSet::new();
+    for i in 0..5 {
+        let reply = event(
+            &author,
+            1111,
+            &format!("reply {i}"),
+            &[["E", &issue.id.to_hex()]],
+        );
+        remote.insert(&reply);
+        expected.insert(reply.id);
+    }
+    own.insert(&issue);
+    let ok = wait_until(WAIT, || has_all(&own, &expected));
+    assert!(ok, "{:#?}", h.status());
+    assert_eq!(remote.authenticated_pubkeys(), vec![keys.public_key()]);
+    assert_eq!(own.authenticated_pubkeys(), vec![keys.public_key()]);
+    // The refused REQ was sent again, unchanged, on the same connection.
+    let reqs = remote.reqs();
+    let resent = reqs.iter().enumerate().any(|(i, a)| {
+        reqs[i + 1..]
+            .iter()
+            .any(|b| a.raw == b.raw && a.conn == b.conn)
+    });
+    assert!(resent, "{reqs:#?}");
+    let s = h.status();
+    assert_eq!(s.rejected, 0, "auth-required writes are not rejections");
+    assert!(
+        wait_until(WAIT, || h.status().is_settled()),
+        "{:#?}",
+        h.status()
+    );
+    stop(h);
+}
+
+type Client = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>;
+
+fn recv(ws: &mut Client) -> serde_json::Value {
+    loop {
+        if let tungstenite::Message::Text(t) = ws.read().unwrap() {
+            return serde_json::from_str(t.as_str()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn test_relay_require_auth_protocol() {
+    use serde_json::{json, Value};
+
+    let relay = TestRelay::start();
+    relay.set_require_auth(true);
+    let (mut ws, _) = tungstenite::connect(relay.url()).unwrap();
+    let first = recv(&mut ws);
+    assert_eq!(first[0], "AUTH");
+    let challenge = first[1].as_str().unwrap().to_string();
+    assert!(challenge.len() >= 16);
+    let keys = Keys::generate();
+    let note = event(&keys, 1, "hi", &[]);
+    let auth = |challenge: &str| {
+        EventBuilder::new(Kind::Authentication, "")
+            .tag(Tag::parse(["relay", &relay.url()]).unwrap())
+            .tag(Tag::parse(["challenge", challenge]).unwrap())
+            .finalize(&keys)
+            .unwrap()
+    };
+    let wrong = auth("not-the-challenge");
+    let right = auth(&challenge);
+    let obj = |e: &Event| serde_json::from_str::<Value>(&e.as_json()).unwrap();
+    for frame in [
+        json!(["REQ", "s", {"kinds": [1]}]),
+        json!(["EVENT", obj(&note)]),
+        json!(["AUTH", obj(&wrong)]),
+        json!(["AUTH", obj(&right)]),
+        json!(["REQ", "s", {"kinds": [1]}]),
+    ] {
+        ws.send(tungstenite::Message::text(frame.to_string()))
+            .unwrap();
+    }
+    let refusal = "auth-required: please authenticate";
+    assert_eq!(recv(&mut ws), json!(["CLOSED", "s", refusal]));
+    assert_eq!(
+        recv(&mut ws),
+        json!(["OK", note.id.to_hex(), false, refusal])
+    );
+    let r = recv(&mut ws);
+    assert_eq!(
+        (&r[0], &r[1], &r[2]),
+        (&json!("OK"), &json!(wrong.id.to_hex()), &json!(false))
+    );
+    assert_eq!(recv(&mut ws), json!(["OK", right.id.to_hex(), true, ""]));
+    assert_eq!(recv(&mut ws), json!(["EOSE", "s"]));
+    assert_eq!(relay.authenticated_pubkeys(), vec![keys.public_key()]);
+    assert!(relay.is_empty(), "the refused EVENT was not stored");
+}
