@@ -17,8 +17,6 @@ pub mod nip34;
 pub mod paging;
 pub mod state;
 pub mod sync;
-#[cfg(test)]
-mod sync_tests;
 pub mod time;
 
 pub use actions::{compute_actions, derive_relay_targets, AddFilters};

@@ -1,0 +1,344 @@
+//! compute_actions → AddFilters → PendingBatch → EOSE (with pages) → confirmed, or failed and retried.
+
+use super::*;
+
+impl SyncMachine {
+    pub(super) fn targets(&self) -> HashMap<RelayUrl, RelaySyncNeeds> {
+        derive_relay_targets(&self.repo_index, &self.excluded)
+    }
+
+    pub(super) fn run_compute_actions(&mut self, now: Time) {
+        let targets = self.targets();
+        let actions = compute_actions(&targets, &self.pending, &self.relays);
+        for a in actions {
+            if self
+                .links
+                .get(&a.relay_url)
+                .is_some_and(|l| l.retry_after.is_some())
+            {
+                continue;
+            }
+            self.handle_add_filters(a, now);
+        }
+    }
+
+    pub(super) fn recompute_actions_for_relay(&mut self, relay: &RelayUrl, now: Time) {
+        let mut targets = self.targets();
+        let Some(target) = targets.remove(relay) else {
+            return;
+        };
+        let single = HashMap::from([(relay.clone(), target)]);
+        for a in compute_actions(&single, &self.pending, &self.relays) {
+            self.handle_add_filters(a, now);
+        }
+    }
+
+    /// The design's `handle_add_filters`: spawn unknown relays; subscribe connected ones and
+    /// record a [`PendingBatch`].
+    pub(super) fn handle_add_filters(&mut self, action: AddFilters, now: Time) {
+        let AddFilters {
+            relay_url,
+            repos,
+            root_events,
+            filters,
+        } = action;
+        match self.relays.get(&relay_url) {
+            None => {
+                info!("discovered relay {relay_url}");
+                self.relays
+                    .insert(relay_url.clone(), RelayState::new(false));
+                self.links.insert(relay_url.clone(), Link::default());
+                self.connect_remote(&relay_url, now);
+                return;
+            }
+            Some(s) if s.connection_status != ConnectionStatus::Connected => return,
+            Some(_) => {}
+        }
+        // maybe_consolidate: checked BEFORE the new filters are added.
+        let open = self.links.get(&relay_url).map_or(0, |l| l.subs.len());
+        let deferring = self
+            .links
+            .get(&relay_url)
+            .is_some_and(|l| !l.deferred.is_empty());
+        let threshold = self.threshold(&relay_url);
+        if deferring || (open > 1 && open + filters.len() > threshold) {
+            let wait = self.config.consolidation_wait;
+            let link = self.link(&relay_url);
+            link.deferred.repos.extend(repos);
+            link.deferred.root_events.extend(root_events);
+            if link.consolidate_by.is_none() {
+                info!(
+                    "{relay_url}: {open} open + {} new subscriptions exceed {}; consolidating",
+                    filters.len(),
+                    threshold
+                );
+                link.consolidate_by = Some(now.plus(wait));
+            }
+            self.run_deferred_if_idle(&relay_url, now);
+            return;
+        }
+        self.subscribe_batch(&relay_url, repos, root_events, filters, now);
+    }
+
+    /// Subscribes `filters` (one REQ each) as a new [`PendingBatch`] of the given items.
+    pub(super) fn subscribe_batch(
+        &mut self,
+        relay_url: &RelayUrl,
+        repos: HashSet<crate::core::nip34::RepoRef>,
+        root_events: HashSet<EventId>,
+        filters: Vec<Filter>,
+        now: Time,
+    ) {
+        if filters.is_empty() {
+            return;
+        }
+        let relay_url = relay_url.clone();
+        let filters = self.fit_filters(&relay_url, filters);
+        let generation = self.relays[&relay_url].generation;
+        self.next_batch += 1;
+        let batch_id = self.next_batch;
+        let mut outstanding = HashSet::new();
+        for filter in filters {
+            let sub_id = self.open_sub(&relay_url, generation, SubPurpose::Batch(batch_id), filter);
+            outstanding.insert(sub_id);
+        }
+        debug!(
+            "{relay_url}: batch {batch_id} with {} repos, {} root events, {} subscriptions",
+            repos.len(),
+            root_events.len(),
+            outstanding.len()
+        );
+        self.pending
+            .entry(relay_url)
+            .or_default()
+            .push(PendingBatch {
+                batch_id,
+                items: PendingItems { repos, root_events },
+                outstanding_subs: outstanding,
+                started_at: now,
+                incomplete: false,
+            });
+    }
+
+    pub(super) fn handle_eose(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: &SubscriptionId,
+        stats: &PageStats,
+        now: Time,
+    ) {
+        let Some(info) = self.links.get_mut(relay).and_then(|l| {
+            l.loading.remove(sub_id);
+            l.subs.get(sub_id).cloned()
+        }) else {
+            return;
+        };
+        let batch_id = match info.purpose {
+            SubPurpose::Batch(id) => Some(id),
+            SubPurpose::Page { batch } => batch,
+            _ => None,
+        };
+        // Pages of older history first, so a batch never confirms before its pages.
+        let plan = plan_pages(&info.filter, stats, &self.page_limits(relay));
+        let generation = self.relays.get(relay).map_or(0, |s| s.generation);
+        let mut page_subs = Vec::new();
+        for f in plan.next {
+            self.counters.pages_requested += 1;
+            page_subs.push(self.open_sub(
+                relay,
+                generation,
+                SubPurpose::Page { batch: batch_id },
+                f,
+            ));
+        }
+        let constrained = self
+            .links
+            .get(relay)
+            .is_some_and(|l| !l.queue.is_empty() || !l.polled.is_empty());
+        let close = match info.purpose {
+            SubPurpose::Page { .. } => true,
+            // Over budget: a batch's history query gives its slot back at EOSE; its items
+            // join the live or polled set at the next rebuild.
+            SubPurpose::Batch(_) if constrained => {
+                self.link(relay).rebuild_needed = true;
+                true
+            }
+            _ => false,
+        };
+        if close {
+            if let Some(l) = self.links.get_mut(relay) {
+                l.subs.remove(sub_id);
+            }
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id: sub_id.clone(),
+            });
+            self.drain_queue(relay);
+        }
+        if plan.partial_split {
+            info!(
+                "{relay}: more events than the relay returns share one second; split by the kinds/authors seen (events of other kinds/authors in that second cannot be asked for)"
+            );
+        }
+        if let Some(why) = &plan.incomplete {
+            self.counters.incomplete_queries += 1;
+            warn!(
+                "{relay}: history of {sub_id} ({:?}) is incomplete: {why}",
+                info.purpose
+            );
+        }
+        debug!(
+            "{relay}: EOSE for {sub_id} ({:?}, {} events, {} pages)",
+            info.purpose,
+            stats.received,
+            page_subs.len()
+        );
+        let Some(batch_id) = batch_id else {
+            self.run_deferred_if_idle(relay, now);
+            return;
+        };
+        let Some(batches) = self.pending.get_mut(relay) else {
+            return;
+        };
+        let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
+            return;
+        };
+        let batch = &mut batches[pos];
+        batch.outstanding_subs.remove(sub_id);
+        batch.outstanding_subs.extend(page_subs);
+        // Progress: the EOSE deadline counts from the last answer.
+        batch.started_at = now;
+        if plan.incomplete.is_some() {
+            batch.incomplete = true;
+        }
+        if !batch.outstanding_subs.is_empty() {
+            return;
+        }
+        let batch = batches.remove(pos);
+        if batches.is_empty() {
+            self.pending.remove(relay);
+        }
+        self.counters.batches_confirmed += 1;
+        if batch.incomplete {
+            warn!(
+                "{relay}: batch {} confirmed INCOMPLETE: the relay could not deliver all history of its {} repos and {} root events",
+                batch.batch_id,
+                batch.items.repos.len(),
+                batch.items.root_events.len()
+            );
+        }
+        if let Some(state) = self.relays.get_mut(relay) {
+            debug!(
+                "{relay}: batch {} confirmed ({} repos, {} root events)",
+                batch.batch_id,
+                batch.items.repos.len(),
+                batch.items.root_events.len()
+            );
+            if batch.incomplete {
+                state.incomplete_batches += 1;
+            }
+            state.repos.extend(batch.items.repos);
+            state.root_events.extend(batch.items.root_events);
+        }
+        self.run_deferred_if_idle(relay, now);
+    }
+
+    pub(super) fn fail_batch(&mut self, relay: &RelayUrl, batch_id: u64, now: Time, why: &str) {
+        self.fail_batch_for(relay, batch_id, now, why, None);
+    }
+
+    /// Fails a batch; its items are retried after `min_delay` or the backoff, whichever is
+    /// longer.
+    pub(super) fn fail_batch_for(
+        &mut self,
+        relay: &RelayUrl,
+        batch_id: u64,
+        now: Time,
+        why: &str,
+        min_delay: Option<Duration>,
+    ) {
+        let Some(batches) = self.pending.get_mut(relay) else {
+            return;
+        };
+        let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
+            return;
+        };
+        let batch = batches.remove(pos);
+        if batches.is_empty() {
+            self.pending.remove(relay);
+        }
+        self.counters.batches_failed += 1;
+        let generation = self.relays.get(relay).map_or(0, |s| s.generation);
+        let policy = self.config.backoff;
+        let unit = self.jitter.unit();
+        let link = self.links.entry(relay.clone()).or_default();
+        // Close every subscription of the batch, also those that already saw EOSE: the
+        // retry opens the same filters again.
+        let mut subs: Vec<SubscriptionId> = link
+            .subs
+            .iter()
+            .filter(|(_, i)| {
+                i.purpose == SubPurpose::Batch(batch_id)
+                    || i.purpose
+                        == SubPurpose::Page {
+                            batch: Some(batch_id),
+                        }
+            })
+            .map(|(s, _)| s.clone())
+            .collect();
+        subs.sort();
+        link.queue.retain(|(_, i)| {
+            i.purpose != SubPurpose::Batch(batch_id)
+                && i.purpose
+                    != SubPurpose::Page {
+                        batch: Some(batch_id),
+                    }
+        });
+        for sub in subs {
+            link.loading.remove(&sub);
+            link.subs.remove(&sub);
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id: sub,
+            });
+        }
+        let delay = policy
+            .base
+            .mul_f64(0.75 + 0.5 * unit)
+            .max(Duration::from_secs(1));
+        let delay = delay
+            .max(link.health.base_delay(now, &policy))
+            .max(min_delay.unwrap_or(Duration::ZERO));
+        let at = now.plus(delay);
+        link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
+        let deferred_waiting = !link.deferred.is_empty();
+        warn!(
+            "{relay}: batch {batch_id} failed ({why}); its {} repos and {} root events are retried in {:.0}s",
+            batch.items.repos.len(),
+            batch.items.root_events.len(),
+            at.since(now).as_secs_f64()
+        );
+        self.drain_queue(relay);
+        if deferred_waiting {
+            self.run_deferred_if_idle(relay, now);
+        }
+    }
+
+    pub(super) fn expire_batches(&mut self, now: Time) {
+        let timeout = self.config.eose_timeout;
+        let expired: Vec<(RelayUrl, u64)> = self
+            .pending
+            .iter()
+            .flat_map(|(u, bs)| {
+                bs.iter()
+                    .filter(|b| now.since(b.started_at) >= timeout)
+                    .map(|b| (u.clone(), b.batch_id))
+            })
+            .collect();
+        for (relay, batch_id) in expired {
+            self.fail_batch(&relay, batch_id, now, "no EOSE before the deadline");
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Scenario 4 (consolidation, never blocking) and Scenario 5 (the daily resync).
+
+use super::*;
+
+impl SyncMachine {
+    pub(super) fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {
+        let ready = self
+            .links
+            .get(relay)
+            .is_some_and(|l| (!l.deferred.is_empty() || l.rebuild_needed) && l.loading.is_empty());
+        if ready {
+            self.run_deferred(relay, now);
+        }
+    }
+
+    /// The design's `consolidate`, without blocking: runs once the relay's pending batches
+    /// are done or the wait deadline passed (then the still-pending batches are folded into
+    /// the new items instead of being waited for). Closes every subscription, re-subscribes
+    /// Layer 1 and Layers 2+3 of the confirmed items with `since = now − 15 min`, then adds
+    /// the deferred new items as one batch without `since`.
+    pub(super) fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
+        let Some(link) = self.links.get_mut(relay) else {
+            return;
+        };
+        link.consolidate_by = None;
+        // The rebuild below re-subscribes Layer 1 and every confirmed item.
+        link.reopen
+            .retain(|r| !matches!(r.1, SubPurpose::Announcements | SubPurpose::CatchUp));
+        let mut items = std::mem::take(&mut link.deferred);
+        let connected = self
+            .relays
+            .get(relay)
+            .is_some_and(|s| s.connection_status == ConnectionStatus::Connected);
+        if !connected {
+            return;
+        }
+        let state = &self.relays[relay];
+        let generation = state.generation;
+        let (repos, roots) = (state.repos.clone(), state.root_events.clone());
+        let before = self.links.get(relay).map_or(0, |l| l.subs.len());
+        // Subscriptions still loading history (a first Layer 1) and every subscription of a
+        // batch that is still pending stay open: closing them would lose what they have not
+        // delivered yet, or leave the batch's items without a live subscription once it
+        // confirms.
+        let pending_batches: HashSet<u64> = self
+            .pending
+            .get(relay)
+            .map(|bs| bs.iter().map(|b| b.batch_id).collect())
+            .unwrap_or_default();
+        let mut keep_l1 = false;
+        let mut old: Vec<SubscriptionId> = Vec::new();
+        if let Some(l) = self.links.get_mut(relay) {
+            let loading = l.loading.clone();
+            l.subs.retain(|sub, info| {
+                let purpose = &info.purpose;
+                let of_pending_batch = matches!(purpose,
+                    SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) }
+                        if pending_batches.contains(id));
+                if loading.contains(sub) || of_pending_batch {
+                    keep_l1 |= *purpose == SubPurpose::Announcements;
+                    true
+                } else {
+                    old.push(sub.clone());
+                    false
+                }
+            });
+        }
+        old.sort();
+        for sub_id in old {
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id,
+            });
+        }
+        let since = now.minus(self.config.quick_reconnect_window).timestamp();
+        if let Some(l) = self.links.get_mut(relay) {
+            l.rebuild_needed = false;
+        }
+        self.open_live_set(relay, since, !keep_l1, now);
+        items.repos.retain(|r| !repos.contains(r));
+        items.root_events.retain(|e| !roots.contains(e));
+        let filters = build_layer2_and_layer3_filters(&items.repos, &items.root_events, None);
+        self.subscribe_batch(relay, items.repos, items.root_events, filters, now);
+        self.drain_queue(relay);
+        let after = self.links.get(relay).map_or(0, |l| l.subs.len());
+        info!("{relay}: consolidated {before} subscriptions (plus the new items) into {after}");
+    }
+
+    pub(super) fn schedule_daily(&mut self, now: Time) {
+        let (lo, hi) = (
+            self.config.daily_min,
+            self.config.daily_max.max(self.config.daily_min),
+        );
+        let delay = lo + (hi - lo).mul_f64(self.jitter.unit());
+        self.next_daily = Some(now.plus(delay));
+        debug!("next daily resync in {:.1} h", delay.as_secs_f64() / 3600.0);
+    }
+
+    /// Scenario 5: the daily full resync of every relay (close all, clear pending and
+    /// confirmed, Layer 1 without since, compute_actions for everything).
+    pub(super) fn daily_resync(&mut self, now: Time) {
+        let urls: Vec<RelayUrl> = self.relays.keys().cloned().collect();
+        info!("daily resync of {} relays", urls.len());
+        for url in urls {
+            if let Some(batches) = self.pending.remove(&url) {
+                self.counters.batches_failed += batches.len() as u64;
+            }
+            let Some(state) = self.relays.get_mut(&url) else {
+                continue;
+            };
+            state.clear_sync_state();
+            let generation = state.generation;
+            let connected = state.connection_status == ConnectionStatus::Connected;
+            if !connected {
+                // Not connected: the next connect is a fresh sync.
+                state.last_connected = None;
+                state.disconnected_at = None;
+                continue;
+            }
+            let link = self.links.entry(url.clone()).or_default();
+            link.deferred = PendingItems::default();
+            link.consolidate_by = None;
+            link.reopen.clear();
+            link.queue.clear();
+            link.polled.clear();
+            link.poll_since = None;
+            link.next_poll = None;
+            link.rebuild_needed = false;
+            link.loading.clear();
+            let mut old: Vec<SubscriptionId> = link.subs.drain().map(|(s, _)| s).collect();
+            old.sort();
+            for sub_id in old {
+                self.commands.push_back(Command::Unsubscribe {
+                    relay: url.clone(),
+                    generation,
+                    sub_id,
+                });
+            }
+            self.open_sub(
+                &url,
+                generation,
+                SubPurpose::Announcements,
+                build_announcement_filter(None),
+            );
+            self.recompute_actions_for_relay(&url, now);
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Connection lifecycle of remote relays: connect (fresh, quick, stale), disconnect, idle check.
+
+use super::*;
+
+impl SyncMachine {
+    pub(super) fn connect_remote(&mut self, relay: &RelayUrl, _now: Time) {
+        let Some(state) = self.relays.get_mut(relay) else {
+            return;
+        };
+        state.generation += 1;
+        state.connection_status = ConnectionStatus::Connecting;
+        self.counters.connect_attempts += 1;
+        self.commands.push_back(Command::Connect {
+            relay: relay.clone(),
+            generation: state.generation,
+        });
+    }
+
+    /// The design's `handle_connect_or_reconnect`: fresh, quick or stale.
+    pub(super) fn handle_connect_or_reconnect(&mut self, relay: &RelayUrl, now: Time) {
+        let window = self.config.quick_reconnect_window;
+        let Some(state) = self.relays.get_mut(relay) else {
+            return;
+        };
+        let stale = state.last_connected.is_some() && state.should_clear_state(now, window);
+        let fresh = state.last_connected.is_none() || stale;
+        let since = if fresh {
+            None
+        } else {
+            state.last_connected.map(|t| t.minus(window).timestamp())
+        };
+        if stale {
+            info!("{relay}: reconnected after more than {window:?}; fresh sync");
+            state.clear_sync_state();
+        }
+        state.connection_status = ConnectionStatus::Connected;
+        state.last_connected = Some(now);
+        state.disconnected_at = None;
+        let generation = state.generation;
+        let (repos, roots) = (state.repos.clone(), state.root_events.clone());
+        self.link(relay).health.record_success(now);
+        info!(
+            "{relay}: connected ({})",
+            match since {
+                None => "fresh sync".to_string(),
+                Some(s) => format!("quick reconnect, catch-up since {}", s.as_secs()),
+            }
+        );
+        let _ = (&repos, &roots);
+        match since {
+            Some(since) => self.open_live_set(relay, since, true, now),
+            None => {
+                self.open_sub(
+                    relay,
+                    generation,
+                    SubPurpose::Announcements,
+                    build_announcement_filter(None),
+                );
+            }
+        }
+        self.recompute_actions_for_relay(relay, now);
+    }
+
+    /// The design's `handle_disconnect`, plus the reconnect schedule.
+    pub(super) fn handle_disconnect(&mut self, relay: &RelayUrl, reason: &str, now: Time) {
+        let Some(state) = self.relays.get_mut(relay) else {
+            return;
+        };
+        let was_connected = state.connection_status == ConnectionStatus::Connected;
+        if was_connected {
+            state.disconnected_at = Some(now);
+        }
+        state.connection_status = ConnectionStatus::Disconnected;
+        if let Some(batches) = self.pending.remove(relay) {
+            self.counters.batches_failed += batches.len() as u64;
+        }
+        let policy = self.config.backoff;
+        let unit = self.jitter.unit();
+        let link = self.links.entry(relay.clone()).or_default();
+        link.subs.clear();
+        link.loading.clear();
+        link.deferred = PendingItems::default();
+        link.consolidate_by = None;
+        link.reopen.clear();
+        link.queue.clear();
+        link.polled.clear();
+        link.poll_since = None;
+        link.next_poll = None;
+        link.rebuild_needed = false;
+        link.health.record_failure(now, &policy);
+        let at = link.health.next_attempt(now, &policy, unit);
+        link.next_attempt = Some(at);
+        let verb = if was_connected {
+            "lost"
+        } else {
+            "connect failed"
+        };
+        warn!(
+            "{relay}: {verb} ({reason}); retry in {:.1}s (failures: {})",
+            at.since(now).as_secs_f64(),
+            link.health.failures()
+        );
+    }
+
+    /// The design's `check_disconnects`, corrected: a relay is dropped only when it has no
+    /// target items, no pending batch and is not bootstrap. A relay still in its first sync
+    /// has targets, so it is never dropped.
+    pub(super) fn check_disconnects(&mut self, _now: Time) {
+        let targets = self.targets();
+        let idle: Vec<RelayUrl> = self
+            .relays
+            .iter()
+            .filter(|(url, s)| {
+                !s.is_bootstrap
+                    && !targets.contains_key(*url)
+                    && self.pending.get(*url).is_none_or(|b| b.is_empty())
+            })
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in idle {
+            info!("{url}: no repository needs this relay any more; disconnecting");
+            self.relays.remove(&url);
+            self.pending.remove(&url);
+            self.links.remove(&url);
+            self.commands.push_back(Command::Forget { relay: url });
+        }
+    }
+}

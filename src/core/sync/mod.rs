@@ -1,0 +1,730 @@
+//! [`SyncMachine`]: the coordinator's brain, sans-IO.
+//!
+//! It owns the design's three indexes and decides everything: which relays to connect, what
+//! to subscribe with which `since`, when a batch is confirmed or failed, when to retry. It
+//! takes [`Report`]s from the connection threads plus `now`, and queues [`Command`]s that the
+//! engine carries out. It never blocks and never reads a clock, so a test can drive it
+//! through hours of simulated time.
+
+mod batches;
+mod complaints;
+mod consolidation;
+mod lifecycle;
+mod own;
+mod subscriptions;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use nostr::event::{Event, EventId};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::actions::{compute_actions, derive_relay_targets, AddFilters};
+use crate::core::complaints::{
+    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
+};
+use crate::core::filters::{
+    build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
+};
+use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
+use crate::core::nip34::{classify_self_event, SelfEventMeaning};
+use crate::core::paging::{plan_pages, PageLimits, PageStats};
+use crate::core::state::{
+    ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
+    RelaySyncNeeds, RepoSyncIndex,
+};
+use crate::core::time::Time;
+use crate::net::nip11::RelayLimits;
+use crate::net::url::RelayUrl;
+
+/// Settings of the sync logic.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// The own relay's connect URL.
+    pub own_relay: RelayUrl,
+    /// Other URLs under which the own relay is announced; never sync targets.
+    pub own_aliases: Vec<RelayUrl>,
+    /// Relays connected from the start and never idle-disconnected.
+    pub bootstrap: Vec<RelayUrl>,
+    /// Self-subscription batch window (design: 5 s). Starts at the first event of a batch
+    /// and does not reset.
+    pub batch_window: Duration,
+    /// The most self-subscription events held in one batch; a full batch is processed early.
+    pub max_batch_events: usize,
+    /// Quick-reconnect window and `since` margin (design: 15 min).
+    pub quick_reconnect_window: Duration,
+    /// A batch whose subscriptions have not all seen EOSE after this long fails.
+    pub eose_timeout: Duration,
+    /// Interval of the idle-relay check (design: 60 s).
+    pub disconnect_check_interval: Duration,
+    /// Reconnect backoff and health thresholds.
+    pub backoff: BackoffPolicy,
+    /// Open subscriptions per relay above which `handle_add_filters` consolidates
+    /// (design: 70).
+    pub consolidation_threshold: usize,
+    /// How long a consolidation waits for the relay's pending batches (design: 30 s).
+    pub consolidation_wait: Duration,
+    /// Shortest delay of the daily full resync (design: 23 h).
+    pub daily_min: Duration,
+    /// Longest delay of the daily full resync (design: 25 h).
+    pub daily_max: Duration,
+    /// Open subscriptions per relay when NIP-11 does not publish `max_subscriptions`
+    /// (default 20).
+    pub default_subscription_budget: usize,
+    /// How often queries that do not fit a relay's subscription budget are re-run with
+    /// `since` (default 60 s).
+    pub poll_interval: Duration,
+    /// Cool-down after a `rate-limited:` CLOSED or a rate-limit NOTICE (default 65 s).
+    pub rate_limit_cooldown: Duration,
+    /// Delay before a query refused by a relay (`restricted:`, `blocked:`, …) is tried again
+    /// (default 10 min).
+    pub refused_retry: Duration,
+    /// Events per query assumed for a relay that publishes no NIP-11 limits: a query that
+    /// returns this many is paged. Lower is safer and costs one extra REQ per full query.
+    pub assumed_page_size: usize,
+    /// Seed of the jitter source.
+    pub seed: u64,
+}
+
+impl SyncConfig {
+    /// Defaults from the design document for `own_relay`.
+    pub fn new(own_relay: RelayUrl) -> SyncConfig {
+        SyncConfig {
+            own_relay,
+            own_aliases: Vec::new(),
+            bootstrap: Vec::new(),
+            batch_window: Duration::from_secs(5),
+            max_batch_events: 50_000,
+            quick_reconnect_window: Duration::from_secs(15 * 60),
+            eose_timeout: Duration::from_secs(120),
+            disconnect_check_interval: Duration::from_secs(60),
+            backoff: BackoffPolicy::default(),
+            consolidation_threshold: 70,
+            consolidation_wait: Duration::from_secs(30),
+            daily_min: Duration::from_secs(23 * 3600),
+            daily_max: Duration::from_secs(25 * 3600),
+            assumed_page_size: 20,
+            default_subscription_budget: 20,
+            poll_interval: Duration::from_secs(60),
+            rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
+            refused_retry: Duration::from_secs(600),
+            seed: 1,
+        }
+    }
+}
+
+/// What a connection thread reports.
+#[derive(Debug, Clone)]
+pub enum Report {
+    /// The websocket is open.
+    Connected {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the `Connect` this answers.
+        generation: u64,
+    },
+    /// The connect attempt failed, or an open connection was lost.
+    Disconnected {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// What went wrong, for the log.
+        reason: String,
+    },
+    /// End of stored events for a subscription.
+    Eose {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The subscription.
+        sub_id: SubscriptionId,
+        /// What it delivered before EOSE (accepted or not).
+        stats: PageStats,
+    },
+    /// What a relay publishes about its limits (NIP-11).
+    Limits {
+        /// Relay (the own relay too).
+        relay: RelayUrl,
+        /// The `limitation` values it published.
+        limits: RelayLimits,
+    },
+    /// The relay closed a subscription.
+    Closed {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The subscription.
+        sub_id: SubscriptionId,
+        /// The relay's reason.
+        message: String,
+    },
+    /// A NOTICE from a relay.
+    Notice {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The text.
+        message: String,
+    },
+    /// A checked event read by the self-subscription on the own relay.
+    SelfEvent {
+        /// Generation of the own relay connection.
+        generation: u64,
+        /// The event.
+        event: Box<Event>,
+    },
+}
+
+/// What the engine must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Open a connection (spawning the relay's thread if it has none).
+    Connect {
+        /// Relay (the own relay for the self-subscription).
+        relay: RelayUrl,
+        /// Generation to tag every report of this connection with.
+        generation: u64,
+    },
+    /// Send `["REQ", sub_id, filter]` on the connection of this generation.
+    Subscribe {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation; a thread drops commands of another generation.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// The one filter of this REQ.
+        filter: Filter,
+    },
+    /// Send `["CLOSE", sub_id]`.
+    Unsubscribe {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+    },
+    /// Close the connection and end the relay's thread: the relay is no longer needed.
+    Forget {
+        /// Relay.
+        relay: RelayUrl,
+    },
+    /// The repository index changed: the forwarder may retry events the own relay rejected.
+    RetryRejected,
+}
+
+/// What a subscription is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubPurpose {
+    /// Layer 1 (announcements), once per connection.
+    Announcements,
+    /// Layer 2/3 for a pending batch.
+    Batch(u64),
+    /// Layer 2/3 catch-up for confirmed items after a reconnect or consolidation.
+    CatchUp,
+    /// The self-subscription on the own relay.
+    SelfSubscription,
+    /// A page of older history, closed at EOSE; part of a batch when `batch` is set.
+    Page {
+        /// The batch the page completes, if any.
+        batch: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct SubInfo {
+    purpose: SubPurpose,
+    /// The filter exactly as sent (for paging).
+    filter: Filter,
+}
+
+#[derive(Debug, Default)]
+struct Link {
+    subs: HashMap<SubscriptionId, SubInfo>,
+    /// Subscriptions still loading stored history (no EOSE yet); consolidation never
+    /// closes these.
+    loading: HashSet<SubscriptionId>,
+    health: Health,
+    next_attempt: Option<Time>,
+    /// Batches failed: compute_actions leaves the relay alone until then.
+    retry_after: Option<Time>,
+    /// New items waiting for a consolidation (which waits for pending batches).
+    deferred: PendingItems,
+    /// Consolidate at this time at the latest, pending batches or not.
+    consolidate_by: Option<Time>,
+    /// Subscriptions (not part of a batch) closed by the relay, to open again at a time.
+    reopen: Vec<(Time, SubPurpose, Filter)>,
+    /// CLOSED prefixes and NOTICE texts already logged at warn level for this relay.
+    warned: HashSet<String>,
+    /// Subscriptions waiting for room in the relay's subscription budget (in order).
+    queue: VecDeque<(SubscriptionId, SubInfo)>,
+    /// Layer 2/3 queries of confirmed items that do not fit the budget as live
+    /// subscriptions: re-run every poll interval with `since`, closed at EOSE.
+    polled: Vec<Filter>,
+    /// `since` of the next poll round.
+    poll_since: Option<nostr::types::Timestamp>,
+    /// When the next poll round starts.
+    next_poll: Option<Time>,
+    /// A batch's subscriptions were closed at EOSE to make room: rebuild the live/polled
+    /// sets once the relay is idle.
+    rebuild_needed: bool,
+}
+
+#[derive(Debug)]
+struct SelfBatch {
+    meanings: Vec<SelfEventMeaning>,
+    started: Option<Time>,
+}
+
+/// Counters kept by the machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncCounters {
+    /// Batches confirmed (every subscription saw EOSE).
+    pub batches_confirmed: u64,
+    /// Batches failed (EOSE deadline, CLOSED, disconnect).
+    pub batches_failed: u64,
+    /// Pages of older history requested from capped relays.
+    pub pages_requested: u64,
+    /// Queries whose history a relay could not deliver completely.
+    pub incomplete_queries: u64,
+    /// Rate limits signalled by remote relays (CLOSED `rate-limited:` or NOTICE).
+    pub rate_limited: u64,
+    /// Subscriptions closed by a relay.
+    pub closed_by_relay: u64,
+    /// Events read by the self-subscription.
+    pub self_events: u64,
+    /// Self-subscription batches processed.
+    pub self_batches: u64,
+    /// Connect commands issued.
+    pub connect_attempts: u64,
+}
+
+/// Status of one remote relay, as the machine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelaySyncStatus {
+    /// Relay.
+    pub url: RelayUrl,
+    /// Connection status.
+    pub connection_status: ConnectionStatus,
+    /// Health.
+    pub health: HealthState,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// Bootstrap relay.
+    pub is_bootstrap: bool,
+    /// Repositories the relay should carry.
+    pub target_repos: usize,
+    /// Root events the relay should carry.
+    pub target_root_events: usize,
+    /// Confirmed repositories.
+    pub confirmed_repos: usize,
+    /// Confirmed root events.
+    pub confirmed_root_events: usize,
+    /// Pending batches.
+    pub pending_batches: usize,
+    /// Repositories in pending batches.
+    pub pending_repos: usize,
+    /// Root events in pending batches.
+    pub pending_root_events: usize,
+    /// Open subscriptions.
+    pub open_subscriptions: usize,
+    /// Next reconnect attempt when disconnected.
+    pub next_attempt: Option<Time>,
+}
+
+/// The pure sync state machine. See the module documentation.
+#[derive(Debug)]
+pub struct SyncMachine {
+    config: SyncConfig,
+    excluded: Vec<RelayUrl>,
+    repo_index: RepoSyncIndex,
+    relays: RelaySyncIndex,
+    pending: PendingSyncIndex,
+    links: HashMap<RelayUrl, Link>,
+    limits: HashMap<RelayUrl, PageLimits>,
+    budgets: HashMap<RelayUrl, usize>,
+    max_message: HashMap<RelayUrl, usize>,
+    own: RelayState,
+    own_link: Link,
+    batch: SelfBatch,
+    commands: VecDeque<Command>,
+    next_sub: u64,
+    next_batch: u64,
+    next_disconnect_check: Option<Time>,
+    next_daily: Option<Time>,
+    jitter: Jitter,
+    counters: SyncCounters,
+    started: bool,
+}
+
+impl SyncMachine {
+    /// A machine with nothing known yet. Call [`SyncMachine::start`] next.
+    pub fn new(config: SyncConfig) -> SyncMachine {
+        let mut excluded = vec![config.own_relay.clone()];
+        for a in &config.own_aliases {
+            if !excluded.contains(a) {
+                excluded.push(a.clone());
+            }
+        }
+        let jitter = Jitter::new(config.seed);
+        SyncMachine {
+            excluded,
+            repo_index: RepoSyncIndex::new(),
+            relays: RelaySyncIndex::new(),
+            pending: PendingSyncIndex::new(),
+            links: HashMap::new(),
+            limits: HashMap::new(),
+            budgets: HashMap::new(),
+            max_message: HashMap::new(),
+            own: RelayState::new(false),
+            own_link: Link::default(),
+            batch: SelfBatch {
+                meanings: Vec::new(),
+                started: None,
+            },
+            commands: VecDeque::new(),
+            next_sub: 0,
+            next_batch: 0,
+            next_disconnect_check: None,
+            next_daily: None,
+            jitter,
+            counters: SyncCounters::default(),
+            config,
+            started: false,
+        }
+    }
+
+    /// Starts: connects the own relay (self-subscription) and every bootstrap relay.
+    pub fn start(&mut self, now: Time) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        self.connect_own(now);
+        for b in self.config.bootstrap.clone() {
+            if self.excluded.contains(&b) {
+                warn!("bootstrap relay {b} is the own relay; ignoring it as a sync source");
+                continue;
+            }
+            let mut s = RelayState::new(true);
+            s.connection_status = ConnectionStatus::Disconnected;
+            self.relays.insert(b.clone(), s);
+            self.links.insert(b.clone(), Link::default());
+            self.connect_remote(&b, now);
+        }
+        self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
+        self.schedule_daily(now);
+    }
+
+    /// The next command to carry out.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The earliest time at which [`SyncMachine::handle_timeout`] has work.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let mut t: Option<Time> = None;
+        let mut consider = |x: Option<Time>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        consider(self.batch.started.map(|s| s.plus(self.config.batch_window)));
+        consider(self.next_disconnect_check);
+        consider(self.next_daily);
+        consider(self.own_link.next_attempt);
+        for (url, link) in &self.links {
+            consider(link.next_attempt);
+            consider(link.retry_after);
+            consider(link.consolidate_by);
+            consider(link.reopen.iter().map(|r| r.0).min());
+            consider(link.next_poll);
+            if let Some(batches) = self.pending.get(url) {
+                consider(
+                    batches
+                        .iter()
+                        .map(|b| b.started_at.plus(self.config.eose_timeout))
+                        .min(),
+                );
+            }
+        }
+        t
+    }
+
+    /// Runs every timer that is due at `now`.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if let Some(s) = self.batch.started {
+            if now >= s.plus(self.config.batch_window) {
+                self.process_batch(now);
+            }
+        }
+        if self.own_link.next_attempt.is_some_and(|t| t <= now) {
+            self.own_link.next_attempt = None;
+            self.connect_own(now);
+        }
+        let due: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.next_attempt.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in due {
+            if let Some(l) = self.links.get_mut(&url) {
+                l.next_attempt = None;
+            }
+            self.connect_remote(&url, now);
+        }
+        self.expire_batches(now);
+        let retry: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.retry_after.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in retry {
+            if let Some(l) = self.links.get_mut(&url) {
+                l.retry_after = None;
+            }
+            self.recompute_actions_for_relay(&url, now);
+        }
+        let reopen: Vec<(RelayUrl, SubPurpose, Filter)> = self
+            .links
+            .iter_mut()
+            .flat_map(|(u, l)| {
+                let (due, later): (Vec<_>, Vec<_>) = l.reopen.drain(..).partition(|r| r.0 <= now);
+                l.reopen = later;
+                due.into_iter().map(move |r| (u.clone(), r.1, r.2))
+            })
+            .collect();
+        for (url, purpose, filter) in reopen {
+            if let Some(state) = self.relays.get(&url) {
+                if state.connection_status == ConnectionStatus::Connected {
+                    let generation = state.generation;
+                    info!("{url}: subscribing again to the {purpose:?} query it closed");
+                    self.open_sub(&url, generation, purpose, filter);
+                }
+            }
+        }
+        let polls: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.next_poll.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in polls {
+            self.poll_round(&url, now);
+        }
+        let consolidate: Vec<RelayUrl> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.consolidate_by.is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in consolidate {
+            self.run_deferred(&url, now);
+        }
+        if self.next_daily.is_some_and(|t| t <= now) {
+            self.daily_resync(now);
+            self.schedule_daily(now);
+        }
+        if self.next_disconnect_check.is_some_and(|t| t <= now) {
+            self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
+            self.check_disconnects(now);
+        }
+    }
+
+    /// Feeds one report from a connection thread.
+    pub fn handle_report(&mut self, report: Report, now: Time) {
+        match report {
+            Report::Connected { relay, generation } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_connected(now);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_connect_or_reconnect(&relay, now);
+                }
+            }
+            Report::Disconnected {
+                relay,
+                generation,
+                reason,
+            } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_disconnected(&reason, now);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_disconnect(&relay, &reason, now);
+                }
+            }
+            Report::Eose {
+                relay,
+                generation,
+                sub_id,
+                stats,
+            } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_eose(&sub_id, &stats);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_eose(&relay, &sub_id, &stats, now);
+                }
+            }
+            Report::Limits { relay, limits } => {
+                let page = PageLimits {
+                    page_size: limits.page_size(self.config.assumed_page_size).max(1),
+                    max_limit: limits.max_limit,
+                };
+                info!(
+                    "{relay}: NIP-11 limits: page size {} (max_limit {:?}, default_limit {:?}, max_subscriptions {:?})",
+                    page.page_size, limits.max_limit, limits.default_limit, limits.max_subscriptions
+                );
+                if let Some(max) = limits.max_subscriptions {
+                    self.budgets.insert(relay.clone(), max.max(2));
+                }
+                if let Some(max) = limits.max_message_length {
+                    self.max_message.insert(relay.clone(), max);
+                }
+                self.limits.insert(relay, page);
+            }
+            Report::Closed {
+                relay,
+                generation,
+                sub_id,
+                message,
+            } => {
+                if relay == self.config.own_relay {
+                    if generation == self.own.generation {
+                        self.handle_own_closed(&message, now);
+                    }
+                } else if self.is_current(&relay, generation) {
+                    self.handle_closed(&relay, &sub_id, &message, now);
+                }
+            }
+            Report::Notice {
+                relay,
+                generation,
+                message,
+            } => {
+                if relay != self.config.own_relay && self.is_current(&relay, generation) {
+                    self.handle_notice(&relay, &message, now);
+                }
+            }
+            Report::SelfEvent { generation, event } => {
+                if generation == self.own.generation {
+                    self.push_self_event(&event, now);
+                }
+            }
+        }
+    }
+
+    fn is_current(&self, relay: &RelayUrl, generation: u64) -> bool {
+        self.relays
+            .get(relay)
+            .is_some_and(|s| s.generation == generation)
+    }
+
+    fn new_sub_id(&mut self) -> SubscriptionId {
+        self.next_sub += 1;
+        SubscriptionId::new(format!("gs{}", self.next_sub))
+    }
+
+    // ----- own relay (self-subscription) -----
+
+    // ----- remote relays -----
+
+    fn link(&mut self, relay: &RelayUrl) -> &mut Link {
+        self.links.entry(relay.clone()).or_default()
+    }
+
+    // ----- read access -----
+
+    /// The repository index (what we want).
+    pub fn repo_index(&self) -> &RepoSyncIndex {
+        &self.repo_index
+    }
+
+    /// Confirmed state per relay.
+    pub fn relay_index(&self) -> &RelaySyncIndex {
+        &self.relays
+    }
+
+    /// In-flight batches per relay.
+    pub fn pending_index(&self) -> &PendingSyncIndex {
+        &self.pending
+    }
+
+    /// Open subscriptions per relay and purpose.
+    pub fn subscriptions(&self, relay: &RelayUrl) -> Vec<(SubscriptionId, SubPurpose)> {
+        let mut v: Vec<_> = self
+            .links
+            .get(relay)
+            .map(|l| l.subs.iter().map(|(s, i)| (s.clone(), i.purpose)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Status of the own relay's self-subscription connection.
+    pub fn own_status(&self) -> ConnectionStatus {
+        self.own.connection_status
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> SyncCounters {
+        self.counters
+    }
+
+    /// Total root events known (distinct ids).
+    pub fn root_event_count(&self) -> usize {
+        let ids: HashSet<&EventId> = self
+            .repo_index
+            .values()
+            .flat_map(|n| n.root_events.iter())
+            .collect();
+        ids.len()
+    }
+
+    /// A status line per remote relay, sorted by URL.
+    pub fn relay_statuses(&self, now: Time) -> Vec<RelaySyncStatus> {
+        let targets = self.targets();
+        let sorted: BTreeMap<&RelayUrl, &RelayState> = self.relays.iter().collect();
+        sorted
+            .into_iter()
+            .map(|(url, s)| {
+                let link = self.links.get(url);
+                let pending = self.pending.get(url).map(|v| v.as_slice()).unwrap_or(&[]);
+                let target = targets.get(url);
+                RelaySyncStatus {
+                    url: url.clone(),
+                    connection_status: s.connection_status,
+                    health: link.map_or(HealthState::Healthy, |l| {
+                        l.health.state(now, &self.config.backoff)
+                    }),
+                    failures: link.map_or(0, |l| l.health.failures()),
+                    is_bootstrap: s.is_bootstrap,
+                    target_repos: target.map_or(0, |t| t.repos.len()),
+                    target_root_events: target.map_or(0, |t| t.root_events.len()),
+                    confirmed_repos: s.repos.len(),
+                    confirmed_root_events: s.root_events.len(),
+                    pending_batches: pending.len(),
+                    pending_repos: pending.iter().map(|b| b.items.repos.len()).sum(),
+                    pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
+                    open_subscriptions: link.map_or(0, |l| l.subs.len()),
+                    next_attempt: link.and_then(|l| l.next_attempt),
+                }
+            })
+            .collect()
+    }
+}

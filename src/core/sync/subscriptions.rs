@@ -1,0 +1,232 @@
+//! Opening subscriptions within a relay's budget: the queue, REQ size, the live set and polling.
+
+use super::*;
+
+impl SyncMachine {
+    /// Opens one subscription (one REQ, one filter) on a remote relay; it counts as loading
+    /// history until its EOSE.
+    pub(super) fn open_sub(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        purpose: SubPurpose,
+        filter: Filter,
+    ) -> SubscriptionId {
+        let mut filter = filter;
+        if let (Some(max), None) = (self.page_limits(relay).max_limit, filter.limit) {
+            // The relay's default page may be smaller than its max_limit: ask for the max.
+            filter = filter.limit(max);
+        }
+        let sub_id = self.new_sub_id();
+        let budget = self.budget(relay);
+        let link = self.link(relay);
+        let info = SubInfo { purpose, filter };
+        if link.subs.len() >= budget || !link.queue.is_empty() {
+            // Never more open subscriptions than the relay allows: wait for room.
+            link.queue.push_back((sub_id.clone(), info));
+            return sub_id;
+        }
+        self.send_sub(relay, generation, sub_id.clone(), info);
+        sub_id
+    }
+
+    pub(super) fn send_sub(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        sub_id: SubscriptionId,
+        info: SubInfo,
+    ) {
+        let filter = info.filter.clone();
+        let link = self.link(relay);
+        link.subs.insert(sub_id.clone(), info);
+        link.loading.insert(sub_id.clone());
+        self.commands.push_back(Command::Subscribe {
+            relay: relay.clone(),
+            generation,
+            sub_id,
+            filter,
+        });
+    }
+
+    /// Sends queued subscriptions while the budget has room.
+    pub(super) fn drain_queue(&mut self, relay: &RelayUrl) {
+        let budget = self.budget(relay);
+        let Some(generation) = self
+            .relays
+            .get(relay)
+            .filter(|s| s.connection_status == ConnectionStatus::Connected)
+            .map(|s| s.generation)
+        else {
+            return;
+        };
+        loop {
+            let Some(link) = self.links.get_mut(relay) else {
+                return;
+            };
+            if link.subs.len() >= budget {
+                return;
+            }
+            let Some((sub_id, info)) = link.queue.pop_front() else {
+                return;
+            };
+            self.send_sub(relay, generation, sub_id, info);
+        }
+    }
+
+    /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default).
+    pub fn budget(&self, relay: &RelayUrl) -> usize {
+        self.budgets
+            .get(relay)
+            .copied()
+            .unwrap_or(self.config.default_subscription_budget)
+            .max(2)
+    }
+
+    /// Open subscriptions above which new items trigger a consolidation.
+    pub(super) fn threshold(&self, relay: &RelayUrl) -> usize {
+        self.config.consolidation_threshold.min(self.budget(relay))
+    }
+
+    /// Splits (by halving tag values) every filter whose REQ would be longer than the relay's
+    /// NIP-11 `max_message_length` (with room for `since`/`until`/`limit` added later).
+    pub(super) fn fit_filters(&self, relay: &RelayUrl, filters: Vec<Filter>) -> Vec<Filter> {
+        let Some(max) = self.max_message.get(relay).copied() else {
+            return filters;
+        };
+        let budget = max.saturating_sub(120).max(200);
+        let mut out = Vec::new();
+        let mut todo: Vec<Filter> = filters.into_iter().rev().collect();
+        while let Some(f) = todo.pop() {
+            // `["REQ","gsNNNNNNNNNN",` + filter + `]`
+            let len = f.as_json().len() + 24;
+            let splittable = f.generic_tags.iter().find(|(_, v)| v.len() >= 2);
+            match splittable {
+                Some((tag, values)) if len > budget => {
+                    let tag = *tag;
+                    let values: Vec<String> = values.iter().cloned().collect();
+                    let (a, b) = values.split_at(values.len() / 2);
+                    let mut fb = f.clone();
+                    fb.generic_tags.insert(tag, b.iter().cloned().collect());
+                    let mut fa = f;
+                    fa.generic_tags.insert(tag, a.iter().cloned().collect());
+                    todo.push(fb);
+                    todo.push(fa);
+                }
+                _ => out.push(f),
+            }
+        }
+        out
+    }
+
+    /// Opens Layer 1 (when `with_l1`) and Layers 2+3 of the confirmed items with `since` as
+    /// live subscriptions, as many as the budget allows with one slot left for history
+    /// queries; the rest of Layers 2+3 is polled every poll interval instead.
+    pub(super) fn open_live_set(
+        &mut self,
+        relay: &RelayUrl,
+        since: nostr::types::Timestamp,
+        with_l1: bool,
+        now: Time,
+    ) {
+        let Some(state) = self.relays.get(relay) else {
+            return;
+        };
+        let generation = state.generation;
+        let mut filters = Vec::new();
+        if with_l1 {
+            filters.push((
+                SubPurpose::Announcements,
+                build_announcement_filter(Some(since)),
+            ));
+        }
+        let catch_up =
+            build_layer2_and_layer3_filters(&state.repos, &state.root_events, Some(since));
+        for f in self.fit_filters(relay, catch_up) {
+            filters.push((SubPurpose::CatchUp, f));
+        }
+        let open = self.links.get(relay).map_or(0, |l| l.subs.len());
+        let capacity = self
+            .budget(relay)
+            .saturating_sub(1)
+            .saturating_sub(open)
+            .max(usize::from(with_l1));
+        let polled: Vec<Filter> = if filters.len() > capacity {
+            filters
+                .split_off(capacity)
+                .into_iter()
+                .map(|(_, mut f)| {
+                    f.since = None;
+                    f
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for (purpose, filter) in filters {
+            self.open_sub(relay, generation, purpose, filter);
+        }
+        let interval = self.config.poll_interval;
+        let link = self.link(relay);
+        if polled.is_empty() {
+            link.polled.clear();
+            link.next_poll = None;
+            link.poll_since = None;
+        } else {
+            info!(
+                "{relay}: {} queries do not fit the relay's subscription budget; polling them every {interval:?}",
+                polled.len()
+            );
+            link.polled = polled;
+            link.poll_since = Some(since);
+            link.next_poll = Some(now);
+        }
+    }
+
+    /// One poll round: every polled query with `since`, closed at EOSE (paged like any
+    /// history). A round starts only when the previous one has finished.
+    pub(super) fn poll_round(&mut self, relay: &RelayUrl, now: Time) {
+        let interval = self.config.poll_interval;
+        let margin = self.config.quick_reconnect_window;
+        let Some(link) = self.links.get_mut(relay) else {
+            return;
+        };
+        link.next_poll = Some(now.plus(interval));
+        let busy = link
+            .subs
+            .values()
+            .chain(link.queue.iter().map(|q| &q.1))
+            .any(|i| i.purpose == SubPurpose::Page { batch: None });
+        if busy || link.polled.is_empty() {
+            return;
+        }
+        let since = link
+            .poll_since
+            .unwrap_or_else(|| now.minus(margin).timestamp());
+        link.poll_since = Some(now.minus(margin).timestamp());
+        let filters: Vec<Filter> = link.polled.iter().map(|f| f.clone().since(since)).collect();
+        let Some(generation) = self
+            .relays
+            .get(relay)
+            .filter(|s| s.connection_status == ConnectionStatus::Connected)
+            .map(|s| s.generation)
+        else {
+            return;
+        };
+        debug!(
+            "{relay}: poll round of {} queries since {}",
+            filters.len(),
+            since.as_secs()
+        );
+        for f in filters {
+            self.open_sub(relay, generation, SubPurpose::Page { batch: None }, f);
+        }
+    }
+
+    pub(super) fn page_limits(&self, relay: &RelayUrl) -> PageLimits {
+        self.limits
+            .get(relay)
+            .copied()
+            .unwrap_or_else(|| PageLimits::assumed(self.config.assumed_page_size))
+    }
+}
