@@ -676,6 +676,11 @@ impl SyncMachine {
         v
     }
 
+    /// Subscriptions open on the own relay (the self-subscription and its pages).
+    pub fn own_open_subscriptions(&self) -> usize {
+        self.own_link.subs.len()
+    }
+
     /// Status of the own relay's self-subscription connection.
     pub fn own_status(&self) -> ConnectionStatus {
         self.own.connection_status

@@ -23,6 +23,7 @@ impl SyncMachine {
         self.own.disconnected_at = None;
         self.own_link.health.record_success(now);
         self.own_link.subs.clear();
+        self.own_link.queue.clear();
         info!(
             "own relay {} connected; self-subscribing{}",
             self.config.own_relay,
@@ -37,21 +38,38 @@ impl SyncMachine {
         );
     }
 
+    /// Opens a subscription on the own relay, within its subscription budget (NIP-11
+    /// `max_subscriptions`, else the default): pages wait in a queue for room.
     pub(super) fn open_own_sub(&mut self, purpose: SubPurpose, filter: Filter) {
         let sub_id = self.new_sub_id();
-        self.own_link.subs.insert(
-            sub_id.clone(),
-            SubInfo {
-                purpose,
-                filter: filter.clone(),
-            },
-        );
+        let info = SubInfo { purpose, filter };
+        let budget = self.budget(&self.config.own_relay.clone());
+        if self.own_link.subs.len() >= budget || !self.own_link.queue.is_empty() {
+            self.own_link.queue.push_back((sub_id, info));
+            return;
+        }
+        self.send_own_sub(sub_id, info);
+    }
+
+    fn send_own_sub(&mut self, sub_id: SubscriptionId, info: SubInfo) {
+        let filter = info.filter.clone();
+        self.own_link.subs.insert(sub_id.clone(), info);
         self.commands.push_back(Command::Subscribe {
             relay: self.config.own_relay.clone(),
             generation: self.own.generation,
             sub_id,
             filter,
         });
+    }
+
+    fn drain_own_queue(&mut self) {
+        let budget = self.budget(&self.config.own_relay.clone());
+        while self.own_link.subs.len() < budget {
+            let Some((sub_id, info)) = self.own_link.queue.pop_front() else {
+                return;
+            };
+            self.send_own_sub(sub_id, info);
+        }
     }
 
     /// EOSE of the self-subscription or one of its pages: page back through a capped own
@@ -69,6 +87,7 @@ impl SyncMachine {
                 generation: self.own.generation,
                 sub_id: sub_id.clone(),
             });
+            self.drain_own_queue();
         } else {
             info!(
                 "self-subscription: stored history read ({} events{})",
@@ -99,6 +118,7 @@ impl SyncMachine {
         }
         self.own.connection_status = ConnectionStatus::Disconnected;
         self.own_link.subs.clear();
+        self.own_link.queue.clear();
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);

@@ -1193,3 +1193,47 @@ fn reqs_are_split_below_nip11_max_message_length() {
     assert_eq!(refs.len(), 60, "every repository still asked for");
     assert!(subs.len() > 4, "split into more filters");
 }
+
+#[test]
+fn self_subscription_pages_stay_within_the_own_relays_budget() {
+    let mut s = Sim::new(|c| {
+        c.assumed_page_size = 10;
+        c.default_subscription_budget = 3;
+    });
+    let cmds = s.own_connected();
+    let (sub, _) = subscribes(&cmds, OWN).remove(0);
+    let g = s.own_gen;
+    // A full page in one second: split by the filter's five kinds, plus older seconds.
+    let cmds = s.report(Report::Eose {
+        relay: url(OWN),
+        generation: g,
+        sub_id: sub,
+        stats: PageStats {
+            received: 10,
+            oldest: Some(500),
+            newest: Some(500),
+            ..PageStats::default()
+        },
+    });
+    let first = subscribes(&cmds, OWN);
+    assert_eq!(first.len(), 2, "self-subscription + 2 pages = budget 3");
+    assert_eq!(s.m.own_open_subscriptions(), 3);
+    let mut total = first.len();
+    let mut queue: Vec<SubscriptionId> = first.into_iter().map(|x| x.0).collect();
+    while let Some(page) = queue.pop() {
+        let cmds = s.report(Report::Eose {
+            relay: url(OWN),
+            generation: g,
+            sub_id: page,
+            stats: PageStats::default(),
+        });
+        let next = subscribes(&cmds, OWN);
+        total += next.len();
+        assert!(s.m.own_open_subscriptions() <= 3);
+        queue.extend(next.into_iter().map(|x| x.0));
+    }
+    assert_eq!(
+        total, 6,
+        "older seconds + one query per kind, all sent in the end"
+    );
+}
