@@ -1,6 +1,12 @@
 //! Interoperability with a real relay: nostr-rs-relay 0.8.12, started as a child process on
-//! 127.0.0.1 (a free port, a fresh temp dir, an in-memory SQLite database), once as the own
-//! relay and once as a remote relay.
+//! 127.0.0.1 (a free port, a fresh temp dir holding its config and SQLite database), once as
+//! the own relay and once as a remote relay.
+//!
+//! The database is on disk, not `in_memory = true`: nostr-rs-relay's in-memory mode is a
+//! shared-cache SQLite database where a running query locks the `event` table, and a write
+//! meeting that lock is retried 10 times without waiting and then answered
+//! `OK false "error: relay experienced an error trying to publish the latest event"`
+//! (seen here while the engine was reading). On disk (WAL) readers do not block the writer.
 //!
 //! The binary is looked up in `$NOSTR_RS_RELAY`, then `/opt/nostr-rs-relay/bin/nostr-rs-relay`,
 //! then `nostr-rs-relay` on `PATH`. When it is missing the tests print "skipping" and pass,
@@ -40,6 +46,8 @@ const INSTALL: &str = "apt-get install -y protobuf-compiler && cargo install nos
 const DEADLINE: Duration = Duration::from_secs(60);
 /// Self-subscription batch window of the engine under test.
 const WINDOW: Duration = Duration::from_millis(200);
+/// EOSE deadline of the engine's batches (see [`engine`]).
+const EOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// nostr-rs-relay's hard-coded number of subscriptions per connection.
 const NRR_MAX_SUBS: usize = 32;
 
@@ -157,7 +165,7 @@ impl NostrRsRelay {
                      [database]\n\
                      engine = \"sqlite\"\n\
                      data_directory = {dir:?}\n\
-                     in_memory = true\n\
+                     in_memory = false\n\
                      \n\
                      [network]\n\
                      address = \"127.0.0.1\"\n\
@@ -172,7 +180,11 @@ impl NostrRsRelay {
                 .arg(&config)
                 .arg("--db")
                 .arg(&dir)
-                .env("RUST_LOG", "info")
+                // NOSTR_RS_RELAY_LOG=debug shows every query the relay runs.
+                .env(
+                    "RUST_LOG",
+                    std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "info".into()),
+                )
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("clone log handle"))
                 .stderr(log)
@@ -301,28 +313,43 @@ impl NostrRsRelay {
     }
 
     /// Every event id the relay holds: `REQ {}` read until EOSE.
+    ///
+    /// nostr-rs-relay 0.8.12 now and then drops the stored answer of a REQ that runs while
+    /// another query starts (it logs "query aborted due to checkpoint" at debug level; no
+    /// checkpoint is running): no events, no EOSE. So a dump without EOSE within 5 s is asked
+    /// again on a new connection.
     fn event_ids(&self) -> HashSet<EventId> {
+        for attempt in 1..=6 {
+            if let Some(ids) = self.try_dump(attempt, Duration::from_secs(5)) {
+                return ids;
+            }
+            eprintln!("nostr-rs-relay: no EOSE for dump {attempt} within 5 s; asking again");
+        }
+        panic!("nostr-rs-relay never answered a dump REQ with EOSE");
+    }
+
+    fn try_dump(&self, attempt: u32, wait: Duration) -> Option<HashSet<EventId>> {
         let mut ws = self.connect();
-        ws.send(Message::text(r#"["REQ","dump",{}]"#))
+        ws.send(Message::text(format!(r#"["REQ","dump{attempt}",{{}}]"#)))
             .expect("send REQ");
-        let end = Instant::now() + DEADLINE;
+        let end = Instant::now() + wait;
         let mut ids = HashSet::new();
-        loop {
+        let done = loop {
             let Some(msg) = read_json(&mut ws, end) else {
-                panic!("no EOSE for the dump REQ within {DEADLINE:?}");
+                break false;
             };
             match msg[0].as_str() {
                 Some("EVENT") => {
                     let id = msg[2]["id"].as_str().unwrap_or_default();
                     ids.insert(EventId::from_hex(id).expect("event id"));
                 }
-                Some("EOSE") => break,
+                Some("EOSE") => break true,
                 _ => eprintln!("nostr-rs-relay during dump: {msg}"),
             }
-        }
+        };
         let _ = ws.close(None);
         let _ = ws.flush();
-        ids
+        done.then_some(ids)
     }
 }
 
@@ -331,9 +358,14 @@ impl Drop for NostrRsRelay {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
+            // Keep the whole log of a failed test; the temp dir goes.
+            let kept =
+                std::env::temp_dir().join(format!("nostr-rs-relay-{}-failed.log", self.port));
+            let _ = fs::copy(self.dir.join("relay.log"), &kept);
             eprintln!(
-                "--- last lines of nostr-rs-relay's log (port {}) ---\n{}",
+                "--- last lines of nostr-rs-relay's log (port {}; whole log kept in {}) ---\n{}",
                 self.port,
+                kept.display(),
                 self.log_tail(40)
             );
         }
@@ -399,14 +431,15 @@ struct Outcome {
     peak_subs: usize,
 }
 
-/// Polls every `every` until `actual()` equals the expected set and the engine is settled,
-/// or [`DEADLINE`] passes.
+/// Polls every `every` until `actual()` equals the expected set, the engine is settled and
+/// `complete(status)` holds, or [`DEADLINE`] passes.
 fn wait_converged(
     handle: &SyncHandle,
     book: &Book,
     watch: Option<&RelayUrl>,
     every: Duration,
     mut actual: impl FnMut() -> HashSet<EventId>,
+    complete: impl Fn(&Status) -> bool,
 ) -> Outcome {
     let t0 = Instant::now();
     let mut peak_subs = 0;
@@ -416,7 +449,9 @@ fn wait_converged(
             peak_subs = peak_subs.max(r.open_subscriptions);
         }
         let now = actual();
-        let converged = now == book.expected && status.is_settled();
+        // `is_settled` alone can be true while a self-subscription batch (events already on
+        // the own relay) is still waiting for its window: `complete` checks the index too.
+        let converged = now == book.expected && status.is_settled() && complete(&status);
         if converged || t0.elapsed() > DEADLINE {
             return Outcome {
                 converged,
@@ -445,8 +480,15 @@ fn assert_outcome(what: &str, o: &Outcome, book: &Book) {
     assert!(noise.is_empty(), "{what}: noise forwarded: {noise:?}");
 }
 
+/// The engine under test. The EOSE deadline is 10 s instead of 120 s: nostr-rs-relay now and
+/// then drops a REQ's stored answer without EOSE (see [`NostrRsRelay::event_ids`]), and a
+/// batch then only recovers at its deadline (it fails and is retried with new subscription
+/// ids). With the default that recovery would not fit in [`DEADLINE`].
 fn engine(own: RelayUrl) -> SyncHandle {
-    grasp_sync::start(Config::new(own).batch_window(WINDOW)).expect("start engine")
+    let config = Config::new(own)
+        .batch_window(WINDOW)
+        .eose_timeout(EOSE_TIMEOUT);
+    grasp_sync::start(config).expect("start engine")
 }
 
 fn stop(handle: SyncHandle, relays: &[&TestRelay]) {
@@ -610,9 +652,16 @@ fn nostr_rs_relay_as_the_own_relay() {
     assert_eq!(seeded.len(), s.nrr.len(), "nostr-rs-relay stored the seed");
 
     let handle = engine(own.relay_url());
-    let o = wait_converged(&handle, &s.book, None, Duration::from_millis(250), || {
-        own.event_ids()
-    });
+    // Root events: P1, I1 (own), PR1, PRU1 (A), I2, I4 (B).
+    let roots = 6;
+    let o = wait_converged(
+        &handle,
+        &s.book,
+        None,
+        Duration::from_millis(500),
+        || own.event_ids(),
+        |st| st.root_events == roots,
+    );
     assert_outcome("nostr-rs-relay as own relay", &o, &s.book);
     eprintln!(
         "own relay nostr-rs-relay: converged in {:?} to {} events",
@@ -772,7 +821,7 @@ fn remote40(test: &str, announce_now: bool) -> Option<Remote40> {
     })
 }
 
-fn check_remote(what: &str, net: &Remote40, handle: &SyncHandle) -> Outcome {
+fn check_remote(what: &str, net: &Remote40, handle: &SyncHandle) {
     let ux = net.nrr.relay_url();
     let o = wait_converged(
         handle,
@@ -780,6 +829,10 @@ fn check_remote(what: &str, net: &Remote40, handle: &SyncHandle) -> Outcome {
         Some(&ux),
         Duration::from_millis(100),
         || net.own.event_ids(),
+        |st| {
+            st.relay(&ux)
+                .is_some_and(|r| (r.confirmed_repos, r.confirmed_root_events) == (REPOS, net.roots))
+        },
     );
     let refused = net
         .nrr
@@ -807,7 +860,10 @@ fn check_remote(what: &str, net: &Remote40, handle: &SyncHandle) -> Outcome {
     );
     assert_eq!((r.events_invalid, r.events_unmatched), (0, 0), "{r:#?}");
     assert_eq!(o.status.rejected, 0, "{:#?}", o.status);
-    o
+    // Never more subscriptions than nostr-rs-relay allows, so it never refused one.
+    assert!(o.peak_subs <= NRR_MAX_SUBS, "peak {}", o.peak_subs);
+    assert_eq!(refused, 0, "nostr-rs-relay refused REQs");
+    assert_eq!(r.notices, 0, "{r:#?}");
 }
 
 /// Everything is in place before the engine starts: the subscriptions nostr-rs-relay sees
@@ -827,19 +883,21 @@ fn nostr_rs_relay_as_a_remote_relay() {
         net.nrr.nip11
     );
     let handle = engine(url(&net.own));
-    let o = check_remote("nostr-rs-relay as a remote relay", &net, &handle);
-    assert!(o.peak_subs <= NRR_MAX_SUBS);
+    check_remote("nostr-rs-relay as a remote relay", &net, &handle);
     stop(handle, &[&net.own]);
 }
 
 /// The repositories are announced one at a time, each in its own batch (as when they are
 /// created over days). Every batch adds Layer-2 subscriptions (`#a`, `#A`, `#q`), and the
-/// issue each one finds adds Layer-3 ones, all kept open: far more than the 32 that
+/// issue each one finds adds Layer-3 ones: kept open, that is far more than the 32
 /// nostr-rs-relay allows per connection. It answers every REQ beyond 32 with
 /// `NOTICE "Subscription error: Maximum concurrent subscription count reached"` and no EOSE,
-/// so those batches only end at the EOSE deadline and are retried into the same limit.
+/// and publishes no `max_subscriptions` in NIP-11. The engine must stay within its default
+/// subscription budget (20) by consolidating, so that nothing is refused.
+///
+/// (Before the subscription budget this test failed: 40 subscriptions open, 8 REQs refused,
+/// 35 of 40 repositories still pending after 60 s.)
 #[test]
-#[ignore = "needs the subscription budget (issue 4)"]
 fn nostr_rs_relay_remote_with_more_than_32_subscriptions() {
     init_logging();
     let Some(net) = remote40(
@@ -880,5 +938,60 @@ fn nostr_rs_relay_remote_with_more_than_32_subscriptions() {
         t0.elapsed()
     );
     check_remote("nostr-rs-relay with > 32 subscriptions", &net, &handle);
+    assert!(
+        peak <= NRR_MAX_SUBS,
+        "{peak} subscriptions open while announcing"
+    );
     stop(handle, &[&net.own]);
+}
+
+/// 45 repositories of 45 maintainers announced on the own relay within one second (a bulk
+/// import), each with an issue on a remote relay. nostr-rs-relay returns all 45 to the
+/// self-subscription, but the engine cannot tell an uncapped answer from a full page of an
+/// unknown cap (it assumes 20), so it splits that second by kind, then by the authors seen:
+/// about 45 REQs at once on the own relay, beyond nostr-rs-relay's 32.
+///
+/// Observed: the own relay converges (nothing was missing, the first answer was complete),
+/// but nostr-rs-relay refused 14 REQs with
+/// `NOTICE "Subscription error: Maximum concurrent subscription count reached"`: the
+/// self-subscription's pages are not kept within a subscription budget, and refused pages
+/// stay "loading" (they have no EOSE deadline).
+#[test]
+#[ignore = "self-subscription pages are not within a subscription budget (14 REQs refused)"]
+fn nostr_rs_relay_as_the_own_relay_with_a_burst_in_one_second() {
+    init_logging();
+    let Some(own) =
+        NostrRsRelay::start_or_skip("nostr_rs_relay_as_the_own_relay_with_a_burst_in_one_second")
+    else {
+        return;
+    };
+    let x = TestRelay::start();
+    let mut s = Seeds::default();
+    let n = 45;
+    for i in 0..n {
+        let k = Keys::generate();
+        let d = format!("bulk-{i:02}");
+        let ann = announcement(&k, &d, &[&[&x.url()]]);
+        s.expect(&format!("{d} announcement (own)"), &ann, &[], true);
+        let issue = root(&k, 1621, &repo_ref(&k, &d), "issue", &[]);
+        s.expect(&format!("{d} issue (X)"), &issue, &[&x], false);
+    }
+    own.publish(&s.nrr);
+    let handle = engine(own.relay_url());
+    let o = wait_converged(
+        &handle,
+        &s.book,
+        None,
+        Duration::from_millis(500),
+        || own.event_ids(),
+        |st| st.root_events == n,
+    );
+    let refused = own.log_count("Maximum concurrent subscription count reached");
+    eprintln!(
+        "own relay burst: converged={} after {:?}; REQs refused by nostr-rs-relay {refused}",
+        o.converged, o.took
+    );
+    assert_outcome("nostr-rs-relay as own relay, burst", &o, &s.book);
+    assert_eq!(refused, 0, "nostr-rs-relay refused self-subscription REQs");
+    stop(handle, &[&x]);
 }
