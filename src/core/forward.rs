@@ -58,6 +58,9 @@ impl Default for ForwardLimits {
     }
 }
 
+/// How often an event answered with `error:` is sent again before it counts as rejected.
+pub const MAX_ERROR_RETRIES: u8 = 5;
+
 /// What happened to an offered event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
@@ -82,6 +85,9 @@ pub enum OkOutcome {
     RateLimited,
     /// `auth-required:` while authentication is under way: re-queued.
     AuthRequired,
+    /// `error:` (a failure on the relay's side): re-queued after a pause, at most
+    /// [`MAX_ERROR_RETRIES`] times, then counted as rejected.
+    RelayError,
     /// Rejected with this reason.
     Rejected(String),
     /// An `OK` for an event we did not send (or answered twice): ignored.
@@ -120,6 +126,8 @@ pub struct ForwardQueue {
     rejected: HashMap<EventId, Arc<str>>,
     rejected_order: VecDeque<EventId>,
     rejected_bytes: usize,
+    /// `error:` answers per event still being retried (bounded by the queue itself).
+    error_retries: HashMap<EventId, u8>,
     paused_until: Option<Time>,
     counters: ForwardCounters,
 }
@@ -136,6 +144,7 @@ impl ForwardQueue {
             rejected: HashMap::new(),
             rejected_order: VecDeque::new(),
             rejected_bytes: 0,
+            error_retries: HashMap::new(),
             paused_until: None,
             counters: ForwardCounters::default(),
         }
@@ -197,6 +206,9 @@ impl ForwardQueue {
         let Some(flight) = self.in_flight.remove(&id) else {
             return OkOutcome::Unexpected;
         };
+        if accepted || message.starts_with("duplicate:") {
+            self.error_retries.remove(&id);
+        }
         if message.starts_with("duplicate:") {
             self.stored.insert(id);
             self.counters.duplicates += 1;
@@ -213,6 +225,19 @@ impl ForwardQueue {
             self.queued.insert(id);
             self.queue.push_front((id, flight.raw));
             return OkOutcome::RateLimited;
+        }
+        if message.starts_with("error:") {
+            let tries = self.error_retries.entry(id).or_insert(0);
+            *tries += 1;
+            if *tries <= MAX_ERROR_RETRIES {
+                // A failure of the relay, not a verdict on the event: try again shortly.
+                self.counters.resent += 1;
+                self.paused_until = Some(now.plus(self.limits.rate_limit_pause));
+                self.queued.insert(id);
+                self.queue.push_back((id, flight.raw));
+                return OkOutcome::RelayError;
+            }
+            self.error_retries.remove(&id);
         }
         self.counters.rejected += 1;
         self.keep_rejected(id, flight.raw);
@@ -456,5 +481,35 @@ mod tests {
             q.on_ok(id(2), false, "auth-required: who are you", t),
             OkOutcome::Rejected("auth-required: who are you".into())
         );
+    }
+
+    #[test]
+    fn relay_error_is_retried_a_few_times_then_rejected() {
+        let mut t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        for _ in 0..MAX_ERROR_RETRIES {
+            let (sent, _) = q.poll_send(t).unwrap();
+            assert_eq!(
+                q.on_ok(sent, false, "error: database is locked", t),
+                OkOutcome::RelayError
+            );
+            assert!(q.poll_send(t).is_none(), "paused");
+            t = t.plus(Duration::from_secs(2));
+        }
+        let (sent, _) = q.poll_send(t).unwrap();
+        assert!(matches!(
+            q.on_ok(sent, false, "error: database is locked", t),
+            OkOutcome::Rejected(_)
+        ));
+        assert_eq!(q.counters().rejected, 1);
+        // A relay error followed by success is simply stored.
+        q.offer(id(2), raw(2));
+        t = t.plus(Duration::from_secs(2));
+        let (sent, _) = q.poll_send(t).unwrap();
+        q.on_ok(sent, false, "error: try again", t);
+        t = t.plus(Duration::from_secs(2));
+        let (sent, _) = q.poll_send(t).unwrap();
+        assert_eq!(q.on_ok(sent, true, "", t), OkOutcome::Stored);
     }
 }

@@ -353,6 +353,9 @@ impl Forwarder {
             OkOutcome::RateLimited => {
                 info!("own relay rate-limits writes ({message}); slowing down")
             }
+            OkOutcome::RelayError => {
+                info!("own relay failed to store {event_id} ({message}); sending it again shortly")
+            }
             OkOutcome::AuthRequired => {
                 debug!("own relay wants NIP-42 AUTH for {event_id}; sent again once authenticated")
             }

@@ -100,6 +100,8 @@ pub struct Status {
     pub invalid: u64,
     /// Events dropped for not matching their subscription (all relays).
     pub unmatched: u64,
+    /// The self-subscription is still reading history or holds a batch not yet applied.
+    pub self_sync_pending: bool,
 }
 
 impl Status {
@@ -108,10 +110,13 @@ impl Status {
         self.relays.iter().find(|r| &r.url == url)
     }
 
-    /// True when every known relay is connected with nothing pending and everything it should
-    /// carry confirmed, and the forward queue is empty.
+    /// True when the own relay is connected and its history read and applied, every known
+    /// relay is connected with nothing pending and everything it should carry confirmed, and
+    /// the forward queue is empty.
     pub fn is_settled(&self) -> bool {
-        self.forward_backlog == 0
+        self.own_relay == ConnectionStatus::Connected
+            && !self.self_sync_pending
+            && self.forward_backlog == 0
             && self.relays.iter().all(|r| {
                 r.connection_status == ConnectionStatus::Connected
                     && r.pending_batches == 0
@@ -243,6 +248,7 @@ impl SyncHandle {
             forward_backlog: f.unresolved.load(Ordering::Relaxed),
             invalid: self.metrics.sum(own, |c| &c.events_invalid),
             unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
+            self_sync_pending: m.self_sync_pending(),
         }
     }
 

@@ -341,4 +341,65 @@ impl SyncMachine {
             self.fail_batch(&relay, batch_id, now, "no EOSE before the deadline");
         }
     }
+
+    /// Queries outside a batch (Layer 1, catch-up, polls, pages, the self-subscription) whose
+    /// EOSE did not come before the deadline: a relay may drop a query silently (nostr-rs-relay
+    /// does under load). They are closed and sent again, never left "loading" for ever.
+    pub(super) fn expire_loading(&mut self, now: Time) {
+        let timeout = self.config.eose_timeout;
+        let overdue: Vec<(RelayUrl, SubscriptionId)> = self
+            .links
+            .iter()
+            .flat_map(|(url, link)| {
+                unbatched_loading(link)
+                    .filter(|(_, t)| now.since(*t) >= timeout)
+                    .map(|(s, _)| (url.clone(), s.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (url, sub) in overdue {
+            let Some(generation) = self.relays.get(&url).map(|s| s.generation) else {
+                continue;
+            };
+            let Some(info) = self.links.get_mut(&url).and_then(|l| {
+                l.loading.remove(&sub);
+                l.subs.remove(&sub)
+            }) else {
+                continue;
+            };
+            info!(
+                "{url}: no EOSE for {sub} ({:?}) within {timeout:?}; asking again",
+                info.purpose
+            );
+            self.counters.queries_resent += 1;
+            self.commands.push_back(Command::Unsubscribe {
+                relay: url.clone(),
+                generation,
+                sub_id: sub,
+            });
+            self.open_sub(&url, generation, info.purpose, info.filter);
+            self.drain_queue(&url);
+        }
+        let own_overdue: Vec<SubscriptionId> = unbatched_loading(&self.own_link)
+            .filter(|(_, t)| now.since(*t) >= timeout)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for sub in own_overdue {
+            self.own_link.loading.remove(&sub);
+            let Some(info) = self.own_link.subs.remove(&sub) else {
+                continue;
+            };
+            info!(
+                "own relay: no EOSE for {sub} ({:?}) within {timeout:?}; asking again",
+                info.purpose
+            );
+            self.counters.queries_resent += 1;
+            self.commands.push_back(Command::Unsubscribe {
+                relay: self.config.own_relay.clone(),
+                generation: self.own.generation,
+                sub_id: sub,
+            });
+            self.open_own_sub(info.purpose, info.filter);
+        }
+    }
 }

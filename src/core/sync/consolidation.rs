@@ -56,7 +56,7 @@ impl SyncMachine {
                 let of_pending_batch = matches!(purpose,
                     SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) }
                         if pending_batches.contains(id));
-                if loading.contains(sub) || of_pending_batch {
+                if loading.contains_key(sub) || of_pending_batch {
                     keep_l1 |= *purpose == SubPurpose::Announcements;
                     true
                 } else {

@@ -240,6 +240,18 @@ pub enum SubPurpose {
     },
 }
 
+/// Loading subscriptions that are not part of a batch (a batch has its own deadline), with
+/// the time they were sent.
+fn unbatched_loading(link: &Link) -> impl Iterator<Item = (&SubscriptionId, Time)> + '_ {
+    link.loading.iter().filter_map(|(sub, t)| {
+        let info = link.subs.get(sub)?;
+        match info.purpose {
+            SubPurpose::Batch(_) | SubPurpose::Page { batch: Some(_) } => None,
+            _ => Some((sub, *t)),
+        }
+    })
+}
+
 #[derive(Debug, Clone)]
 struct SubInfo {
     purpose: SubPurpose,
@@ -252,7 +264,7 @@ struct Link {
     subs: HashMap<SubscriptionId, SubInfo>,
     /// Subscriptions still loading stored history (no EOSE yet); consolidation never
     /// closes these.
-    loading: HashSet<SubscriptionId>,
+    loading: HashMap<SubscriptionId, Time>,
     health: Health,
     next_attempt: Option<Time>,
     /// Batches failed: compute_actions leaves the relay alone until then.
@@ -298,6 +310,8 @@ pub struct SyncCounters {
     pub incomplete_queries: u64,
     /// Rate limits signalled by remote relays (CLOSED `rate-limited:` or NOTICE).
     pub rate_limited: u64,
+    /// Queries (not part of a batch) sent again because no EOSE came before the deadline.
+    pub queries_resent: u64,
     /// Subscriptions closed by a relay.
     pub closed_by_relay: u64,
     /// Events read by the self-subscription.
@@ -361,6 +375,8 @@ pub struct SyncMachine {
     next_batch: u64,
     next_disconnect_check: Option<Time>,
     next_daily: Option<Time>,
+    /// The `now` of the latest input (for bookkeeping inside helpers that take no time).
+    last_now: Time,
     jitter: Jitter,
     counters: SyncCounters,
     started: bool,
@@ -396,6 +412,7 @@ impl SyncMachine {
             next_batch: 0,
             next_disconnect_check: None,
             next_daily: None,
+            last_now: Time::default(),
             jitter,
             counters: SyncCounters::default(),
             config,
@@ -442,12 +459,24 @@ impl SyncMachine {
         consider(self.next_disconnect_check);
         consider(self.next_daily);
         consider(self.own_link.next_attempt);
+        consider(
+            unbatched_loading(&self.own_link)
+                .map(|(_, t)| t)
+                .min()
+                .map(|t| t.plus(self.config.eose_timeout)),
+        );
         for (url, link) in &self.links {
             consider(link.next_attempt);
             consider(link.retry_after);
             consider(link.consolidate_by);
             consider(link.reopen.iter().map(|r| r.0).min());
             consider(link.next_poll);
+            consider(
+                unbatched_loading(link)
+                    .map(|(_, t)| t)
+                    .min()
+                    .map(|t| t.plus(self.config.eose_timeout)),
+            );
             if let Some(batches) = self.pending.get(url) {
                 consider(
                     batches
@@ -462,6 +491,8 @@ impl SyncMachine {
 
     /// Runs every timer that is due at `now`.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.last_now = self.last_now.max(now);
+        self.expire_loading(now);
         if let Some(s) = self.batch.started {
             if now >= s.plus(self.config.batch_window) {
                 self.process_batch(now);
@@ -544,6 +575,7 @@ impl SyncMachine {
 
     /// Feeds one report from a connection thread.
     pub fn handle_report(&mut self, report: Report, now: Time) {
+        self.last_now = self.last_now.max(now);
         match report {
             Report::Connected { relay, generation } => {
                 if relay == self.config.own_relay {
@@ -674,6 +706,14 @@ impl SyncMachine {
             .unwrap_or_default();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// True while the self-subscription is still reading stored history (or pages of it),
+    /// or read events wait in the batch window: the repository index is not final yet.
+    pub fn self_sync_pending(&self) -> bool {
+        self.batch.started.is_some()
+            || !self.own_link.loading.is_empty()
+            || !self.own_link.queue.is_empty()
     }
 
     /// Subscriptions open on the own relay (the self-subscription and its pages).

@@ -24,6 +24,7 @@ impl SyncMachine {
         self.own_link.health.record_success(now);
         self.own_link.subs.clear();
         self.own_link.queue.clear();
+        self.own_link.loading.clear();
         info!(
             "own relay {} connected; self-subscribing{}",
             self.config.own_relay,
@@ -54,6 +55,7 @@ impl SyncMachine {
     fn send_own_sub(&mut self, sub_id: SubscriptionId, info: SubInfo) {
         let filter = info.filter.clone();
         self.own_link.subs.insert(sub_id.clone(), info);
+        self.own_link.loading.insert(sub_id.clone(), self.last_now);
         self.commands.push_back(Command::Subscribe {
             relay: self.config.own_relay.clone(),
             generation: self.own.generation,
@@ -75,6 +77,7 @@ impl SyncMachine {
     /// EOSE of the self-subscription or one of its pages: page back through a capped own
     /// relay exactly like a remote one, so every announcement and root event is read.
     pub(super) fn handle_own_eose(&mut self, sub_id: &SubscriptionId, stats: &PageStats) {
+        self.own_link.loading.remove(sub_id);
         let Some(info) = self.own_link.subs.get(sub_id).cloned() else {
             return;
         };
@@ -119,6 +122,7 @@ impl SyncMachine {
         self.own.connection_status = ConnectionStatus::Disconnected;
         self.own_link.subs.clear();
         self.own_link.queue.clear();
+        self.own_link.loading.clear();
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);

@@ -38,9 +38,10 @@ impl SyncMachine {
         info: SubInfo,
     ) {
         let filter = info.filter.clone();
+        let now = self.last_now;
         let link = self.link(relay);
         link.subs.insert(sub_id.clone(), info);
-        link.loading.insert(sub_id.clone());
+        link.loading.insert(sub_id.clone(), now);
         self.commands.push_back(Command::Subscribe {
             relay: relay.clone(),
             generation,

@@ -98,12 +98,22 @@ impl Sim {
         self.drain()
     }
 
+    /// The own relay connects; its (empty) stored history is delivered at once.
     fn own_connected(&mut self) -> Vec<Command> {
         let g = self.own_gen;
-        self.report(Report::Connected {
+        let cmds = self.report(Report::Connected {
             relay: url(OWN),
             generation: g,
-        })
+        });
+        for (sub_id, _) in subscribes(&cmds, OWN) {
+            self.report(Report::Eose {
+                relay: url(OWN),
+                generation: g,
+                sub_id,
+                stats: PageStats::default(),
+            });
+        }
+        cmds
     }
 
     fn self_event(&mut self, e: &Event) -> Vec<Command> {
@@ -147,6 +157,21 @@ impl Sim {
             }));
         }
         out
+    }
+}
+
+/// EOSE for the Layer-1 subscription among `cmds` (its history is delivered).
+fn eose_l1(s: &mut Sim, relay: &str, cmds: &[Command]) {
+    let g = s.gen(relay);
+    for (sub_id, f) in subscribes(cmds, relay) {
+        if is_l1(&f) {
+            s.report(Report::Eose {
+                relay: url(relay),
+                generation: g,
+                sub_id,
+                stats: PageStats::default(),
+            });
+        }
     }
 }
 
@@ -469,6 +494,7 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
     s.self_event(&announcement("r", &["wss://a.example"], 1));
     s.advance(Duration::from_secs(5));
     let cmds = s.connected("wss://a.example");
+    eose_l1(&mut s, "wss://a.example", &cmds);
     // One subscription answered, two did not.
     let g = s.gen("wss://a.example");
     s.report(Report::Eose {
@@ -502,6 +528,7 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
 fn closed_subscription_fails_its_batch_instead_of_leaving_it_pending() {
     let (mut s, _) = discovered(&["wss://a.example"]);
     let cmds = s.connected("wss://a.example");
+    eose_l1(&mut s, "wss://a.example", &cmds);
     let subs = subscribes(&cmds, "wss://a.example");
     let g = s.gen("wss://a.example");
     s.report(Report::Closed {
@@ -1001,6 +1028,7 @@ fn refused_batch_fails_and_is_retried_much_later() {
         let relay = "wss://a.example";
         let (mut s, _) = discovered(&[relay]);
         let cmds = s.connected(relay);
+        eose_l1(&mut s, relay, &cmds);
         let subs = subscribes(&cmds, relay);
         closed(&mut s, relay, &subs[2].0, &format!("{prefix} no"));
         assert!(!s.m.pending_index().contains_key(&url(relay)), "{prefix}");
@@ -1236,4 +1264,36 @@ fn self_subscription_pages_stay_within_the_own_relays_budget() {
         total, 6,
         "older seconds + one query per kind, all sent in the end"
     );
+}
+
+#[test]
+fn a_query_without_eose_is_sent_again_not_left_loading() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    // The batch answers; Layer 1 never does (a relay dropped it silently).
+    let l1 = subscribes(&cmds, relay)[0].clone();
+    let g = s.gen(relay);
+    for (sub_id, _) in &subscribes(&cmds, relay)[1..] {
+        s.report(Report::Eose {
+            relay: url(relay),
+            generation: g,
+            sub_id: sub_id.clone(),
+            stats: PageStats::default(),
+        });
+    }
+    assert!(s.advance(Duration::from_secs(100)).is_empty());
+    let cmds = s.advance(Duration::from_secs(30));
+    assert!(cmds.contains(&Command::Unsubscribe {
+        relay: url(relay),
+        generation: g,
+        sub_id: l1.0.clone(),
+    }));
+    let again = subscribes(&cmds, relay);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].1, l1.1, "the same query");
+    assert_eq!(s.m.counters().queries_resent, 1);
+    // Answered this time: nothing more.
+    eose_l1(&mut s, relay, &cmds);
+    assert!(subscribes(&s.advance(Duration::from_secs(300)), relay).is_empty());
 }
