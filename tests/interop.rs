@@ -951,13 +951,10 @@ fn nostr_rs_relay_remote_with_more_than_32_subscriptions() {
 /// unknown cap (it assumes 20), so it splits that second by kind, then by the authors seen:
 /// about 45 REQs at once on the own relay, beyond nostr-rs-relay's 32.
 ///
-/// Observed: the own relay converges (nothing was missing, the first answer was complete),
-/// but nostr-rs-relay refused 14 REQs with
-/// `NOTICE "Subscription error: Maximum concurrent subscription count reached"`: the
-/// self-subscription's pages are not kept within a subscription budget, and refused pages
-/// stay "loading" (they have no EOSE deadline).
+/// The self-subscription's pages are kept within the own relay's subscription budget (20
+/// without NIP-11), so nostr-rs-relay never answers "Maximum concurrent subscription count
+/// reached" (it refused 14 REQs before the budget covered the own relay).
 #[test]
-#[ignore = "self-subscription pages are not within a subscription budget (14 REQs refused)"]
 fn nostr_rs_relay_as_the_own_relay_with_a_burst_in_one_second() {
     init_logging();
     let Some(own) =
