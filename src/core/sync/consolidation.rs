@@ -119,16 +119,8 @@ impl SyncMachine {
                 continue;
             }
             let link = self.links.entry(url.clone()).or_default();
-            link.deferred = PendingItems::default();
-            link.consolidate_by = None;
-            link.reopen.clear();
-            link.queue.clear();
-            link.polled.clear();
-            link.poll_since = None;
-            link.next_poll = None;
-            link.rebuild_needed = false;
-            link.loading.clear();
-            let mut old: Vec<SubscriptionId> = link.subs.drain().map(|(s, _)| s).collect();
+            let mut old: Vec<SubscriptionId> = link.subs.keys().cloned().collect();
+            link.forget_subscriptions();
             old.sort();
             for sub_id in old {
                 self.commands.push_back(Command::Unsubscribe {

@@ -77,16 +77,7 @@ impl SyncMachine {
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
         let link = self.links.entry(relay.clone()).or_default();
-        link.subs.clear();
-        link.loading.clear();
-        link.deferred = PendingItems::default();
-        link.consolidate_by = None;
-        link.reopen.clear();
-        link.queue.clear();
-        link.polled.clear();
-        link.poll_since = None;
-        link.next_poll = None;
-        link.rebuild_needed = false;
+        link.forget_subscriptions();
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
         link.next_attempt = Some(at);

@@ -240,6 +240,23 @@ pub enum SubPurpose {
     },
 }
 
+impl Link {
+    /// Forgets every subscription and everything waiting to be (re)subscribed: after a lost
+    /// connection, or before the daily resync rebuilds them.
+    fn forget_subscriptions(&mut self) {
+        self.subs.clear();
+        self.loading.clear();
+        self.queue.clear();
+        self.deferred = PendingItems::default();
+        self.consolidate_by = None;
+        self.reopen.clear();
+        self.polled.clear();
+        self.poll_since = None;
+        self.next_poll = None;
+        self.rebuild_needed = false;
+    }
+}
+
 /// Loading subscriptions that are not part of a batch (a batch has its own deadline), with
 /// the time they were sent.
 fn unbatched_loading(link: &Link) -> impl Iterator<Item = (&SubscriptionId, Time)> + '_ {

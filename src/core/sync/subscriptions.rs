@@ -50,15 +50,18 @@ impl SyncMachine {
         });
     }
 
-    /// Sends queued subscriptions while the budget has room.
-    pub(super) fn drain_queue(&mut self, relay: &RelayUrl) {
-        let budget = self.budget(relay);
-        let Some(generation) = self
-            .relays
+    /// The connection generation of `relay` when it is connected.
+    pub(super) fn connected_generation(&self, relay: &RelayUrl) -> Option<u64> {
+        self.relays
             .get(relay)
             .filter(|s| s.connection_status == ConnectionStatus::Connected)
             .map(|s| s.generation)
-        else {
+    }
+
+    /// Sends queued subscriptions while the budget has room.
+    pub(super) fn drain_queue(&mut self, relay: &RelayUrl) {
+        let budget = self.budget(relay);
+        let Some(generation) = self.connected_generation(relay) else {
             return;
         };
         loop {
@@ -206,12 +209,7 @@ impl SyncMachine {
             .unwrap_or_else(|| now.minus(margin).timestamp());
         link.poll_since = Some(now.minus(margin).timestamp());
         let filters: Vec<Filter> = link.polled.iter().map(|f| f.clone().since(since)).collect();
-        let Some(generation) = self
-            .relays
-            .get(relay)
-            .filter(|s| s.connection_status == ConnectionStatus::Connected)
-            .map(|s| s.generation)
-        else {
+        let Some(generation) = self.connected_generation(relay) else {
             return;
         };
         debug!(
