@@ -49,6 +49,15 @@ pub struct Config {
     /// Delay before a query a relay refused (`restricted:`, `blocked:`, …) is tried again
     /// (default 10 min).
     pub refused_retry: Duration,
+    /// Open subscriptions above which new items trigger a consolidation (default 70, the
+    /// design's; the relay's subscription budget lowers it).
+    pub consolidation_threshold: usize,
+    /// How long a consolidation waits for loading subscriptions (default 30 s).
+    pub consolidation_wait: Duration,
+    /// Shortest and longest delay of the daily full resync (default 23 h and 25 h).
+    pub daily_resync: (Duration, Duration),
+    /// Interval of the idle-relay check (default 60 s).
+    pub disconnect_check_interval: Duration,
     /// Open subscriptions per relay when its NIP-11 document does not say (default 20).
     pub default_subscription_budget: usize,
     /// How often queries that do not fit a relay's subscription budget are re-run with
@@ -162,6 +171,13 @@ impl Config {
             clock: Arc::new(SystemClock),
             assumed_page_size: 20,
             nip11_timeout: Duration::from_secs(5),
+            consolidation_threshold: 70,
+            consolidation_wait: Duration::from_secs(30),
+            daily_resync: (
+                Duration::from_secs(23 * 3600),
+                Duration::from_secs(25 * 3600),
+            ),
+            disconnect_check_interval: Duration::from_secs(60),
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: Duration::from_secs(65),
@@ -222,6 +238,11 @@ impl Config {
         c.eose_timeout = self.eose_timeout;
         c.backoff = self.backoff;
         c.assumed_page_size = self.assumed_page_size;
+        c.consolidation_threshold = self.consolidation_threshold;
+        c.consolidation_wait = self.consolidation_wait;
+        c.daily_min = self.daily_resync.0;
+        c.daily_max = self.daily_resync.1;
+        c.disconnect_check_interval = self.disconnect_check_interval;
         c.default_subscription_budget = self.default_subscription_budget;
         c.poll_interval = self.poll_interval;
         c.rate_limit_cooldown = self.rate_limit_cooldown;
@@ -321,5 +342,52 @@ mod auth_key_tests {
         let d = format!("{c:?}");
         assert!(d.contains("auth_keys: Some(<redacted>)"), "{d}");
         assert!(!d.contains(HEX), "{d}");
+    }
+}
+
+#[cfg(test)]
+mod sync_config_tests {
+    use super::*;
+
+    #[test]
+    fn sync_config_carries_every_setting_and_defaults_match_the_design() {
+        let own = RelayUrl::parse("ws://127.0.0.1:7777").unwrap();
+        let d = Config::new(own.clone()).sync_config();
+        let design = SyncConfig::new(own.clone());
+        assert_eq!(d.consolidation_threshold, design.consolidation_threshold);
+        assert_eq!(d.consolidation_wait, design.consolidation_wait);
+        assert_eq!(
+            (d.daily_min, d.daily_max),
+            (design.daily_min, design.daily_max)
+        );
+        assert_eq!(
+            d.disconnect_check_interval,
+            design.disconnect_check_interval
+        );
+        assert_eq!(d.batch_window, design.batch_window);
+        assert_eq!(d.eose_timeout, design.eose_timeout);
+        let mut c = Config::new(own);
+        c.consolidation_threshold = 9;
+        c.consolidation_wait = Duration::from_secs(3);
+        c.daily_resync = (Duration::from_secs(1), Duration::from_secs(2));
+        c.disconnect_check_interval = Duration::from_secs(4);
+        c.default_subscription_budget = 5;
+        c.poll_interval = Duration::from_secs(6);
+        c.assumed_page_size = 7;
+        c.rate_limit_cooldown = Duration::from_secs(8);
+        c.refused_retry = Duration::from_secs(9);
+        let s = c.sync_config();
+        assert_eq!(s.consolidation_threshold, 9);
+        assert_eq!(s.consolidation_wait, Duration::from_secs(3));
+        assert_eq!(
+            (s.daily_min, s.daily_max),
+            (Duration::from_secs(1), Duration::from_secs(2))
+        );
+        assert_eq!(s.disconnect_check_interval, Duration::from_secs(4));
+        assert_eq!(s.default_subscription_budget, 5);
+        assert_eq!(s.poll_interval, Duration::from_secs(6));
+        assert_eq!(s.assumed_page_size, 7);
+        assert_eq!(s.rate_limit_cooldown, Duration::from_secs(8));
+        assert_eq!(s.refused_retry, Duration::from_secs(9));
     }
 }
