@@ -178,6 +178,13 @@ impl ForwardQueue {
         self.queue.len() + self.in_flight.len()
     }
 
+    /// True when [`ForwardQueue::poll_send`] would hand out an event at `now`.
+    pub fn can_send(&self, now: Time) -> bool {
+        !self.queue.is_empty()
+            && self.in_flight.len() < self.limits.in_flight
+            && self.paused_until.is_none_or(|t| now >= t)
+    }
+
     /// The next event to send now, if the in-flight window and any rate-limit pause allow.
     pub fn poll_send(&mut self, now: Time) -> Option<(EventId, Arc<str>)> {
         if let Some(until) = self.paused_until {
@@ -380,8 +387,10 @@ mod tests {
         q.offer(id(2), raw(2));
         q.offer(id(3), raw(3));
         assert!(q.is_full());
+        assert!(q.can_send(t));
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
         assert_eq!(q.poll_send(t).unwrap().0, id(2));
+        assert!(!q.can_send(t));
         assert!(q.poll_send(t).is_none(), "window of 2");
         assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
         assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);

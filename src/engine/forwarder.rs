@@ -235,6 +235,10 @@ impl Forwarder {
                         keepalive.on_activity();
                         self.handle_text(text.as_str(), queue, &mut auth, socket);
                         self.publish_counters(queue);
+                        // An OK freed a slot: send more now instead of waiting out the tick.
+                        if queue.can_send(self.clock.now()) {
+                            break;
+                        }
                     }
                     Ok(Message::Close(_)) => {
                         warn!("forwarder: the own relay closed the connection");
