@@ -25,7 +25,9 @@ pub struct Config {
     pub bootstrap: Vec<RelayUrl>,
     /// Self-subscription batch window (default 5 s).
     pub batch_window: Duration,
-    /// A batch whose EOSEs do not all arrive within this fails and is retried (default 120 s).
+    /// EOSE deadline (default 120 s): a batch with no EOSE for this long (counted from its
+    /// last EOSE) fails and is retried; any other query without EOSE in time is closed and
+    /// sent again.
     pub eose_timeout: Duration,
     /// Reconnect backoff and health thresholds.
     pub backoff: BackoffPolicy,
@@ -153,7 +155,10 @@ impl std::fmt::Debug for Config {
 }
 
 impl Config {
-    /// Defaults (those of the design document) for `own_relay`.
+    /// Defaults for `own_relay`: the design document's constants where it has them (5 s
+    /// batch window, 15 min, 70 subscriptions, 30 s, 23–25 h, 60 s, 5 s × 2ⁿ up to 1 h, 24 h),
+    /// and conservative values for what it leaves open (20 subscriptions and 20 events per
+    /// query without NIP-11, 65 s rate-limit cool-down, 60 s polling).
     pub fn new(own_relay: RelayUrl) -> Config {
         Config {
             own_relay,
@@ -211,7 +216,7 @@ impl Config {
         self
     }
 
-    /// Sets the EOSE deadline of a batch.
+    /// Sets the EOSE deadline (see [`Config::eose_timeout`](#structfield.eose_timeout)).
     pub fn eose_timeout(mut self, timeout: Duration) -> Config {
         self.eose_timeout = timeout;
         self

@@ -1,7 +1,8 @@
 //! `grasp-sync`: keep a GRASP server's own relay complete (GRASP-02 proactive sync).
 //!
 //! A thin CLI over the library: parse flags, start the engine, run until the process is
-//! stopped. Flag or URL errors exit with status 2 and a message naming the flag.
+//! stopped. Flag, URL or key errors exit with status 2 and a message naming the flag or
+//! variable.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,8 +39,9 @@ struct Args {
     #[argh(option, default = "5000")]
     batch_window: u64,
 
-    /// seconds a batch of subscriptions may wait for all its EOSEs before it fails and is
-    /// retried after a backoff (default 120)
+    /// EOSE deadline in seconds (default 120): a batch of subscriptions with no EOSE for this
+    /// long fails and is retried after a backoff; any other query without EOSE in time is
+    /// sent again
     #[argh(option, default = "120")]
     eose_timeout: u64,
 

@@ -46,7 +46,7 @@ const INSTALL: &str = "apt-get install -y protobuf-compiler && cargo install nos
 const DEADLINE: Duration = Duration::from_secs(60);
 /// Self-subscription batch window of the engine under test.
 const WINDOW: Duration = Duration::from_millis(200);
-/// EOSE deadline of the engine's batches (see [`engine`]).
+/// EOSE deadline of the engine's queries (see [`engine`]).
 const EOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// nostr-rs-relay's hard-coded number of subscriptions per connection.
 const NRR_MAX_SUBS: usize = 32;
@@ -481,9 +481,10 @@ fn assert_outcome(what: &str, o: &Outcome, book: &Book) {
 }
 
 /// The engine under test. The EOSE deadline is 10 s instead of 120 s: nostr-rs-relay now and
-/// then drops a REQ's stored answer without EOSE (see [`NostrRsRelay::event_ids`]), and a
-/// batch then only recovers at its deadline (it fails and is retried with new subscription
-/// ids). With the default that recovery would not fit in [`DEADLINE`].
+/// then drops a REQ's stored answer without EOSE (see [`NostrRsRelay::event_ids`]), and the
+/// query only recovers at its deadline (a batch fails and is retried with new subscription
+/// ids; any other query is sent again). With the default that would not fit in
+/// [`DEADLINE`].
 fn engine(own: RelayUrl) -> SyncHandle {
     let config = Config::new(own)
         .batch_window(WINDOW)

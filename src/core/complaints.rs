@@ -4,7 +4,8 @@
 //! `auth-required:`, `restricted:`, …). Rate limits and "too many subscriptions" also arrive as
 //! free-text NOTICEs (strfry: `ERROR: too many concurrent REQs`; nostr-rs-relay:
 //! `Subscription error: Maximum concurrent subscription count reached`), so NOTICE texts are
-//! matched case-insensitively for "rate" + "limit", "too many", "slow down" and "throttl".
+//! matched case-insensitively for "rate" + "limit", "too many", "slow down", "throttl" and
+//! "maximum concurrent".
 
 use std::time::Duration;
 

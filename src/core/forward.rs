@@ -9,6 +9,8 @@
 //! * `OK false` with `auth-required:` while NIP-42 authentication is under way → re-queued by
 //!   [`ForwardQueue::requeue_auth_required`] (the forwarder pauses sending until
 //!   authenticated); otherwise an ordinary rejection.
+//! * `OK false` with `error:` (a failure of the relay, not a verdict) → re-queued after a
+//!   pause, at most [`MAX_ERROR_RETRIES`] times, then a rejection.
 //! * any other `OK false` → counted as rejected with its reason, kept (bounded) and re-offered
 //!   only when [`ForwardQueue::retry_rejected`] is called (the repository index changed, so the
 //!   own relay may now accept it); never retried blindly, never remembered as done.
@@ -101,7 +103,8 @@ pub struct ForwardCounters {
     pub stored: u64,
     /// Events the own relay already had.
     pub duplicates: u64,
-    /// Rejections (`OK false` other than rate limits).
+    /// Rejections: `OK false` other than `duplicate:` and `rate-limited:`, `auth-required:`
+    /// while authenticating, or `error:` within its retries.
     pub rejected: u64,
     /// Re-sends after a timeout, a disconnect or a rate limit.
     pub resent: u64,

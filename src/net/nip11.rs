@@ -44,8 +44,10 @@ pub struct RelayLimits {
     /// Largest websocket message the relay accepts, in bytes (`max_message_length`).
     pub max_message_length: Option<usize>,
     /// The relay requires NIP-42 authentication before anything else (`auth_required`).
+    /// Parsed for status and logs; the engine authenticates whenever challenged anyway.
     pub auth_required: bool,
-    /// The relay accepts writes only from some users (`restricted_writes`).
+    /// The relay accepts writes only from some users (`restricted_writes`). Parsed, not acted
+    /// on: the engine only reads from remote relays.
     pub restricted_writes: bool,
 }
 

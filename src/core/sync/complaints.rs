@@ -37,6 +37,7 @@ impl SyncMachine {
                 let until = now.plus(self.config.rate_limit_cooldown);
                 let l = self.link(relay);
                 l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
+                l.cooldown_until = Some(l.cooldown_until.map_or(until, |t| t.max(until)));
                 self.config.rate_limit_cooldown
             }
             ClosedReason::AuthRequired => {
@@ -65,8 +66,9 @@ impl SyncMachine {
         }
     }
 
-    /// A NOTICE from a remote relay: rate-limit texts pause new subscriptions for the
-    /// cool-down; every NOTICE is counted by the relay thread.
+    /// A NOTICE from a remote relay: after a rate-limit text nothing is sent to the relay for
+    /// the cool-down (queries wait in its queue) and no new batch starts; every NOTICE is
+    /// counted by the relay thread.
     pub(super) fn handle_notice(&mut self, relay: &RelayUrl, message: &str, now: Time) {
         match classify_notice(message) {
             NoticeKind::RateLimit => {
@@ -75,9 +77,10 @@ impl SyncMachine {
                 let first = self.link(relay).warned.insert(format!("NOTICE {message}"));
                 let l = self.link(relay);
                 l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
+                l.cooldown_until = Some(l.cooldown_until.map_or(until, |t| t.max(until)));
                 if first {
                     warn!(
-                        "{relay}: NOTICE {message:?}: pausing new subscriptions for {:?}",
+                        "{relay}: NOTICE {message:?}: sending nothing to this relay for {:?}",
                         self.config.rate_limit_cooldown
                     );
                 } else {

@@ -13,11 +13,13 @@ impl SyncMachine {
         }
     }
 
-    /// The design's `consolidate`, without blocking: runs once the relay's pending batches
-    /// are done or the wait deadline passed (then the still-pending batches are folded into
-    /// the new items instead of being waited for). Closes every subscription, re-subscribes
-    /// Layer 1 and Layers 2+3 of the confirmed items with `since = now − 15 min`, then adds
-    /// the deferred new items as one batch without `since`.
+    /// The design's `consolidate`, without blocking: runs once no subscription of the relay
+    /// is loading history, or when the wait deadline passed. Closes every settled
+    /// subscription (those still loading and those of pending batches stay open),
+    /// re-subscribes Layer 1 (unless one is still loading) and Layers 2+3 of the confirmed
+    /// items with `since = now − 15 min` through [`SyncMachine::open_live_set`] (what does
+    /// not fit the budget is polled), then adds the deferred new items as one batch without
+    /// `since`.
     pub(super) fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
         let Some(link) = self.links.get_mut(relay) else {
             return;

@@ -57,16 +57,18 @@ pub struct SyncConfig {
     pub max_batch_events: usize,
     /// Quick-reconnect window and `since` margin (design: 15 min).
     pub quick_reconnect_window: Duration,
-    /// A batch whose subscriptions have not all seen EOSE after this long fails.
+    /// EOSE deadline: a batch with no EOSE for this long (counted from its last EOSE)
+    /// fails; any other query without EOSE in time is closed and sent again.
     pub eose_timeout: Duration,
     /// Interval of the idle-relay check (design: 60 s).
     pub disconnect_check_interval: Duration,
     /// Reconnect backoff and health thresholds.
     pub backoff: BackoffPolicy,
     /// Open subscriptions per relay above which `handle_add_filters` consolidates
-    /// (design: 70).
+    /// (design: 70); a relay's smaller subscription budget lowers it.
     pub consolidation_threshold: usize,
-    /// How long a consolidation waits for the relay's pending batches (design: 30 s).
+    /// How long a consolidation waits for the relay's subscriptions that are still loading
+    /// history (design: 30 s, "wait for pending batches").
     pub consolidation_wait: Duration,
     /// Shortest delay of the daily full resync (design: 23 h).
     pub daily_min: Duration,
@@ -233,7 +235,8 @@ pub enum SubPurpose {
     CatchUp,
     /// The self-subscription on the own relay.
     SelfSubscription,
-    /// A page of older history, closed at EOSE; part of a batch when `batch` is set.
+    /// A query closed at EOSE: a page of older history (part of a batch when `batch` is
+    /// set) or a poll round of queries that do not fit the subscription budget.
     Page {
         /// The batch the page completes, if any.
         batch: Option<u64>,
@@ -286,6 +289,9 @@ struct Link {
     next_attempt: Option<Time>,
     /// Batches failed: compute_actions leaves the relay alone until then.
     retry_after: Option<Time>,
+    /// The relay signalled a rate limit: nothing is sent to it before this time (queries
+    /// wait in the queue).
+    cooldown_until: Option<Time>,
     /// New items waiting for a consolidation (which waits for pending batches).
     deferred: PendingItems,
     /// Consolidate at this time at the latest, pending batches or not.
@@ -485,6 +491,7 @@ impl SyncMachine {
         for (url, link) in &self.links {
             consider(link.next_attempt);
             consider(link.retry_after);
+            consider(link.cooldown_until);
             consider(link.consolidate_by);
             consider(link.reopen.iter().map(|r| r.0).min());
             consider(link.next_poll);
@@ -561,6 +568,18 @@ impl SyncMachine {
                     self.open_sub(&url, generation, purpose, filter);
                 }
             }
+        }
+        let cooled: Vec<RelayUrl> = self
+            .links
+            .iter_mut()
+            .filter(|(_, l)| l.cooldown_until.is_some_and(|t| t <= now))
+            .map(|(u, l)| {
+                l.cooldown_until = None;
+                u.clone()
+            })
+            .collect();
+        for url in cooled {
+            self.drain_queue(&url);
         }
         let polls: Vec<RelayUrl> = self
             .links

@@ -19,9 +19,11 @@ impl SyncMachine {
         }
         let sub_id = self.new_sub_id();
         let budget = self.budget(relay);
+        let last_now = self.last_now;
         let link = self.link(relay);
         let info = SubInfo { purpose, filter };
-        if link.subs.len() >= budget || !link.queue.is_empty() {
+        let cooling = link.cooldown_until.is_some_and(|t| t > last_now);
+        if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
             // Never more open subscriptions than the relay allows: wait for room.
             link.queue.push_back((sub_id.clone(), info));
             return sub_id;
@@ -61,6 +63,7 @@ impl SyncMachine {
     /// Sends queued subscriptions while the budget has room.
     pub(super) fn drain_queue(&mut self, relay: &RelayUrl) {
         let budget = self.budget(relay);
+        let last_now = self.last_now;
         let Some(generation) = self.connected_generation(relay) else {
             return;
         };
@@ -68,7 +71,7 @@ impl SyncMachine {
             let Some(link) = self.links.get_mut(relay) else {
                 return;
             };
-            if link.subs.len() >= budget {
+            if link.subs.len() >= budget || link.cooldown_until.is_some_and(|t| t > last_now) {
                 return;
             }
             let Some((sub_id, info)) = link.queue.pop_front() else {

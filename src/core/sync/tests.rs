@@ -1297,3 +1297,38 @@ fn a_query_without_eose_is_sent_again_not_left_loading() {
     eose_l1(&mut s, relay, &cmds);
     assert!(subscribes(&s.advance(Duration::from_secs(300)), relay).is_empty());
 }
+
+#[test]
+fn during_a_rate_limit_cool_down_nothing_is_sent_to_the_relay() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    let subs = subscribes(&cmds, relay);
+    let g = s.gen(relay);
+    s.report(Report::Notice {
+        relay: url(relay),
+        generation: g,
+        message: "rate limit exceeded".into(),
+    });
+    // Layer 1 comes back full: its next page must wait for the cool-down.
+    let out = s.report(Report::Eose {
+        relay: url(relay),
+        generation: g,
+        sub_id: subs[0].0.clone(),
+        stats: PageStats {
+            received: 20,
+            oldest: Some(100),
+            newest: Some(200),
+            ..PageStats::default()
+        },
+    });
+    assert!(
+        subscribes(&out, relay).is_empty(),
+        "held during the cool-down"
+    );
+    assert!(subscribes(&s.advance(Duration::from_secs(60)), relay).is_empty());
+    let cmds = s.advance(Duration::from_secs(6));
+    let pages = subscribes(&cmds, relay);
+    assert_eq!(pages.len(), 1, "sent when the cool-down ends");
+    assert_eq!(json(&pages[0].1)["until"], 100);
+}
