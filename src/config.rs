@@ -60,6 +60,8 @@ pub struct Config {
     pub daily_resync: (Duration, Duration),
     /// Interval of the idle-relay check (default 60 s).
     pub disconnect_check_interval: Duration,
+    /// The most remote relays connected at once (default 1,000).
+    pub max_relays: usize,
     /// Open subscriptions per relay when its NIP-11 document does not say (default 20).
     pub default_subscription_budget: usize,
     /// How often queries that do not fit a relay's subscription budget are re-run with
@@ -183,6 +185,7 @@ impl Config {
                 Duration::from_secs(25 * 3600),
             ),
             disconnect_check_interval: Duration::from_secs(60),
+            max_relays: 1000,
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: Duration::from_secs(65),
@@ -248,6 +251,7 @@ impl Config {
         c.daily_min = self.daily_resync.0;
         c.daily_max = self.daily_resync.1;
         c.disconnect_check_interval = self.disconnect_check_interval;
+        c.max_relays = self.max_relays;
         c.default_subscription_budget = self.default_subscription_budget;
         c.poll_interval = self.poll_interval;
         c.rate_limit_cooldown = self.rate_limit_cooldown;
@@ -380,6 +384,7 @@ mod sync_config_tests {
         c.poll_interval = Duration::from_secs(6);
         c.assumed_page_size = 7;
         c.rate_limit_cooldown = Duration::from_secs(8);
+        c.max_relays = 10;
         c.refused_retry = Duration::from_secs(9);
         let s = c.sync_config();
         assert_eq!(s.consolidation_threshold, 9);
@@ -393,6 +398,7 @@ mod sync_config_tests {
         assert_eq!(s.poll_interval, Duration::from_secs(6));
         assert_eq!(s.assumed_page_size, 7);
         assert_eq!(s.rate_limit_cooldown, Duration::from_secs(8));
+        assert_eq!(s.max_relays, 10);
         assert_eq!(s.refused_retry, Duration::from_secs(9));
     }
 }

@@ -3,7 +3,7 @@
 //! Everything here is tolerant: malformed tags and coordinates are skipped with a `debug!`
 //! line, never a panic, because the input comes from anyone who can publish to a relay.
 
-use log::debug;
+use log::{debug, warn};
 use nostr::event::{Event, EventId, Kind};
 
 use crate::net::url::RelayUrl;
@@ -28,6 +28,10 @@ pub const ROOT_EVENT_KINDS: [u16; 4] = [
     KIND_PULL_REQUEST_UPDATE,
     KIND_ISSUE,
 ];
+
+/// The most relays one announcement may name; further ones are ignored (with a warning).
+/// An announcement is written by anyone, and every relay costs a thread and a connection.
+pub const MAX_RELAYS_PER_ANNOUNCEMENT: usize = 32;
 
 /// A repository reference: the addressable coordinate `30617:<pubkey hex>:<d>`.
 pub type RepoRef = String;
@@ -89,6 +93,7 @@ pub fn parse_announcement(event: &Event) -> Option<Announcement> {
     }
     let repo_ref = repo_ref_of_announcement(event);
     let mut relays: Vec<RelayUrl> = Vec::new();
+    let mut truncated = false;
     for tag in event.tags.iter() {
         if tag.kind() != "relays" {
             continue;
@@ -98,7 +103,9 @@ pub fn parse_announcement(event: &Event) -> Option<Announcement> {
             for piece in value.split([',', ' ']).filter(|p| !p.is_empty()) {
                 match RelayUrl::parse(piece) {
                     Ok(url) => {
-                        if !relays.contains(&url) {
+                        if relays.len() >= MAX_RELAYS_PER_ANNOUNCEMENT {
+                            truncated = true;
+                        } else if !relays.contains(&url) {
                             relays.push(url);
                         }
                     }
@@ -109,6 +116,12 @@ pub fn parse_announcement(event: &Event) -> Option<Announcement> {
                 }
             }
         }
+    }
+    if truncated {
+        warn!(
+            "announcement {} ({}) names more than {MAX_RELAYS_PER_ANNOUNCEMENT} relays; using the first {MAX_RELAYS_PER_ANNOUNCEMENT}",
+            event.id, repo_ref
+        );
     }
     Some(Announcement {
         repo_ref,
@@ -283,5 +296,16 @@ mod tests {
         assert_eq!(classify_self_event(&ev), SelfEventMeaning::Other);
         assert!(root_event_repos(&ev).is_empty());
         assert!(parse_announcement(&ev).is_none());
+    }
+
+    #[test]
+    fn relays_per_announcement_are_capped() {
+        let many: Vec<String> = (0..100).map(|i| format!("wss://r{i}.example")).collect();
+        let mut tag = vec!["relays"];
+        tag.extend(many.iter().map(|s| s.as_str()));
+        let ev = announcement(vec![vec!["d", "x"], tag]);
+        let a = parse_announcement(&ev).unwrap();
+        assert_eq!(a.relays.len(), MAX_RELAYS_PER_ANNOUNCEMENT);
+        assert_eq!(a.relays[0].as_str(), "wss://r0.example");
     }
 }

@@ -44,6 +44,18 @@ impl SyncMachine {
         } = action;
         match self.relays.get(&relay_url) {
             None => {
+                if self.relays.len() >= self.config.max_relays {
+                    self.counters.relays_refused += 1;
+                    if self.counters.relays_refused == 1 {
+                        warn!(
+                            "{relay_url}: not connecting: already {} relays (max_relays); further relays are ignored",
+                            self.relays.len()
+                        );
+                    } else {
+                        debug!("{relay_url}: not connecting: max_relays reached");
+                    }
+                    return;
+                }
                 info!("discovered relay {relay_url}");
                 self.relays
                     .insert(relay_url.clone(), RelayState::new(false));

@@ -74,6 +74,9 @@ pub struct SyncConfig {
     pub daily_min: Duration,
     /// Longest delay of the daily full resync (design: 25 h).
     pub daily_max: Duration,
+    /// The most remote relays connected at once (default 1,000): each costs a thread and a
+    /// connection, and relay lists come from announcements anyone can write.
+    pub max_relays: usize,
     /// Open subscriptions per relay when NIP-11 does not publish `max_subscriptions`
     /// (default 20).
     pub default_subscription_budget: usize,
@@ -110,6 +113,7 @@ impl SyncConfig {
             daily_min: Duration::from_secs(23 * 3600),
             daily_max: Duration::from_secs(25 * 3600),
             assumed_page_size: 20,
+            max_relays: 1000,
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
@@ -335,6 +339,8 @@ pub struct SyncCounters {
     pub rate_limited: u64,
     /// Queries (not part of a batch) sent again because no EOSE came before the deadline.
     pub queries_resent: u64,
+    /// Relays not connected because `max_relays` was reached.
+    pub relays_refused: u64,
     /// Subscriptions closed by a relay.
     pub closed_by_relay: u64,
     /// Events read by the self-subscription.

@@ -1332,3 +1332,20 @@ fn during_a_rate_limit_cool_down_nothing_is_sent_to_the_relay() {
     assert_eq!(pages.len(), 1, "sent when the cool-down ends");
     assert_eq!(json(&pages[0].1)["until"], 100);
 }
+
+#[test]
+fn no_more_remote_relays_than_max_relays() {
+    let mut s = Sim::new(|c| c.max_relays = 3);
+    s.own_connected();
+    for i in 0..5 {
+        s.self_event(&announcement(
+            &format!("r{i}"),
+            &[&format!("wss://r{i}.example")],
+            1,
+        ));
+    }
+    let cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(connects(&cmds).len(), 3);
+    assert_eq!(s.m.relay_index().len(), 3);
+    assert_eq!(s.m.counters().relays_refused, 2);
+}
