@@ -72,6 +72,16 @@ pub struct RelayStatus {
     pub notices: u64,
     /// CLOSED messages.
     pub closed: u64,
+    /// Frames that are not NIP-01 messages (garbage, binary, unknown types).
+    pub garbage_frames: u64,
+    /// Events for a subscription we do not have open.
+    pub events_unknown_subscription: u64,
+    /// NIP-42 AUTH challenges received.
+    pub auth_challenges: u64,
+    /// Connections established.
+    pub connects: u64,
+    /// Connections lost or failed.
+    pub disconnects: u64,
 }
 
 /// A snapshot of the engine.
@@ -219,6 +229,11 @@ impl SyncHandle {
                     events_unmatched: get(|c| &c.events_unmatched),
                     notices: get(|c| &c.notices),
                     closed: get(|c| &c.closed),
+                    garbage_frames: get(|c| &c.garbage_frames),
+                    events_unknown_subscription: get(|c| &c.events_unknown_subscription),
+                    auth_challenges: get(|c| &c.auth_challenges),
+                    connects: get(|c| &c.connects),
+                    disconnects: get(|c| &c.disconnects),
                     url: s.url,
                     connection_status: s.connection_status,
                     health: s.health,
