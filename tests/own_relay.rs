@@ -138,3 +138,36 @@ fn own_relay_rejection_is_counted_and_retried_when_the_index_changes() {
     assert!(ok, "{:#?}", handle.status());
     handle.shutdown(Duration::from_secs(10)).unwrap();
 }
+
+#[test]
+fn a_remote_blocked_by_back_pressure_still_gets_pings() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let (_, _) = seed(&own, &remote, 40);
+    // The own relay refuses every write for now: the forward queue fills up and the remote
+    // relay's thread has to wait with its next event.
+    own.set_reject_events(Some("rate-limited: slow down".into()));
+    let mut c = config(&own);
+    c.forward.backlog = 4;
+    c.forward.in_flight = 2;
+    c.forward_channel = 1;
+    c.ping_interval = Duration::from_millis(300);
+    let handle = grasp_sync::start(c).unwrap();
+    // Blocked: four in the queue, one in the channel, one waiting in the relay thread.
+    assert!(wait_until(Duration::from_secs(30), || handle
+        .status()
+        .forward_backlog
+        >= 6));
+    let before = remote.pings_received();
+    assert!(
+        wait_until(Duration::from_secs(30), || remote.pings_received()
+            >= before + 3),
+        "the blocked relay thread keeps pinging"
+    );
+    assert!(handle.status().forward_backlog >= 6, "still blocked");
+    assert_eq!(handle.status().relays[0].disconnects, 0);
+    own.set_reject_events(None);
+    assert!(wait_until(Duration::from_secs(60), || own.len() == 42));
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}

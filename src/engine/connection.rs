@@ -521,7 +521,7 @@ impl ConnectionThread {
                                     id: event.id,
                                     raw: Arc::from(raw.get()),
                                 };
-                                return self.forward(forward, item);
+                                return self.forward(forward, item, ctx.socket);
                             }
                             Role::Own => {
                                 return self.report(Report::SelfEvent {
@@ -617,9 +617,18 @@ impl ConnectionThread {
 
     /// Hands an event to the forwarder, waiting while its queue is full (back-pressure:
     /// this relay is not read meanwhile). Returns false when the engine is stopping.
-    fn forward(&self, forward: &Sender<ForwardItem>, mut item: ForwardItem) -> bool {
+    ///
+    /// While it waits, the relay still gets a ping every ping interval, so a relay that cuts
+    /// idle connections does not drop us during a long own-relay outage.
+    fn forward(
+        &self,
+        forward: &Sender<ForwardItem>,
+        mut item: ForwardItem,
+        socket: &mut Socket,
+    ) -> bool {
         let unresolved = &self.metrics.forward.unresolved;
         unresolved.fetch_add(1, Ordering::Relaxed);
+        let mut last_ping = self.clock.now();
         loop {
             match forward.send_timeout(item, Duration::from_millis(200)) {
                 Ok(()) => return true,
@@ -627,6 +636,13 @@ impl ConnectionThread {
                     if self.stopping() {
                         unresolved.fetch_sub(1, Ordering::Relaxed);
                         return false;
+                    }
+                    let now = self.clock.now();
+                    if now.since(last_ping) >= self.ping_interval {
+                        last_ping = now;
+                        // A failed write shows up as an error on the next read.
+                        let _ = socket.write(Message::Ping(Vec::new().into()));
+                        let _ = socket.flush();
                     }
                     item = i;
                 }

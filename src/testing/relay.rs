@@ -348,6 +348,7 @@ struct Shared {
     tcp_accepts: AtomicU64,
     connections_accepted: AtomicU64,
     nip11_requests: AtomicU64,
+    pings_received: AtomicU64,
 }
 
 /// An EOSE scheduled by `eose_delay`.
@@ -791,6 +792,11 @@ impl TestRelay {
     pub fn nip11_requests(&self) -> u64 {
         self.shared.nip11_requests.load(Ordering::SeqCst)
     }
+
+    /// Websocket pings received from clients (all connections).
+    pub fn pings_received(&self) -> u64 {
+        self.shared.pings_received.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for TestRelay {
@@ -1068,6 +1074,9 @@ fn connection_loop(
             }
             // Pings are answered by tungstenite; a close is answered on the
             // next read, which then reports ConnectionClosed.
+            Ok(Message::Ping(_)) => {
+                shared.pings_received.fetch_add(1, Ordering::SeqCst);
+            }
             Ok(_) => {}
             Err(e) if is_transient(&e) => {}
             Err(e) => {
