@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::{debug, info, warn};
 use nostr::key::Keys;
 use tungstenite::Message;
@@ -24,9 +24,11 @@ use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{parse_relay_frame, Incoming};
+use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::connection::{auth_message, write_text, ForwardItem};
 use crate::engine::metrics::Metrics;
+use crate::engine::Input;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
 
@@ -67,6 +69,8 @@ pub struct Forwarder {
     pub seed: u64,
     /// Key answering the own relay's NIP-42 AUTH challenges (none: they are ignored).
     pub auth_keys: Option<Keys>,
+    /// Reports to the coordinator (back-pressure transitions).
+    pub reports: Sender<Input>,
 }
 
 impl Forwarder {
@@ -147,6 +151,22 @@ impl Forwarder {
                 Ok(item) => self.offer(queue, item),
                 Err(_) => break,
             }
+        }
+        self.report_back_pressure(queue.is_full());
+    }
+
+    /// Tells the coordinator when the queue becomes full or has room again (the relay
+    /// threads then wait, and EOSE deadlines must not count meanwhile).
+    fn report_back_pressure(&self, full: bool) {
+        let flag = &self.metrics.forward.full;
+        let was = flag.swap(u64::from(full), Ordering::Relaxed) == 1;
+        if was == full {
+            return;
+        }
+        let report = Input::Report(Report::ForwardBackPressure { active: full });
+        if self.reports.try_send(report).is_err() {
+            // The coordinator's channel is full: try again on the next turn.
+            flag.store(u64::from(was), Ordering::Relaxed);
         }
     }
 

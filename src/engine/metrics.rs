@@ -66,6 +66,8 @@ pub struct ForwardCounters {
     pub unresolved: AtomicU64,
     /// 1 while the forwarder's connection is open.
     pub connected: AtomicU64,
+    /// 1 while the forward queue is full (relay threads wait).
+    pub full: AtomicU64,
 }
 
 /// All counters.

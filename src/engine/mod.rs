@@ -177,6 +177,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         clock: config.clock.clone(),
         seed: config.seed ^ 0x5555,
         auth_keys: config.auth_keys.clone(),
+        reports: inputs_tx.clone(),
     };
     let forwarder = std::thread::Builder::new()
         .name("forwarder".into())

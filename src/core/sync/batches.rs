@@ -339,6 +339,9 @@ impl SyncMachine {
     }
 
     pub(super) fn expire_batches(&mut self, now: Time) {
+        if self.forward_paused_since.is_some() {
+            return;
+        }
         let timeout = self.config.eose_timeout;
         let expired: Vec<(RelayUrl, u64)> = self
             .pending
@@ -359,9 +362,11 @@ impl SyncMachine {
     /// does under load). They are closed and sent again, never left "loading" for ever.
     pub(super) fn expire_loading(&mut self, now: Time) {
         let timeout = self.config.eose_timeout;
+        let paused = self.forward_paused_since.is_some();
         let overdue: Vec<(RelayUrl, SubscriptionId)> = self
             .links
             .iter()
+            .filter(|_| !paused)
             .flat_map(|(url, link)| {
                 unbatched_loading(link)
                     .filter(|(_, t)| now.since(*t) >= timeout)
@@ -412,6 +417,36 @@ impl SyncMachine {
                 sub_id: sub,
             });
             self.open_own_sub(info.purpose, info.filter);
+        }
+    }
+
+    /// The forward queue into the own relay became full or has room again. While it is full,
+    /// the relay threads wait with their next event and read nothing, so no EOSE can arrive:
+    /// the EOSE deadlines of remote queries stop counting, and restart from where they were
+    /// when the queue has room again (instead of failing batches and fetching their history
+    /// again and again while the own relay is slow or down).
+    pub(super) fn handle_back_pressure(&mut self, active: bool, now: Time) {
+        match (active, self.forward_paused_since) {
+            (true, None) => {
+                info!("forward queue full: remote reading pauses; EOSE deadlines suspended");
+                self.forward_paused_since = Some(now);
+            }
+            (false, Some(since)) => {
+                let paused = now.since(since);
+                info!("forward queue has room again after {paused:?}; EOSE deadlines resume");
+                self.forward_paused_since = None;
+                for batches in self.pending.values_mut() {
+                    for b in batches {
+                        b.started_at = b.started_at.plus(paused);
+                    }
+                }
+                for link in self.links.values_mut() {
+                    for t in link.loading.values_mut() {
+                        *t = t.plus(paused);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }

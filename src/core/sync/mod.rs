@@ -171,6 +171,13 @@ pub enum Report {
         /// The relay's reason.
         message: String,
     },
+    /// The forward queue into the own relay is full (`active`) or has room again. While it is
+    /// full the relay threads wait and read nothing, so EOSE deadlines of remote queries are
+    /// suspended for that time.
+    ForwardBackPressure {
+        /// True when the queue became full.
+        active: bool,
+    },
     /// A NOTICE from a relay.
     Notice {
         /// Relay.
@@ -406,6 +413,8 @@ pub struct SyncMachine {
     next_daily: Option<Time>,
     /// The `now` of the latest input (for bookkeeping inside helpers that take no time).
     last_now: Time,
+    /// Since when the forward queue has been full (remote EOSE deadlines are suspended).
+    forward_paused_since: Option<Time>,
     jitter: Jitter,
     counters: SyncCounters,
     started: bool,
@@ -442,6 +451,7 @@ impl SyncMachine {
             next_disconnect_check: None,
             next_daily: None,
             last_now: Time::default(),
+            forward_paused_since: None,
             jitter,
             counters: SyncCounters::default(),
             config,
@@ -501,6 +511,10 @@ impl SyncMachine {
             consider(link.consolidate_by);
             consider(link.reopen.iter().map(|r| r.0).min());
             consider(link.next_poll);
+            if self.forward_paused_since.is_some() {
+                // Deadlines of remote queries are suspended while the forwarder is full.
+                continue;
+            }
             consider(
                 unbatched_loading(link)
                     .map(|(_, t)| t)
@@ -686,6 +700,7 @@ impl SyncMachine {
                     self.handle_closed(&relay, &sub_id, &message, now);
                 }
             }
+            Report::ForwardBackPressure { active } => self.handle_back_pressure(active, now),
             Report::Notice {
                 relay,
                 generation,

@@ -1349,3 +1349,27 @@ fn no_more_remote_relays_than_max_relays() {
     assert_eq!(s.m.relay_index().len(), 3);
     assert_eq!(s.m.counters().relays_refused, 2);
 }
+
+#[test]
+fn eose_deadlines_are_suspended_while_the_forward_queue_is_full() {
+    let relay = "wss://a.example";
+    let (mut s, _) = discovered(&[relay]);
+    let cmds = s.connected(relay);
+    eose_l1(&mut s, relay, &cmds);
+    // The batch has not seen EOSE when the own relay stops taking events.
+    s.advance(Duration::from_secs(60));
+    s.report(Report::ForwardBackPressure { active: true });
+    let cmds = s.advance(Duration::from_secs(600));
+    assert_eq!(
+        unsubscribes(&cmds),
+        0,
+        "nothing fails while remote reading is paused"
+    );
+    assert_eq!(s.m.counters().batches_failed, 0);
+    s.report(Report::ForwardBackPressure { active: false });
+    // The deadline resumes where it stopped: 60 s were used, 60 s are left.
+    assert_eq!(unsubscribes(&s.advance(Duration::from_secs(55))), 0);
+    let cmds = s.advance(Duration::from_secs(10));
+    assert_eq!(unsubscribes(&cmds), 3, "then the batch fails as usual");
+    assert_eq!(s.m.counters().batches_failed, 1);
+}
