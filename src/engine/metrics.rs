@@ -45,6 +45,29 @@ impl RelayCounters {
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }
+
+    fn fields(&self) -> [&AtomicU64; 11] {
+        [
+            &self.events_received,
+            &self.events_accepted,
+            &self.events_invalid,
+            &self.events_unmatched,
+            &self.events_unknown_subscription,
+            &self.garbage_frames,
+            &self.notices,
+            &self.closed,
+            &self.auth_challenges,
+            &self.connects,
+            &self.disconnects,
+        ]
+    }
+
+    /// Adds every counter of `other` to this one.
+    fn absorb(&self, other: &RelayCounters) {
+        for (mine, theirs) in self.fields().into_iter().zip(other.fields()) {
+            mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
 }
 
 /// Counters of the forwarder into the own relay.
@@ -74,6 +97,8 @@ pub struct ForwardCounters {
 #[derive(Debug, Default)]
 pub struct Metrics {
     relays: RwLock<HashMap<RelayUrl, Arc<RelayCounters>>>,
+    /// Counters of relays that were forgotten, so totals never go down.
+    retired: RelayCounters,
     /// Forwarder counters.
     pub forward: ForwardCounters,
 }
@@ -96,9 +121,11 @@ impl Metrics {
         self.relays.read().get(relay).cloned()
     }
 
-    /// Forgets a relay's counters (the relay was dropped).
+    /// Forgets a relay's counters (the relay was dropped); they stay in the totals.
     pub fn forget(&self, relay: &RelayUrl) {
-        self.relays.write().remove(relay);
+        if let Some(c) = self.relays.write().remove(relay) {
+            self.retired.absorb(&c);
+        }
     }
 
     /// Sum of a counter over all relays except `except`.
@@ -108,6 +135,31 @@ impl Metrics {
             .iter()
             .filter(|(u, _)| *u != except)
             .map(|(_, c)| RelayCounters::get(f(c)))
-            .sum()
+            .sum::<u64>()
+            + RelayCounters::get(f(&self.retired))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_keep_forgotten_relays() {
+        let m = Metrics::default();
+        let a = RelayUrl::parse("wss://a.example").unwrap();
+        let b = RelayUrl::parse("wss://b.example").unwrap();
+        let own = RelayUrl::parse("wss://own.example").unwrap();
+        RelayCounters::inc(&m.relay(&a).events_invalid);
+        RelayCounters::inc(&m.relay(&b).events_invalid);
+        RelayCounters::inc(&m.relay(&own).events_invalid);
+        assert_eq!(m.sum(&own, |c| &c.events_invalid), 2);
+        m.forget(&a);
+        assert!(m.relay_if_known(&a).is_none());
+        assert_eq!(
+            m.sum(&own, |c| &c.events_invalid),
+            2,
+            "a's count stays in the total"
+        );
     }
 }
