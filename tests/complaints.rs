@@ -1,9 +1,12 @@
 //! CLOSED prefixes and NOTICEs from real sockets: every kind ends with the complete expected
 //! set on the own relay once the relay stops complaining.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
+use common::OneRepo;
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, RelayUrl, SyncHandle};
 use nostr::event::{EventBuilder, EventId, FinalizeEvent, Kind, Tag};
@@ -16,30 +19,17 @@ struct World {
 }
 
 fn world() -> World {
-    let _ = env_logger::builder().is_test(true).try_init();
+    common::init_logging();
     let own = TestRelay::start();
     let remote = TestRelay::start();
-    let keys = Keys::generate();
-    let ann = EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", "r"]).unwrap())
-        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    let repo = format!("30617:{}:r", keys.public_key().to_hex());
-    let issue = EventBuilder::new(Kind::Custom(1621), "remote issue")
-        .tag(Tag::parse(["a", &repo]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    let reply = EventBuilder::new(Kind::Custom(1111), "reply")
-        .tag(Tag::parse(["E", &issue.id.to_hex()]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    own.insert(&ann);
-    for e in [&ann, &issue, &reply] {
+    let r = OneRepo::new(&remote);
+    let reply = r.reply("reply");
+    own.insert(&r.ann);
+    for e in [&r.ann, &r.issue, &reply] {
         remote.insert(e);
     }
     World {
-        expected: [ann.id, issue.id, reply.id].into(),
+        expected: [r.ann.id, r.issue.id, reply.id].into(),
         own,
         remote,
     }

@@ -2,32 +2,25 @@
 //! wrong type or for subscriptions we never opened, AUTH without a key. Each is counted,
 //! nothing crashes, and the relay's real events still reach the own relay.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
+use common::OneRepo;
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, RelayUrl};
-use nostr::event::{EventBuilder, EventId, FinalizeEvent, Kind, Tag};
-use nostr::key::Keys;
+use nostr::event::EventId;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
 #[test]
 fn garbage_from_a_remote_relay_is_counted_and_survived() {
-    let _ = env_logger::builder().is_test(true).try_init();
+    common::init_logging();
     let own = TestRelay::start();
     let remote = TestRelay::start();
-    let keys = Keys::generate();
-    let ann = EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", "r"]).unwrap())
-        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    let repo = format!("30617:{}:r", keys.public_key().to_hex());
-    let issue = EventBuilder::new(Kind::Custom(1621), "issue")
-        .tag(Tag::parse(["a", &repo]).unwrap())
-        .finalize(&keys)
-        .unwrap();
+    let r = OneRepo::new(&remote);
+    let (ann, issue) = (r.ann.clone(), r.issue.clone());
     own.insert(&ann);
     remote.insert(&ann);
     remote.insert(&issue);
@@ -64,10 +57,7 @@ fn garbage_from_a_remote_relay_is_counted_and_survived() {
     );
 
     // Messages for subscriptions we never opened.
-    let stray = EventBuilder::new(Kind::Custom(1621), "stray")
-        .tag(Tag::parse(["a", &repo]).unwrap())
-        .finalize(&keys)
-        .unwrap();
+    let stray = r.another_issue("stray");
     remote.send_raw(&format!("[\"EVENT\",\"never-opened\",{}]", stray.as_json()));
     remote.send_raw("[\"EOSE\",\"never-opened\"]");
     remote.send_raw("[\"CLOSED\",\"never-opened\",\"error: whatever\"]");
@@ -87,10 +77,7 @@ fn garbage_from_a_remote_relay_is_counted_and_survived() {
     // and the relay's next event still arrives.
     remote.send_raw(&format!("[\"NOTICE\",\"{}\"]", "x".repeat(2 << 20)));
     assert!(wait_until(DEADLINE, || status(&handle).disconnects >= 1));
-    let later = EventBuilder::new(Kind::Custom(1111), "after the oversized frame")
-        .tag(Tag::parse(["E", &issue.id.to_hex()]).unwrap())
-        .finalize(&keys)
-        .unwrap();
+    let later = r.reply("after the oversized frame");
     remote.insert(&later);
     expected.insert(later.id);
     assert!(

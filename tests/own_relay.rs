@@ -1,39 +1,30 @@
 //! The own relay under stress: down for a while mid-sync, and rate-limiting writes. Both end
 //! with the complete expected set on the own relay.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
+use common::OneRepo;
 use grasp_sync::testing::{wait_until, TestRelay, TestRelayOptions};
 use grasp_sync::{Config, RelayUrl};
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
 use nostr::key::Keys;
 
+/// The repository and its issue on the own relay; `replies` comments on the remote.
 fn seed(own: &TestRelay, remote: &TestRelay, replies: usize) -> (HashSet<EventId>, Event) {
-    let keys = Keys::generate();
-    let ann = EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", "r"]).unwrap())
-        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    let repo = format!("30617:{}:r", keys.public_key().to_hex());
-    let issue = EventBuilder::new(Kind::Custom(1621), "issue")
-        .tag(Tag::parse(["a", &repo]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    own.insert(&ann);
-    own.insert(&issue);
-    remote.insert(&ann);
-    let mut expected: HashSet<EventId> = [ann.id, issue.id].into();
+    let r = OneRepo::new(remote);
+    own.insert(&r.ann);
+    own.insert(&r.issue);
+    remote.insert(&r.ann);
+    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
     for i in 0..replies {
-        let r = EventBuilder::new(Kind::Custom(1111), format!("reply {i}"))
-            .tag(Tag::parse(["E", &issue.id.to_hex()]).unwrap())
-            .finalize(&keys)
-            .unwrap();
-        remote.insert(&r);
-        expected.insert(r.id);
+        let reply = r.reply(&format!("reply {i}"));
+        remote.insert(&reply);
+        expected.insert(reply.id);
     }
-    (expected, issue)
+    (expected, r.issue)
 }
 
 fn config(own: &TestRelay) -> Config {

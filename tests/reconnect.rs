@@ -2,15 +2,17 @@
 //! unreachable reach the own relay after it comes back (quick and stale reconnect, and a
 //! relay unreachable at start).
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::OneRepo;
 use grasp_sync::core::{Clock, ConnectionStatus, ManualClock, SystemClock};
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, RelayUrl, SyncHandle};
-use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
-use nostr::key::Keys;
+use nostr::event::EventId;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -21,9 +23,8 @@ fn url(r: &TestRelay) -> RelayUrl {
 struct World {
     own: TestRelay,
     remote: TestRelay,
-    keys: Keys,
-    repo: String,
-    root: Event,
+    /// The repository; its issue is the root event on the own relay.
+    r: OneRepo,
     expected: HashSet<EventId>,
     /// A simulated clock moved forward 100 ms at every poll while waiting.
     manual: Option<Arc<ManualClock>>,
@@ -33,27 +34,15 @@ impl World {
     fn new() -> World {
         let own = TestRelay::start();
         let remote = TestRelay::start();
-        let keys = Keys::generate();
-        let ann = EventBuilder::new(Kind::Custom(30617), "")
-            .tag(Tag::parse(["d", "repo"]).unwrap())
-            .tag(Tag::parse(["relays", &remote.url()]).unwrap())
-            .finalize(&keys)
-            .unwrap();
-        let repo = format!("30617:{}:repo", keys.public_key().to_hex());
-        let root = EventBuilder::new(Kind::Custom(1621), "root issue")
-            .tag(Tag::parse(["a", &repo]).unwrap())
-            .finalize(&keys)
-            .unwrap();
-        own.insert(&ann);
-        own.insert(&root);
-        remote.insert(&ann);
+        let r = OneRepo::new(&remote);
+        own.insert(&r.ann);
+        own.insert(&r.issue);
+        remote.insert(&r.ann);
         World {
-            expected: [ann.id, root.id].into(),
+            expected: [r.ann.id, r.issue.id].into(),
             own,
             remote,
-            keys,
-            repo,
-            root,
+            r,
             manual: None,
         }
     }
@@ -66,14 +55,8 @@ impl World {
 
     /// Publishes a reply (Layer 3) and an issue (Layer 2) on the remote relay.
     fn publish_remote(&mut self, label: &str) {
-        let reply = EventBuilder::new(Kind::Custom(1111), format!("reply {label}"))
-            .tag(Tag::parse(["E", &self.root.id.to_hex()]).unwrap())
-            .finalize(&self.keys)
-            .unwrap();
-        let issue = EventBuilder::new(Kind::Custom(1621), format!("issue {label}"))
-            .tag(Tag::parse(["a", &self.repo]).unwrap())
-            .finalize(&self.keys)
-            .unwrap();
+        let reply = self.r.reply(&format!("reply {label}"));
+        let issue = self.r.another_issue(&format!("issue {label}"));
         self.remote.insert(&reply);
         self.remote.insert(&issue);
         self.expected.insert(reply.id);

@@ -374,3 +374,42 @@ pub fn matching_reqs(relay: &TestRelay, conn: u64, e: &Event) -> usize {
         })
         .count()
 }
+
+/// One repository announced with `remote` as its relay, and one issue of it: the fixture of
+/// the lifecycle and fault tests. Nothing is stored anywhere until the test inserts it.
+pub struct OneRepo {
+    /// The maintainer.
+    pub keys: Keys,
+    /// The announcement (kind 30617) listing `remote`.
+    pub ann: Event,
+    /// `30617:<pubkey>:r`.
+    pub repo: String,
+    /// An issue (kind 1621) of the repository.
+    pub issue: Event,
+}
+
+impl OneRepo {
+    /// Builds the events for a repository on `remote`.
+    pub fn new(remote: &TestRelay) -> OneRepo {
+        let keys = Keys::generate();
+        let ann = announcement(&keys, "r", &[&[&remote.url()]]);
+        let repo = repo_ref(&keys, "r");
+        let issue = root(&keys, 1621, &repo, "issue", &[]);
+        OneRepo {
+            keys,
+            ann,
+            repo,
+            issue,
+        }
+    }
+
+    /// A NIP-22 comment on the issue (`E`, `K`, `e` tags).
+    pub fn reply(&self, text: &str) -> Event {
+        comment(&self.keys, &self.issue, text)
+    }
+
+    /// Another issue of the repository.
+    pub fn another_issue(&self, text: &str) -> Event {
+        root(&self.keys, 1621, &self.repo, text, &[])
+    }
+}
