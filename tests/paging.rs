@@ -19,6 +19,32 @@ fn signed(keys: &Keys, kind: u16, text: String, tags: Vec<Vec<String>>, at: u64)
     b.finalize(keys).unwrap()
 }
 
+/// Announces repository `r` of `keys` (listing `remote`) on both relays, created at `at`.
+/// Returns its coordinate and the expected set so far (the announcement).
+fn announce(
+    keys: &Keys,
+    own: &TestRelay,
+    remote: &TestRelay,
+    at: u64,
+) -> (String, HashSet<EventId>) {
+    let ann = signed(
+        keys,
+        30617,
+        String::new(),
+        vec![
+            vec!["d".into(), "r".into()],
+            vec!["relays".into(), remote.url()],
+        ],
+        at,
+    );
+    own.insert(&ann);
+    remote.insert(&ann);
+    (
+        format!("30617:{}:r", keys.public_key().to_hex()),
+        [ann.id].into(),
+    )
+}
+
 /// One repository on a remote relay that returns at most `cap` events per query: 30 root
 /// issues at distinct seconds, `2 × cap` replies spread over older seconds and a burst of
 /// `3 × cap + 7` replies all created in the same second.
@@ -31,20 +57,7 @@ fn capped_history(cap: usize) {
     });
     let keys = Keys::generate();
     let now = Timestamp::now().as_secs();
-    let ann = signed(
-        &keys,
-        30617,
-        String::new(),
-        vec![
-            vec!["d".into(), "capped".into()],
-            vec!["relays".into(), remote.url()],
-        ],
-        now - 100_000,
-    );
-    let repo = format!("30617:{}:capped", keys.public_key().to_hex());
-    own.insert(&ann);
-    remote.insert(&ann);
-    let mut expected: HashSet<EventId> = [ann.id].into();
+    let (repo, mut expected) = announce(&keys, &own, &remote, now - 100_000);
     let roots: Vec<Event> = (0..30)
         .map(|i| {
             signed(
@@ -137,20 +150,7 @@ fn nip11_max_limit_is_believed() {
     });
     let keys = Keys::generate();
     let now = Timestamp::now().as_secs();
-    let ann = signed(
-        &keys,
-        30617,
-        String::new(),
-        vec![
-            vec!["d".into(), "r".into()],
-            vec!["relays".into(), remote.url()],
-        ],
-        now - 10_000,
-    );
-    let repo = format!("30617:{}:r", keys.public_key().to_hex());
-    own.insert(&ann);
-    remote.insert(&ann);
-    let mut expected: HashSet<EventId> = [ann.id].into();
+    let (repo, mut expected) = announce(&keys, &own, &remote, now - 100_000);
     for i in 0..35 {
         let e = signed(
             &keys,

@@ -68,36 +68,28 @@ mod tests {
 
     #[test]
     fn pings_on_interval_and_detects_silence() {
+        use KeepaliveAction::{Dead, Idle, SendPing};
         let t0 = Time::from_secs(0);
         let mut k = Keepalive::new(t0, Duration::from_secs(30), Duration::from_secs(20));
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(29))),
-            KeepaliveAction::Idle
-        );
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(30))),
-            KeepaliveAction::SendPing
-        );
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(31))),
-            KeepaliveAction::Idle
-        );
-        k.on_activity();
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(55))),
-            KeepaliveAction::Idle
-        );
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(60))),
-            KeepaliveAction::SendPing
-        );
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(79))),
-            KeepaliveAction::Idle
-        );
-        assert_eq!(
-            k.poll(t0.plus(Duration::from_secs(80))),
-            KeepaliveAction::Dead
-        );
+        // (seconds after t0, peer activity just before, expected decision)
+        let steps = [
+            (29, false, Idle),
+            (30, false, SendPing),
+            (31, false, Idle),
+            (55, true, Idle),
+            (60, false, SendPing),
+            (79, false, Idle),
+            (80, false, Dead),
+        ];
+        for (secs, activity, want) in steps {
+            if activity {
+                k.on_activity();
+            }
+            assert_eq!(
+                k.poll(t0.plus(Duration::from_secs(secs))),
+                want,
+                "at {secs} s"
+            );
+        }
     }
 }

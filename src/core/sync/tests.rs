@@ -106,12 +106,7 @@ impl Sim {
             generation: g,
         });
         for (sub_id, _) in subscribes(&cmds, OWN) {
-            self.report(Report::Eose {
-                relay: url(OWN),
-                generation: g,
-                sub_id,
-                stats: PageStats::default(),
-            });
+            self.eose(OWN, sub_id, PageStats::default());
         }
         cmds
     }
@@ -145,16 +140,25 @@ impl Sim {
         })
     }
 
+    /// EOSE for `sub_id` on `relay`'s current connection (the own relay included).
+    fn eose(&mut self, relay: &str, sub_id: SubscriptionId, stats: PageStats) -> Vec<Command> {
+        let generation = if relay == OWN {
+            self.own_gen
+        } else {
+            self.gen(relay)
+        };
+        self.report(Report::Eose {
+            relay: url(relay),
+            generation,
+            sub_id,
+            stats,
+        })
+    }
+
     fn eose_all(&mut self, relay: &str, cmds: &[Command]) -> Vec<Command> {
-        let g = self.gen(relay);
         let mut out = vec![];
         for (sub_id, _) in subscribes(cmds, relay) {
-            out.extend(self.report(Report::Eose {
-                relay: url(relay),
-                generation: g,
-                sub_id,
-                stats: PageStats::default(),
-            }));
+            out.extend(self.eose(relay, sub_id, PageStats::default()));
         }
         out
     }
@@ -162,15 +166,9 @@ impl Sim {
 
 /// EOSE for the Layer-1 subscription among `cmds` (its history is delivered).
 fn eose_l1(s: &mut Sim, relay: &str, cmds: &[Command]) {
-    let g = s.gen(relay);
     for (sub_id, f) in subscribes(cmds, relay) {
         if is_l1(&f) {
-            s.report(Report::Eose {
-                relay: url(relay),
-                generation: g,
-                sub_id,
-                stats: PageStats::default(),
-            });
+            s.eose(relay, sub_id, PageStats::default());
         }
     }
 }
@@ -256,18 +254,12 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
     assert!(subs[1..].iter().all(|(_, f)| since(f).is_none()));
     assert_eq!(s.m.pending_index()[&url("wss://a.example")].len(), 1);
     // Not confirmed until every batch subscription saw EOSE.
-    let g = s.gen("wss://a.example");
     for (i, (sub_id, _)) in subs[1..].iter().enumerate() {
         assert!(
             s.m.relay_index()[&url("wss://a.example")].repos.is_empty(),
             "after {i} EOSEs"
         );
-        s.report(Report::Eose {
-            relay: url("wss://a.example"),
-            generation: g,
-            sub_id: sub_id.clone(),
-            stats: PageStats::default(),
-        });
+        s.eose("wss://a.example", sub_id.clone(), PageStats::default());
     }
     let st = &s.m.relay_index()[&url("wss://a.example")];
     assert_eq!(st.repos, [repo("r")].into());
@@ -496,13 +488,8 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
     let cmds = s.connected("wss://a.example");
     eose_l1(&mut s, "wss://a.example", &cmds);
     // One subscription answered, two did not.
-    let g = s.gen("wss://a.example");
-    s.report(Report::Eose {
-        relay: url("wss://a.example"),
-        generation: g,
-        sub_id: subscribes(&cmds, "wss://a.example")[1].0.clone(),
-        stats: PageStats::default(),
-    });
+    let sub = subscribes(&cmds, "wss://a.example")[1].0.clone();
+    s.eose("wss://a.example", sub, PageStats::default());
     let cmds = s.advance(Duration::from_secs(61));
     let closes = cmds
         .iter()
@@ -704,14 +691,8 @@ fn consolidation_deadline_keeps_loading_subscriptions_open() {
     let pending_cmds = s.advance(Duration::from_secs(5));
     // One of the pending batch's three subscriptions has seen EOSE: it must stay open too,
     // or the batch's items would have no live subscription once it confirms.
-    let g = s.gen(relay);
     let first = subscribes(&pending_cmds, relay)[0].0.clone();
-    s.report(Report::Eose {
-        relay: url(relay),
-        generation: g,
-        sub_id: first,
-        stats: PageStats::default(),
-    });
+    s.eose(relay, first, PageStats::default());
     s.self_event(&issue("r", "deferred"));
     s.advance(Duration::from_secs(5));
     // 30 s later the consolidation runs anyway; the unanswered batch stays open.
@@ -865,12 +846,7 @@ fn capped_self_subscription_pages_with_until() {
         newest: Some(2000),
         ..PageStats::default()
     };
-    let cmds = s.report(Report::Eose {
-        relay: url(OWN),
-        generation: g,
-        sub_id: sub.clone(),
-        stats,
-    });
+    let cmds = s.eose(OWN, sub.clone(), stats);
     let pages = subscribes(&cmds, OWN);
     assert_eq!(pages.len(), 1);
     assert_eq!(json(&pages[0].1)["until"], 1000);
@@ -879,17 +855,16 @@ fn capped_self_subscription_pages_with_until() {
         json(&self_subscription_filter_for_test())["kinds"]
     );
     // A short page ends it and is closed; the live self-subscription stays.
-    let cmds = s.report(Report::Eose {
-        relay: url(OWN),
-        generation: g,
-        sub_id: pages[0].0.clone(),
-        stats: PageStats {
+    let cmds = s.eose(
+        OWN,
+        pages[0].0.clone(),
+        PageStats {
             received: 3,
             oldest: Some(900),
             newest: Some(1000),
             ..PageStats::default()
         },
-    });
+    );
     assert!(subscribes(&cmds, OWN).is_empty());
     assert!(cmds.contains(&Command::Unsubscribe {
         relay: url(OWN),
@@ -909,7 +884,6 @@ fn batch_waits_for_its_pages_before_confirming() {
     let (mut s, _) = discovered(&[relay]);
     let cmds = s.connected(relay);
     let subs = subscribes(&cmds, relay);
-    let g = s.gen(relay);
     let full = PageStats {
         received: 20,
         oldest: Some(500),
@@ -923,12 +897,7 @@ fn batch_waits_for_its_pages_before_confirming() {
         } else {
             PageStats::default()
         };
-        let out = s.report(Report::Eose {
-            relay: url(relay),
-            generation: g,
-            sub_id: sub.clone(),
-            stats,
-        });
+        let out = s.eose(relay, sub.clone(), stats);
         if i == 1 {
             let pages = subscribes(&out, relay);
             assert_eq!(pages.len(), 1);
@@ -937,23 +906,13 @@ fn batch_waits_for_its_pages_before_confirming() {
             // Pages finish before the batch may confirm.
             let last = subs.len() - 1;
             for (sub, _) in &subs[2..=last] {
-                s.report(Report::Eose {
-                    relay: url(relay),
-                    generation: g,
-                    sub_id: sub.clone(),
-                    stats: PageStats::default(),
-                });
+                s.eose(relay, sub.clone(), PageStats::default());
             }
             assert!(
                 s.m.relay_index()[&url(relay)].repos.is_empty(),
                 "not before the page"
             );
-            s.report(Report::Eose {
-                relay: url(relay),
-                generation: g,
-                sub_id: pages[0].0.clone(),
-                stats: PageStats::default(),
-            });
+            s.eose(relay, pages[0].0.clone(), PageStats::default());
             break;
         }
     }
@@ -1112,15 +1071,9 @@ fn play_relay(
             }
         }
         seen.extend(cmds);
-        let g = s.gen(relay);
         cmds = vec![];
         for sub_id in fresh {
-            cmds.extend(s.report(Report::Eose {
-                relay: url(relay),
-                generation: g,
-                sub_id,
-                stats: PageStats::default(),
-            }));
+            cmds.extend(s.eose(relay, sub_id, PageStats::default()));
         }
     }
     seen
@@ -1230,31 +1183,24 @@ fn self_subscription_pages_stay_within_the_own_relays_budget() {
     });
     let cmds = s.own_connected();
     let (sub, _) = subscribes(&cmds, OWN).remove(0);
-    let g = s.own_gen;
     // A full page in one second: split by the filter's five kinds, plus older seconds.
-    let cmds = s.report(Report::Eose {
-        relay: url(OWN),
-        generation: g,
-        sub_id: sub,
-        stats: PageStats {
+    let cmds = s.eose(
+        OWN,
+        sub,
+        PageStats {
             received: 10,
             oldest: Some(500),
             newest: Some(500),
             ..PageStats::default()
         },
-    });
+    );
     let first = subscribes(&cmds, OWN);
     assert_eq!(first.len(), 2, "self-subscription + 2 pages = budget 3");
     assert_eq!(s.m.own_open_subscriptions(), 3);
     let mut total = first.len();
     let mut queue: Vec<SubscriptionId> = first.into_iter().map(|x| x.0).collect();
     while let Some(page) = queue.pop() {
-        let cmds = s.report(Report::Eose {
-            relay: url(OWN),
-            generation: g,
-            sub_id: page,
-            stats: PageStats::default(),
-        });
+        let cmds = s.eose(OWN, page, PageStats::default());
         let next = subscribes(&cmds, OWN);
         total += next.len();
         assert!(s.m.own_open_subscriptions() <= 3);
@@ -1275,12 +1221,7 @@ fn a_query_without_eose_is_sent_again_not_left_loading() {
     let l1 = subscribes(&cmds, relay)[0].clone();
     let g = s.gen(relay);
     for (sub_id, _) in &subscribes(&cmds, relay)[1..] {
-        s.report(Report::Eose {
-            relay: url(relay),
-            generation: g,
-            sub_id: sub_id.clone(),
-            stats: PageStats::default(),
-        });
+        s.eose(relay, sub_id.clone(), PageStats::default());
     }
     assert!(s.advance(Duration::from_secs(100)).is_empty());
     let cmds = s.advance(Duration::from_secs(30));
@@ -1311,17 +1252,16 @@ fn during_a_rate_limit_cool_down_nothing_is_sent_to_the_relay() {
         message: "rate limit exceeded".into(),
     });
     // Layer 1 comes back full: its next page must wait for the cool-down.
-    let out = s.report(Report::Eose {
-        relay: url(relay),
-        generation: g,
-        sub_id: subs[0].0.clone(),
-        stats: PageStats {
+    let out = s.eose(
+        relay,
+        subs[0].0.clone(),
+        PageStats {
             received: 20,
             oldest: Some(100),
             newest: Some(200),
             ..PageStats::default()
         },
-    });
+    );
     assert!(
         subscribes(&out, relay).is_empty(),
         "held during the cool-down"
