@@ -199,6 +199,7 @@ mod tests {
                 outstanding_subs: HashSet::new(),
                 started_at: Time::from_secs(0),
                 incomplete: false,
+                uncovered_from: None,
             }],
         );
         let a = compute_actions(&t, &pending, &confirmed);

@@ -131,11 +131,16 @@ pub struct PendingBatch {
     pub items: PendingItems,
     /// Subscriptions that must all see EOSE before the items count as confirmed.
     pub outstanding_subs: HashSet<SubscriptionId>,
-    /// When the batch was sent, or last made progress (an EOSE of one of its queries): the
-    /// EOSE deadline counts from here.
+    /// When a query of the batch was last sent (queries queued behind the subscription
+    /// budget count from when they leave the queue), or the batch last made progress (an
+    /// EOSE of one of its queries): the EOSE deadline counts from here.
     pub started_at: Time,
     /// Set when a query of the batch could not be paged completely.
     pub incomplete: bool,
+    /// The earliest moment a query of the batch was closed at its EOSE to give its slot back
+    /// (a constrained relay): from then on its items have no live subscription, so the
+    /// rebuild after confirmation catches up from here.
+    pub uncovered_from: Option<Time>,
 }
 
 /// In-flight batches per relay.

@@ -129,6 +129,7 @@ impl SyncMachine {
                 outstanding_subs: outstanding,
                 started_at: now,
                 incomplete: false,
+                uncovered_from: None,
             });
     }
 
@@ -168,11 +169,18 @@ impl SyncMachine {
             .get(relay)
             .is_some_and(|l| !l.queue.is_empty() || !l.polled.is_empty());
         let close = match info.purpose {
-            SubPurpose::Page { .. } => true,
+            SubPurpose::Page { .. } | SubPurpose::CatchUp => true,
             // Over budget: a batch's history query gives its slot back at EOSE; its items
             // join the live or polled set at the next rebuild.
-            SubPurpose::Batch(_) if constrained => {
-                self.link(relay).rebuild_needed = true;
+            SubPurpose::Batch(id) if constrained => {
+                self.need_rebuild(relay, now);
+                if let Some(b) = self
+                    .pending
+                    .get_mut(relay)
+                    .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == id))
+                {
+                    b.uncovered_from.get_or_insert(now);
+                }
                 true
             }
             _ => false,
@@ -252,6 +260,13 @@ impl SyncMachine {
             }
             state.repos.extend(batch.items.repos);
             state.root_events.extend(batch.items.root_events);
+        }
+        if let Some(t) = batch.uncovered_from {
+            // Some of its queries were closed at EOSE: its items get their live coverage
+            // (and a catch-up from that moment) at the next rebuild.
+            let l = self.link(relay);
+            l.uncovered_since = Some(l.uncovered_since.map_or(t, |u| u.min(t)));
+            self.need_rebuild(relay, now);
         }
         self.run_deferred_if_idle(relay, now);
     }
@@ -338,17 +353,29 @@ impl SyncMachine {
         }
     }
 
+    /// Marks the relay's live/polled sets for a rebuild once it is idle, at the latest after
+    /// the consolidation wait (a relay that never stops loading is rebuilt all the same).
+    pub(super) fn need_rebuild(&mut self, relay: &RelayUrl, now: Time) {
+        let wait = self.config.consolidation_wait;
+        let l = self.link(relay);
+        l.rebuild_needed = true;
+        let by = now.plus(wait);
+        l.consolidate_by = Some(l.consolidate_by.map_or(by, |t| t.min(by)));
+    }
+
     pub(super) fn expire_batches(&mut self, now: Time) {
         if self.forward_paused_since.is_some() {
             return;
         }
         let timeout = self.config.eose_timeout;
+        let links = &self.links;
         let expired: Vec<(RelayUrl, u64)> = self
             .pending
             .iter()
             .flat_map(|(u, bs)| {
                 bs.iter()
                     .filter(|b| now.since(b.started_at) >= timeout)
+                    .filter(move |b| batch_has_sent_query(links.get(u), b))
                     .map(|b| (u.clone(), b.batch_id))
             })
             .collect();
@@ -449,4 +476,16 @@ impl SyncMachine {
             _ => {}
         }
     }
+}
+
+/// True when at least one query of the batch has been sent (is loading): a batch whose
+/// queries all wait in the queue behind the subscription budget has no EOSE to wait for yet.
+fn batch_has_sent_query(link: Option<&Link>, batch: &PendingBatch) -> bool {
+    let Some(link) = link else {
+        return true;
+    };
+    batch
+        .outstanding_subs
+        .iter()
+        .any(|s| link.loading.contains_key(s) || !link.queue.iter().any(|(q, _)| q == s))
 }

@@ -11,16 +11,16 @@ impl SyncMachine {
         now: Time,
     ) {
         self.counters.closed_by_relay += 1;
-        let Some(info) = self.links.get_mut(relay).and_then(|l| {
-            l.loading.remove(sub_id);
-            l.subs.remove(sub_id)
+        let Some((info, was_loading)) = self.links.get_mut(relay).and_then(|l| {
+            let was_loading = l.loading.remove(sub_id).is_some();
+            l.subs.remove(sub_id).map(|i| (i, was_loading))
         }) else {
             return;
         };
         self.drain_queue(relay);
         let reason = classify_closed(message);
         let prefix = closed_prefix(message).to_string();
-        let first = self.link(relay).warned.insert(format!("CLOSED {prefix}"));
+        let first = self.link(relay).warn_once(format!("CLOSED {prefix}"));
         let what = format!(
             "{relay}: subscription {sub_id} ({:?}) closed by the relay: {message:?}",
             info.purpose
@@ -51,18 +51,43 @@ impl SyncMachine {
             }
             ClosedReason::Refused => self.config.refused_retry,
         };
-        match info.purpose {
-            SubPurpose::Batch(batch_id)
-            | SubPurpose::Page {
-                batch: Some(batch_id),
-            } => self.fail_batch_for(relay, batch_id, now, "closed by relay", Some(delay)),
-            SubPurpose::SelfSubscription => {}
-            purpose => {
-                // Layer 1, catch-up or a page without a batch: never silently gone; the same
-                // query is opened again after the delay.
-                let at = now.plus(delay);
-                self.link(relay).reopen.push((at, purpose, info.filter));
-            }
+        let batch = match info.purpose {
+            SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) } => Some(id),
+            _ => None,
+        };
+        let pending = batch.is_some_and(|id| {
+            self.pending
+                .get(relay)
+                .is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
+        });
+        let at = now.plus(delay);
+        if pending {
+            let id = batch.unwrap_or_default();
+            self.fail_batch_for(relay, id, now, "closed by relay", Some(delay));
+        } else if info.purpose.is_live() && !was_loading {
+            // A live subscription past its EOSE (Layer 1, the live set, or the REQ of a batch
+            // that has confirmed): opened again live after the delay, plus a catch-up of what
+            // was published from the moment it was lost.
+            let since = now.minus(self.config.quick_reconnect_window).timestamp();
+            let purpose = match info.purpose {
+                SubPurpose::Announcements => SubPurpose::Announcements,
+                _ => SubPurpose::Live,
+            };
+            let l = self.link(relay);
+            l.reopen.push((at, purpose, live_only(&info.filter)));
+            l.reopen
+                .push((at, SubPurpose::CatchUp, history_since(&info.filter, since)));
+        } else if matches!(info.purpose, SubPurpose::Page { batch: Some(_) }) {
+            // A page of a batch that is no longer pending: nothing waits for it.
+            debug!("{relay}: page {sub_id} of a finished batch closed; nothing to do");
+        } else {
+            // A query closed before its EOSE (history not fully delivered): the same query
+            // again after the delay, never silently gone.
+            let purpose = match info.purpose {
+                SubPurpose::Batch(_) => SubPurpose::Live,
+                p => p,
+            };
+            self.link(relay).reopen.push((at, purpose, info.filter));
         }
     }
 
@@ -74,7 +99,7 @@ impl SyncMachine {
             NoticeKind::RateLimit => {
                 self.counters.rate_limited += 1;
                 let until = now.plus(self.config.rate_limit_cooldown);
-                let first = self.link(relay).warned.insert(format!("NOTICE {message}"));
+                let first = self.link(relay).warn_once(format!("NOTICE {message}"));
                 let l = self.link(relay);
                 l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
                 l.cooldown_until = Some(l.cooldown_until.map_or(until, |t| t.max(until)));

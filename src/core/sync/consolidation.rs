@@ -17,17 +17,28 @@ impl SyncMachine {
     /// is loading history, or when the wait deadline passed. Closes every settled
     /// subscription (those still loading and those of pending batches stay open),
     /// re-subscribes Layer 1 (unless one is still loading) and Layers 2+3 of the confirmed
-    /// items with `since = now − 15 min` through [`SyncMachine::open_live_set`] (what does
-    /// not fit the budget is polled), then adds the deferred new items as one batch without
-    /// `since`.
+    /// items through [`SyncMachine::open_live_set`]: live without `since`, plus a catch-up
+    /// from `now − 15 min`, or from earlier when items lost their live subscription earlier
+    /// (what does not fit the budget is polled); then adds the deferred new items as one
+    /// batch without `since`.
     pub(super) fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
         let Some(link) = self.links.get_mut(relay) else {
             return;
         };
         link.consolidate_by = None;
-        // The rebuild below re-subscribes Layer 1 and every confirmed item.
-        link.reopen
-            .retain(|r| !matches!(r.1, SubPurpose::Announcements | SubPurpose::CatchUp));
+        // The rebuild below re-subscribes Layer 1 and every confirmed item live, with a
+        // catch-up: live subscriptions waiting to be reopened are dropped, and waiting
+        // catch-ups merge into the rebuild's (it starts no later than theirs).
+        let mut merged_since: Option<nostr::types::Timestamp> = None;
+        link.reopen.retain(|(_, purpose, f)| {
+            if *purpose == SubPurpose::CatchUp {
+                if let Some(s) = f.since {
+                    merged_since = Some(merged_since.map_or(s, |m| m.min(s)));
+                }
+                return false;
+            }
+            f.limit != Some(0)
+        });
         let mut items = std::mem::take(&mut link.deferred);
         let connected = self
             .relays
@@ -75,9 +86,36 @@ impl SyncMachine {
                 sub_id,
             });
         }
-        let since = now.minus(self.config.quick_reconnect_window).timestamp();
+        // Catch up from when items lost their live subscription: now for those closed just
+        // above, earlier for those whose batch query was closed at EOSE, whose live
+        // subscription still waits in the queue, or whose queued catch-up is merged here.
+        let margin = self.config.quick_reconnect_window;
+        let mut since = now.minus(margin).timestamp();
+        if let Some(m) = merged_since {
+            since = since.min(m);
+        }
         if let Some(l) = self.links.get_mut(relay) {
             l.rebuild_needed = false;
+            let mut from = l.uncovered_since.take().unwrap_or(now);
+            let live_queued = l.queue.iter().any(|(_, i)| i.purpose == SubPurpose::Live);
+            if let (true, Some(t)) = (live_queued, l.live_built_at) {
+                from = from.min(t);
+            }
+            since = since.min(from.minus(margin).timestamp());
+            l.queue.retain(|(_, i)| match i.purpose {
+                SubPurpose::Live => false,
+                SubPurpose::CatchUp => {
+                    if let Some(s) = i.filter.since {
+                        since = since.min(s);
+                    }
+                    false
+                }
+                SubPurpose::Announcements => {
+                    keep_l1 = true;
+                    true
+                }
+                _ => true,
+            });
         }
         self.open_live_set(relay, since, !keep_l1, now);
         items.repos.retain(|r| !repos.contains(r));
@@ -123,6 +161,8 @@ impl SyncMachine {
             let link = self.links.entry(url.clone()).or_default();
             let mut old: Vec<SubscriptionId> = link.subs.keys().cloned().collect();
             link.forget_subscriptions();
+            link.resume.clear();
+            link.resume_overflow = false;
             old.sort();
             for sub_id in old {
                 self.commands.push_back(Command::Unsubscribe {

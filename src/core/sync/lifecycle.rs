@@ -7,7 +7,8 @@ impl SyncMachine {
         let Some(state) = self.relays.get_mut(relay) else {
             return;
         };
-        state.generation += 1;
+        self.next_generation += 1;
+        state.generation = self.next_generation;
         state.connection_status = ConnectionStatus::Connecting;
         self.counters.connect_attempts += 1;
         self.commands.push_back(Command::Connect {
@@ -22,7 +23,11 @@ impl SyncMachine {
         let Some(state) = self.relays.get_mut(relay) else {
             return;
         };
-        let stale = state.last_connected.is_some() && state.should_clear_state(now, window);
+        let link = self.links.entry(relay.clone()).or_default();
+        let overflow = std::mem::take(&mut link.resume_overflow);
+        let resume = std::mem::take(&mut link.resume);
+        let stale =
+            state.last_connected.is_some() && (overflow || state.should_clear_state(now, window));
         let fresh = state.last_connected.is_none() || stale;
         let since = if fresh {
             None
@@ -30,25 +35,38 @@ impl SyncMachine {
             state.last_connected.map(|t| t.minus(window).timestamp())
         };
         if stale {
-            info!("{relay}: reconnected after more than {window:?}; fresh sync");
+            if overflow {
+                info!("{relay}: reconnected; too many interrupted queries to continue: fresh sync");
+            } else {
+                info!("{relay}: reconnected after more than {window:?}; fresh sync");
+            }
             state.clear_sync_state();
         }
         state.connection_status = ConnectionStatus::Connected;
         state.last_connected = Some(now);
         state.disconnected_at = None;
         let generation = state.generation;
-        let (repos, roots) = (state.repos.clone(), state.root_events.clone());
         self.link(relay).health.record_success(now);
         info!(
             "{relay}: connected ({})",
             match since {
                 None => "fresh sync".to_string(),
-                Some(s) => format!("quick reconnect, catch-up since {}", s.as_secs()),
+                Some(s) => format!(
+                    "quick reconnect, catch-up since {}, {} interrupted queries continued",
+                    s.as_secs(),
+                    resume.len()
+                ),
             }
         );
-        let _ = (&repos, &roots);
         match since {
-            Some(since) => self.open_live_set(relay, since, true, now),
+            Some(since) => {
+                // History that was still paging when the connection dropped continues from
+                // the page it had reached (its filter carries that page's `until`).
+                for f in resume {
+                    self.open_sub(relay, generation, SubPurpose::CatchUp, f);
+                }
+                self.open_live_set(relay, since, true, now);
+            }
             None => {
                 self.open_sub(
                     relay,
@@ -77,6 +95,9 @@ impl SyncMachine {
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
         let link = self.links.entry(relay.clone()).or_default();
+        if was_connected {
+            link.keep_unfinished_history();
+        }
         link.forget_subscriptions();
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
@@ -113,6 +134,9 @@ impl SyncMachine {
             self.relays.remove(&url);
             self.pending.remove(&url);
             self.links.remove(&url);
+            self.limits.remove(&url);
+            self.budgets.remove(&url);
+            self.max_message.remove(&url);
             self.commands.push_back(Command::Forget { relay: url });
         }
     }

@@ -240,9 +240,15 @@ pub enum Command {
 pub enum SubPurpose {
     /// Layer 1 (announcements), once per connection.
     Announcements,
-    /// Layer 2/3 for a pending batch.
+    /// Layer 2/3 for a pending batch: history and live in one REQ (no `since`).
     Batch(u64),
-    /// Layer 2/3 catch-up for confirmed items after a reconnect or consolidation.
+    /// Live-only Layer 2/3 of confirmed items (`limit: 0`, never `since`: relays apply
+    /// `since` to live events too, so a live subscription with `since` would miss every
+    /// backdated event and every old event copied into the relay later).
+    Live,
+    /// History of confirmed items (Layer 1, 2 or 3) from a moment on (`since`): after a quick
+    /// reconnect, a consolidation or a lost live subscription. Closed at EOSE; its pages
+    /// are `Page { batch: None }`.
     CatchUp,
     /// The self-subscription on the own relay.
     SelfSubscription,
@@ -254,7 +260,88 @@ pub enum SubPurpose {
     },
 }
 
+impl SubPurpose {
+    /// True for queries that stay open after EOSE (live); false for history queries that
+    /// are closed at EOSE.
+    pub fn is_live(self) -> bool {
+        !matches!(self, SubPurpose::CatchUp | SubPurpose::Page { .. })
+    }
+}
+
+/// The most history queries kept to resume after a quick reconnect; beyond it the next
+/// connect is a fresh sync.
+const MAX_RESUME: usize = 1_000;
+
+/// The most distinct CLOSED prefixes and NOTICE texts remembered per relay for "warn once";
+/// beyond it repeats are logged at debug level.
+const MAX_WARNED: usize = 64;
+
+/// The filter of a live-only subscription for the same events as `f`: no `since`/`until`,
+/// `limit: 0` (no stored events, only new ones).
+pub(crate) fn live_only(f: &Filter) -> Filter {
+    let mut f = f.clone();
+    f.since = None;
+    f.until = None;
+    f.limit = Some(0);
+    f
+}
+
+/// The filter of a history query for the same events as `f` from `since` on (no `limit`:
+/// the relay's page size applies and paging reads the rest).
+pub(crate) fn history_since(f: &Filter, since: nostr::types::Timestamp) -> Filter {
+    let mut f = f.clone();
+    f.since = Some(since);
+    f.until = None;
+    f.limit = None;
+    f
+}
+
 impl Link {
+    /// Remembers `key` for "warn once"; true the first time. Bounded by [`MAX_WARNED`].
+    fn warn_once(&mut self, key: String) -> bool {
+        if self.warned.contains(&key) {
+            return false;
+        }
+        if self.warned.len() >= MAX_WARNED {
+            return false;
+        }
+        self.warned.insert(key)
+    }
+
+    /// Keeps the history queries that were not finished (sent without EOSE, queued, or
+    /// waiting to be reopened) so that a quick reconnect continues them from where they
+    /// were; batch queries are not kept (their batch fails and is sent again whole).
+    fn keep_unfinished_history(&mut self) {
+        let mut kept: Vec<Filter> = Vec::new();
+        for (sub, info) in &self.subs {
+            if self.loading.contains_key(sub) && !is_batch_query(info.purpose) {
+                if info.filter.limit == Some(0) {
+                    continue;
+                }
+                kept.push(info.filter.clone());
+            }
+        }
+        for (_, info) in &self.queue {
+            if !is_batch_query(info.purpose) && info.filter.limit != Some(0) {
+                kept.push(info.filter.clone());
+            }
+        }
+        for (_, purpose, filter) in &self.reopen {
+            if !purpose.is_live() {
+                kept.push(filter.clone());
+            }
+        }
+        for f in kept {
+            if self.resume.len() >= MAX_RESUME {
+                self.resume_overflow = true;
+                break;
+            }
+            if !self.resume.contains(&f) {
+                self.resume.push(f);
+            }
+        }
+    }
+
     /// Forgets every subscription and everything waiting to be (re)subscribed: after a lost
     /// connection, or before the daily resync rebuilds them.
     fn forget_subscriptions(&mut self) {
@@ -268,7 +355,17 @@ impl Link {
         self.poll_since = None;
         self.next_poll = None;
         self.rebuild_needed = false;
+        self.uncovered_since = None;
+        self.live_built_at = None;
     }
+}
+
+/// Queries that belong to a batch (its own REQs and their pages).
+fn is_batch_query(p: SubPurpose) -> bool {
+    matches!(
+        p,
+        SubPurpose::Batch(_) | SubPurpose::Page { batch: Some(_) }
+    )
 }
 
 /// Loading subscriptions that are not part of a batch (a batch has its own deadline), with
@@ -323,6 +420,17 @@ struct Link {
     /// A batch's subscriptions were closed at EOSE to make room: rebuild the live/polled
     /// sets once the relay is idle.
     rebuild_needed: bool,
+    /// The earliest moment at which confirmed items of this relay lost their live
+    /// subscription without a catch-up yet (a batch query closed at EOSE for room, a live
+    /// subscription dropped from the queue): the next rebuild catches up from there.
+    uncovered_since: Option<Time>,
+    /// When the live set was last (re)built: live subscriptions of it still queued at the
+    /// next rebuild have covered nothing since then.
+    live_built_at: Option<Time>,
+    /// History queries interrupted by a disconnect, continued on a quick reconnect.
+    resume: Vec<Filter>,
+    /// More than [`MAX_RESUME`] queries were interrupted: the next connect is a fresh sync.
+    resume_overflow: bool,
 }
 
 #[derive(Debug)]
@@ -410,6 +518,9 @@ pub struct SyncMachine {
     next_sub: u64,
     next_batch: u64,
     next_disconnect_check: Option<Time>,
+    /// One counter for every connection generation (own relay and remote relays), so a
+    /// relay forgotten and discovered again never reuses a retired thread's generation.
+    next_generation: u64,
     next_daily: Option<Time>,
     /// The `now` of the latest input (for bookkeeping inside helpers that take no time).
     last_now: Time,
@@ -449,6 +560,7 @@ impl SyncMachine {
             next_sub: 0,
             next_batch: 0,
             next_disconnect_check: None,
+            next_generation: 0,
             next_daily: None,
             last_now: Time::default(),
             forward_paused_since: None,
@@ -498,6 +610,7 @@ impl SyncMachine {
         consider(self.next_disconnect_check);
         consider(self.next_daily);
         consider(self.own_link.next_attempt);
+        consider(self.own_link.reopen.iter().map(|r| r.0).min());
         consider(
             unbatched_loading(&self.own_link)
                 .map(|(_, t)| t)
@@ -545,6 +658,15 @@ impl SyncMachine {
         if self.own_link.next_attempt.is_some_and(|t| t <= now) {
             self.own_link.next_attempt = None;
             self.connect_own(now);
+        }
+        if self.own.connection_status == ConnectionStatus::Connected {
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.own_link.reopen)
+                .into_iter()
+                .partition(|r| r.0 <= now);
+            self.own_link.reopen = later;
+            for (_, purpose, filter) in due {
+                self.open_own_sub(purpose, filter);
+            }
         }
         let due: Vec<RelayUrl> = self
             .links
@@ -694,7 +816,7 @@ impl SyncMachine {
             } => {
                 if relay == self.config.own_relay {
                     if generation == self.own.generation {
-                        self.handle_own_closed(&message, now);
+                        self.handle_own_closed(&sub_id, &message, now);
                     }
                 } else if self.is_current(&relay, generation) {
                     self.handle_closed(&relay, &sub_id, &message, now);

@@ -4,7 +4,8 @@ use super::*;
 
 impl SyncMachine {
     pub(super) fn connect_own(&mut self, _now: Time) {
-        self.own.generation += 1;
+        self.next_generation += 1;
+        self.own.generation = self.next_generation;
         self.own.connection_status = ConnectionStatus::Connecting;
         self.counters.connect_attempts += 1;
         self.commands.push_back(Command::Connect {
@@ -13,11 +14,13 @@ impl SyncMachine {
         });
     }
 
+    /// The own relay is connected: the self-subscription reads its whole history again, also
+    /// on a reconnect. A `since` would miss what was stored meanwhile with an older
+    /// `created_at` (above all the old root events and announcements that the forwarder
+    /// copies in while the self-subscription is down); reading the own relay is local and
+    /// re-applying what is already indexed changes nothing.
     pub(super) fn handle_own_connected(&mut self, now: Time) {
-        let since = self
-            .own
-            .last_connected
-            .map(|t| t.minus(self.config.quick_reconnect_window).timestamp());
+        let again = self.own.last_connected.is_some();
         self.own.connection_status = ConnectionStatus::Connected;
         self.own.last_connected = Some(now);
         self.own.disconnected_at = None;
@@ -25,23 +28,29 @@ impl SyncMachine {
         self.own_link.subs.clear();
         self.own_link.queue.clear();
         self.own_link.loading.clear();
+        self.own_link.reopen.clear();
         info!(
-            "own relay {} connected; self-subscribing{}",
+            "own relay {} connected; self-subscribing (full history{})",
             self.config.own_relay,
-            since.map_or(String::from(" (full history)"), |s| format!(
-                " since {}",
-                s.as_secs()
-            ))
+            if again {
+                ", again after a reconnect"
+            } else {
+                ""
+            }
         );
-        self.open_own_sub(
-            SubPurpose::SelfSubscription,
-            self_subscription_filter(since),
-        );
+        self.open_own_sub(SubPurpose::SelfSubscription, self_subscription_filter(None));
     }
 
     /// Opens a subscription on the own relay, within its subscription budget (NIP-11
     /// `max_subscriptions`, else the default): pages wait in a queue for room.
     pub(super) fn open_own_sub(&mut self, purpose: SubPurpose, filter: Filter) {
+        let own = self.config.own_relay.clone();
+        let mut filter = filter;
+        if let (Some(max), None) = (self.page_limits(&own).max_limit, filter.limit) {
+            // The own relay's default page may be smaller than the max_limit that paging
+            // assumes as page size: ask for the max explicitly.
+            filter = filter.limit(max);
+        }
         let sub_id = self.new_sub_id();
         let info = SubInfo { purpose, filter };
         let budget = self.budget(&self.config.own_relay.clone());
@@ -123,6 +132,7 @@ impl SyncMachine {
         self.own_link.subs.clear();
         self.own_link.queue.clear();
         self.own_link.loading.clear();
+        self.own_link.reopen.clear();
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);
@@ -138,10 +148,31 @@ impl SyncMachine {
         self.own_link.next_attempt = Some(at);
     }
 
-    pub(super) fn handle_own_closed(&mut self, message: &str, now: Time) {
+    /// CLOSED on the own relay: a page of the history is asked again after a short delay
+    /// (the relay said why; `rate-limited:` waits the cool-down); a CLOSED self-subscription
+    /// means the connection is replaced after backoff (and read again in full).
+    pub(super) fn handle_own_closed(&mut self, sub_id: &SubscriptionId, message: &str, now: Time) {
+        self.own_link.loading.remove(sub_id);
+        let Some(info) = self.own_link.subs.remove(sub_id) else {
+            return;
+        };
+        self.drain_own_queue();
+        if let SubPurpose::Page { .. } = info.purpose {
+            let delay = match classify_closed(message) {
+                ClosedReason::RateLimited => self.config.rate_limit_cooldown,
+                _ => self.config.backoff.base,
+            };
+            warn!(
+                "own relay closed a page of the self-subscription ({message:?}); asking again in {delay:?}"
+            );
+            self.own_link
+                .reopen
+                .push((now.plus(delay), info.purpose, info.filter));
+            return;
+        }
         warn!("own relay closed the self-subscription ({message:?}); reconnecting after backoff");
         // The next Connect (new generation) replaces the connection.
-        self.handle_own_disconnected(&format!("CLOSED {message:?}"), now);
+        self.handle_own_disconnected("CLOSED by the relay", now);
     }
 
     pub(super) fn push_self_event(&mut self, event: &Event, now: Time) {

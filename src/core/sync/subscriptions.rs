@@ -26,6 +26,7 @@ impl SyncMachine {
         if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
             // Never more open subscriptions than the relay allows: wait for room.
             link.queue.push_back((sub_id.clone(), info));
+            self.unstick_queue(relay);
             return sub_id;
         }
         self.send_sub(relay, generation, sub_id.clone(), info);
@@ -41,6 +42,16 @@ impl SyncMachine {
     ) {
         let filter = info.filter.clone();
         let now = self.last_now;
+        if let SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) } = info.purpose {
+            // The batch's EOSE deadline counts from when its REQs are sent, not queued.
+            if let Some(b) = self
+                .pending
+                .get_mut(relay)
+                .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == id))
+            {
+                b.started_at = b.started_at.max(now);
+            }
+        }
         let link = self.link(relay);
         link.subs.insert(sub_id.clone(), info);
         link.loading.insert(sub_id.clone(), now);
@@ -72,12 +83,39 @@ impl SyncMachine {
                 return;
             };
             if link.subs.len() >= budget || link.cooldown_until.is_some_and(|t| t > last_now) {
-                return;
+                break;
             }
             let Some((sub_id, info)) = link.queue.pop_front() else {
-                return;
+                break;
             };
             self.send_sub(relay, generation, sub_id, info);
+        }
+        self.unstick_queue(relay);
+    }
+
+    /// Queries wait in the queue while every slot holds a settled (live) subscription: no
+    /// EOSE will ever free a slot, so the live set is rebuilt at once (settled
+    /// subscriptions closed and consolidated within the budget, one slot kept for history).
+    pub(super) fn unstick_queue(&mut self, relay: &RelayUrl) {
+        let budget = self.budget(relay);
+        let now = self.last_now;
+        let Some(link) = self.links.get_mut(relay) else {
+            return;
+        };
+        let cooling = link.cooldown_until.is_some_and(|t| t > now);
+        if !link.queue.is_empty()
+            && link.subs.len() >= budget
+            && link.loading.is_empty()
+            && !cooling
+            && !link.rebuild_needed
+        {
+            info!(
+                "{relay}: {} queries wait behind {} settled subscriptions; rebuilding the live set",
+                link.queue.len(),
+                link.subs.len()
+            );
+            link.rebuild_needed = true;
+            link.consolidate_by = Some(now);
         }
     }
 
@@ -126,9 +164,11 @@ impl SyncMachine {
         out
     }
 
-    /// Opens Layer 1 (when `with_l1`) and Layers 2+3 of the confirmed items with `since` as
-    /// live subscriptions, as many as the budget allows with one slot left for history
-    /// queries; the rest of Layers 2+3 is polled every poll interval instead.
+    /// Opens Layer 1 (when `with_l1`) and Layers 2+3 of the confirmed items as live-only
+    /// subscriptions (`limit: 0`, no `since`), as many as the budget allows with one slot
+    /// left for history queries, each with a history catch-up from `since` that is closed
+    /// at EOSE; the rest of Layers 2+3 is polled every poll interval instead (the first
+    /// round from `since`).
     pub(super) fn open_live_set(
         &mut self,
         relay: &RelayUrl,
@@ -140,17 +180,13 @@ impl SyncMachine {
             return;
         };
         let generation = state.generation;
-        let mut filters = Vec::new();
+        let mut queries = Vec::new();
         if with_l1 {
-            filters.push((
-                SubPurpose::Announcements,
-                build_announcement_filter(Some(since)),
-            ));
+            queries.push((SubPurpose::Announcements, build_announcement_filter(None)));
         }
-        let catch_up =
-            build_layer2_and_layer3_filters(&state.repos, &state.root_events, Some(since));
-        for f in self.fit_filters(relay, catch_up) {
-            filters.push((SubPurpose::CatchUp, f));
+        let l23 = build_layer2_and_layer3_filters(&state.repos, &state.root_events, None);
+        for f in self.fit_filters(relay, l23) {
+            queries.push((SubPurpose::Live, f));
         }
         let open = self.links.get(relay).map_or(0, |l| l.subs.len());
         let capacity = self
@@ -158,23 +194,29 @@ impl SyncMachine {
             .saturating_sub(1)
             .saturating_sub(open)
             .max(usize::from(with_l1));
-        let polled: Vec<Filter> = if filters.len() > capacity {
-            filters
+        let polled: Vec<Filter> = if queries.len() > capacity {
+            queries
                 .split_off(capacity)
                 .into_iter()
-                .map(|(_, mut f)| {
-                    f.since = None;
-                    f
-                })
+                .map(|(_, f)| f)
                 .collect()
         } else {
             Vec::new()
         };
-        for (purpose, filter) in filters {
-            self.open_sub(relay, generation, purpose, filter);
+        for (purpose, filter) in &queries {
+            self.open_sub(relay, generation, *purpose, live_only(filter));
+        }
+        for (_, filter) in &queries {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(filter, since),
+            );
         }
         let interval = self.config.poll_interval;
         let link = self.link(relay);
+        link.live_built_at = Some(now);
         if polled.is_empty() {
             link.polled.clear();
             link.next_poll = None;
@@ -185,7 +227,7 @@ impl SyncMachine {
                 polled.len()
             );
             link.polled = polled;
-            link.poll_since = Some(since);
+            link.poll_since = Some(link.poll_since.map_or(since, |p| p.min(since)));
             link.next_poll = Some(now);
         }
     }

@@ -199,6 +199,13 @@ fn since(f: &Filter) -> Option<u64> {
     json(f)["since"].as_u64()
 }
 
+/// A live-only subscription: `limit: 0`, no `since`/`until` (relays apply `since` to live
+/// events too).
+fn is_live_only(f: &Filter) -> bool {
+    let j = json(f);
+    j["limit"].as_u64() == Some(0) && j.get("since").is_none() && j.get("until").is_none()
+}
+
 fn connects(cmds: &[Command]) -> Vec<String> {
     cmds.iter()
         .filter_map(|c| match c {
@@ -406,14 +413,17 @@ fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
     assert_eq!(connects(&cmds), vec![relay]);
     let cmds = s.connected(relay);
     let subs = subscribes(&cmds, relay);
-    // L1 + L2 (3) + L3 (3), all with since = last_connected − 15 min, none pending.
-    assert_eq!(subs.len(), 7);
+    // L1 + L2 (3) + L3 (3) live without since, and the same seven as history catch-ups
+    // with since = last_connected − 15 min; none pending.
+    assert_eq!(subs.len(), 14);
     let want = connected_at.minus(Duration::from_secs(900)).as_secs();
+    let (live, history): (Vec<_>, Vec<_>) = subs.iter().partition(|(_, f)| is_live_only(f));
+    assert_eq!((live.len(), history.len()), (7, 7));
     assert!(
-        subs.iter().all(|(_, f)| since(f) == Some(want)),
+        history.iter().all(|(_, f)| since(f) == Some(want)),
         "since {want}"
     );
-    assert!(is_l1(&subs[0].1));
+    assert!(is_l1(&live[0].1) && is_l1(&history[0].1));
     assert!(!s.m.pending_index().contains_key(&url(relay)));
     assert_eq!(
         s.m.relay_index()[&url(relay)].repos.len(),
@@ -425,13 +435,14 @@ fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
             .into_iter()
             .map(|x| x.1)
             .collect();
+    let count = |want: SubPurpose| purposes.iter().filter(|p| **p == want).count();
     assert_eq!(
-        purposes
-            .iter()
-            .filter(|p| **p == SubPurpose::CatchUp)
-            .count(),
-        6
+        (count(SubPurpose::Live), count(SubPurpose::CatchUp)),
+        (6, 7)
     );
+    // The catch-ups close at their EOSE; the live set stays.
+    s.eose_all(relay, &cmds);
+    assert_eq!(s.m.subscriptions(&url(relay)).len(), 7);
 }
 
 #[test]
@@ -473,9 +484,11 @@ fn disconnect_clears_pending_and_items_are_resubscribed() {
     assert!(!s.m.pending_index().contains_key(&url("wss://a.example")));
     s.advance(Duration::from_secs(10));
     let cmds = s.connected("wss://a.example");
-    // Never confirmed → quick reconnect has nothing to catch up but re-adds the batch.
+    // Never confirmed → quick reconnect: the interrupted Layer 1 history again (no since),
+    // Layer 1 live and its catch-up, and the batch again.
     let subs = subscribes(&cmds, "wss://a.example");
-    assert_eq!(subs.len(), 4);
+    assert_eq!(subs.len(), 6);
+    assert!(is_l1(&subs[0].1) && since(&subs[0].1).is_none() && !is_live_only(&subs[0].1));
     assert_eq!(s.m.pending_index()[&url("wss://a.example")].len(), 1);
 }
 
@@ -561,7 +574,7 @@ fn idle_relay_is_forgotten_but_bootstrap_and_first_sync_relays_are_not() {
 }
 
 #[test]
-fn self_subscription_reconnect_uses_since_last_connected_minus_15_minutes() {
+fn self_subscription_reconnect_reads_the_whole_history_again() {
     let mut s = Sim::new(|_| {});
     s.own_connected();
     let first = s.now;
@@ -579,7 +592,10 @@ fn self_subscription_reconnect_uses_since_last_connected_minus_15_minutes() {
     };
     let cmds = s.own_connected();
     let subs = subscribes(&cmds, OWN);
-    assert_eq!(since(&subs[0].1), Some(first.as_secs() - 900));
+    // A since would miss old events stored meanwhile (what the forwarder copied in).
+    assert_eq!(subs.len(), 1);
+    assert_eq!(since(&subs[0].1), None);
+    assert!(s.now.as_secs() > first.as_secs());
 }
 
 #[test]
@@ -636,15 +652,18 @@ fn crossing_the_consolidation_threshold_leaves_fewer_subscriptions_and_loses_not
     let cmds = s.advance(Duration::from_secs(5));
     assert_eq!(unsubscribes(&cmds), 70, "every settled subscription closed");
     let subs = subscribes(&cmds, relay);
-    // L1 + L2 catch-up (3) + L3 catch-up for 22 roots (3) + the new root's batch (3).
-    assert_eq!(subs.len(), 10);
-    assert_eq!(s.m.subscriptions(&url(relay)).len(), 10);
+    // L1 + L2 (3) + L3 for 22 roots (3) live, the same seven as catch-ups with since, and
+    // the new root's batch (3).
+    assert_eq!(subs.len(), 17);
+    assert_eq!(s.m.subscriptions(&url(relay)).len(), 17);
     let want_since = s.now.minus(Duration::from_secs(900)).as_secs();
-    let catchup: Vec<&Filter> = subs[..7].iter().map(|(_, f)| f).collect();
+    let live: Vec<&Filter> = subs[..7].iter().map(|(_, f)| f).collect();
+    let catchup: Vec<&Filter> = subs[7..14].iter().map(|(_, f)| f).collect();
+    assert!(live.iter().all(|f| is_live_only(f)));
     assert!(catchup.iter().all(|f| since(f) == Some(want_since)));
-    assert!(is_l1(catchup[0]));
+    assert!(is_l1(live[0]) && is_l1(catchup[0]));
     let mut covered: HashSet<String> = HashSet::new();
-    for f in &catchup {
+    for f in &live {
         covered.extend(tag_values(f, "#e"));
     }
     let confirmed: HashSet<String> = ids.iter().map(|i| i.to_hex()).collect();
@@ -652,9 +671,11 @@ fn crossing_the_consolidation_threshold_leaves_fewer_subscriptions_and_loses_not
         covered, confirmed,
         "every confirmed root event is still subscribed"
     );
-    let new_batch: Vec<&Filter> = subs[7..].iter().map(|(_, f)| f).collect();
+    let new_batch: Vec<&Filter> = subs[14..].iter().map(|(_, f)| f).collect();
     assert!(
-        new_batch.iter().all(|f| since(f).is_none()),
+        new_batch
+            .iter()
+            .all(|f| since(f).is_none() && !is_live_only(f)),
         "new items get full history"
     );
     assert_eq!(tag_values(new_batch[0], "#e"), vec![e.id.to_hex()]);
@@ -679,8 +700,8 @@ fn consolidation_waits_for_pending_batches_without_blocking() {
     // The pending batch completes: consolidation runs at once.
     let cmds = s.eose_all(relay, &pending_cmds);
     assert_eq!(unsubscribes(&cmds), 70);
-    assert_eq!(subscribes(&cmds, relay).len(), 1 + 3 + 3 + 3);
-    assert_eq!(s.m.subscriptions(&url(relay)).len(), 10);
+    assert_eq!(subscribes(&cmds, relay).len(), 2 * (1 + 3 + 3) + 3);
+    assert_eq!(s.m.subscriptions(&url(relay)).len(), 17);
 }
 
 #[test]
@@ -962,10 +983,17 @@ fn closed_layer1_is_reopened_not_silently_gone() {
     let open: Vec<_> = s.m.subscriptions(&url(relay));
     assert!(!open.iter().any(|(id, _)| *id == l1.0));
     assert!(subscribes(&s.advance(Duration::from_secs(300)), relay).is_empty());
+    let closed_at = s.now.minus(Duration::from_secs(300));
     let cmds = s.advance(Duration::from_secs(301));
     let again = subscribes(&cmds, relay);
-    assert_eq!(again.len(), 1);
-    assert!(is_l1(&again[0].1));
+    // Live again (no since) plus a catch-up from the moment it was lost.
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|(_, f)| is_l1(f)));
+    assert!(is_live_only(&again[0].1));
+    assert_eq!(
+        since(&again[1].1),
+        Some(closed_at.minus(Duration::from_secs(900)).as_secs())
+    );
     assert!(s
         .m
         .subscriptions(&url(relay))
