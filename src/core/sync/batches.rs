@@ -195,6 +195,10 @@ impl SyncMachine {
                 sub_id: sub_id.clone(),
             });
             self.drain_queue(relay);
+        } else {
+            // A live subscription settled: if queries wait and nothing else is loading, no
+            // EOSE will free a slot.
+            self.unstick_queue(relay);
         }
         if plan.partial_split {
             info!(

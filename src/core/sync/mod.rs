@@ -10,10 +10,14 @@ mod batches;
 mod complaints;
 mod consolidation;
 mod lifecycle;
+#[cfg(test)]
+mod loss_tests;
 mod own;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod world;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;

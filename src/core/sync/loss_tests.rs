@@ -1,0 +1,395 @@
+//! "No event lost": each test drives the machine against fake relays that behave like real
+//! ones ([`super::world`]) through a situation operators meet, and ends by comparing the
+//! *set* of events on the own relay with the expected set.
+
+use std::time::Duration;
+
+use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
+use nostr::filter::Filter;
+use nostr::key::Keys;
+use nostr::types::Timestamp;
+
+use super::world::World;
+use crate::core::sync::Report;
+use crate::core::time::Time;
+use crate::net::url::RelayUrl;
+
+const OWN: &str = "ws://own.example";
+const A: &str = "ws://a.example";
+
+fn keys() -> Keys {
+    Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e").unwrap()
+}
+
+fn at(secs: u64) -> Timestamp {
+    Timestamp::from_secs(secs)
+}
+
+fn announcement(d: &str, relays: &[&str], created_at: u64) -> Event {
+    let mut t = vec!["relays".to_string()];
+    t.extend(relays.iter().map(|s| s.to_string()));
+    EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", d]).unwrap())
+        .tag(Tag::parse(t).unwrap())
+        .custom_created_at(at(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+fn repo(d: &str) -> String {
+    format!("30617:{}:{d}", keys().public_key().to_hex())
+}
+
+fn issue(d: &str, text: &str, created_at: u64) -> Event {
+    EventBuilder::new(Kind::Custom(1621), text)
+        .tag(Tag::parse(["a", &repo(d)]).unwrap())
+        .custom_created_at(at(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+fn reply(root: &Event, text: &str, created_at: u64) -> Event {
+    EventBuilder::new(Kind::Custom(1111), text)
+        .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
+        .custom_created_at(at(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+fn is_l1(f: &Filter) -> bool {
+    f.kinds
+        .as_ref()
+        .is_some_and(|k| k.contains(&Kind::Custom(30617)))
+}
+
+fn has_tag(f: &Filter, tag: char) -> bool {
+    f.generic_tags.keys().any(|t| t.as_char() == tag)
+}
+
+const DAY: u64 = 86_400;
+
+/// The own relay holds `repo r` announced on A (plus what `extra` adds); A holds the
+/// announcement too. Started and synced.
+fn one_repo(cfg: impl FnOnce(&mut World)) -> (World, Event) {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    cfg(&mut w);
+    w.start();
+    w.advance(Duration::from_secs(30));
+    (w, ann)
+}
+
+#[test]
+fn old_root_events_copied_after_an_own_relay_reconnect_are_indexed_and_synced() {
+    let (mut w, ann) = one_repo(|_| {});
+    // The own relay restarts; the self-subscription reconnects.
+    w.drop(OWN);
+    w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+    // A repository moves here: its old announcement, issue and reply appear on A now.
+    let t = w.secs();
+    let ann_y = announcement("y", &[A], t - 10 * DAY);
+    let issue_y = issue("y", "old issue", t - 9 * DAY);
+    let reply_y = reply(&issue_y, "old reply", t - 8 * DAY);
+    w.relay(A).store.push(issue_y.clone());
+    w.relay(A).store.push(reply_y.clone());
+    w.publish(A, &ann_y);
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    assert!(w.m.repo_index().contains_key(&repo("y")), "y indexed");
+    w.assert_own_holds(&[&ann, &ann_y, &issue_y, &reply_y]);
+}
+
+#[test]
+fn backdated_event_after_a_quick_reconnect_arrives_live() {
+    let (mut w, ann) = one_repo(|_| {});
+    w.drop(A);
+    w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+    assert_eq!(
+        w.m.relay_index()[&RelayUrl::parse(A).unwrap()].connection_status,
+        crate::core::state::ConnectionStatus::Connected
+    );
+    // Published live after the reconnect, with a created_at two days old.
+    let t = w.secs();
+    let late = issue("r", "backdated", t - 2 * DAY);
+    w.publish(A, &late);
+    w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+    w.assert_own_holds(&[&ann, &late]);
+}
+
+#[test]
+fn closed_live_subscription_of_a_confirmed_batch_is_reopened_with_catch_up() {
+    let (mut w, ann) = one_repo(|_| {});
+    let batch_sub = w.open_subs(A, |f| has_tag(f, 'a'));
+    assert_eq!(batch_sub.len(), 1);
+    w.close_sub(A, &batch_sub[0], "error: shutting down idle subscriptions");
+    // Published while the subscription is gone.
+    let t = w.secs();
+    let during = issue("r", "while closed", t);
+    w.publish(A, &during);
+    w.run_for(Duration::from_secs(900), Duration::from_secs(30));
+    // And one published after the reopen arrives live.
+    let after = issue("r", "after reopen", w.secs() - DAY);
+    w.publish(A, &after);
+    w.advance(Duration::from_secs(5));
+    w.assert_own_holds(&[&ann, &during, &after]);
+}
+
+#[test]
+fn layer1_history_interrupted_mid_page_resumes_after_a_quick_reconnect() {
+    let mut anns = Vec::new();
+    let (mut w, ann) = one_repo(|w| {
+        let t = w.secs();
+        for i in 0..12 {
+            let a = announcement(&format!("x{i}"), &[A], t - 20 * DAY + i * 3600);
+            w.relay(A).store.push(a.clone());
+            anns.push(a);
+        }
+        let a = w.relay(A);
+        a.max_limit = Some(5);
+        a.publish_nip11 = true;
+        // The connection drops after two events of the first answer larger than two.
+        a.drop_after = Some(2);
+    });
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let mut want: Vec<&Event> = anns.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+}
+
+#[test]
+fn interrupted_catch_up_paging_resumes_from_its_page() {
+    let (mut w, ann) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_limit = Some(5);
+        a.publish_nip11 = true;
+    });
+    let t0 = w.secs();
+    w.run_for(Duration::from_secs(40 * 60), Duration::from_secs(60));
+    w.drop(A);
+    // Published while disconnected, dated from the first connection on: the catch-up of
+    // the quick reconnect reads them, over several pages.
+    let mut issues = Vec::new();
+    for i in 0..12 {
+        let e = issue("r", &format!("offline {i}"), t0 + i * 60);
+        w.relay(A).store.push(e.clone());
+        issues.push(e);
+    }
+    // The reconnect's catch-up is cut in its second page ...
+    w.relay(A).drop_after = Some(7);
+    w.run_for(Duration::from_secs(30), Duration::from_secs(1));
+    // ... and the reconnect after that continues it.
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let mut want: Vec<&Event> = issues.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+}
+
+#[test]
+fn own_relay_with_small_default_limit_is_read_completely() {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    for i in 0..300 {
+        w.own
+            .store
+            .push(announcement(&format!("r{i}"), &[A], t - DAY - i));
+    }
+    w.own.default_limit = Some(100);
+    w.own.max_limit = Some(500);
+    w.own.publish_nip11 = true;
+    w.relay(A);
+    w.start();
+    w.advance(Duration::from_secs(30));
+    assert_eq!(w.m.repo_index().len(), 300);
+}
+
+#[test]
+fn rebuild_catches_up_from_when_items_lost_their_subscription() {
+    let (mut w, ann) = one_repo(|w| {
+        let a = w.relay(A);
+        // Three subscriptions: Layer 1 and one batch query fit, the others wait.
+        a.max_subs = Some(3);
+        a.publish_nip11 = true;
+        // Layer 1 never finishes loading (EOSE withheld), so the relay is never idle.
+        a.no_eose_kind = Some(30617);
+    });
+    // Published while the batch's queries were closed at EOSE to make room.
+    let t = w.secs();
+    let gap = issue("r", "in the gap", t - 60);
+    w.publish(A, &gap);
+    w.run_for(Duration::from_secs(30 * 60), Duration::from_secs(30));
+    let later = issue("r", "later", w.secs());
+    w.publish(A, &later);
+    w.run_for(Duration::from_secs(180), Duration::from_secs(30));
+    w.assert_own_holds(&[&ann, &gap, &later]);
+}
+
+#[test]
+fn a_history_query_queued_behind_settled_subscriptions_gets_a_slot() {
+    let (mut w, ann) = one_repo(|w| {
+        let a = w.relay(A);
+        // Layer 1 and the batch's three queries fill the budget and stay open live.
+        a.max_subs = Some(4);
+        a.publish_nip11 = true;
+    });
+    assert_eq!(w.relays[&RelayUrl::parse(A).unwrap()].subs.len(), 4);
+    let l1 = w.open_subs(A, is_l1);
+    let t = w.secs();
+    w.close_sub(A, &l1[0], "error: idle");
+    // Announced while Layer 1 is closed: only the catch-up after the reopen reads it, and
+    // that catch-up waits behind four settled live subscriptions.
+    let during = announcement("z", &[A], t);
+    w.publish(A, &during);
+    w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(30));
+    w.assert_own_holds(&[&ann, &during]);
+    assert!(w.relays[&RelayUrl::parse(A).unwrap()].max_open_seen <= 4);
+}
+
+#[test]
+fn batch_deadline_counts_from_when_its_reqs_were_sent() {
+    let (mut w, ann) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_subs = Some(4);
+        a.publish_nip11 = true;
+        a.hold_eose = true;
+    });
+    // Layer 1 and the first batch hold all four slots, their EOSE 100 s away.
+    let t = w.secs();
+    let root = issue("r", "a root event", t);
+    w.store_on_own(&root);
+    w.advance(Duration::from_secs(80));
+    w.release_eose(A);
+    // The second batch's queries leave the queue now; their EOSE comes 100 s later,
+    // more than 120 s after the batch was created but less after they were sent.
+    w.advance(Duration::from_secs(100));
+    w.release_eose(A);
+    w.advance(Duration::from_secs(5));
+    w.release_eose(A);
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+    assert_eq!(w.m.counters().batches_failed, 0);
+    let st = &w.m.relay_index()[&RelayUrl::parse(A).unwrap()];
+    assert!(st.root_events.contains(&root.id));
+    assert!(w.own_ids().contains(&ann.id));
+}
+
+#[test]
+fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
+    let (mut w, _) = one_repo(|_| {});
+    let a = RelayUrl::parse(A).unwrap();
+    let old_gen = w.m.relay_index()[&a].generation;
+    // The repository moves away from A: A is forgotten at the next idle check.
+    let t = w.secs();
+    w.store_on_own(&announcement("r", &["ws://b.example"], t - 5));
+    w.relay("ws://b.example");
+    w.advance(Duration::from_secs(70));
+    assert!(!w.m.relay_index().contains_key(&a), "A forgotten");
+    // ... and back to A.
+    w.store_on_own(&announcement("r", &[A], t));
+    w.advance(Duration::from_secs(10));
+    let new_gen = w.m.relay_index()[&a].generation;
+    assert_ne!(new_gen, old_gen, "generations are never reused");
+    // A report of the retired thread changes nothing.
+    w.m.handle_report(
+        Report::Disconnected {
+            relay: a.clone(),
+            generation: old_gen,
+            reason: "retired thread".into(),
+        },
+        w.now,
+    );
+    assert_eq!(
+        w.m.relay_index()[&a].connection_status,
+        crate::core::state::ConnectionStatus::Connected
+    );
+    assert!(!w
+        .m
+        .limits
+        .contains_key(&RelayUrl::parse("ws://b.example").unwrap()));
+}
+
+#[test]
+fn a_notice_flood_with_distinct_texts_keeps_the_warned_set_bounded() {
+    let (mut w, _) = one_repo(|_| {});
+    let a = RelayUrl::parse(A).unwrap();
+    let generation = w.m.relay_index()[&a].generation;
+    for i in 0..5_000 {
+        w.m.handle_report(
+            Report::Notice {
+                relay: a.clone(),
+                generation,
+                message: format!("rate-limited: slow down #{i}"),
+            },
+            w.now,
+        );
+    }
+    assert!(w.m.links[&a].warned.len() <= super::MAX_WARNED);
+}
+
+#[test]
+fn a_wall_clock_step_moves_since_but_not_deadlines() {
+    let (mut w, _) = one_repo(|w| {
+        w.relay(A).withhold_eose = true;
+    });
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(w.m.pending_index()[&a].len(), 1, "a batch waits for EOSE");
+    // The wall clock jumps two hours ahead; one real second passes.
+    let mono = w.now.as_millis() + 1_000;
+    let wall = w.now.wall_millis() + 2 * 3_600_000 + 1_000;
+    w.now = Time::from_readings(mono, wall);
+    w.m.handle_timeout(w.now);
+    w.pump();
+    assert_eq!(w.m.counters().batches_failed, 0, "no deadline passed");
+    // Connections made from now on are dated by the new wall clock, and so is the since of
+    // the catch-up after them.
+    w.relay(A).withhold_eose = false;
+    w.drop(A);
+    w.advance(Duration::from_secs(30));
+    w.drop(A);
+    w.advance(Duration::from_secs(30));
+    let since = w.relays[&a]
+        .reqs
+        .iter()
+        .filter_map(|f| f.since)
+        .max()
+        .expect("a catch-up with since");
+    let wall_now = w.now.timestamp().as_secs();
+    assert!(
+        since.as_secs() > wall_now - 20 * 60,
+        "since follows the wall clock"
+    );
+    assert!(
+        wall_now > w.now.as_secs() + 3_600,
+        "the wall clock is ahead"
+    );
+}
+
+#[test]
+fn a_closed_page_of_the_self_subscription_is_asked_again_without_reconnecting() {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    for i in 0..30 {
+        w.own
+            .store
+            .push(announcement(&format!("r{i}"), &[A], t - DAY - i * 10));
+    }
+    w.own.max_limit = Some(10);
+    w.own.publish_nip11 = true;
+    w.own.hold_eose = true;
+    w.relay(A);
+    w.start();
+    // The first answer (10 events) ends; its page of older ones is opened ...
+    w.release_eose(OWN);
+    let pages = w.open_subs(OWN, |f| f.until.is_some());
+    assert_eq!(pages.len(), 1);
+    let own_generation = w.m.own.generation;
+    // ... and closed by the relay.
+    w.close_sub(OWN, &pages[0], "error: busy");
+    w.own.hold_eose = false;
+    w.release_eose(OWN);
+    w.run_for(Duration::from_secs(60), Duration::from_secs(1));
+    assert_eq!(w.m.repo_index().len(), 30);
+    assert_eq!(w.m.own.generation, own_generation, "no reconnect");
+}

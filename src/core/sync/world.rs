@@ -1,0 +1,472 @@
+//! A simulated world for [`SyncMachine`] tests: fake relays that answer every [`Command`] the
+//! way real relays do, and a fake own relay fed by a forwarder, all in simulated time.
+//!
+//! What the fakes do, because real relays do it (see `docs/relays.md`):
+//! * `since`, `until`, `ids`, `kinds`, `authors` and tags apply to stored **and live** events
+//!   (`Filter::match_event`); `limit` caps only the stored answer (`limit: 0`: none).
+//! * The stored answer is the newest `min(limit or default_limit, max_limit)` matches.
+//! * A subscription budget: a REQ beyond it is answered with CLOSED.
+//! * Faults on demand: connections dropped (also in the middle of a stored answer), CLOSED on
+//!   any subscription, EOSE withheld, a relay that is down.
+//!
+//! Events a remote relay sends go through the "forwarder" into the own relay, which
+//! delivers them to its matching subscriptions (the self-subscription) as
+//! [`Report::SelfEvent`], as the engine does.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::time::Duration;
+
+use nostr::event::{Event, EventId};
+use nostr::filter::{Filter, MatchEventOptions};
+use nostr::message::SubscriptionId;
+
+use crate::core::paging::PageStats;
+use crate::core::sync::{Command, Report, SyncConfig, SyncMachine};
+use crate::core::time::Time;
+use crate::net::nip11::RelayLimits;
+use crate::net::url::RelayUrl;
+
+/// One fake relay.
+#[derive(Debug, Default)]
+pub(crate) struct FakeRelay {
+    /// Every stored event.
+    pub store: Vec<Event>,
+    /// Accepts connections.
+    pub down: bool,
+    /// The generation of the open connection.
+    pub conn: Option<u64>,
+    /// Open subscriptions of that connection.
+    pub subs: BTreeMap<SubscriptionId, Filter>,
+    /// NIP-11 `max_limit`: the most stored events one REQ returns.
+    pub max_limit: Option<usize>,
+    /// NIP-11 `default_limit`: stored events returned for a filter without `limit`.
+    pub default_limit: Option<usize>,
+    /// Open subscriptions one connection may hold; beyond: CLOSED.
+    pub max_subs: Option<usize>,
+    /// Publish the limits above in NIP-11 (else the engine has to guess).
+    pub publish_nip11: bool,
+    /// Never send EOSE.
+    pub withhold_eose: bool,
+    /// Drop the connection after this many more stored events (counted over the stored
+    /// answers of every REQ; one-shot): a connection lost in the middle of a page.
+    pub drop_after: Option<usize>,
+    /// Filters with this kind in `kinds` never get EOSE (a query a relay drops silently).
+    pub no_eose_kind: Option<u16>,
+    /// EOSE is held back until [`World::release_eose`] (a slow relay).
+    pub hold_eose: bool,
+    /// EOSE held back: (generation, subscription, what it delivered).
+    held: Vec<(u64, SubscriptionId, PageStats)>,
+    /// Every REQ filter received, in order.
+    pub reqs: Vec<Filter>,
+    /// Largest number of open subscriptions seen at once.
+    pub max_open_seen: usize,
+}
+
+impl FakeRelay {
+    fn limits(&self) -> RelayLimits {
+        RelayLimits {
+            max_subscriptions: self.max_subs,
+            max_limit: self.max_limit,
+            default_limit: self.default_limit,
+            ..RelayLimits::default()
+        }
+    }
+
+    fn stored_answer(&self, filter: &Filter) -> Vec<Event> {
+        let mut hits: Vec<&Event> = self
+            .store
+            .iter()
+            .filter(|e| filter.match_event(e, MatchEventOptions::new()))
+            .collect();
+        hits.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+        let mut n = filter.limit.or(self.default_limit).unwrap_or(usize::MAX);
+        if let Some(max) = self.max_limit {
+            n = n.min(max);
+        }
+        hits.into_iter().take(n).cloned().collect()
+    }
+}
+
+/// The machine plus its relays.
+pub(crate) struct World {
+    pub m: SyncMachine,
+    pub now: Time,
+    pub own_url: RelayUrl,
+    pub own: FakeRelay,
+    pub relays: BTreeMap<RelayUrl, FakeRelay>,
+    reports: VecDeque<Report>,
+    nip11_sent: HashSet<RelayUrl>,
+}
+
+impl World {
+    /// A world whose own relay is `own`; `cfg` adjusts the machine's settings.
+    pub fn new(own: &str, cfg: impl FnOnce(&mut SyncConfig)) -> World {
+        // `RUST_LOG=grasp_sync=debug cargo test --lib NAME -- --nocapture` shows the machine.
+        let _ = env_logger::builder().is_test(true).try_init();
+        let own_url = RelayUrl::parse(own).expect("own url");
+        let mut c = SyncConfig::new(own_url.clone());
+        c.batch_window = Duration::from_secs(5);
+        cfg(&mut c);
+        World {
+            m: SyncMachine::new(c),
+            now: Time::from_secs(1_700_000_000),
+            own_url,
+            own: FakeRelay::default(),
+            relays: BTreeMap::new(),
+            reports: VecDeque::new(),
+            nip11_sent: HashSet::new(),
+        }
+    }
+
+    /// Adds a remote relay.
+    pub fn relay(&mut self, url: &str) -> &mut FakeRelay {
+        self.relays
+            .entry(RelayUrl::parse(url).expect("relay url"))
+            .or_default()
+    }
+
+    fn fake(&mut self, url: &RelayUrl) -> Option<&mut FakeRelay> {
+        if *url == self.own_url {
+            Some(&mut self.own)
+        } else {
+            self.relays.get_mut(url)
+        }
+    }
+
+    /// Starts the machine and runs until nothing more happens now.
+    pub fn start(&mut self) {
+        self.m.start(self.now);
+        self.pump();
+    }
+
+    /// The wall-clock second of now, for `created_at`.
+    pub fn secs(&self) -> u64 {
+        self.now.timestamp().as_secs()
+    }
+
+    /// Carries out every queued command and feeds back every report until quiet.
+    pub fn pump(&mut self) {
+        for _ in 0..1_000_000 {
+            if let Some(r) = self.reports.pop_front() {
+                self.m.handle_report(r, self.now);
+                continue;
+            }
+            match self.m.poll_command() {
+                Some(c) => self.execute(c),
+                None => return,
+            }
+        }
+        panic!("the world did not settle: a command/report loop");
+    }
+
+    /// Moves simulated time forward by `d`, firing every timer on the way.
+    pub fn advance(&mut self, d: Duration) {
+        let end = self.now.plus(d);
+        while let Some(t) = self.m.poll_timeout() {
+            if t > end {
+                break;
+            }
+            self.now = t.max(self.now);
+            self.m.handle_timeout(self.now);
+            self.pump();
+        }
+        self.now = end;
+        self.m.handle_timeout(self.now);
+        self.pump();
+    }
+
+    /// Advances in steps of `step` for `total`, so that periodic work runs as it would.
+    pub fn run_for(&mut self, total: Duration, step: Duration) {
+        let mut t = Duration::ZERO;
+        while t < total {
+            self.advance(step);
+            t += step;
+        }
+    }
+
+    fn execute(&mut self, c: Command) {
+        match c {
+            Command::Connect { relay, generation } => {
+                let first = self.nip11_sent.insert(relay.clone());
+                let Some(f) = self.fake(&relay) else {
+                    self.reports.push_back(Report::Disconnected {
+                        relay,
+                        generation,
+                        reason: "no such relay".into(),
+                    });
+                    return;
+                };
+                if f.down {
+                    self.reports.push_back(Report::Disconnected {
+                        relay,
+                        generation,
+                        reason: "connection refused".into(),
+                    });
+                    return;
+                }
+                f.conn = Some(generation);
+                f.subs.clear();
+                let limits = f.publish_nip11.then(|| f.limits());
+                if let (true, Some(limits)) = (first, limits) {
+                    self.reports.push_back(Report::Limits {
+                        relay: relay.clone(),
+                        limits,
+                    });
+                }
+                self.reports
+                    .push_back(Report::Connected { relay, generation });
+            }
+            Command::Subscribe {
+                relay,
+                generation,
+                sub_id,
+                filter,
+            } => self.subscribe(relay, generation, sub_id, filter),
+            Command::Unsubscribe {
+                relay,
+                generation,
+                sub_id,
+            } => {
+                if let Some(f) = self.fake(&relay) {
+                    if f.conn == Some(generation) {
+                        f.subs.remove(&sub_id);
+                    }
+                }
+            }
+            Command::Forget { relay } => {
+                if let Some(f) = self.fake(&relay) {
+                    f.conn = None;
+                    f.subs.clear();
+                }
+            }
+            Command::RetryRejected => {}
+        }
+    }
+
+    fn subscribe(
+        &mut self,
+        relay: RelayUrl,
+        generation: u64,
+        sub_id: SubscriptionId,
+        filter: Filter,
+    ) {
+        let own = relay == self.own_url;
+        let Some(f) = self.fake(&relay) else {
+            return;
+        };
+        if f.conn != Some(generation) {
+            return;
+        }
+        f.reqs.push(filter.clone());
+        if let Some(max) = f.max_subs {
+            if !f.subs.contains_key(&sub_id) && f.subs.len() >= max {
+                self.reports.push_back(Report::Closed {
+                    relay,
+                    generation,
+                    sub_id,
+                    message: "error: too many subscriptions".into(),
+                });
+                return;
+            }
+        }
+        let answer = f.stored_answer(&filter);
+        let drop_at = match f.drop_after {
+            Some(k) if answer.len() > k => {
+                f.drop_after = None;
+                Some(k)
+            }
+            Some(k) => {
+                f.drop_after = Some(k - answer.len());
+                None
+            }
+            None => None,
+        };
+        let withhold = f.withhold_eose
+            || f.no_eose_kind.is_some_and(|k| {
+                filter
+                    .kinds
+                    .as_ref()
+                    .is_some_and(|ks| ks.contains(&nostr::event::Kind::from(k)))
+            });
+        let hold = f.hold_eose;
+        let mut stats = PageStats::default();
+        for (i, e) in answer.iter().enumerate() {
+            if drop_at == Some(i) {
+                self.drop_connection(&relay);
+                return;
+            }
+            stats.record_event(e);
+            self.deliver(own, generation, e);
+        }
+        let Some(f) = self.fake(&relay) else {
+            return;
+        };
+        f.subs.insert(sub_id.clone(), filter);
+        f.max_open_seen = f.max_open_seen.max(f.subs.len());
+        if hold && !withhold {
+            f.held.push((generation, sub_id, stats));
+        } else if !withhold {
+            self.reports.push_back(Report::Eose {
+                relay,
+                generation,
+                sub_id,
+                stats,
+            });
+        }
+    }
+
+    /// An event arrives at the machine from a subscription: from the own relay it is a
+    /// self-event; from a remote relay the forwarder writes it into the own relay.
+    fn deliver(&mut self, from_own: bool, generation: u64, e: &Event) {
+        if from_own {
+            self.reports.push_back(Report::SelfEvent {
+                generation,
+                event: Box::new(e.clone()),
+            });
+        } else {
+            self.store_on_own(e);
+        }
+    }
+
+    /// The own relay stores `e` (once) and delivers it to its matching subscriptions.
+    pub fn store_on_own(&mut self, e: &Event) {
+        if self.own.store.iter().any(|x| x.id == e.id) {
+            return;
+        }
+        self.own.store.push(e.clone());
+        if let Some(g) = self.own.conn {
+            let n = self
+                .own
+                .subs
+                .values()
+                .filter(|f| f.match_event(e, MatchEventOptions::new()))
+                .count();
+            for _ in 0..n {
+                self.reports.push_back(Report::SelfEvent {
+                    generation: g,
+                    event: Box::new(e.clone()),
+                });
+            }
+        }
+        self.pump();
+    }
+
+    /// Publishes `e` on a remote relay: stored, and delivered live to every open subscription
+    /// whose filter matches it (`since`/`until` included, as real relays do).
+    pub fn publish(&mut self, relay: &str, e: &Event) {
+        let url = RelayUrl::parse(relay).expect("relay url");
+        let f = self.relays.get_mut(&url).expect("known relay");
+        f.store.push(e.clone());
+        if let Some(g) = f.conn {
+            let n = f
+                .subs
+                .values()
+                .filter(|flt| flt.match_event(e, MatchEventOptions::new()))
+                .count();
+            for _ in 0..n {
+                self.deliver(false, g, e);
+            }
+        }
+        self.pump();
+    }
+
+    fn drop_connection(&mut self, url: &RelayUrl) {
+        let Some(f) = self.fake(url) else {
+            return;
+        };
+        let Some(generation) = f.conn.take() else {
+            return;
+        };
+        f.subs.clear();
+        f.held.clear();
+        self.reports.push_back(Report::Disconnected {
+            relay: url.clone(),
+            generation,
+            reason: "connection reset".into(),
+        });
+    }
+
+    /// Sends the EOSEs held back so far (for subscriptions still open on the same connection).
+    pub fn release_eose(&mut self, url: &str) {
+        let url = RelayUrl::parse(url).expect("url");
+        let Some(f) = self.fake(&url) else {
+            return;
+        };
+        let held = std::mem::take(&mut f.held);
+        let due: Vec<_> = held
+            .into_iter()
+            .filter(|(g, sub, _)| f.conn == Some(*g) && f.subs.contains_key(sub))
+            .collect();
+        for (generation, sub_id, stats) in due {
+            self.reports.push_back(Report::Eose {
+                relay: url.clone(),
+                generation,
+                sub_id,
+                stats,
+            });
+        }
+        self.pump();
+    }
+
+    /// Drops the relay's connection (the own relay's too, by its URL).
+    pub fn drop(&mut self, url: &str) {
+        let url = RelayUrl::parse(url).expect("url");
+        self.drop_connection(&url);
+        self.pump();
+    }
+
+    /// The relay closes subscription `sub` with `message`.
+    pub fn close_sub(&mut self, url: &str, sub: &SubscriptionId, message: &str) {
+        let url = RelayUrl::parse(url).expect("url");
+        let Some(f) = self.fake(&url) else {
+            return;
+        };
+        let Some(generation) = f.conn else {
+            return;
+        };
+        if f.subs.remove(sub).is_none() {
+            return;
+        }
+        self.reports.push_back(Report::Closed {
+            relay: url,
+            generation,
+            sub_id: sub.clone(),
+            message: message.into(),
+        });
+        self.pump();
+    }
+
+    /// The relay's open subscriptions whose filter matches `pred`.
+    pub fn open_subs(&self, url: &str, pred: impl Fn(&Filter) -> bool) -> Vec<SubscriptionId> {
+        let url = RelayUrl::parse(url).expect("url");
+        let f = if url == self.own_url {
+            &self.own
+        } else {
+            &self.relays[&url]
+        };
+        f.subs
+            .iter()
+            .filter(|(_, flt)| pred(flt))
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    /// Ids stored on the own relay.
+    pub fn own_ids(&self) -> BTreeSet<EventId> {
+        self.own.store.iter().map(|e| e.id).collect()
+    }
+
+    /// Asserts that the own relay holds exactly `want` (as a set).
+    pub fn assert_own_holds(&self, want: &[&Event]) {
+        let want: BTreeSet<EventId> = want.iter().map(|e| e.id).collect();
+        let have = self.own_ids();
+        let missing: Vec<_> = want.difference(&have).collect();
+        let extra: Vec<_> = have.difference(&want).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "own relay: {} missing {missing:?}, {} unexpected {extra:?}",
+            missing.len(),
+            extra.len()
+        );
+    }
+}
