@@ -126,8 +126,10 @@ pub struct ForwardQueue {
     queued: HashSet<EventId>,
     in_flight: HashMap<EventId, InFlight>,
     stored: RecentIds,
-    rejected: HashMap<EventId, Arc<str>>,
+    rejected: HashMap<EventId, Rejected>,
     rejected_order: VecDeque<EventId>,
+    /// Rejected events chosen for a retry, moved into the queue as the backlog has room.
+    retrying: VecDeque<(EventId, Arc<str>)>,
     rejected_bytes: usize,
     /// `error:` answers per event still being retried (bounded by the queue itself).
     error_retries: HashMap<EventId, u8>,
@@ -146,6 +148,7 @@ impl ForwardQueue {
             stored: RecentIds::new(limits.remembered),
             rejected: HashMap::new(),
             rejected_order: VecDeque::new(),
+            retrying: VecDeque::new(),
             rejected_bytes: 0,
             error_retries: HashMap::new(),
             paused_until: None,
@@ -190,6 +193,7 @@ impl ForwardQueue {
 
     /// The next event to send now, if the in-flight window and any rate-limit pause allow.
     pub fn poll_send(&mut self, now: Time) -> Option<(EventId, Arc<str>)> {
+        self.refill();
         if let Some(until) = self.paused_until {
             if now < until {
                 return None;
@@ -269,7 +273,8 @@ impl ForwardQueue {
 
     fn keep_rejected(&mut self, id: EventId, raw: Arc<str>) {
         let len = raw.len();
-        if self.rejected.insert(id, raw).is_none() {
+        let refs = event_refs(&raw);
+        if self.rejected.insert(id, Rejected { raw, refs }).is_none() {
             self.rejected_order.push_back(id);
             self.rejected_bytes += len;
         }
@@ -279,29 +284,62 @@ impl ForwardQueue {
             let Some(old) = self.rejected_order.pop_front() else {
                 break;
             };
-            if let Some(raw) = self.rejected.remove(&old) {
-                self.rejected_bytes = self.rejected_bytes.saturating_sub(raw.len());
+            if let Some(r) = self.rejected.remove(&old) {
+                self.rejected_bytes = self.rejected_bytes.saturating_sub(r.raw.len());
             }
         }
     }
 
-    /// Re-queues every kept rejected event (call when the repository index changed).
-    /// Returns how many were queued again.
-    pub fn retry_rejected(&mut self) -> usize {
-        let mut n = 0;
-        self.rejected_bytes = 0;
-        for id in self.rejected_order.drain(..) {
-            if let Some(raw) = self.rejected.remove(&id) {
-                if !self.stored.contains(&id) && self.queued.insert(id) {
-                    self.queue.push_back((id, raw));
-                    n += 1;
-                }
+    /// Chooses for a retry the kept rejected events that the change can affect: those that
+    /// name one of `changed` (repository coordinates `30617:<pubkey>:<d>` whose announcement
+    /// was applied, root event ids in hex that were linked to a repository) in an `a`, `A`,
+    /// `q`, `e` or `E` tag, or state events (30618) of such a repository. They enter the
+    /// queue as the backlog has room (see [`ForwardQueue::refill`]), never all at once.
+    /// Returns how many were chosen.
+    pub fn retry_rejected(&mut self, changed: &HashSet<String>) -> usize {
+        if changed.is_empty() || self.rejected.is_empty() {
+            return 0;
+        }
+        let mut chosen = Vec::new();
+        self.rejected_order.retain(|id| {
+            let hit = self
+                .rejected
+                .get(id)
+                .is_some_and(|r| r.refs.iter().any(|k| changed.contains(k)));
+            if hit {
+                chosen.push(*id);
+            }
+            !hit
+        });
+        let n = chosen.len();
+        for id in chosen {
+            if let Some(r) = self.rejected.remove(&id) {
+                self.rejected_bytes = self.rejected_bytes.saturating_sub(r.raw.len());
+                self.retrying.push_back((id, r.raw));
             }
         }
         if n > 0 {
             debug!("re-offering {n} events the own relay rejected earlier");
         }
+        self.refill();
         n
+    }
+
+    /// Moves events chosen for a retry into the queue while the backlog has room.
+    pub fn refill(&mut self) {
+        while self.backlog() < self.limits.backlog {
+            let Some((id, raw)) = self.retrying.pop_front() else {
+                return;
+            };
+            if !self.stored.contains(&id) && self.queued.insert(id) {
+                self.queue.push_back((id, raw));
+            }
+        }
+    }
+
+    /// Rejected events chosen for a retry that still wait for room in the backlog.
+    pub fn retrying(&self) -> usize {
+        self.retrying.len()
     }
 
     /// Re-queues in-flight events whose `OK` is overdue.
@@ -353,9 +391,55 @@ impl ForwardQueue {
         self.rejected.len()
     }
 
-    /// True when nothing is queued or in flight.
+    /// True when nothing is queued, in flight or waiting to be retried.
     pub fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.in_flight.is_empty()
+        self.queue.is_empty() && self.in_flight.is_empty() && self.retrying.is_empty()
+    }
+}
+
+/// A rejected event kept for a retry, with what it refers to.
+#[derive(Debug)]
+struct Rejected {
+    raw: Arc<str>,
+    /// Values of its `a`/`A`/`q`/`e`/`E` tags, and for a state event (30618) its repository's
+    /// coordinate: what must change before the own relay may accept it.
+    refs: Vec<String>,
+}
+
+/// What a rejected event refers to (see [`Rejected::refs`]); empty when its JSON does not
+/// parse (it then waits for no change and ages out of the bounded store).
+fn event_refs(raw: &str) -> Vec<String> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(raw) else {
+        return Vec::new();
+    };
+    let mut refs = Vec::new();
+    let tags = v["tags"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    for t in tags {
+        let (Some(name), Some(value)) = (t[0].as_str(), t[1].as_str()) else {
+            continue;
+        };
+        match name {
+            "a" | "A" | "q" | "e" | "E" => refs.push(ref_key(value)),
+            "d" if v["kind"].as_u64() == Some(30618) => {
+                if let Some(pk) = v["pubkey"].as_str() {
+                    refs.push(format!("30617:{pk}:{value}"));
+                }
+            }
+            _ => {}
+        }
+        if refs.len() >= 256 {
+            break;
+        }
+    }
+    refs
+}
+
+/// Event ids compare in lower-case hex; coordinates stay as they are.
+fn ref_key(value: &str) -> String {
+    if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        value.to_ascii_lowercase()
+    } else {
+        value.to_string()
     }
 }
 
@@ -368,6 +452,16 @@ mod tests {
     }
     fn raw(b: u8) -> Arc<str> {
         Arc::from(format!("{{\"n\":{b}}}"))
+    }
+    /// An event of `kind` by `pk` with `tags`, as JSON.
+    fn tagged(b: u8, kind: u16, tags: &[[&str; 2]]) -> Arc<str> {
+        let tags: Vec<serde_json::Value> = tags.iter().map(|t| serde_json::json!(t)).collect();
+        Arc::from(
+            serde_json::json!({"n": b, "kind": kind, "pubkey": "pk", "tags": tags}).to_string(),
+        )
+    }
+    fn everything() -> HashSet<String> {
+        HashSet::from(["30617:pk:r".to_string()])
     }
     fn limits() -> ForwardLimits {
         ForwardLimits {
@@ -411,7 +505,7 @@ mod tests {
     fn rejected_is_kept_and_retried_only_on_request() {
         let t = Time::from_secs(0);
         let mut q = ForwardQueue::new(limits());
-        q.offer(id(1), raw(1));
+        q.offer(id(1), tagged(1, 1621, &[["a", "30617:pk:r"]]));
         q.poll_send(t);
         assert_eq!(
             q.on_ok(id(1), false, "blocked: unknown repo", t),
@@ -419,10 +513,50 @@ mod tests {
         );
         assert_eq!(q.offer(id(1), raw(1)), Offer::PreviouslyRejected);
         assert!(q.poll_send(t).is_none());
-        assert_eq!(q.retry_rejected(), 1);
+        let other = HashSet::from(["30617:pk:other".to_string()]);
+        assert_eq!(q.retry_rejected(&other), 0, "another repository changed");
+        assert_eq!(q.retry_rejected(&everything()), 1);
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
         assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
         assert_eq!(q.counters().rejected, 1);
+    }
+
+    #[test]
+    fn retry_chooses_only_affected_events_and_refills_within_the_backlog() {
+        let t = Time::from_secs(0);
+        let root = "ab".repeat(32);
+        let events = [
+            tagged(1, 1621, &[["a", "30617:pk:x"]]),
+            tagged(2, 1617, &[["a", "30617:pk:x"]]),
+            tagged(3, 1111, &[["A", "30617:pk:x"]]),
+            tagged(4, 30618, &[["d", "x"]]),
+            tagged(5, 1621, &[["a", "30617:pk:y"]]),
+            tagged(6, 1111, &[["E", &root.to_uppercase()]]),
+        ];
+        let mut q = ForwardQueue::new(ForwardLimits {
+            rejected_kept: 100,
+            ..limits()
+        });
+        for (i, raw) in events.iter().enumerate() {
+            let b = i as u8 + 1;
+            q.offer(id(b), raw.clone());
+            q.poll_send(t);
+            q.on_ok(id(b), false, "blocked: unknown repository", t);
+        }
+        assert_eq!(q.rejected_kept(), 6);
+        // Repository x was announced: its three events and its state event, not y's.
+        let changed = HashSet::from(["30617:pk:x".to_string()]);
+        assert_eq!(q.retry_rejected(&changed), 4);
+        assert_eq!(q.rejected_kept(), 2);
+        // Only as many as the backlog (3) holds are queued; the fourth waits for room.
+        assert_eq!((q.backlog(), q.retrying()), (3, 1));
+        assert!(!q.is_idle());
+        let (first, _) = q.poll_send(t).unwrap();
+        q.on_ok(first, true, "", t);
+        q.poll_send(t);
+        assert_eq!(q.retrying(), 0, "refilled as room freed up");
+        // A root event linked: the reply to it (upper-case E, any hex case).
+        assert_eq!(q.retry_rejected(&HashSet::from([root])), 1);
     }
 
     #[test]
@@ -446,7 +580,16 @@ mod tests {
             small.on_ok(id(b), false, "blocked:", t);
         }
         assert_eq!(small.rejected_kept(), 2, "each raw is 8 bytes");
-        assert_eq!(small.retry_rejected(), 2);
+        let mut tagged_small = ForwardQueue::new(ForwardLimits {
+            rejected_bytes: 2 * tagged(1, 1621, &[["a", "30617:pk:r"]]).len() + 1,
+            ..limits()
+        });
+        for b in 1..=3 {
+            tagged_small.offer(id(b), tagged(b, 1621, &[["a", "30617:pk:r"]]));
+            tagged_small.poll_send(t);
+            tagged_small.on_ok(id(b), false, "blocked:", t);
+        }
+        assert_eq!(tagged_small.retry_rejected(&everything()), 2);
     }
 
     #[test]

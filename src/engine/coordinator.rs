@@ -183,8 +183,15 @@ impl Coordinator {
                     }
                     self.metrics.forget(&relay);
                 }
-                Command::RetryRejected => {
-                    let _ = self.forwarder.send(ForwarderControl::RetryRejected);
+                Command::RetryRejected { changed } => {
+                    let changed = changed.into_iter().collect();
+                    if self
+                        .forwarder
+                        .send(ForwarderControl::RetryRejected(changed))
+                        .is_err()
+                    {
+                        log::warn!("forwarder has stopped; rejected events are not retried");
+                    }
                 }
             }
         }

@@ -33,10 +33,11 @@ use crate::net::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
 
 /// Commands to the forwarder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForwarderControl {
-    /// Re-offer events the own relay rejected earlier.
-    RetryRejected,
+    /// Re-offer the events the own relay rejected earlier that name one of these repository
+    /// coordinates or root event ids (see [`ForwardQueue::retry_rejected`]).
+    RetryRejected(std::collections::HashSet<String>),
     /// Stop.
     Shutdown,
 }
@@ -133,7 +134,9 @@ impl Forwarder {
             if let Ok(c) = self.control.try_recv() {
                 match c {
                     ForwarderControl::Shutdown => return true,
-                    ForwarderControl::RetryRejected => self.retry_rejected(queue),
+                    ForwarderControl::RetryRejected(changed) => {
+                        self.retry_rejected(queue, &changed)
+                    }
                 }
             }
             self.take_events(queue);
@@ -176,8 +179,12 @@ impl Forwarder {
         }
     }
 
-    fn retry_rejected(&self, queue: &mut ForwardQueue) {
-        let n = queue.retry_rejected() as u64;
+    fn retry_rejected(
+        &self,
+        queue: &mut ForwardQueue,
+        changed: &std::collections::HashSet<String>,
+    ) {
+        let n = queue.retry_rejected(changed) as u64;
         // Re-queued events are unresolved again until the own relay answers.
         self.metrics
             .forward
@@ -213,7 +220,9 @@ impl Forwarder {
             while let Ok(c) = self.control.try_recv() {
                 match c {
                     ForwarderControl::Shutdown => return true,
-                    ForwarderControl::RetryRejected => self.retry_rejected(queue),
+                    ForwarderControl::RetryRejected(changed) => {
+                        self.retry_rejected(queue, &changed)
+                    }
                 }
             }
             if queue.is_idle() {

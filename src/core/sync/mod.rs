@@ -235,8 +235,14 @@ pub enum Command {
         /// Relay.
         relay: RelayUrl,
     },
-    /// The repository index changed: the forwarder may retry events the own relay rejected.
-    RetryRejected,
+    /// The repository index changed: the forwarder retries the events the own relay rejected
+    /// that name one of `changed` (repository coordinates `30617:<pubkey>:<d>` whose
+    /// announcement was applied, root event ids in lower-case hex newly linked to a
+    /// repository).
+    RetryRejected {
+        /// What changed.
+        changed: Vec<String>,
+    },
 }
 
 /// What a subscription is for.

@@ -201,6 +201,7 @@ impl SyncMachine {
         self.counters.self_batches += 1;
         let mut announcements = 0usize;
         let mut roots = 0usize;
+        let mut changed: std::collections::BTreeSet<String> = Default::default();
         for m in meanings {
             match m {
                 SelfEventMeaning::Announcement(a) => {
@@ -208,6 +209,10 @@ impl SyncMachine {
                     if needs.announced_at.is_some_and(|t| t > a.created_at) {
                         debug!("ignoring older announcement of {}", a.repo_ref);
                         continue;
+                    }
+                    if needs.announced_at.is_none_or(|t| t < a.created_at) {
+                        // New or newer (the same one read again changes nothing).
+                        changed.insert(a.repo_ref.clone());
                     }
                     needs.announced_at = Some(a.created_at);
                     needs.relays = a.relays.into_iter().collect();
@@ -220,6 +225,7 @@ impl SyncMachine {
                     for r in repos {
                         if self.repo_index.entry(r).or_default().root_events.insert(id) {
                             roots += 1;
+                            changed.insert(id.to_hex());
                         }
                     }
                 }
@@ -230,8 +236,10 @@ impl SyncMachine {
             "batch: {announcements} announcements, {roots} new root-event links; {} repositories known",
             self.repo_index.len()
         );
-        if announcements > 0 {
-            self.commands.push_back(Command::RetryRejected);
+        if !changed.is_empty() {
+            self.commands.push_back(Command::RetryRejected {
+                changed: changed.into_iter().collect(),
+            });
         }
         self.run_compute_actions(now);
     }

@@ -1341,3 +1341,30 @@ fn eose_deadlines_are_suspended_while_the_forward_queue_is_full() {
     assert_eq!(unsubscribes(&cmds), 3, "then the batch fails as usual");
     assert_eq!(s.m.counters().batches_failed, 1);
 }
+
+#[test]
+fn rejected_events_are_retried_only_for_what_a_batch_changed() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    let retries = |cmds: &[Command]| -> Vec<Vec<String>> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                Command::RetryRejected { changed } => Some(changed.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    s.self_event(&announcement("r", &["wss://a.example"], 10));
+    let cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(retries(&cmds), vec![vec![repo("r")]]);
+    let root = issue("r", "a root");
+    s.self_event(&root);
+    let cmds = s.advance(Duration::from_secs(5));
+    assert_eq!(retries(&cmds), vec![vec![root.id.to_hex()]]);
+    // The same events read again (an own-relay reconnect re-reads everything) change
+    // nothing: no retry.
+    s.self_event(&announcement("r", &["wss://a.example"], 10));
+    s.self_event(&root);
+    let cmds = s.advance(Duration::from_secs(5));
+    assert!(retries(&cmds).is_empty());
+}

@@ -239,7 +239,7 @@ impl World {
                     f.subs.clear();
                 }
             }
-            Command::RetryRejected => {}
+            Command::RetryRejected { .. } => {}
         }
     }
 
