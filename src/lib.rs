@@ -42,6 +42,7 @@ pub mod core;
 pub mod engine;
 pub mod error;
 pub mod net;
+pub mod ops;
 
 /// Scriptable NIP-01 test relay (feature `testing`).
 #[cfg(feature = "testing")]

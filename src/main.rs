@@ -1,59 +1,303 @@
 //! `grasp-sync`: keep a GRASP server's own relay complete (GRASP-02 proactive sync).
 //!
-//! A thin CLI over the library: parse flags, start the engine, run until the process is
-//! stopped. Flag, URL or key errors exit with status 2 and a message naming the flag or
-//! variable.
+//! A thin CLI over the library: parse flags (each also from a `GRASP_SYNC_*` environment
+//! variable), start the engine, serve metrics if asked, run until a signal (or, with
+//! `--once`, until the historic sync is done). Flag, URL or key errors exit with status 2
+//! and a message naming the flag or variable.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use argh::FromArgs;
+use grasp_sync::core::{Clock, SystemClock};
+use grasp_sync::ops::once::{once_backoff, OnceTracker};
+use grasp_sync::ops::render;
 use grasp_sync::{Config, RelayUrl};
 
 /// Keep a GRASP server's own relay complete: watch it for NIP-34 repository announcements and
 /// root events, connect to every relay those announcements list, pull all related history,
 /// stay subscribed live, and publish every related event into the own relay.
 ///
-/// Logging: set RUST_LOG (e.g. RUST_LOG=info, RUST_LOG=grasp_sync=debug). An info-level
-/// summary line is printed once per minute.
+/// Every flag can also be set by the environment variable named after it (a flag on the
+/// command line wins; repeatable flags take a comma-separated list; switches take 1/true/yes
+/// or 0/false/no). Logging: RUST_LOG (e.g. RUST_LOG=info, RUST_LOG=grasp_sync=debug).
+/// SIGINT/SIGTERM stop gracefully (the forward queue is flushed within --stop-timeout); a
+/// second signal exits at once. Subcommand: `grasp-sync status --metrics-addr ADDR` prints
+/// the per-relay table of a running instance.
 #[derive(FromArgs, Debug)]
 struct Args {
-    /// websocket URL the engine connects to for the own relay (required), e.g.
-    /// ws://127.0.0.1:7777; the self-subscription reads it and the forwarder writes to it
+    /// websocket URL of the own relay (required), e.g. ws://127.0.0.1:7777; the
+    /// self-subscription reads it and the forwarder writes to it [env GRASP_SYNC_OWN_RELAY]
     #[argh(option)]
     own_relay: String,
 
     /// another URL under which the own relay is announced (repeatable), e.g.
-    /// wss://git.example.com; relays equal to the own relay or an alias are never synced from
+    /// wss://git.example.com; relays equal to the own relay or an alias are never synced
+    /// from [env GRASP_SYNC_PUBLIC_URL]
     #[argh(option)]
     public_url: Vec<String>,
 
     /// a relay to connect from the start and never idle-disconnect (repeatable); its
     /// announcements (kinds 30617/30618) are pulled into the own relay
+    /// [env GRASP_SYNC_BOOTSTRAP]
     #[argh(option)]
     bootstrap: Vec<String>,
 
+    /// file holding the nsec1… or 64-hex secret key that answers NIP-42 AUTH challenges;
+    /// alternatively put the key itself in GRASP_SYNC_NSEC; never pass a key on the command
+    /// line [env GRASP_SYNC_NSEC_FILE]
+    #[argh(option)]
+    nsec_file: Option<PathBuf>,
+
+    /// serve Prometheus /metrics, /status (JSON), /healthz and a status page (/) on this
+    /// address, e.g. 127.0.0.1:9464 (default: off) [env GRASP_SYNC_METRICS_ADDR]
+    #[argh(option)]
+    metrics_addr: Option<String>,
+
+    /// run the historic sync of everything discovered, then exit: 0 when every relay
+    /// completed, 1 when any failed or stayed incomplete; a summary table goes to stderr
+    /// [env GRASP_SYNC_ONCE]
+    #[argh(switch)]
+    once: bool,
+
+    /// with --once, the most seconds the whole run may take (default 3600)
+    /// [env GRASP_SYNC_DEADLINE]
+    #[argh(option, default = "3600")]
+    deadline: u64,
+
+    /// seconds a graceful stop may take to flush the forward queue (default 30)
+    /// [env GRASP_SYNC_STOP_TIMEOUT]
+    #[argh(option, default = "30")]
+    stop_timeout: u64,
+
     /// self-subscription batch window in milliseconds (default 5000): events read from the
-    /// own relay are applied together once this long after the first one of a batch
+    /// own relay are applied together this long after the first of a batch
+    /// [env GRASP_SYNC_BATCH_WINDOW]
     #[argh(option, default = "5000")]
     batch_window: u64,
 
-    /// EOSE deadline in seconds (default 120): a batch of subscriptions with no EOSE for this
-    /// long fails and is retried after a backoff; any other query without EOSE in time is
-    /// sent again
+    /// EOSE deadline in seconds (default 120): a batch with no EOSE for this long fails and
+    /// is retried after a backoff; any other query without EOSE in time is sent again
+    /// [env GRASP_SYNC_EOSE_TIMEOUT]
     #[argh(option, default = "120")]
     eose_timeout: u64,
 
-    /// file holding the nsec1… or 64-hex secret key used to answer NIP-42 AUTH challenges
-    /// from remote relays and the own relay; alternatively set GRASP_SYNC_NSEC; never pass a
-    /// key on the command line
+    /// the most remote relays connected at once (default 1000) [env GRASP_SYNC_MAX_RELAYS]
+    #[argh(option, default = "1000")]
+    max_relays: usize,
+
+    /// open subscriptions per relay when its NIP-11 document does not say (default 20)
+    /// [env GRASP_SYNC_SUBSCRIPTION_BUDGET]
+    #[argh(option, default = "20")]
+    subscription_budget: usize,
+
+    /// events per query assumed for relays that publish no NIP-11 limits (default 20); a
+    /// query returning this many is paged [env GRASP_SYNC_PAGE_SIZE]
+    #[argh(option, default = "20")]
+    page_size: usize,
+
+    /// seconds between poll rounds of queries that do not fit a relay's budget (default
+    /// 60) [env GRASP_SYNC_POLL_INTERVAL]
+    #[argh(option, default = "60")]
+    poll_interval: u64,
+
+    /// open subscriptions per relay above which new items are consolidated (default 70;
+    /// lowered to the relay's budget) [env GRASP_SYNC_CONSOLIDATION_THRESHOLD]
+    #[argh(option, default = "70")]
+    consolidation_threshold: usize,
+
+    /// seconds a consolidation waits for loading subscriptions (default 30)
+    /// [env GRASP_SYNC_CONSOLIDATION_WAIT]
+    #[argh(option, default = "30")]
+    consolidation_wait: u64,
+
+    /// seconds nothing is sent to a relay after it signalled a rate limit (default 65)
+    /// [env GRASP_SYNC_RATE_LIMIT_COOLDOWN]
+    #[argh(option, default = "65")]
+    rate_limit_cooldown: u64,
+
+    /// seconds before a query a relay refused (restricted:, blocked:, …) is tried again
+    /// (default 600) [env GRASP_SYNC_REFUSED_RETRY]
+    #[argh(option, default = "600")]
+    refused_retry: u64,
+
+    /// seconds a websocket connect (TCP, TLS and handshake) may take (default 10)
+    /// [env GRASP_SYNC_CONNECT_TIMEOUT]
+    #[argh(option, default = "10")]
+    connect_timeout: u64,
+
+    /// seconds the NIP-11 request before a relay's first connect may take; 0 disables
+    /// NIP-11 (default 5) [env GRASP_SYNC_NIP11_TIMEOUT]
+    #[argh(option, default = "5")]
+    nip11_timeout: u64,
+
+    /// seconds of silence after which a relay is pinged (default 30)
+    /// [env GRASP_SYNC_PING_INTERVAL]
+    #[argh(option, default = "30")]
+    ping_interval: u64,
+
+    /// seconds a ping may wait for its pong before the connection is dropped (default 20)
+    /// [env GRASP_SYNC_PONG_TIMEOUT]
+    #[argh(option, default = "20")]
+    pong_timeout: u64,
+
+    /// seconds between the info-level summary lines (default 60)
+    /// [env GRASP_SYNC_SUMMARY_INTERVAL]
+    #[argh(option, default = "60")]
+    summary_interval: u64,
+
+    /// log format: text or json (one JSON object per line) (default text)
+    /// [env GRASP_SYNC_LOG_FORMAT]
+    #[argh(option, default = "String::from(\"text\")")]
+    log_format: String,
+
+    /// print the version and exit
+    #[argh(switch)]
+    version: bool,
+}
+
+/// Print the per-relay table of a running grasp-sync (from its /status).
+#[derive(FromArgs, Debug)]
+struct StatusArgs {
+    /// the --metrics-addr of the running instance, e.g. 127.0.0.1:9464
+    /// [env GRASP_SYNC_METRICS_ADDR]
     #[argh(option)]
-    nsec_file: Option<PathBuf>,
+    metrics_addr: String,
+
+    /// print the /status JSON document instead of the table
+    #[argh(switch)]
+    json: bool,
+}
+
+/// How a flag is also read from the environment.
+struct EnvFlag {
+    flag: &'static str,
+    env: &'static str,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Value,
+    Repeated,
+    Switch,
+}
+
+const fn f(flag: &'static str, env: &'static str, kind: Kind) -> EnvFlag {
+    EnvFlag { flag, env, kind }
+}
+
+/// Every flag of the daemon that an environment variable can set.
+const ENV_FLAGS: &[EnvFlag] = &[
+    f("own-relay", "GRASP_SYNC_OWN_RELAY", Kind::Value),
+    f("public-url", "GRASP_SYNC_PUBLIC_URL", Kind::Repeated),
+    f("bootstrap", "GRASP_SYNC_BOOTSTRAP", Kind::Repeated),
+    f("nsec-file", "GRASP_SYNC_NSEC_FILE", Kind::Value),
+    f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value),
+    f("once", "GRASP_SYNC_ONCE", Kind::Switch),
+    f("deadline", "GRASP_SYNC_DEADLINE", Kind::Value),
+    f("stop-timeout", "GRASP_SYNC_STOP_TIMEOUT", Kind::Value),
+    f("batch-window", "GRASP_SYNC_BATCH_WINDOW", Kind::Value),
+    f("eose-timeout", "GRASP_SYNC_EOSE_TIMEOUT", Kind::Value),
+    f("max-relays", "GRASP_SYNC_MAX_RELAYS", Kind::Value),
+    f(
+        "subscription-budget",
+        "GRASP_SYNC_SUBSCRIPTION_BUDGET",
+        Kind::Value,
+    ),
+    f("page-size", "GRASP_SYNC_PAGE_SIZE", Kind::Value),
+    f("poll-interval", "GRASP_SYNC_POLL_INTERVAL", Kind::Value),
+    f(
+        "consolidation-threshold",
+        "GRASP_SYNC_CONSOLIDATION_THRESHOLD",
+        Kind::Value,
+    ),
+    f(
+        "consolidation-wait",
+        "GRASP_SYNC_CONSOLIDATION_WAIT",
+        Kind::Value,
+    ),
+    f(
+        "rate-limit-cooldown",
+        "GRASP_SYNC_RATE_LIMIT_COOLDOWN",
+        Kind::Value,
+    ),
+    f("refused-retry", "GRASP_SYNC_REFUSED_RETRY", Kind::Value),
+    f("connect-timeout", "GRASP_SYNC_CONNECT_TIMEOUT", Kind::Value),
+    f("nip11-timeout", "GRASP_SYNC_NIP11_TIMEOUT", Kind::Value),
+    f("ping-interval", "GRASP_SYNC_PING_INTERVAL", Kind::Value),
+    f("pong-timeout", "GRASP_SYNC_PONG_TIMEOUT", Kind::Value),
+    f(
+        "summary-interval",
+        "GRASP_SYNC_SUMMARY_INTERVAL",
+        Kind::Value,
+    ),
+    f("log-format", "GRASP_SYNC_LOG_FORMAT", Kind::Value),
+];
+
+/// `args` plus the flags that environment variables set and the command line does not.
+fn with_env(
+    args: &[String],
+    flags: &[EnvFlag],
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, String> {
+    let mut out = args.to_vec();
+    for fl in flags {
+        let name = format!("--{}", fl.flag);
+        if args.iter().any(|a| *a == name) {
+            continue;
+        }
+        let Some(value) = env(fl.env).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        match fl.kind {
+            Kind::Switch => match value.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => out.push(name),
+                "0" | "false" | "no" | "off" => {}
+                other => {
+                    return Err(format!(
+                        "{}={other:?}: expected 1/true/yes or 0/false/no",
+                        fl.env
+                    ))
+                }
+            },
+            Kind::Repeated => {
+                for v in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+                    out.push(name.clone());
+                    out.push(v.to_string());
+                }
+            }
+            Kind::Value => {
+                out.push(name);
+                out.push(value.trim().to_string());
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn parse_url(setting: &str, value: &str) -> Result<RelayUrl, String> {
     RelayUrl::parse(value).map_err(|e| format!("--{setting} {value:?}: {e}"))
+}
+
+fn at_least(flag: &str, v: u64, min: u64, unit: &str) -> Result<u64, String> {
+    if v < min {
+        return Err(format!("--{flag} must be at least {min} {unit}"));
+    }
+    Ok(v)
+}
+
+fn secs(flag: &str, v: u64) -> Result<Duration, String> {
+    Ok(Duration::from_secs(at_least(flag, v, 1, "second")?))
+}
+
+fn parse_addr(flag: &str, v: &str) -> Result<SocketAddr, String> {
+    v.parse().map_err(|_| {
+        format!("--{flag} {v:?}: expected an IP address and port, e.g. 127.0.0.1:9464")
+    })
 }
 
 fn build_config(args: &Args) -> Result<Config, String> {
@@ -65,48 +309,168 @@ fn build_config(args: &Args) -> Result<Config, String> {
     for u in &args.bootstrap {
         config = config.bootstrap(parse_url("bootstrap", u)?);
     }
-    if args.batch_window == 0 {
-        return Err("--batch-window must be at least 1 millisecond".into());
-    }
-    if args.eose_timeout == 0 {
-        return Err("--eose-timeout must be at least 1 second".into());
-    }
+    at_least("batch-window", args.batch_window, 1, "millisecond")?;
     config = config
         .batch_window(Duration::from_millis(args.batch_window))
-        .eose_timeout(Duration::from_secs(args.eose_timeout));
+        .eose_timeout(secs("eose-timeout", args.eose_timeout)?);
+    config.max_relays = at_least("max-relays", args.max_relays as u64, 1, "relay")? as usize;
+    config.default_subscription_budget = at_least(
+        "subscription-budget",
+        args.subscription_budget as u64,
+        2,
+        "",
+    )? as usize;
+    config.assumed_page_size = at_least("page-size", args.page_size as u64, 1, "event")? as usize;
+    config.poll_interval = secs("poll-interval", args.poll_interval)?;
+    config.consolidation_threshold = at_least(
+        "consolidation-threshold",
+        args.consolidation_threshold as u64,
+        2,
+        "subscriptions",
+    )? as usize;
+    config.consolidation_wait = secs("consolidation-wait", args.consolidation_wait)?;
+    config.rate_limit_cooldown = secs("rate-limit-cooldown", args.rate_limit_cooldown)?;
+    config.refused_retry = secs("refused-retry", args.refused_retry)?;
+    config.ws.connect_timeout = secs("connect-timeout", args.connect_timeout)?;
+    config.nip11_timeout = Duration::from_secs(args.nip11_timeout);
+    config.ping_interval = secs("ping-interval", args.ping_interval)?;
+    config.pong_timeout = secs("pong-timeout", args.pong_timeout)?;
+    config.summary_interval = secs("summary-interval", args.summary_interval)?;
+    secs("stop-timeout", args.stop_timeout)?;
+    secs("deadline", args.deadline)?;
+    if !matches!(args.log_format.as_str(), "text" | "json") {
+        return Err(format!(
+            "--log-format {:?}: expected text or json",
+            args.log_format
+        ));
+    }
+    if let Some(a) = &args.metrics_addr {
+        parse_addr("metrics-addr", a)?;
+    }
+    if args.once {
+        config = config.backoff(once_backoff());
+    }
     config.auth_keys =
         grasp_sync::config::load_auth_key(args.nsec_file.as_deref()).map_err(|e| e.to_string())?;
     Ok(config)
 }
 
+fn init_logging(format: &str) {
+    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if format == "json" {
+        use std::io::Write;
+        b.format(|buf, record| {
+            let line = serde_json::json!({
+                "ts": SystemClock.now().wall_millis(),
+                "level": record.level().as_str(),
+                "target": record.target(),
+                "msg": record.args().to_string(),
+            });
+            writeln!(buf, "{line}")
+        });
+    }
+    b.init();
+}
+
+fn usage_error(msg: &str) -> ExitCode {
+    eprintln!("grasp-sync: {msg}\nRun grasp-sync --help for usage.");
+    ExitCode::from(2)
+}
+
+/// Parses `T` from `argv` the way argh does, or the exit code to return.
+fn parse<T: FromArgs>(cmd: &[&str], rest: &[String]) -> Result<T, ExitCode> {
+    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+    T::from_args(cmd, &rest).map_err(|exit| {
+        if exit.status.is_ok() {
+            print!("{}", exit.output);
+            ExitCode::SUCCESS
+        } else {
+            eprintln!("{}Run grasp-sync --help for usage.", exit.output);
+            ExitCode::from(2)
+        }
+    })
+}
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
-    let name = argv.first().map(String::as_str).unwrap_or("grasp-sync");
-    let rest: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
-    let args = match Args::from_args(&[name], &rest) {
-        Ok(a) => a,
-        Err(exit) => {
-            return if exit.status.is_ok() {
-                print!("{}", exit.output);
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("{}Run grasp-sync --help for usage.", exit.output);
-                ExitCode::from(2)
-            };
-        }
+    let rest: Vec<String> = argv.iter().skip(1).cloned().collect();
+    if rest.iter().any(|a| a == "--version") {
+        println!("grasp-sync {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    if rest.first().map(String::as_str) == Some("status") {
+        let env = [f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value)];
+        let rest = match with_env(&rest[1..], &env, |k| std::env::var(k).ok()) {
+            Ok(r) => r,
+            Err(e) => return usage_error(&e),
+        };
+        return match parse::<StatusArgs>(&["grasp-sync status"], &rest) {
+            Ok(a) => status_command(&a),
+            Err(code) => code,
+        };
+    }
+    let rest = match with_env(&rest, ENV_FLAGS, |k| std::env::var(k).ok()) {
+        Ok(r) => r,
+        Err(e) => return usage_error(&e),
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = match parse::<Args>(&["grasp-sync"], &rest) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    if args.version {
+        // Also handled before parsing, so that it works without --own-relay.
+        println!("grasp-sync {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let config = match build_config(&args) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("grasp-sync: {e}\nRun grasp-sync --help for usage.");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage_error(&e),
     };
+    init_logging(&args.log_format);
+    run(&args, config)
+}
+
+fn status_command(a: &StatusArgs) -> ExitCode {
+    let addr = match parse_addr("metrics-addr", &a.metrics_addr) {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
+    };
+    match grasp_sync::ops::http::get(addr, "/status", Duration::from_secs(10)) {
+        Ok((200, body)) => {
+            if a.json {
+                print!("{body}");
+                return ExitCode::SUCCESS;
+            }
+            match serde_json::from_str::<serde_json::Value>(&body) {
+                Ok(doc) => {
+                    print!("{}", render::table(&doc));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("grasp-sync status: {addr}/status is not a status document: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Ok((code, _)) => {
+            eprintln!("grasp-sync status: {addr}/status answered HTTP {code}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!(
+                "grasp-sync status: cannot read http://{addr}/status: {e} (is grasp-sync running with --metrics-addr {addr}?)"
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: &Args, config: Config) -> ExitCode {
     log::info!(
-        "grasp-sync {} syncing into {}",
+        "grasp-sync {} syncing into {}{}",
         env!("CARGO_PKG_VERSION"),
-        config.own_relay
+        config.own_relay,
+        if args.once { " (--once)" } else { "" }
     );
     match &config.auth_keys {
         Some(k) => log::info!(
@@ -117,17 +481,120 @@ fn main() -> ExitCode {
             "NIP-42 AUTH: no key configured (--nsec-file or GRASP_SYNC_NSEC); relays that require AUTH will refuse us"
         ),
     }
-    let _handle = match grasp_sync::start(config) {
-        Ok(h) => h,
+    let signals = match signal_channel() {
+        Ok(rx) => rx,
+        Err(e) => {
+            eprintln!("grasp-sync: cannot install the SIGINT/SIGTERM handler: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let handle = match grasp_sync::start(config) {
+        Ok(h) => Arc::new(h),
         Err(e) => {
             eprintln!("grasp-sync: {e}");
             return ExitCode::from(1);
         }
     };
-    // The engine runs on its own threads until the process is stopped.
+    let _server = match &args.metrics_addr {
+        Some(a) => {
+            let addr = parse_addr("metrics-addr", a).expect("checked in build_config");
+            match grasp_sync::ops::serve(addr, handle.clone()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!("grasp-sync: cannot listen on --metrics-addr {addr}: {e}");
+                    let _ = handle.shutdown(Duration::from_secs(5));
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        None => None,
+    };
+    let stop_timeout = Duration::from_secs(args.stop_timeout);
+    let started = Instant::now();
+    let deadline = Duration::from_secs(args.deadline);
+    let settle =
+        Duration::from_millis(args.batch_window.saturating_mul(2)).max(Duration::from_secs(2));
+    let mut tracker = OnceTracker::new(settle);
     loop {
-        std::thread::park();
+        match signals.recv_timeout(Duration::from_millis(200)) {
+            Ok(sig) => {
+                log::info!("signal {sig}: stopping (flushing the forward queue for at most {stop_timeout:?}; a second signal exits at once)");
+                return stop(&handle, stop_timeout, ExitCode::SUCCESS);
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                log::warn!("the signal thread ended; stopping");
+                return stop(&handle, stop_timeout, ExitCode::from(1));
+            }
+        }
+        if !args.once {
+            continue;
+        }
+        let status = handle.status();
+        let outcome = match tracker.check(&status, SystemClock.now()) {
+            Some(o) => o,
+            None if started.elapsed() >= deadline => {
+                log::warn!("--once: the deadline of {deadline:?} passed before the sync finished");
+                let mut o = tracker.outcome(&status);
+                if o.failed.is_empty() && o.incomplete.is_empty() {
+                    o.failed.push("(the own relay or the forward queue)".into());
+                }
+                o
+            }
+            None => continue,
+        };
+        eprint!("{}", render::table(&render::status_json(&status)));
+        for r in &outcome.failed {
+            eprintln!("failed: {r}");
+        }
+        for r in &outcome.incomplete {
+            eprintln!("incomplete: {r}");
+        }
+        let code = outcome.exit_code();
+        eprintln!(
+            "grasp-sync --once: {} ({} relays, {} events stored)",
+            if code == 0 {
+                "complete"
+            } else {
+                "NOT complete"
+            },
+            status.relays.len(),
+            status.forwarded
+        );
+        return stop(&handle, stop_timeout, ExitCode::from(code));
     }
+}
+
+fn stop(handle: &grasp_sync::SyncHandle, timeout: Duration, code: ExitCode) -> ExitCode {
+    match handle.shutdown(timeout) {
+        Ok(()) => code,
+        Err(e) => {
+            log::warn!("stop: {e}");
+            code
+        }
+    }
+}
+
+/// SIGINT and SIGTERM: the first arrives on the returned channel (graceful stop); a second
+/// one exits the process at once.
+fn signal_channel() -> std::io::Result<crossbeam_channel::Receiver<i32>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for sig in signals.forever() {
+                seen += 1;
+                if seen > 1 {
+                    eprintln!("grasp-sync: second signal {sig}: exiting now");
+                    std::process::exit(130);
+                }
+                let _ = tx.send(sig);
+            }
+        })?;
+    Ok(rx)
 }
 
 #[cfg(test)]
@@ -151,6 +618,10 @@ mod tests {
             "wss://relay.example.org",
             "--batch-window",
             "250",
+            "--max-relays",
+            "7",
+            "--page-size",
+            "50",
         ])
         .unwrap();
         let c = build_config(&a).unwrap();
@@ -158,6 +629,7 @@ mod tests {
         assert_eq!(c.public_urls.len(), 2);
         assert_eq!(c.bootstrap.len(), 1);
         assert_eq!(c.batch_window, Duration::from_millis(250));
+        assert_eq!((c.max_relays, c.assumed_page_size), (7, 50));
     }
 
     #[test]
@@ -169,8 +641,75 @@ mod tests {
         assert!(build_config(&a).unwrap_err().contains("--bootstrap"));
         let a = args(&["--own-relay", "ws://x", "--batch-window", "0"]).unwrap();
         assert!(build_config(&a).unwrap_err().contains("--batch-window"));
+        let a = args(&["--own-relay", "ws://x", "--metrics-addr", "localhost"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--metrics-addr"));
+        let a = args(&["--own-relay", "ws://x", "--log-format", "xml"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--log-format"));
         assert!(args(&[]).is_err(), "--own-relay is required");
         assert!(args(&["--own-relay", "ws://x", "--batch-window", "abc"]).is_err());
+    }
+
+    #[test]
+    fn environment_variables_set_flags_the_command_line_does_not() {
+        let env = |k: &str| match k {
+            "GRASP_SYNC_OWN_RELAY" => Some("ws://127.0.0.1:7777".to_string()),
+            "GRASP_SYNC_BOOTSTRAP" => Some("wss://a.example, wss://b.example".to_string()),
+            "GRASP_SYNC_ONCE" => Some("true".to_string()),
+            "GRASP_SYNC_MAX_RELAYS" => Some("9".to_string()),
+            "GRASP_SYNC_PAGE_SIZE" => Some("".to_string()),
+            _ => None,
+        };
+        let cli: Vec<String> = ["--max-relays", "3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let all = with_env(&cli, ENV_FLAGS, env).unwrap();
+        let a = args(&all.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!(a.own_relay, "ws://127.0.0.1:7777");
+        assert_eq!(a.bootstrap, vec!["wss://a.example", "wss://b.example"]);
+        assert!(a.once);
+        assert_eq!(a.max_relays, 3, "the command line wins");
+        assert_eq!(a.page_size, 20, "an empty variable counts as unset");
+        let bad = |k: &str| (k == "GRASP_SYNC_ONCE").then(|| "maybe".to_string());
+        let e = with_env(&[], ENV_FLAGS, bad).unwrap_err();
+        assert!(e.contains("GRASP_SYNC_ONCE"), "{e}");
+    }
+
+    #[test]
+    fn help_names_every_flag_with_its_environment_variable() {
+        let help = match Args::from_args(&["grasp-sync"], &["--help"]) {
+            Err(exit) => exit.output,
+            Ok(_) => panic!("--help must exit early"),
+        };
+        // argh wraps long descriptions; join the lines before looking.
+        let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for fl in ENV_FLAGS {
+            assert!(
+                flat.contains(&format!("--{}", fl.flag)),
+                "{} in help",
+                fl.flag
+            );
+            assert!(
+                flat.contains(&format!("[env {}]", fl.env)),
+                "{} in help",
+                fl.env
+            );
+        }
+        let listed = flat
+            .split_whitespace()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| {
+                w.trim_start_matches("--")
+                    .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+                    .to_string()
+            })
+            .filter(|w| !["help", "version"].contains(&w.as_str()));
+        for flag in listed {
+            assert!(
+                ENV_FLAGS.iter().any(|f| f.flag == flag),
+                "--{flag} has no environment variable"
+            );
+        }
     }
 
     fn key_file(content: &str) -> PathBuf {

@@ -179,6 +179,13 @@ impl ForwardQueue {
         self.backlog() >= self.limits.backlog
     }
 
+    /// When `id` was sent, while it is in flight.
+    pub fn sent_at(&self, id: &EventId) -> Option<Time> {
+        self.in_flight
+            .get(id)
+            .map(|f| f.deadline.minus(self.limits.ok_timeout))
+    }
+
     /// Queued plus in-flight events.
     pub fn backlog(&self) -> usize {
         self.queue.len() + self.in_flight.len()

@@ -245,8 +245,8 @@ impl Coordinator {
     ) -> Vec<String> {
         info!("stopping {} relay threads", threads.len());
         self.stopping.store(true, Ordering::Relaxed);
-        let _ = self.forwarder.send(ForwarderControl::Shutdown);
         for (url, t) in threads {
+            // A thread that already ended has dropped its receiver: nothing to stop.
             let _ = t.control.send(Control::Shutdown);
             retired.push((url.to_string(), t.handle));
         }
@@ -254,6 +254,14 @@ impl Coordinator {
         while Instant::now() < deadline && retired.iter().any(|(_, h)| !h.is_finished()) {
             while self.inputs.try_recv().is_ok() {}
             std::thread::sleep(Duration::from_millis(10));
+        }
+        // Reading has stopped: the forwarder flushes what it holds, until the deadline.
+        if self
+            .forwarder
+            .send(ForwarderControl::Drain(deadline))
+            .is_err()
+        {
+            warn!("forwarder already stopped; events it held are refetched at the next start");
         }
         let mut running = Vec::new();
         for (name, h) in retired {

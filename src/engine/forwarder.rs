@@ -38,8 +38,10 @@ pub enum ForwarderControl {
     /// Re-offer the events the own relay rejected earlier that name one of these repository
     /// coordinates or root event ids (see [`ForwardQueue::retry_rejected`]).
     RetryRejected(std::collections::HashSet<String>),
-    /// Stop.
-    Shutdown,
+    /// Stop taking new work and end once everything received is answered by the own relay
+    /// (or at the deadline): the relay threads have already stopped, so the channel holds
+    /// all that is left.
+    Drain(std::time::Instant),
 }
 
 /// Everything the forwarder thread needs.
@@ -62,8 +64,11 @@ pub struct Forwarder {
     pub pong_timeout: Duration,
     /// Counters.
     pub metrics: Arc<Metrics>,
-    /// Set when the engine stops.
+    /// Set when the engine stops. The forwarder itself ends on [`ForwarderControl::Drain`]
+    /// (after flushing) or when its channels close, not on this flag.
     pub stopping: Arc<AtomicBool>,
+    /// The drain deadline, once [`ForwarderControl::Drain`] arrived.
+    pub drain: std::cell::Cell<Option<std::time::Instant>>,
     /// Time source.
     pub clock: Arc<dyn Clock>,
     /// Jitter seed.
@@ -82,7 +87,7 @@ impl Forwarder {
         let mut jitter = Jitter::new(self.seed);
         let mut logged_down = false;
         loop {
-            if self.stopping.load(Ordering::Relaxed) {
+            if self.drained(&queue) {
                 break;
             }
             match ws::connect(&self.url, &self.ws) {
@@ -128,16 +133,17 @@ impl Forwarder {
     fn wait(&self, d: Duration, queue: &mut ForwardQueue) -> bool {
         let end = std::time::Instant::now() + d;
         loop {
-            if self.stopping.load(Ordering::Relaxed) {
-                return true;
-            }
             if let Ok(c) = self.control.try_recv() {
-                match c {
-                    ForwarderControl::Shutdown => return true,
-                    ForwarderControl::RetryRejected(changed) => {
-                        self.retry_rejected(queue, &changed)
-                    }
-                }
+                self.control_message(c, queue);
+            }
+            if self
+                .drain
+                .get()
+                .is_some_and(|d| std::time::Instant::now() >= d)
+            {
+                // Draining, and the own relay is unreachable: what is left stays on the
+                // remote relays for the next start.
+                return true;
             }
             self.take_events(queue);
             let left = end.saturating_duration_since(std::time::Instant::now());
@@ -146,6 +152,34 @@ impl Forwarder {
             }
             std::thread::sleep(left.min(Duration::from_millis(50)));
         }
+    }
+
+    fn control_message(&self, c: ForwarderControl, queue: &mut ForwardQueue) {
+        match c {
+            ForwarderControl::Drain(deadline) => {
+                info!(
+                    "forwarder: flushing {} queued events into the own relay before stopping",
+                    queue.backlog() + self.events.len()
+                );
+                self.drain.set(Some(deadline));
+            }
+            ForwarderControl::RetryRejected(changed) => self.retry_rejected(queue, &changed),
+        }
+    }
+
+    /// True once draining is finished: everything received was answered, or the deadline
+    /// passed.
+    fn drained(&self, queue: &ForwardQueue) -> bool {
+        self.drain.get().is_some_and(|d| {
+            let done = queue.is_idle() && self.events.is_empty();
+            if !done && std::time::Instant::now() >= d {
+                warn!(
+                    "forwarder: stop deadline reached with {} events not yet stored; they stay on the remote relays for the next start",
+                    queue.backlog() + self.events.len()
+                );
+            }
+            done || std::time::Instant::now() >= d
+        })
     }
 
     fn take_events(&self, queue: &mut ForwardQueue) {
@@ -207,6 +241,8 @@ impl Forwarder {
         f.rejected.store(c.rejected, Ordering::Relaxed);
         f.resent.store(c.resent, Ordering::Relaxed);
         f.deduplicated.store(c.deduplicated, Ordering::Relaxed);
+        f.queue_depth
+            .store(queue.backlog() as u64, Ordering::Relaxed);
     }
 
     /// One connection. Returns true on shutdown, false when the connection was lost.
@@ -214,16 +250,11 @@ impl Forwarder {
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         loop {
-            if self.stopping.load(Ordering::Relaxed) {
-                return true;
-            }
             while let Ok(c) = self.control.try_recv() {
-                match c {
-                    ForwarderControl::Shutdown => return true,
-                    ForwarderControl::RetryRejected(changed) => {
-                        self.retry_rejected(queue, &changed)
-                    }
-                }
+                self.control_message(c, queue);
+            }
+            if self.drained(queue) {
+                return true;
             }
             if queue.is_idle() {
                 // Nothing to do: block briefly for the next event instead of spinning.
@@ -356,6 +387,7 @@ impl Forwarder {
                     None => {}
                 }
                 let now = self.clock.now();
+                let sent = queue.sent_at(&event_id);
                 let outcome = if !accepted
                     && is_auth_required(&message)
                     && auth.on_write_auth_required(now) == WriteAction::Retry
@@ -364,6 +396,13 @@ impl Forwarder {
                 } else {
                     queue.on_ok(event_id, accepted, &message, now)
                 };
+                if let (
+                    Some(sent),
+                    OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_),
+                ) = (sent, &outcome)
+                {
+                    self.metrics.forward.ok_latency.observe(now.since(sent));
+                }
                 self.ok_outcome(event_id, &message, outcome);
             }
             Ok(Incoming::Notice(n)) => info!("own relay NOTICE (forwarder): {n:.200}"),
@@ -394,7 +433,17 @@ impl Forwarder {
             }
             OkOutcome::Rejected(reason) => {
                 self.resolved();
-                info!("own relay rejected {event_id}: {reason}")
+                let slot = crate::engine::metrics::reject_reason_slot(&reason);
+                let n =
+                    self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);
+                let reason = crate::core::complaints::loggable(&reason, 200);
+                // Mirroring foreign announcements into a GRASP relay is rejected a lot: the
+                // first of each reason at info level, the rest at debug (all counted).
+                if n == 0 {
+                    info!("own relay rejected {event_id}: {reason} (further rejections of this kind are logged at debug level and counted)")
+                } else {
+                    debug!("own relay rejected {event_id}: {reason}")
+                }
             }
             OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),
         }

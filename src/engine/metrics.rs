@@ -91,6 +91,82 @@ pub struct ForwardCounters {
     pub connected: AtomicU64,
     /// 1 while the forward queue is full (relay threads wait).
     pub full: AtomicU64,
+    /// Events queued or in flight in the forwarder (not counting the channel into it).
+    pub queue_depth: AtomicU64,
+    /// Time from sending an event to the own relay's `OK`.
+    pub ok_latency: Histogram,
+    /// Rejections by the own relay, by the prefix of its reason ([`REJECT_REASONS`]; the
+    /// last slot counts every other reason).
+    pub rejected_by_reason: [AtomicU64; REJECT_REASONS.len()],
+}
+
+/// The reason prefixes of the own relay's rejections that are counted apart; `other` takes
+/// the rest (a free-text reason never becomes a metric label).
+pub const REJECT_REASONS: [&str; 7] = [
+    "blocked",
+    "invalid",
+    "restricted",
+    "pow",
+    "auth-required",
+    "error",
+    "other",
+];
+
+/// The slot of `message`'s prefix in [`REJECT_REASONS`].
+pub fn reject_reason_slot(message: &str) -> usize {
+    let prefix = message.split(':').next().unwrap_or("").trim();
+    REJECT_REASONS
+        .iter()
+        .position(|r| *r == prefix)
+        .unwrap_or(REJECT_REASONS.len() - 1)
+}
+
+/// Upper bounds (milliseconds) of the OK latency histogram's buckets; one more bucket
+/// takes everything slower.
+pub const LATENCY_BUCKETS_MS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000];
+
+/// A fixed-bucket latency histogram (Prometheus style, cumulative when rendered).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last is `+Inf`.
+    pub buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
+    /// Sum of all observations in microseconds.
+    pub sum_us: AtomicU64,
+    /// Number of observations.
+    pub count: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: std::time::Duration) {
+        let ms = d.as_millis() as u64;
+        let i = LATENCY_BUCKETS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(LATENCY_BUCKETS_MS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bucket (the last is `+Inf`), the sum in seconds and the count.
+    pub fn snapshot(&self) -> (Vec<u64>, f64, u64) {
+        let mut acc = 0;
+        let cumulative = self
+            .buckets
+            .iter()
+            .map(|b| {
+                acc += b.load(Ordering::Relaxed);
+                acc
+            })
+            .collect();
+        (
+            cumulative,
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+            self.count.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// All counters.
@@ -143,6 +219,23 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(std::time::Duration::from_micros(500));
+        h.observe(std::time::Duration::from_millis(30));
+        h.observe(std::time::Duration::from_secs(60));
+        let (b, sum, n) = h.snapshot();
+        assert_eq!((b[0], b[4], b[5], b[11], b[12]), (1, 1, 2, 2, 3));
+        assert_eq!(n, 3);
+        assert!((sum - 60.0305).abs() < 1e-6);
+        assert_eq!(reject_reason_slot("blocked: not a GRASP repo"), 0);
+        assert_eq!(
+            reject_reason_slot("anything else"),
+            REJECT_REASONS.len() - 1
+        );
+    }
 
     #[test]
     fn totals_keep_forgotten_relays() {

@@ -82,6 +82,37 @@ pub struct RelayStatus {
     pub connects: u64,
     /// Connections lost or failed.
     pub disconnects: u64,
+    /// When the current (or last) connection was established.
+    pub last_connected: Option<crate::core::time::Time>,
+    /// Why the last connection failed or was lost.
+    pub last_error: Option<String>,
+    /// The `since` (Unix seconds) of the latest catch-up or poll round.
+    pub catch_up_since: Option<u64>,
+    /// Batches of this relay that failed.
+    pub failed_batches: u64,
+    /// Queries whose history this relay could not deliver completely.
+    pub incomplete_queries: u64,
+    /// Queries waiting for room in its subscription budget.
+    pub queued_queries: usize,
+    /// Layer 2/3 queries polled because they do not fit its budget.
+    pub polled_queries: usize,
+    /// Queries sent and still waiting for their EOSE.
+    pub loading_queries: usize,
+    /// Consecutive failed connection attempts.
+    pub failures: u32,
+}
+
+/// The own relay's `OK` latency, as a cumulative histogram.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LatencySnapshot {
+    /// Upper bounds of the buckets in milliseconds (a last `+Inf` bucket follows).
+    pub bounds_ms: Vec<u64>,
+    /// Cumulative counts per bucket, `+Inf` last (one more than `bounds_ms`).
+    pub cumulative: Vec<u64>,
+    /// Sum of all latencies in seconds.
+    pub sum_secs: f64,
+    /// Number of `OK`s measured.
+    pub count: u64,
 }
 
 /// A snapshot of the engine.
@@ -112,6 +143,16 @@ pub struct Status {
     pub unmatched: u64,
     /// The self-subscription is still reading history or holds a batch not yet applied.
     pub self_sync_pending: bool,
+    /// The sync machine's counters (batches, pages, CLOSED and NOTICE by kind, …).
+    pub sync: crate::core::sync::SyncCounters,
+    /// Events queued or in flight in the forwarder.
+    pub forward_queue_depth: u64,
+    /// Events the forwarder sent again (OK timeout, disconnect, rate limit, `error:`).
+    pub forward_resent: u64,
+    /// The own relay's `OK` latency.
+    pub ok_latency: LatencySnapshot,
+    /// The own relay's rejections by reason prefix (fixed set, `other` last).
+    pub rejected_by_reason: Vec<(&'static str, u64)>,
 }
 
 impl Status {
@@ -174,6 +215,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         pong_timeout: config.pong_timeout,
         metrics: metrics.clone(),
         stopping: stopping.clone(),
+        drain: std::cell::Cell::new(None),
         clock: config.clock.clone(),
         seed: config.seed ^ 0x5555,
         auth_keys: config.auth_keys.clone(),
@@ -247,6 +289,15 @@ impl SyncHandle {
                     pending_repos: s.pending_repos,
                     pending_root_events: s.pending_root_events,
                     open_subscriptions: s.open_subscriptions,
+                    last_connected: s.last_connected,
+                    last_error: s.last_error,
+                    catch_up_since: s.catch_up_since,
+                    failed_batches: s.failed_batches,
+                    incomplete_queries: s.incomplete_queries,
+                    queued_queries: s.queued_queries,
+                    polled_queries: s.polled_queries,
+                    loading_queries: s.loading_queries,
+                    failures: s.failures,
                 }
             })
             .collect();
@@ -265,7 +316,59 @@ impl SyncHandle {
             invalid: self.metrics.sum(own, |c| &c.events_invalid),
             unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
             self_sync_pending: m.self_sync_pending(),
+            sync: m.counters(),
+            forward_queue_depth: f.queue_depth.load(Ordering::Relaxed),
+            forward_resent: f.resent.load(Ordering::Relaxed),
+            ok_latency: {
+                let (cumulative, sum_secs, count) = f.ok_latency.snapshot();
+                LatencySnapshot {
+                    bounds_ms: metrics::LATENCY_BUCKETS_MS.to_vec(),
+                    cumulative,
+                    sum_secs,
+                    count,
+                }
+            },
+            rejected_by_reason: metrics::REJECT_REASONS
+                .iter()
+                .zip(&f.rejected_by_reason)
+                .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
+                .collect(),
         }
+    }
+
+    /// `Ok` while the engine can do its work: the coordinator and forwarder threads run and
+    /// both connections to the own relay (self-subscription and forwarder) are up; else
+    /// what is wrong.
+    pub fn health(&self) -> Result<(), String> {
+        let finished = |h: &Mutex<Option<JoinHandle<_>>>| {
+            h.lock()
+                .as_ref()
+                .is_none_or(|h: &JoinHandle<_>| h.is_finished())
+        };
+        if finished(&self.coordinator) {
+            return Err("the coordinator thread has stopped".into());
+        }
+        if self
+            .forwarder
+            .lock()
+            .as_ref()
+            .is_none_or(|h| h.is_finished())
+        {
+            return Err("the forwarder thread has stopped".into());
+        }
+        if self.machine.read().own_status() != ConnectionStatus::Connected {
+            return Err(format!(
+                "the own relay {} is not connected (self-subscription)",
+                self.config.own_relay
+            ));
+        }
+        if self.metrics.forward.connected.load(Ordering::Relaxed) != 1 {
+            return Err(format!(
+                "the own relay {} is not connected (forwarder)",
+                self.config.own_relay
+            ));
+        }
+        Ok(())
     }
 
     /// Read access to the sync machine (indexes, subscriptions) for inspection.

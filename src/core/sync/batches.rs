@@ -207,6 +207,7 @@ impl SyncMachine {
         }
         if let Some(why) = &plan.incomplete {
             self.counters.incomplete_queries += 1;
+            self.link(relay).incomplete_queries += 1;
             warn!(
                 "{relay}: history of {sub_id} ({:?}) is incomplete: {why}",
                 info.purpose
@@ -300,6 +301,7 @@ impl SyncMachine {
             self.pending.remove(relay);
         }
         self.counters.batches_failed += 1;
+        self.link(relay).failed_batches += 1;
         let generation = self.relays.get(relay).map_or(0, |s| s.generation);
         let policy = self.config.backoff;
         let unit = self.jitter.unit();

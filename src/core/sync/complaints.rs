@@ -30,6 +30,11 @@ impl SyncMachine {
         } else {
             debug!("{what}");
         }
+        match reason {
+            ClosedReason::RateLimited => self.counters.closed_rate_limited += 1,
+            ClosedReason::AuthRequired => self.counters.closed_auth_required += 1,
+            ClosedReason::Refused => self.counters.closed_refused += 1,
+        }
         let delay = match reason {
             ClosedReason::RateLimited => {
                 self.counters.rate_limited += 1;
@@ -98,6 +103,7 @@ impl SyncMachine {
         match classify_notice(message) {
             NoticeKind::RateLimit => {
                 self.counters.rate_limited += 1;
+                self.counters.notices_rate_limit += 1;
                 let until = now.plus(self.config.rate_limit_cooldown);
                 let first = self.link(relay).warn_once(format!("NOTICE {message}"));
                 let l = self.link(relay);
@@ -112,7 +118,10 @@ impl SyncMachine {
                     debug!("{relay}: NOTICE {message:?} (rate limit, repeated)");
                 }
             }
-            NoticeKind::Other => debug!("{relay}: NOTICE {message:?}"),
+            NoticeKind::Other => {
+                self.counters.notices_other += 1;
+                debug!("{relay}: NOTICE {message:?}");
+            }
         }
     }
 }

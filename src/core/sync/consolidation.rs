@@ -25,6 +25,7 @@ impl SyncMachine {
         let Some(link) = self.links.get_mut(relay) else {
             return;
         };
+        self.counters.consolidations += 1;
         link.consolidate_by = None;
         // The rebuild below re-subscribes Layer 1 and every confirmed item live, with a
         // catch-up: live subscriptions waiting to be reopened are dropped, and waiting
@@ -141,6 +142,7 @@ impl SyncMachine {
     /// confirmed, Layer 1 without since, compute_actions for everything).
     pub(super) fn daily_resync(&mut self, now: Time) {
         let urls: Vec<RelayUrl> = self.relays.keys().cloned().collect();
+        self.counters.daily_resyncs += 1;
         info!("daily resync of {} relays", urls.len());
         for url in urls {
             if let Some(batches) = self.pending.remove(&url) {

@@ -46,7 +46,11 @@ impl SyncMachine {
         state.last_connected = Some(now);
         state.disconnected_at = None;
         let generation = state.generation;
+        let failures = self.link(relay).health.failures();
         self.link(relay).health.record_success(now);
+        if failures > 1 {
+            info!("{relay}: connected again after {failures} failed attempts");
+        }
         info!(
             "{relay}: connected ({})",
             match since {
@@ -62,6 +66,7 @@ impl SyncMachine {
             Some(since) => {
                 // History that was still paging when the connection dropped continues from
                 // the page it had reached (its filter carries that page's `until`).
+                self.counters.queries_resumed += resume.len() as u64;
                 for f in resume {
                     self.open_sub(relay, generation, SubPurpose::CatchUp, f);
                 }
@@ -107,11 +112,19 @@ impl SyncMachine {
         } else {
             "connect failed"
         };
-        warn!(
-            "{relay}: {verb} ({reason}); retry in {:.1}s (failures: {})",
+        let error = format!("{verb}: {}", crate::core::complaints::loggable(reason, 200));
+        let line = format!(
+            "{relay}: {error}; retry in {:.1}s (failures: {})",
             at.since(now).as_secs_f64(),
             link.health.failures()
         );
+        // The same failure again is counted (failures) and logged at debug level only.
+        if link.last_error.as_deref() == Some(error.as_str()) {
+            debug!("{line}");
+        } else {
+            warn!("{line}");
+        }
+        link.last_error = Some(error);
     }
 
     /// The design's `check_disconnects`, corrected: a relay is dropped only when it has no

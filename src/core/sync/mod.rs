@@ -441,6 +441,13 @@ struct Link {
     resume: Vec<Filter>,
     /// More than [`MAX_RESUME`] queries were interrupted: the next connect is a fresh sync.
     resume_overflow: bool,
+    /// Why the last connection failed or was lost.
+    last_error: Option<String>,
+    /// The `since` of the latest catch-up or poll round.
+    catch_up_since: Option<nostr::types::Timestamp>,
+    /// Batches failed, queries incomplete.
+    failed_batches: u64,
+    incomplete_queries: u64,
 }
 
 #[derive(Debug)]
@@ -474,6 +481,22 @@ pub struct SyncCounters {
     pub self_batches: u64,
     /// Connect commands issued.
     pub connect_attempts: u64,
+    /// Consolidations and live-set rebuilds run.
+    pub consolidations: u64,
+    /// Daily full resyncs run.
+    pub daily_resyncs: u64,
+    /// CLOSED `rate-limited:` from remote relays.
+    pub closed_rate_limited: u64,
+    /// CLOSED `auth-required:` from remote relays (reported after AUTH could not help).
+    pub closed_auth_required: u64,
+    /// CLOSED with any other reason (`restricted:`, `blocked:`, `error:`, …).
+    pub closed_refused: u64,
+    /// Rate-limit NOTICEs from remote relays.
+    pub notices_rate_limit: u64,
+    /// Other NOTICEs from remote relays.
+    pub notices_other: u64,
+    /// History queries continued after a quick reconnect.
+    pub queries_resumed: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.
@@ -507,6 +530,22 @@ pub struct RelaySyncStatus {
     pub open_subscriptions: usize,
     /// Next reconnect attempt when disconnected.
     pub next_attempt: Option<Time>,
+    /// When the current (or last) connection was established.
+    pub last_connected: Option<Time>,
+    /// Why the last connection failed or was lost (escaped, at most 200 characters).
+    pub last_error: Option<String>,
+    /// The `since` (seconds) of the relay's latest catch-up or poll round.
+    pub catch_up_since: Option<u64>,
+    /// Batches of this relay that failed.
+    pub failed_batches: u64,
+    /// Queries of this relay whose history could not be read completely.
+    pub incomplete_queries: u64,
+    /// Queries waiting for room in the relay's subscription budget.
+    pub queued_queries: usize,
+    /// Layer 2/3 queries polled because they do not fit the budget.
+    pub polled_queries: usize,
+    /// Queries sent and still waiting for their EOSE.
+    pub loading_queries: usize,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -957,6 +996,14 @@ impl SyncMachine {
                     pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
                     open_subscriptions: link.map_or(0, |l| l.subs.len()),
                     next_attempt: link.and_then(|l| l.next_attempt),
+                    last_connected: s.last_connected,
+                    last_error: link.and_then(|l| l.last_error.clone()),
+                    catch_up_since: link.and_then(|l| l.catch_up_since).map(|t| t.as_secs()),
+                    failed_batches: link.map_or(0, |l| l.failed_batches),
+                    incomplete_queries: link.map_or(0, |l| l.incomplete_queries),
+                    queued_queries: link.map_or(0, |l| l.queue.len()),
+                    polled_queries: link.map_or(0, |l| l.polled.len()),
+                    loading_queries: link.map_or(0, |l| l.loading.len()),
                 }
             })
             .collect()

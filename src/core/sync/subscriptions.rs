@@ -206,6 +206,9 @@ impl SyncMachine {
         for (purpose, filter) in &queries {
             self.open_sub(relay, generation, *purpose, live_only(filter));
         }
+        if !queries.is_empty() {
+            self.link(relay).catch_up_since = Some(since);
+        }
         for (_, filter) in &queries {
             self.open_sub(
                 relay,
@@ -253,6 +256,7 @@ impl SyncMachine {
             .poll_since
             .unwrap_or_else(|| now.minus(margin).timestamp());
         link.poll_since = Some(now.minus(margin).timestamp());
+        link.catch_up_since = Some(since);
         let filters: Vec<Filter> = link.polled.iter().map(|f| f.clone().since(since)).collect();
         let Some(generation) = self.connected_generation(relay) else {
             return;

@@ -1,0 +1,612 @@
+//! Pure renderers of a [`Status`]: Prometheus text exposition, the `/status` JSON document,
+//! the HTML status page and the plain-text table of `grasp-sync status`.
+//!
+//! Labels carry only normalised relay URLs (bounded by the relay cap) and fixed words, never
+//! free text from relays.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::core::health::HealthState;
+use crate::core::state::ConnectionStatus;
+use crate::engine::{RelayStatus, Status};
+
+/// The version of the `/status` document; bumped when a field changes meaning or goes away.
+pub const STATUS_SCHEMA_VERSION: u64 = 1;
+
+fn connection_word(c: ConnectionStatus) -> &'static str {
+    match c {
+        ConnectionStatus::Connected => "connected",
+        ConnectionStatus::Connecting => "connecting",
+        ConnectionStatus::Disconnected => "disconnected",
+    }
+}
+
+fn health_word(h: HealthState) -> &'static str {
+    match h {
+        HealthState::Healthy => "healthy",
+        HealthState::Degraded => "degraded",
+        HealthState::Dead => "dead",
+    }
+}
+
+/// Escapes a Prometheus label value (backslash, double quote, newline).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Prom {
+    out: String,
+}
+
+impl Prom {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP grasp_sync_{name} {help}");
+        let _ = writeln!(self.out, "# TYPE grasp_sync_{name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        let _ = write!(self.out, "grasp_sync_{name}");
+        if !labels.is_empty() {
+            let inner: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+                .collect();
+            let _ = write!(self.out, "{{{}}}", inner.join(","));
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// One family with one unlabelled sample.
+    fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+
+    /// One family with one sample per relay.
+    fn per_relay(
+        &mut self,
+        status: &Status,
+        name: &str,
+        kind: &str,
+        help: &str,
+        value: impl Fn(&RelayStatus) -> u64,
+    ) {
+        self.family(name, kind, help);
+        for r in &status.relays {
+            self.sample(name, &[("relay", r.url.as_str())], value(r));
+        }
+    }
+}
+
+/// The Prometheus text exposition format (version 0.0.4) of `status`.
+pub fn prometheus(status: &Status) -> String {
+    let mut p = Prom { out: String::new() };
+    p.family("build_info", "gauge", "Version of the running grasp-sync.");
+    p.sample("build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+    p.single(
+        "own_relay_connected",
+        "gauge",
+        "1 while the self-subscription is connected to the own relay.",
+        u8::from(status.own_relay == ConnectionStatus::Connected),
+    );
+    p.single(
+        "forwarder_connected",
+        "gauge",
+        "1 while the forwarder is connected to the own relay.",
+        u8::from(status.forwarder_connected),
+    );
+    p.single(
+        "repositories",
+        "gauge",
+        "Repositories in the index.",
+        status.repos,
+    );
+    p.single(
+        "root_events",
+        "gauge",
+        "Distinct root events in the index.",
+        status.root_events,
+    );
+    p.family(
+        "relay_connected",
+        "gauge",
+        "1 while the remote relay is connected.",
+    );
+    for r in &status.relays {
+        p.sample(
+            "relay_connected",
+            &[("relay", r.url.as_str())],
+            u8::from(r.connection_status == ConnectionStatus::Connected),
+        );
+    }
+    p.family(
+        "relay_health",
+        "gauge",
+        "Health of the remote relay: 1 for its current state.",
+    );
+    for r in &status.relays {
+        for h in [
+            HealthState::Healthy,
+            HealthState::Degraded,
+            HealthState::Dead,
+        ] {
+            p.sample(
+                "relay_health",
+                &[("relay", r.url.as_str()), ("state", health_word(h))],
+                u8::from(r.health == h),
+            );
+        }
+    }
+    p.per_relay(
+        status,
+        "relay_open_subscriptions",
+        "gauge",
+        "Open subscriptions on the relay.",
+        |r| r.open_subscriptions as u64,
+    );
+    p.per_relay(
+        status,
+        "relay_queued_queries",
+        "gauge",
+        "Queries waiting for room in the relay's subscription budget.",
+        |r| r.queued_queries as u64,
+    );
+    for (name, help, repos, roots) in [
+        (
+            "relay_target_items",
+            "Repositories and root events the relay should carry.",
+            (|r: &RelayStatus| r.target_repos) as fn(&RelayStatus) -> usize,
+            (|r: &RelayStatus| r.target_root_events) as fn(&RelayStatus) -> usize,
+        ),
+        (
+            "relay_confirmed_items",
+            "Repositories and root events whose history the relay delivered (EOSE).",
+            |r: &RelayStatus| r.confirmed_repos,
+            |r: &RelayStatus| r.confirmed_root_events,
+        ),
+        (
+            "relay_pending_items",
+            "Repositories and root events in batches waiting for EOSE.",
+            |r: &RelayStatus| r.pending_repos,
+            |r: &RelayStatus| r.pending_root_events,
+        ),
+    ] {
+        p.family(name, "gauge", help);
+        for r in &status.relays {
+            let url = r.url.as_str();
+            p.sample(name, &[("relay", url), ("kind", "repository")], repos(r));
+            p.sample(name, &[("relay", url), ("kind", "root_event")], roots(r));
+        }
+    }
+    let counters: [(&str, &str, fn(&RelayStatus) -> u64); 10] = [
+        (
+            "relay_failed_batches_total",
+            "Batches of the relay that failed (EOSE deadline, CLOSED, disconnect).",
+            |r| r.failed_batches,
+        ),
+        (
+            "relay_incomplete_queries_total",
+            "Queries whose history the relay could not deliver completely.",
+            |r| r.incomplete_queries,
+        ),
+        (
+            "relay_connects_total",
+            "Connections to the relay established.",
+            |r| r.connects,
+        ),
+        (
+            "relay_disconnects_total",
+            "Connections to the relay lost or failed (reconnects).",
+            |r| r.disconnects,
+        ),
+        (
+            "relay_events_received_total",
+            "EVENT messages received from the relay.",
+            |r| r.events_received,
+        ),
+        (
+            "relay_events_accepted_total",
+            "Events from the relay that passed every check.",
+            |r| r.events_accepted,
+        ),
+        (
+            "relay_events_invalid_total",
+            "Events from the relay with a bad id or signature, or malformed.",
+            |r| r.events_invalid,
+        ),
+        (
+            "relay_events_unmatched_total",
+            "Events from the relay that did not match their subscription.",
+            |r| r.events_unmatched,
+        ),
+        (
+            "relay_notices_total",
+            "NOTICE messages from the relay.",
+            |r| r.notices,
+        ),
+        (
+            "relay_closed_total",
+            "CLOSED messages from the relay.",
+            |r| r.closed,
+        ),
+    ];
+    for (name, help, f) in counters {
+        p.per_relay(status, name, "counter", help, f);
+    }
+    p.single(
+        "events_forwarded_total",
+        "counter",
+        "Events the own relay stored.",
+        status.forwarded,
+    );
+    p.single(
+        "events_duplicate_total",
+        "counter",
+        "Events the own relay already had.",
+        status.duplicates,
+    );
+    p.family(
+        "events_rejected_total",
+        "counter",
+        "Events the own relay rejected, by the prefix of its reason.",
+    );
+    for (reason, n) in &status.rejected_by_reason {
+        p.sample("events_rejected_total", &[("reason", reason)], n);
+    }
+    p.single(
+        "events_invalid_total",
+        "counter",
+        "Events dropped for a bad id or signature, or malformed (all relays).",
+        status.invalid,
+    );
+    p.family(
+        "events_unmatched_total",
+        "counter",
+        "Events dropped before forwarding, by cause.",
+    );
+    let unknown_sub: u64 = status
+        .relays
+        .iter()
+        .map(|r| r.events_unknown_subscription)
+        .sum();
+    p.sample(
+        "events_unmatched_total",
+        &[("cause", "filter")],
+        status.unmatched,
+    );
+    p.sample(
+        "events_unmatched_total",
+        &[("cause", "unknown_subscription")],
+        unknown_sub,
+    );
+    let c = &status.sync;
+    p.family(
+        "closed_total",
+        "counter",
+        "CLOSED messages from remote relays handled by the sync logic, by kind.",
+    );
+    p.sample(
+        "closed_total",
+        &[("kind", "rate_limited")],
+        c.closed_rate_limited,
+    );
+    p.sample(
+        "closed_total",
+        &[("kind", "auth_required")],
+        c.closed_auth_required,
+    );
+    p.sample("closed_total", &[("kind", "refused")], c.closed_refused);
+    p.family(
+        "notices_total",
+        "counter",
+        "NOTICE messages from remote relays, by kind.",
+    );
+    p.sample(
+        "notices_total",
+        &[("kind", "rate_limit")],
+        c.notices_rate_limit,
+    );
+    p.sample("notices_total", &[("kind", "other")], c.notices_other);
+    for (name, help, v) in [
+        (
+            "batches_confirmed_total",
+            "Batches confirmed (every query saw EOSE).",
+            c.batches_confirmed,
+        ),
+        (
+            "batches_failed_total",
+            "Batches failed (EOSE deadline, CLOSED, disconnect).",
+            c.batches_failed,
+        ),
+        (
+            "pages_requested_total",
+            "Pages of older history requested from capped relays.",
+            c.pages_requested,
+        ),
+        (
+            "queries_resent_total",
+            "Queries sent again because no EOSE came in time.",
+            c.queries_resent,
+        ),
+        (
+            "queries_resumed_total",
+            "History queries continued after a quick reconnect.",
+            c.queries_resumed,
+        ),
+        (
+            "consolidations_total",
+            "Consolidations and live-set rebuilds.",
+            c.consolidations,
+        ),
+        (
+            "daily_resyncs_total",
+            "Daily full resyncs.",
+            c.daily_resyncs,
+        ),
+        (
+            "relays_refused_total",
+            "Relays not connected because a cap was reached.",
+            c.relays_refused,
+        ),
+        (
+            "forward_resent_total",
+            "Events the forwarder sent to the own relay again.",
+            status.forward_resent,
+        ),
+    ] {
+        p.single(name, "counter", help, v);
+    }
+    p.single(
+        "forward_queue_depth",
+        "gauge",
+        "Events queued or in flight in the forwarder.",
+        status.forward_queue_depth,
+    );
+    p.single(
+        "forward_backlog",
+        "gauge",
+        "Events handed to the forwarder and not yet answered by the own relay.",
+        status.forward_backlog,
+    );
+    let l = &status.ok_latency;
+    p.family(
+        "ok_latency_seconds",
+        "histogram",
+        "Time from sending an event to the own relay's OK.",
+    );
+    for (i, n) in l.cumulative.iter().enumerate() {
+        let le = l
+            .bounds_ms
+            .get(i)
+            .map_or("+Inf".to_string(), |ms| format!("{}", *ms as f64 / 1000.0));
+        p.sample("ok_latency_seconds_bucket", &[("le", &le)], n);
+    }
+    p.sample("ok_latency_seconds_sum", &[], l.sum_secs);
+    p.sample("ok_latency_seconds_count", &[], l.count);
+    p.out
+}
+
+/// The `/status` JSON document.
+pub fn status_json(status: &Status) -> Value {
+    let relays: Vec<Value> = status
+        .relays
+        .iter()
+        .map(|r| {
+            json!({
+                "url": r.url.as_str(),
+                "connection": connection_word(r.connection_status),
+                "health": health_word(r.health),
+                "bootstrap": r.is_bootstrap,
+                "last_connected": r.last_connected.map(|t| t.timestamp().as_secs()),
+                "last_error": r.last_error,
+                "catch_up_since": r.catch_up_since,
+                "open_subscriptions": r.open_subscriptions,
+                "queued_queries": r.queued_queries,
+                "polled_queries": r.polled_queries,
+                "target": {"repositories": r.target_repos, "root_events": r.target_root_events},
+                "confirmed": {"repositories": r.confirmed_repos, "root_events": r.confirmed_root_events},
+                "pending": {"batches": r.pending_batches, "repositories": r.pending_repos, "root_events": r.pending_root_events},
+                "failed_batches": r.failed_batches,
+                "incomplete_queries": r.incomplete_queries,
+                "events": {
+                    "received": r.events_received,
+                    "accepted": r.events_accepted,
+                    "invalid": r.events_invalid,
+                    "unmatched": r.events_unmatched,
+                    "unknown_subscription": r.events_unknown_subscription,
+                },
+                "notices": r.notices,
+                "closed": r.closed,
+                "garbage_frames": r.garbage_frames,
+                "auth_challenges": r.auth_challenges,
+                "connects": r.connects,
+                "disconnects": r.disconnects,
+            })
+        })
+        .collect();
+    let rejected: serde_json::Map<String, Value> = status
+        .rejected_by_reason
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let c = &status.sync;
+    json!({
+        "schema": STATUS_SCHEMA_VERSION,
+        "version": env!("CARGO_PKG_VERSION"),
+        "settled": status.is_settled(),
+        "own_relay": connection_word(status.own_relay),
+        "forwarder_connected": status.forwarder_connected,
+        "self_sync_pending": status.self_sync_pending,
+        "repositories": status.repos,
+        "root_events": status.root_events,
+        "forward": {
+            "stored": status.forwarded,
+            "duplicates": status.duplicates,
+            "rejected": status.rejected,
+            "rejected_by_reason": rejected,
+            "backlog": status.forward_backlog,
+            "queue_depth": status.forward_queue_depth,
+            "resent": status.forward_resent,
+            "ok_latency_count": status.ok_latency.count,
+            "ok_latency_sum_seconds": status.ok_latency.sum_secs,
+        },
+        "invalid": status.invalid,
+        "unmatched": status.unmatched,
+        "sync": {
+            "batches_confirmed": c.batches_confirmed,
+            "batches_failed": c.batches_failed,
+            "pages_requested": c.pages_requested,
+            "incomplete_queries": c.incomplete_queries,
+            "queries_resent": c.queries_resent,
+            "queries_resumed": c.queries_resumed,
+            "rate_limited": c.rate_limited,
+            "relays_refused": c.relays_refused,
+            "closed_by_relay": c.closed_by_relay,
+            "consolidations": c.consolidations,
+            "daily_resyncs": c.daily_resyncs,
+            "self_events": c.self_events,
+            "self_batches": c.self_batches,
+        },
+        "relays": relays,
+    })
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The per-relay table of a `/status` document, for a terminal.
+pub fn table(doc: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "own relay: {}   settled: {}   repositories: {}   root events: {}   forwarded: {}   backlog: {}",
+        s(&doc["own_relay"]),
+        s(&doc["settled"]),
+        s(&doc["repositories"]),
+        s(&doc["root_events"]),
+        s(&doc["forward"]["stored"]),
+        s(&doc["forward"]["backlog"]),
+    );
+    let header = [
+        "RELAY",
+        "STATE",
+        "HEALTH",
+        "SUBS",
+        "REPOS",
+        "ROOTS",
+        "PENDING",
+        "FAILED",
+        "INCOMPL",
+        "EVENTS",
+        "LAST ERROR",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for r in doc["relays"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        rows.push(vec![
+            s(&r["url"]),
+            s(&r["connection"]),
+            s(&r["health"]),
+            s(&r["open_subscriptions"]),
+            format!(
+                "{}/{}",
+                s(&r["confirmed"]["repositories"]),
+                s(&r["target"]["repositories"])
+            ),
+            format!(
+                "{}/{}",
+                s(&r["confirmed"]["root_events"]),
+                s(&r["target"]["root_events"])
+            ),
+            s(&r["pending"]["batches"]),
+            s(&r["failed_batches"]),
+            s(&r["incomplete_queries"]),
+            s(&r["events"]["accepted"]),
+            s(&r["last_error"]),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+    out
+}
+
+fn html_escape(v: &str) -> String {
+    v.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// A small server-rendered status page: no JavaScript, no external assets.
+pub fn html(status: &Status) -> String {
+    let doc = status_json(status);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>grasp-sync status</title>\
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse}}\
+td,th{{border:1px solid #ccc;padding:.25em .5em;text-align:left}}th{{background:#eee}}\
+.bad{{color:#a00}}</style></head><body><h1>grasp-sync {}</h1>",
+        html_escape(env!("CARGO_PKG_VERSION"))
+    );
+    let _ = write!(
+        out,
+        "<p>Own relay: <b>{}</b> · settled: <b>{}</b> · repositories: {} · root events: {} · \
+forwarded: {} · duplicates: {} · rejected: {} · backlog: {}</p>",
+        html_escape(&s(&doc["own_relay"])),
+        s(&doc["settled"]),
+        status.repos,
+        status.root_events,
+        status.forwarded,
+        status.duplicates,
+        status.rejected,
+        status.forward_backlog
+    );
+    out.push_str(
+        "<table><tr><th>Relay</th><th>State</th><th>Health</th><th>Subscriptions</th>\
+<th>Repositories</th><th>Root events</th><th>Pending batches</th><th>Failed batches</th>\
+<th>Incomplete</th><th>Events</th><th>Last error</th></tr>",
+    );
+    for r in &status.relays {
+        let bad = r.connection_status != ConnectionStatus::Connected;
+        let _ = write!(
+            out,
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}/{}</td>\
+<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            if bad { " class=\"bad\"" } else { "" },
+            html_escape(r.url.as_str()),
+            connection_word(r.connection_status),
+            health_word(r.health),
+            r.open_subscriptions,
+            r.confirmed_repos,
+            r.target_repos,
+            r.confirmed_root_events,
+            r.target_root_events,
+            r.pending_batches,
+            r.failed_batches,
+            r.incomplete_queries,
+            r.events_accepted,
+            html_escape(r.last_error.as_deref().unwrap_or("")),
+        );
+    }
+    out.push_str("</table><p><a href=\"/metrics\">/metrics</a> · <a href=\"/status\">/status</a> · <a href=\"/healthz\">/healthz</a></p></body></html>\n");
+    out
+}
