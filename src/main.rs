@@ -247,7 +247,7 @@ fn with_env(
     let mut out = args.to_vec();
     for fl in flags {
         let name = format!("--{}", fl.flag);
-        if args.iter().any(|a| *a == name) {
+        if args.contains(&name) {
             continue;
         }
         let Some(value) = env(fl.env).filter(|v| !v.trim().is_empty()) else {

@@ -479,6 +479,20 @@ impl ConnectionThread {
         }
     }
 
+    /// Counts an event that failed its checks; the first from this relay is logged at warn
+    /// level, the rest at debug (an invalid event per line would flood the log).
+    fn invalid_event(&self, sub_id: &impl std::fmt::Display, e: &impl std::fmt::Display) {
+        RelayCounters::inc(&self.counters.events_invalid);
+        if RelayCounters::get(&self.counters.events_invalid) == 1 {
+            warn!(
+                "{}: dropped an invalid event on {sub_id}: {e} (dropped and counted; further ones are logged at debug level)",
+                self.url
+            );
+        } else {
+            debug!("{}: dropped an invalid event on {sub_id}: {e}", self.url);
+        }
+    }
+
     /// Handles one text frame. Returns false when the engine is stopping.
     fn handle_text(&self, ctx: &mut Session<'_>, text: &str) -> bool {
         let generation = ctx.generation;
@@ -504,8 +518,7 @@ impl ConnectionThread {
                         if !sub.eose {
                             sub.stats.received += 1;
                         }
-                        RelayCounters::inc(&self.counters.events_invalid);
-                        warn!("{}: dropped an invalid event on {sub_id}: {e}", self.url);
+                        self.invalid_event(&sub_id, &e);
                         return true;
                     }
                 };
@@ -538,10 +551,7 @@ impl ConnectionThread {
                             self.url
                         );
                     }
-                    Err(e) => {
-                        RelayCounters::inc(&self.counters.events_invalid);
-                        warn!("{}: dropped an invalid event on {sub_id}: {e}", self.url);
-                    }
+                    Err(e) => self.invalid_event(&sub_id, &e),
                 }
             }
             Incoming::Eose(sub_id) => {

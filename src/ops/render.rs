@@ -38,6 +38,9 @@ fn label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// Reads one per-relay counter.
+type RelayCounter = fn(&RelayStatus) -> u64;
+
 struct Prom {
     out: String,
 }
@@ -182,7 +185,7 @@ pub fn prometheus(status: &Status) -> String {
             p.sample(name, &[("relay", url), ("kind", "root_event")], roots(r));
         }
     }
-    let counters: [(&str, &str, fn(&RelayStatus) -> u64); 10] = [
+    let counters: [(&str, &str, RelayCounter); 10] = [
         (
             "relay_failed_batches_total",
             "Batches of the relay that failed (EOSE deadline, CLOSED, disconnect).",

@@ -140,11 +140,20 @@ impl SyncMachine {
             .own_link
             .health
             .next_attempt(now, &self.config.backoff, self.jitter.unit());
-        warn!(
-            "own relay {} unavailable ({reason}); retrying in {:.1}s",
+        let line = format!(
+            "own relay {} unavailable ({}); retrying in {:.1}s (failures: {})",
             self.config.own_relay,
-            at.since(now).as_secs_f64()
+            crate::core::complaints::loggable(reason, 200),
+            at.since(now).as_secs_f64(),
+            self.own_link.health.failures()
         );
+        // The same failure again is logged at debug level only (counted in failures).
+        if self.own_link.last_error.as_deref() == Some(reason) {
+            debug!("{line}");
+        } else {
+            warn!("{line}");
+        }
+        self.own_link.last_error = Some(reason.to_string());
         self.own_link.next_attempt = Some(at);
     }
 

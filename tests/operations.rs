@@ -1,0 +1,425 @@
+//! The operator's surface over real sockets: the metrics listener (`/metrics`, `/status`,
+//! `/`, `/healthz`) and the `grasp-sync` binary (`--once` exit codes, SIGTERM, environment
+//! variables, bad values, `status`, the README's CLI table).
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use grasp_sync::ops::http::get;
+use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::{Config, SyncHandle};
+use nostr::event::FinalizeEvent;
+
+const BIN: &str = env!("CARGO_BIN_EXE_grasp-sync");
+const WAIT: Duration = Duration::from_secs(60);
+
+fn engine_config(own: &TestRelay) -> Config {
+    Config::new(url(own)).batch_window(Duration::from_millis(100))
+}
+
+/// An own relay holding one repository announced on `remote`, whose issue and reply are on
+/// `remote`; the engine is started and has converged.
+fn synced() -> (
+    TestRelay,
+    TestRelay,
+    Arc<SyncHandle>,
+    HashSet<nostr::event::EventId>,
+) {
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = OneRepo::new(&remote);
+    own.insert(&r.ann);
+    remote.insert(&r.ann);
+    remote.insert(&r.issue);
+    let reply = r.reply("a reply");
+    remote.insert(&reply);
+    let want: HashSet<_> = [r.ann.id, r.issue.id, reply.id].into_iter().collect();
+    let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
+    assert!(
+        wait_until(WAIT, || own.event_ids() == want
+            && handle.status().is_settled()),
+        "sync did not converge: {:#?}",
+        handle.status()
+    );
+    (own, remote, handle, want)
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn http_listener_serves_metrics_status_page_and_health_after_a_sync() {
+    init_logging();
+    let (own, remote, handle, want) = synced();
+    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    let addr = server.local_addr();
+
+    let (code, text) = get(addr, "/metrics", WAIT).unwrap();
+    assert_eq!(code, 200);
+    // The events forwarded are those the own relay stored (all but the announcement, which
+    // was there before).
+    assert_eq!(
+        metric(&text, "grasp_sync_events_forwarded_total"),
+        Some((want.len() - 1) as f64),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "grasp_sync_repositories"), Some(1.0));
+    assert_eq!(metric(&text, "grasp_sync_own_relay_connected"), Some(1.0));
+    let relay_label = format!("relay=\"{}\"", remote.url());
+    assert!(text
+        .lines()
+        .any(|l| l.starts_with("grasp_sync_relay_connected{")
+            && l.contains(&relay_label)
+            && l.ends_with(" 1")));
+    assert!(text.contains("# TYPE grasp_sync_ok_latency_seconds histogram"));
+    // Every metric family is documented for operators.
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    for family in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE grasp_sync_"))
+    {
+        let name = family.split_whitespace().next().unwrap();
+        assert!(
+            ops.contains(&format!("| `{name}` |")),
+            "{name} in docs/operations.md"
+        );
+    }
+    let count = metric(&text, "grasp_sync_ok_latency_seconds_count").unwrap();
+    assert!(count >= 2.0, "every stored event had its OK timed: {count}");
+
+    // /status, settled and with the per-relay fields.
+    assert!(wait_until(WAIT, || {
+        let (_, body) = get(addr, "/status", WAIT).unwrap();
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["settled"] == true
+    }));
+    let (code, body) = get(addr, "/status", WAIT).unwrap();
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["schema"], 1);
+    assert_eq!(doc["own_relay"], "connected");
+    assert_eq!(doc["repositories"], 1);
+    assert_eq!(doc["forward"]["stored"], (want.len() - 1) as u64);
+    let r = &doc["relays"][0];
+    assert_eq!(r["url"], remote.url());
+    assert_eq!(r["connection"], "connected");
+    assert_eq!(r["confirmed"]["repositories"], 1);
+    assert!(r["last_connected"].as_u64().is_some());
+    for key in [
+        "last_error",
+        "catch_up_since",
+        "incomplete_queries",
+        "failed_batches",
+    ] {
+        assert!(r.get(key).is_some(), "{key} in {r}");
+    }
+    // The status page for people: the per-relay table.
+    let (code, page) = get(addr, "/", WAIT).unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("<table") && page.contains(&remote.url()),
+        "{page}"
+    );
+    assert!(!page.contains("<script"));
+    // Healthy now; unhealthy when the own relay goes down.
+    assert_eq!(get(addr, "/healthz", WAIT).unwrap().0, 200);
+    own.stop();
+    assert!(wait_until(WAIT, || get(addr, "/healthz", WAIT).unwrap().0 == 503));
+    let (_, why) = get(addr, "/healthz", WAIT).unwrap();
+    assert!(why.contains("own relay"), "{why}");
+    assert_eq!(get(addr, "/nope", WAIT).unwrap().0, 404);
+}
+
+#[test]
+fn a_slow_client_does_not_stall_the_listener() {
+    let own = TestRelay::start();
+    let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
+    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    let addr = server.local_addr();
+    // Clients that connect and send nothing, or trickle a request for ever.
+    let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    idle[0].write_all(b"GET /met").unwrap();
+    let started = Instant::now();
+    let (code, _) = get(addr, "/metrics", Duration::from_secs(10)).unwrap();
+    assert_eq!(code, 200);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // An oversized request head is refused, not buffered.
+    let mut big = TcpStream::connect(addr).unwrap();
+    let _ = big.write_all(&vec![b'a'; 64 * 1024]);
+    let mut answer = String::new();
+    big.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = big.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+    // The idle ones are cut off after the read deadline.
+    let mut buf = [0u8; 16];
+    idle[1]
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    assert_eq!(
+        idle[1].read(&mut buf).unwrap_or(0),
+        0,
+        "closed by the server"
+    );
+}
+
+// ----- the binary -----
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(args: &[&str], env: &[(&str, &str)]) -> Child {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+/// Waits for the child to exit within `deadline` (killing it otherwise); exit code and
+/// stderr.
+fn finish(mut child: Child, deadline: Duration) -> (Option<i32>, String) {
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    (status.and_then(|s| s.code()), err)
+}
+
+#[test]
+fn once_exits_0_with_the_exact_set_when_every_relay_completes() {
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = OneRepo::new(&remote);
+    own.insert(&r.ann);
+    remote.insert(&r.ann);
+    remote.insert(&r.issue);
+    let reply = r.reply("reply");
+    remote.insert(&reply);
+    let noise = note(&r.keys, "unrelated");
+    remote.insert(&noise);
+    let child = spawn(
+        &["--once", "--batch-window", "200", "--deadline", "120"],
+        &[("GRASP_SYNC_OWN_RELAY", own.url().as_str())],
+    );
+    let (code, err) = finish(child, Duration::from_secs(150));
+    assert_eq!(code, Some(0), "{err}");
+    let want: HashSet<_> = [r.ann.id, r.issue.id, reply.id].into_iter().collect();
+    assert_eq!(own.event_ids(), want, "exactly the related set");
+    assert!(
+        err.contains("complete") && err.contains(&remote.url()),
+        "{err}"
+    );
+}
+
+#[test]
+fn once_exits_1_when_a_relay_is_unreachable() {
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let dead = format!("ws://127.0.0.1:{}", free_port());
+    let keys = nostr::key::Keys::generate();
+    let ann = announcement(&keys, "r", &[&[&remote.url(), &dead]]);
+    own.insert(&ann);
+    remote.insert(&ann);
+    let child = spawn(
+        &[
+            "--own-relay",
+            &own.url(),
+            "--once",
+            "--batch-window",
+            "200",
+            "--connect-timeout",
+            "2",
+            "--deadline",
+            "240",
+        ],
+        &[],
+    );
+    let (code, err) = finish(child, Duration::from_secs(270));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("failed: {dead}")), "{err}");
+    assert!(err.contains("NOT complete"), "{err}");
+}
+
+#[test]
+fn sigterm_during_a_sync_stops_within_the_deadline_and_loses_nothing_queued() {
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = OneRepo::new(&remote);
+    own.insert(&r.ann);
+    remote.insert(&r.ann);
+    let mut want: HashSet<_> = [r.ann.id].into_iter().collect();
+    let mut all = Vec::new();
+    let now = nostr::types::Timestamp::now().as_secs();
+    for i in 0..400u64 {
+        // Distinct seconds, as real history has (a burst in one second beyond the page
+        // size cannot be paged: that is a test of its own).
+        let e =
+            nostr::event::EventBuilder::new(nostr::event::Kind::Custom(1621), format!("issue {i}"))
+                .tag(nostr::event::Tag::parse(["a", &r.repo]).unwrap())
+                .custom_created_at(nostr::types::Timestamp::from_secs(now - 10 * i))
+                .finalize(&r.keys)
+                .unwrap();
+        remote.insert(&e);
+        all.push(e.id);
+    }
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let child = spawn(
+        &[
+            "--own-relay",
+            &own.url(),
+            "--batch-window",
+            "100",
+            "--metrics-addr",
+            &addr.to_string(),
+            "--stop-timeout",
+            "10",
+        ],
+        &[],
+    );
+    // Mid-sync: some events forwarded, not all.
+    assert!(wait_until(WAIT, || own.len() > 1));
+    let started = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, err) = finish(child, Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{err}");
+    // Whatever was stored stays; nothing stored is lost and the rest is still on the
+    // remote relay for the next start, which completes the set.
+    let stored = own.event_ids();
+    want.extend(all.iter().copied());
+    assert!(stored.is_subset(&want));
+    let child = spawn(
+        &["--own-relay", &own.url(), "--once", "--batch-window", "100"],
+        &[],
+    );
+    let (code, err) = finish(child, Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(own.event_ids(), want);
+}
+
+#[test]
+fn bad_values_exit_2_with_the_reason() {
+    for (args, env, needle) in [
+        (vec!["--own-relay", "http://x"], vec![], "--own-relay"),
+        (
+            vec!["--own-relay", "ws://x", "--batch-window", "0"],
+            vec![],
+            "--batch-window",
+        ),
+        (
+            vec!["--own-relay", "ws://x"],
+            vec![("GRASP_SYNC_ONCE", "perhaps")],
+            "GRASP_SYNC_ONCE",
+        ),
+        (
+            vec![],
+            vec![
+                ("GRASP_SYNC_OWN_RELAY", "ws://x"),
+                ("GRASP_SYNC_MAX_RELAYS", "many"),
+            ],
+            "max-relays",
+        ),
+    ] {
+        let child = spawn(&args, &env);
+        let (code, err) = finish(child, Duration::from_secs(20));
+        assert_eq!(code, Some(2), "{args:?} {env:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn status_command_prints_the_table_of_a_running_instance() {
+    let (_own, remote, handle, _) = synced();
+    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    let addr = server.local_addr().to_string();
+    let out = Command::new(BIN)
+        .args(["status", "--metrics-addr", &addr])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("RELAY") && table.contains(&remote.url()),
+        "{table}"
+    );
+    assert!(table.contains("connected"), "{table}");
+    // Nothing listening: a clear error, exit 1.
+    let out = Command::new(BIN)
+        .args([
+            "status",
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--metrics-addr"));
+}
+
+#[test]
+fn readme_cli_table_matches_help() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    let flags: HashSet<String> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|f| format!("--{}", f.trim_end_matches(',')))
+        .filter(|f| f != "--help")
+        .collect();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let documented: HashSet<String> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .filter_map(|l| l.trim_start_matches("| `").split(['`', ' ']).next())
+        .map(str::to_string)
+        .collect();
+    let missing: Vec<_> = flags.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&flags).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "README CLI table: missing {missing:?}, not in --help {stale:?}"
+    );
+}
