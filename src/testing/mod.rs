@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 mod nip11;
 mod relay;
+pub mod tls;
 
 pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions};
 
