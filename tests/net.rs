@@ -48,3 +48,43 @@ fn a_relay_url_with_a_query_stays_reachable_after_normalisation() {
     assert_eq!(r.disconnects, 0, "{r:#?}");
     common::shutdown_clean(handle, &[&own, &remote]);
 }
+
+/// Issue 7 item 6: a stored event above the 1 MiB frame cap used to end the connection; it
+/// was fetched again on every reconnect and the relay flapped for ever. Now it is dropped and
+/// counted once, the connection is kept, and everything else on that relay arrives.
+#[test]
+fn one_oversized_stored_event_does_not_stop_a_relay() {
+    common::init_logging();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = common::OneRepo::new(&remote);
+    own.insert(&r.ann);
+    remote.insert(&r.ann);
+    remote.insert(&r.issue);
+    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    for i in 0..3 {
+        let e = r.reply(&format!("normal reply {i}"));
+        remote.insert(&e);
+        expected.insert(e.id);
+    }
+    let huge = r.reply(&"x".repeat(2 << 20));
+    assert!(huge.as_json().len() > 2 << 20);
+    remote.insert(&huge);
+    let handle = grasp_sync::start(config(&own)).unwrap();
+    let url = common::url(&remote);
+    let relay = |h: &grasp_sync::SyncHandle| h.status().relay(&url).cloned();
+    assert!(
+        wait_until(WAIT, || own.event_ids() == expected
+            && handle.status().is_settled()),
+        "{:#?}",
+        handle.status()
+    );
+    assert!(wait_until(WAIT, || relay(&handle)
+        .is_some_and(|s| s.oversized_frames == 1)));
+    // Settled, and the one connection was never lost: no reconnect loop.
+    let s = relay(&handle).unwrap();
+    assert_eq!((s.connects, s.disconnects), (1, 0), "{s:#?}");
+    assert_eq!(remote.connections_accepted(), 1);
+    assert!(!own.contains(&huge.id));
+    common::shutdown_clean(handle, &[&own, &remote]);
+}

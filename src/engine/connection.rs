@@ -14,7 +14,7 @@
 //! subscription the relay `CLOSED` with `auth-required:` is held back (not reported) until
 //! the relay accepted it, then its REQ is sent again ([`AuthState`] decides).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use tungstenite::Message;
 use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, OnChallenge};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{
-    check_parsed, parse_event, parse_relay_frame, EventRejection, Incoming,
+    check_parsed, escape_for_log, parse_event, parse_relay_frame, EventRejection, Incoming,
 };
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
@@ -40,6 +40,9 @@ use crate::engine::Input;
 use crate::net::nip11;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, Socket, WsOptions};
+
+/// Ids of oversized events one relay thread remembers (so each is counted and logged once).
+pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
 
 /// Commands from the coordinator to a relay thread.
 #[derive(Debug, Clone)]
@@ -138,6 +141,7 @@ impl ConnectionThread {
     pub fn run(self) {
         let mut next: Option<u64> = None;
         let mut limits_known = false;
+        let mut oversized_seen = HashSet::new();
         loop {
             let generation = match next.take() {
                 Some(g) => g,
@@ -149,7 +153,7 @@ impl ConnectionThread {
             if !limits_known {
                 limits_known = self.fetch_limits();
             }
-            match self.session(generation) {
+            match self.session(generation, &mut oversized_seen) {
                 SessionEnd::Lost => {}
                 SessionEnd::Reconnect(g) => next = Some(g),
                 SessionEnd::Stop => break,
@@ -233,7 +237,7 @@ impl ConnectionThread {
         });
     }
 
-    fn session(&self, generation: u64) -> SessionEnd {
+    fn session(&self, generation: u64, oversized_seen: &mut HashSet<EventId>) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
         let mut socket = match ws::connect(&self.url, &self.ws) {
             Ok(s) => s,
@@ -321,6 +325,9 @@ impl ConnectionThread {
                 Ok(msg) => {
                     keepalive.on_activity();
                     match msg {
+                        Message::Text(text) if text.len() > self.ws.max_event_size => {
+                            self.oversized(&mut subs, oversized_seen, text.as_str());
+                        }
                         Message::Text(text) => {
                             let mut ctx = Session {
                                 generation,
@@ -384,6 +391,54 @@ impl ConnectionThread {
             let _ = socket.flush();
         }
         end
+    }
+
+    /// A text frame above the soft cap (`WsOptions::max_event_size`) but below the hard cap:
+    /// dropped and counted; the connection is kept, so a relay storing one oversized event
+    /// does not flap for ever (it would be fetched again on every reconnect). An event is
+    /// counted once per relay however often it arrives (several subscriptions, reconnects;
+    /// at most [`MAX_OVERSIZED_REMEMBERED`] ids are remembered), and logged at warn level the
+    /// first time for this relay, then at debug level. It still counts as received for its
+    /// subscription's paging.
+    fn oversized(&self, subs: &mut HashMap<String, Sub>, seen: &mut HashSet<EventId>, text: &str) {
+        let (size, cap) = (text.len(), self.ws.max_event_size);
+        let event = match parse_relay_frame(text) {
+            Ok(Incoming::Event { sub_id, raw }) => parse_event(raw.get()).ok().map(|e| (sub_id, e)),
+            _ => None,
+        };
+        let what = match &event {
+            Some((sub_id, e)) => {
+                if let Some(sub) = subs.get_mut(sub_id) {
+                    if !sub.eose {
+                        sub.stats.record_event(e);
+                    }
+                }
+                if seen.contains(&e.id) {
+                    debug!(
+                        "{}: dropped event {} again ({size} bytes, above the {cap}-byte cap)",
+                        self.url, e.id
+                    );
+                    return;
+                }
+                if seen.len() < MAX_OVERSIZED_REMEMBERED {
+                    seen.insert(e.id);
+                }
+                format!("event {} on {}", e.id, escape_for_log(sub_id, 64))
+            }
+            None => "a frame".to_string(),
+        };
+        let before = self
+            .counters
+            .oversized_frames
+            .fetch_add(1, Ordering::Relaxed);
+        if before == 0 {
+            warn!("{}: dropped {what} of {size} bytes (above the {cap}-byte cap); the connection is kept, further ones are logged at debug level", self.url);
+        } else {
+            debug!(
+                "{}: dropped {what} of {size} bytes (above the {cap}-byte cap)",
+                self.url
+            );
+        }
     }
 
     /// Reports held subscriptions' `CLOSED` (those still open). False when stopping.

@@ -33,6 +33,9 @@ pub struct RelayCounters {
     pub connects: AtomicU64,
     /// Connections lost or failed.
     pub disconnects: AtomicU64,
+    /// Frames above the soft size cap, dropped with the connection kept (each distinct event
+    /// counted once).
+    pub oversized_frames: AtomicU64,
 }
 
 impl RelayCounters {
@@ -46,7 +49,7 @@ impl RelayCounters {
         c.load(Ordering::Relaxed)
     }
 
-    fn fields(&self) -> [&AtomicU64; 11] {
+    fn fields(&self) -> [&AtomicU64; 12] {
         [
             &self.events_received,
             &self.events_accepted,
@@ -59,6 +62,7 @@ impl RelayCounters {
             &self.auth_challenges,
             &self.connects,
             &self.disconnects,
+            &self.oversized_frames,
         ]
     }
 

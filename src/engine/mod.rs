@@ -82,6 +82,9 @@ pub struct RelayStatus {
     pub connects: u64,
     /// Connections lost or failed.
     pub disconnects: u64,
+    /// Frames above the soft size cap (`WsOptions::max_event_size`), dropped with the
+    /// connection kept; each distinct event is counted once.
+    pub oversized_frames: u64,
 }
 
 /// A snapshot of the engine.
@@ -235,6 +238,7 @@ impl SyncHandle {
                     auth_challenges: get(|c| &c.auth_challenges),
                     connects: get(|c| &c.connects),
                     disconnects: get(|c| &c.disconnects),
+                    oversized_frames: get(|c| &c.oversized_frames),
                     url: s.url,
                     connection_status: s.connection_status,
                     health: s.health,

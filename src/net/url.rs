@@ -259,8 +259,8 @@ mod tests {
             );
             // Normalising again changes nothing.
             assert_eq!(RelayUrl::parse(u.as_str()).unwrap(), u);
-            let req = tungstenite::client::IntoClientRequest::into_client_request(u.as_str())
-                .unwrap();
+            let req =
+                tungstenite::client::IntoClientRequest::into_client_request(u.as_str()).unwrap();
             let pq = req.uri().path_and_query().map(|p| p.as_str().to_string());
             assert!(
                 pq.as_deref().is_none_or(|p| p.starts_with('/')),

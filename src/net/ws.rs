@@ -31,9 +31,13 @@ pub struct WsOptions {
     pub connect_timeout: Duration,
     /// Read timeout after the handshake: the loop's tick.
     pub tick: Duration,
-    /// Largest accepted message.
+    /// Soft cap: the largest text message handled. A larger one (below the hard cap) is
+    /// dropped and counted, and the connection is kept, so one oversized stored event cannot
+    /// make a relay flap for ever (it would be fetched again on every reconnect).
+    pub max_event_size: usize,
+    /// Hard cap: the largest message tungstenite reads; a larger one ends the connection.
     pub max_message_size: usize,
-    /// Largest accepted frame.
+    /// Hard cap on one frame (as `max_message_size`).
     pub max_frame_size: usize,
     /// Read buffer per connection (tungstenite's default is 128 KiB).
     pub read_buffer_size: usize,
@@ -46,8 +50,9 @@ impl Default for WsOptions {
         WsOptions {
             connect_timeout: Duration::from_secs(10),
             tick: Duration::from_millis(50),
-            max_message_size: 1 << 20,
-            max_frame_size: 1 << 20,
+            max_event_size: 1 << 20,
+            max_message_size: 16 << 20,
+            max_frame_size: 16 << 20,
             read_buffer_size: 16 * 1024,
             write_buffer_size: 16 * 1024,
         }
@@ -60,7 +65,7 @@ impl WsOptions {
         WebSocketConfig::default()
             .read_buffer_size(self.read_buffer_size)
             .write_buffer_size(self.write_buffer_size)
-            .max_write_buffer_size(self.write_buffer_size.max(self.max_message_size) * 4)
+            .max_write_buffer_size(self.write_buffer_size.max(self.max_event_size) * 4)
             .max_message_size(Some(self.max_message_size))
             .max_frame_size(Some(self.max_frame_size))
     }
