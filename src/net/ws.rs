@@ -11,6 +11,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,79 @@ use tungstenite::{Connector, WebSocket};
 use crate::net::url::RelayUrl;
 
 /// A websocket to a relay.
-pub type Socket = WebSocket<MaybeTlsStream<TcpStream>>;
+pub type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
+
+/// Most DNS look-ups running at once on helper threads; more fail at once. A look-up that
+/// outlives its deadline keeps its thread until the system resolver returns, so this bounds
+/// the threads a slow resolver can pile up.
+pub const MAX_DNS_IN_FLIGHT: usize = 32;
+
+/// A TCP stream with an optional overall deadline on every read and write.
+///
+/// During the TLS and websocket handshakes the deadline is set: each read or write gets only
+/// the time left, and once it has passed they fail with `TimedOut`. A server that trickles
+/// one byte at a time therefore cannot hold a thread beyond the connect deadline (a read
+/// timeout alone restarts with every byte). After the handshake the deadline is cleared and
+/// the stream is a plain `TcpStream`.
+#[derive(Debug)]
+pub struct DeadlineStream {
+    tcp: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl DeadlineStream {
+    /// Wraps `tcp` with an overall `deadline` (none: a plain stream).
+    pub fn new(tcp: TcpStream, deadline: Option<Instant>) -> DeadlineStream {
+        DeadlineStream { tcp, deadline }
+    }
+
+    /// The TCP stream.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Sets or clears the deadline.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// The time left before the deadline (an error once it has passed).
+    fn left(&self) -> io::Result<Option<Duration>> {
+        match self.deadline {
+            None => Ok(None),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+                } else {
+                    Ok(Some(left))
+                }
+            }
+        }
+    }
+}
+
+impl io::Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(left) = self.left()? {
+            self.tcp.set_read_timeout(Some(left))?;
+        }
+        self.tcp.read(buf)
+    }
+}
+
+impl io::Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(left) = self.left()? {
+            self.tcp.set_write_timeout(Some(left))?;
+        }
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.tcp.flush()
+    }
+}
 
 /// Limits and deadlines of one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,11 +191,57 @@ pub fn tls_config() -> Arc<rustls::ClientConfig> {
         .clone()
 }
 
-fn resolve(url: &RelayUrl) -> Result<Vec<SocketAddr>, ConnectError> {
-    let addrs: Vec<SocketAddr> = (url.host_for_resolve(), url.port())
-        .to_socket_addrs()
-        .map_err(ConnectError::Resolve)?
-        .collect();
+/// Resolves `url`'s host within `timeout`. An IP literal needs no look-up; a name is looked up
+/// on a helper thread ([`resolve_with`]).
+pub fn resolve(url: &RelayUrl, timeout: Duration) -> Result<Vec<SocketAddr>, ConnectError> {
+    let host = url.host_for_resolve();
+    let port = url.port();
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let host = host.to_string();
+    resolve_with(timeout, move || {
+        (host.as_str(), port).to_socket_addrs().map(|a| a.collect())
+    })
+}
+
+/// Runs the look-up `lookup` on a helper thread and waits for it at most `timeout`: the
+/// system resolver has no deadline of its own. At most [`MAX_DNS_IN_FLIGHT`] look-ups run at
+/// once; a look-up that times out finishes on its thread and its answer is dropped.
+pub fn resolve_with(
+    timeout: Duration,
+    lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> Result<Vec<SocketAddr>, ConnectError> {
+    static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+    if IN_FLIGHT.fetch_add(1, Ordering::SeqCst) >= MAX_DNS_IN_FLIGHT {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        return Err(ConnectError::Resolve(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "too many DNS look-ups in flight",
+        )));
+    }
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let spawned = std::thread::Builder::new()
+        .name("dns".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let _ = tx.send(lookup());
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        return Err(ConnectError::Resolve(e));
+    }
+    let addrs = match rx.recv_timeout(timeout) {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => return Err(ConnectError::Resolve(e)),
+        Err(_) => {
+            return Err(ConnectError::Resolve(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "DNS look-up deadline passed",
+            )))
+        }
+    };
     if addrs.is_empty() {
         return Err(ConnectError::Resolve(io::Error::new(
             io::ErrorKind::NotFound,
@@ -136,7 +255,7 @@ fn resolve(url: &RelayUrl) -> Result<Vec<SocketAddr>, ConnectError> {
 pub fn connect_tcp(url: &RelayUrl, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let deadline = Instant::now() + timeout;
     let mut last = io::Error::new(io::ErrorKind::TimedOut, "no address tried");
-    for addr in resolve(url)? {
+    for addr in resolve(url, timeout)? {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
@@ -152,17 +271,11 @@ pub fn connect_tcp(url: &RelayUrl, timeout: Duration) -> Result<TcpStream, Conne
 /// Connects a websocket to `url` within `opts.connect_timeout`, then sets the read timeout
 /// to `opts.tick`.
 pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError> {
-    let start = Instant::now();
+    let deadline = Instant::now() + opts.connect_timeout;
     let tcp = connect_tcp(url, opts.connect_timeout)?;
     let _ = tcp.set_nodelay(true);
-    let left = opts
-        .connect_timeout
-        .saturating_sub(start.elapsed())
-        .max(Duration::from_millis(10));
-    tcp.set_read_timeout(Some(left))
-        .map_err(ConnectError::Tcp)?;
-    tcp.set_write_timeout(Some(left))
-        .map_err(ConnectError::Tcp)?;
+    // One deadline for TLS and websocket handshakes together, however the peer paces bytes.
+    let tcp = DeadlineStream::new(tcp, Some(deadline));
     let request = url
         .as_str()
         .into_client_request()
@@ -172,7 +285,7 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
     } else {
         Connector::Plain
     };
-    let (socket, _response) = match tungstenite::client_tls_with_config(
+    let (mut socket, _response) = match tungstenite::client_tls_with_config(
         request,
         tcp,
         Some(opts.websocket_config()),
@@ -192,6 +305,11 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
             return Err(ConnectError::Handshake(e.to_string()))
         }
     };
+    match socket.get_mut() {
+        MaybeTlsStream::Plain(s) => s.set_deadline(None),
+        MaybeTlsStream::Rustls(s) => s.sock.set_deadline(None),
+        _ => unreachable!("only plain and rustls streams are enabled"),
+    }
     let tcp = tcp_of(&socket);
     tcp.set_read_timeout(Some(opts.tick))
         .map_err(ConnectError::Tcp)?;
@@ -203,8 +321,8 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
 /// The TCP stream under a websocket (plain or TLS).
 pub fn tcp_of(socket: &Socket) -> &TcpStream {
     match socket.get_ref() {
-        MaybeTlsStream::Plain(s) => s,
-        MaybeTlsStream::Rustls(s) => s.get_ref(),
+        MaybeTlsStream::Plain(s) => s.tcp(),
+        MaybeTlsStream::Rustls(s) => s.get_ref().tcp(),
         // MaybeTlsStream is non-exhaustive; only the variants above are enabled.
         _ => unreachable!("only plain and rustls streams are enabled"),
     }
@@ -240,6 +358,97 @@ mod tests {
         assert!(matches!(err, ConnectError::Timeout), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
         drop(listener);
+    }
+
+    /// Connects to a server that accepts and then sends a well-formed response head that never
+    /// ends, `chunk` bytes every `interval` (each within the read timeout). Returns what
+    /// `connect` gave, or `None` if it did not return within 30 s.
+    fn connect_to_trickler(
+        chunk: usize,
+        interval: Duration,
+        connect_timeout: Duration,
+    ) -> Option<Result<(), ConnectError>> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let server = std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut s, _) = listener.accept().unwrap();
+            let mut head = b"HTTP/1.1 101 Switching Protocols\r\n".to_vec();
+            for i in 0..20_000 {
+                head.extend_from_slice(format!("X-Slow-{i}: a\r\n").as_bytes());
+            }
+            for piece in head.chunks(chunk) {
+                if stop2.load(Ordering::SeqCst) || s.write_all(piece).is_err() {
+                    break;
+                }
+                std::thread::sleep(interval);
+            }
+        });
+        let url = RelayUrl::parse(&format!("ws://127.0.0.1:{port}")).unwrap();
+        let opts = WsOptions {
+            connect_timeout,
+            ..WsOptions::default()
+        };
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(connect(&url, &opts).map(|_| ()));
+        });
+        let result = rx.recv_timeout(Duration::from_secs(30)).ok();
+        stop.store(true, Ordering::SeqCst);
+        let _ = server.join();
+        result
+    }
+
+    /// Issue 7 item 7: the deadline used to be per read, so a server trickling bytes (each
+    /// within the read timeout) held the thread until tungstenite's own header checks gave
+    /// up (64 s at one byte per second, about 50 s for 200-byte pieces every 150 ms). The
+    /// handshake now has one total deadline.
+    #[test]
+    fn trickling_server_fails_within_the_connect_deadline() {
+        for (chunk, interval, deadline) in [
+            (1, Duration::from_secs(1), Duration::from_secs(3)),
+            (200, Duration::from_millis(150), Duration::from_secs(1)),
+        ] {
+            match connect_to_trickler(chunk, interval, deadline) {
+                Some(Err(ConnectError::Timeout)) => {}
+                other => panic!(
+                    "{chunk} bytes every {interval:?}: expected a connect timeout, got {other:?}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn dns_lookup_has_a_deadline() {
+        let (release, blocked) = crossbeam_channel::bounded::<()>(1);
+        let err = resolve_with(Duration::from_millis(100), move || {
+            let _ = blocked.recv();
+            Ok(vec!["127.0.0.1:1".parse().unwrap()])
+        })
+        .unwrap_err();
+        // The look-up is still blocked: the answer came from the deadline.
+        assert!(
+            matches!(&err, ConnectError::Resolve(e) if e.kind() == io::ErrorKind::TimedOut),
+            "{err}"
+        );
+        drop(release);
+        let ok = resolve_with(Duration::from_secs(30), || {
+            Ok(vec!["127.0.0.1:1".parse().unwrap()])
+        });
+        assert_eq!(ok.unwrap().len(), 1);
+        let none = resolve_with(Duration::from_secs(30), || Ok(vec![]));
+        assert!(matches!(none, Err(ConnectError::Resolve(_))));
+    }
+
+    #[test]
+    fn ip_literals_need_no_lookup() {
+        let u = RelayUrl::parse("ws://[::1]:7").unwrap();
+        assert_eq!(
+            resolve(&u, Duration::ZERO).unwrap(),
+            vec!["[::1]:7".parse::<SocketAddr>().unwrap()]
+        );
     }
 
     #[test]
