@@ -41,6 +41,9 @@ pub struct Config {
     pub forward: ForwardLimits,
     /// Capacity of the channel from relay threads to the forwarder.
     pub forward_channel: usize,
+    /// Capacity of the coordinator's input channel (reports from every thread; default
+    /// 65,536). Relay threads wait while it is full.
+    pub input_channel: usize,
     /// Interval of the info-level summary line (default 60 s).
     pub summary_interval: Duration,
     /// Time source (default: the system clock).
@@ -174,6 +177,7 @@ impl Config {
             pong_timeout: Duration::from_secs(20),
             forward: ForwardLimits::default(),
             forward_channel: 1024,
+            input_channel: 65_536,
             summary_interval: Duration::from_secs(60),
             clock: Arc::new(SystemClock),
             assumed_page_size: 20,

@@ -88,3 +88,99 @@ fn one_oversized_stored_event_does_not_stop_a_relay() {
     assert!(!own.contains(&huge.id));
     common::shutdown_clean(handle, &[&own, &remote]);
 }
+
+/// Issue 7 item 7: a relay thread, the self-subscription or the forwarder that panics is
+/// noticed by the coordinator, counted in the status and started again; sync continues.
+#[test]
+fn a_panicking_thread_is_restarted_and_sync_continues() {
+    use grasp_sync::engine::PanicTarget;
+    common::init_logging();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = common::OneRepo::new(&remote);
+    own.insert(&r.ann);
+    remote.insert(&r.ann);
+    remote.insert(&r.issue);
+    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    let handle = grasp_sync::start(config(&own)).unwrap();
+    let converged = |expected: &HashSet<EventId>| {
+        wait_until(WAIT, || {
+            own.event_ids() == *expected && handle.status().is_settled()
+        })
+    };
+    assert!(converged(&expected), "{:#?}", handle.status());
+    let remote_url = common::url(&remote);
+    let targets = [
+        PanicTarget::Relay(remote_url.clone()),
+        PanicTarget::Relay(common::url(&own)),
+        PanicTarget::Forwarder,
+    ];
+    for (i, target) in targets.into_iter().enumerate() {
+        handle.inject_panic(target.clone());
+        assert!(
+            wait_until(WAIT, || handle.status().thread_restarts == i as u64 + 1),
+            "{target:?} not restarted: {:#?}",
+            handle.status()
+        );
+        let e = r.reply(&format!("after the panic of {target:?}"));
+        remote.insert(&e);
+        expected.insert(e.id);
+        assert!(
+            converged(&expected),
+            "after {target:?}: {:#?}",
+            handle.status()
+        );
+    }
+    let s = handle.status();
+    assert_eq!(s.forwarder_restarts, 1);
+    assert_eq!(s.relay(&remote_url).unwrap().thread_restarts, 1);
+    assert!(s.coordinator_running);
+    common::shutdown_clean(handle, &[&own, &remote]);
+}
+
+/// Issue 7 item 7: `shutdown` used to `try_send` its message and give up when the
+/// coordinator's input channel was full; the coordinator then ran for ever. Here the
+/// channel (capacity 1) is full while shutdown is called, and everything still stops.
+#[test]
+fn shutdown_with_a_full_input_channel_still_stops() {
+    common::init_logging();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = common::OneRepo::new(&remote);
+    own.insert(&r.ann);
+    remote.insert(&r.ann);
+    remote.insert(&r.issue);
+    let expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    let mut c = config(&own);
+    c.input_channel = 1;
+    let handle = grasp_sync::start(c).unwrap();
+    assert!(wait_until(WAIT, || own.event_ids() == expected
+        && handle.status().is_settled()));
+    let (held_tx, held_rx) = crossbeam_channel::bounded::<()>(1);
+    let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
+    let result = std::thread::scope(|scope| {
+        // Holding a read lock on the machine stalls the coordinator at its next report.
+        scope.spawn(|| {
+            handle.with_machine(|_| {
+                held_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            })
+        });
+        held_rx.recv().unwrap();
+        for i in 0..4 {
+            remote.send_notice(&format!("notice {i}"));
+        }
+        assert!(
+            wait_until(WAIT, || handle.input_backlog() == 1),
+            "the input channel did not fill"
+        );
+        let stopper = scope.spawn(|| handle.shutdown(Duration::from_secs(20)));
+        // The threads see the stop flag and close their sockets: shutdown has run its send.
+        assert!(wait_until(WAIT, || own.current_connections() == 0
+            && remote.current_connections() == 0));
+        release_tx.send(()).unwrap();
+        stopper.join().unwrap()
+    });
+    assert!(result.is_ok(), "{result:?}");
+    assert!(!handle.status().coordinator_running);
+}

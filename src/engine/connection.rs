@@ -70,6 +70,9 @@ pub enum Control {
     },
     /// Close and end the thread.
     Shutdown,
+    /// Test hook: panic in the relay thread (to test that the coordinator restarts it).
+    #[cfg(feature = "testing")]
+    Panic,
 }
 
 /// A checked event on its way into the own relay.
@@ -203,6 +206,8 @@ impl ConnectionThread {
             match self.control.recv_timeout(Duration::from_millis(200)) {
                 Ok(Control::Connect { generation }) => return Some(generation),
                 Ok(Control::Shutdown) => return None,
+                #[cfg(feature = "testing")]
+                Ok(Control::Panic) => panic!("{}: panic injected by a test", self.url),
                 Ok(other) => trace!("{}: dropping {other:?} while disconnected", self.url),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return None,
@@ -307,6 +312,8 @@ impl ConnectionThread {
                             break;
                         }
                     }
+                    #[cfg(feature = "testing")]
+                    Control::Panic => panic!("{}: panic injected by a test", self.url),
                     stale => trace!("{}: dropping stale {stale:?}", self.url),
                 }
             }

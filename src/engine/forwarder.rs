@@ -39,9 +39,13 @@ pub enum ForwarderControl {
     RetryRejected,
     /// Stop.
     Shutdown,
+    /// Test hook: panic in the forwarder thread (to test that the coordinator restarts it).
+    #[cfg(feature = "testing")]
+    Panic,
 }
 
-/// Everything the forwarder thread needs.
+/// Everything the forwarder thread needs (cloned to restart a forwarder that died).
+#[derive(Clone)]
 pub struct Forwarder {
     /// The own relay.
     pub url: RelayUrl,
@@ -134,6 +138,8 @@ impl Forwarder {
                 match c {
                     ForwarderControl::Shutdown => return true,
                     ForwarderControl::RetryRejected => self.retry_rejected(queue),
+                    #[cfg(feature = "testing")]
+                    ForwarderControl::Panic => panic!("forwarder: panic injected by a test"),
                 }
             }
             self.take_events(queue);
@@ -214,6 +220,8 @@ impl Forwarder {
                 match c {
                     ForwarderControl::Shutdown => return true,
                     ForwarderControl::RetryRejected => self.retry_rejected(queue),
+                    #[cfg(feature = "testing")]
+                    ForwarderControl::Panic => panic!("forwarder: panic injected by a test"),
                 }
             }
             if queue.is_idle() {

@@ -33,6 +33,8 @@ pub struct RelayCounters {
     pub connects: AtomicU64,
     /// Connections lost or failed.
     pub disconnects: AtomicU64,
+    /// Times this relay's thread ended unexpectedly and was restarted.
+    pub thread_restarts: AtomicU64,
     /// Frames above the soft size cap, dropped with the connection kept (each distinct event
     /// counted once).
     pub oversized_frames: AtomicU64,
@@ -49,7 +51,7 @@ impl RelayCounters {
         c.load(Ordering::Relaxed)
     }
 
-    fn fields(&self) -> [&AtomicU64; 12] {
+    fn fields(&self) -> [&AtomicU64; 13] {
         [
             &self.events_received,
             &self.events_accepted,
@@ -63,6 +65,7 @@ impl RelayCounters {
             &self.connects,
             &self.disconnects,
             &self.oversized_frames,
+            &self.thread_restarts,
         ]
     }
 
@@ -105,6 +108,10 @@ pub struct Metrics {
     retired: RelayCounters,
     /// Forwarder counters.
     pub forward: ForwardCounters,
+    /// Threads that ended unexpectedly and were restarted (all kinds).
+    pub thread_restarts: AtomicU64,
+    /// Forwarder restarts (included in `thread_restarts`).
+    pub forwarder_restarts: AtomicU64,
 }
 
 impl Metrics {

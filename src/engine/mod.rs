@@ -31,6 +31,19 @@ pub enum Input {
     Report(Report),
     /// Stop everything; join threads until the deadline.
     Shutdown(Instant),
+    /// Test hook: make a thread panic (the coordinator must notice and restart it).
+    #[cfg(feature = "testing")]
+    InjectPanic(PanicTarget),
+}
+
+/// Which thread [`SyncHandle::inject_panic`] makes panic.
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PanicTarget {
+    /// The relay thread of this relay (the own relay's URL: the self-subscription).
+    Relay(RelayUrl),
+    /// The forwarder.
+    Forwarder,
 }
 
 /// One remote relay in a [`Status`].
@@ -82,6 +95,8 @@ pub struct RelayStatus {
     pub connects: u64,
     /// Connections lost or failed.
     pub disconnects: u64,
+    /// Times this relay's thread ended unexpectedly (a panic) and was started again.
+    pub thread_restarts: u64,
     /// Frames above the soft size cap (`WsOptions::max_event_size`), dropped with the
     /// connection kept; each distinct event is counted once.
     pub oversized_frames: u64,
@@ -115,6 +130,14 @@ pub struct Status {
     pub unmatched: u64,
     /// The self-subscription is still reading history or holds a batch not yet applied.
     pub self_sync_pending: bool,
+    /// Threads (relay threads, the self-subscription, the forwarder) that ended unexpectedly
+    /// (a panic) and were started again by the coordinator.
+    pub thread_restarts: u64,
+    /// Times the forwarder was among them.
+    pub forwarder_restarts: u64,
+    /// False once the coordinator thread has ended (after shutdown, or a bug); nothing is
+    /// synced then.
+    pub coordinator_running: bool,
 }
 
 impl Status {
@@ -147,8 +170,8 @@ pub struct SyncHandle {
     config: Config,
     inputs: Sender<Input>,
     stopping: Arc<AtomicBool>,
+    stop_deadline: Arc<Mutex<Option<Instant>>>,
     coordinator: Mutex<Option<JoinHandle<Vec<String>>>>,
-    forwarder: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Starts the engine: the coordinator, the forwarder and (through the coordinator) the
@@ -162,7 +185,8 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
     let machine = Arc::new(RwLock::new(SyncMachine::new(config.sync_config())));
     let metrics = Arc::new(Metrics::default());
     let stopping = Arc::new(AtomicBool::new(false));
-    let (inputs_tx, inputs_rx) = bounded(65_536);
+    let stop_deadline = Arc::new(Mutex::new(None));
+    let (inputs_tx, inputs_rx) = bounded(config.input_channel.max(1));
     let (forward_tx, forward_rx) = bounded(config.forward_channel.max(1));
     let (fctl_tx, fctl_rx) = unbounded();
 
@@ -182,10 +206,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         auth_keys: config.auth_keys.clone(),
         reports: inputs_tx.clone(),
     };
-    let forwarder = std::thread::Builder::new()
-        .name("forwarder".into())
-        .spawn(move || forwarder.run())
-        .map_err(Error::Spawn)?;
+    let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
     let coordinator = Coordinator {
         machine: machine.clone(),
@@ -193,9 +214,12 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         inputs_tx: inputs_tx.clone(),
         forward_tx,
         forwarder: fctl_tx,
+        forwarder_spec: forwarder,
+        forwarder_thread: Some(forwarder_thread),
         config: config.clone(),
         metrics: metrics.clone(),
         stopping: stopping.clone(),
+        stop_deadline: stop_deadline.clone(),
     };
     let coordinator = std::thread::Builder::new()
         .name("coordinator".into())
@@ -208,8 +232,8 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         config,
         inputs: inputs_tx,
         stopping,
+        stop_deadline,
         coordinator: Mutex::new(Some(coordinator)),
-        forwarder: Mutex::new(Some(forwarder)),
     })
 }
 
@@ -238,6 +262,7 @@ impl SyncHandle {
                     auth_challenges: get(|c| &c.auth_challenges),
                     connects: get(|c| &c.connects),
                     disconnects: get(|c| &c.disconnects),
+                    thread_restarts: get(|c| &c.thread_restarts),
                     oversized_frames: get(|c| &c.oversized_frames),
                     url: s.url,
                     connection_status: s.connection_status,
@@ -269,7 +294,26 @@ impl SyncHandle {
             invalid: self.metrics.sum(own, |c| &c.events_invalid),
             unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
             self_sync_pending: m.self_sync_pending(),
+            thread_restarts: self.metrics.thread_restarts.load(Ordering::Relaxed),
+            forwarder_restarts: self.metrics.forwarder_restarts.load(Ordering::Relaxed),
+            coordinator_running: self
+                .coordinator
+                .lock()
+                .as_ref()
+                .is_some_and(|h| !h.is_finished()),
         }
+    }
+
+    /// Reports waiting in the coordinator's input channel (read without a lock).
+    pub fn input_backlog(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Test hook: makes a relay thread, the self-subscription or the forwarder panic, to
+    /// check that the coordinator notices, reports and restarts it.
+    #[cfg(feature = "testing")]
+    pub fn inject_panic(&self, target: PanicTarget) {
+        let _ = self.inputs.send(Input::InjectPanic(target));
     }
 
     /// Read access to the sync machine (indexes, subscriptions) for inspection.
@@ -280,10 +324,14 @@ impl SyncHandle {
     /// Stops every thread and joins them within `deadline`.
     ///
     /// Returns [`Error::ShutdownTimeout`] naming the threads still running at the deadline
-    /// (a thread inside a connect attempt ends at its connect timeout).
+    /// (a thread inside a connect attempt ends at its connect timeout). The coordinator
+    /// stops the forwarder and the relay threads and joins them.
     pub fn shutdown(&self, deadline: Duration) -> Result<(), Error> {
         let end = Instant::now() + deadline;
-        self.stopping.store(true, Ordering::Relaxed);
+        // The deadline and the flag reach the coordinator even when its input channel is
+        // full (the message below is only a wake-up and may not fit).
+        *self.stop_deadline.lock() = Some(end);
+        self.stopping.store(true, Ordering::SeqCst);
         let _ = self.inputs.try_send(Input::Shutdown(end));
         let mut running = Vec::new();
         if let Some(h) = self.coordinator.lock().take() {
@@ -298,16 +346,6 @@ impl SyncHandle {
                 running.push("coordinator".to_string());
             }
         }
-        if let Some(h) = self.forwarder.lock().take() {
-            while !h.is_finished() && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            } else {
-                running.push("forwarder".to_string());
-            }
-        }
         if running.is_empty() {
             Ok(())
         } else {
@@ -318,7 +356,7 @@ impl SyncHandle {
 
 impl Drop for SyncHandle {
     fn drop(&mut self) {
-        if self.coordinator.lock().is_some() || self.forwarder.lock().is_some() {
+        if self.coordinator.lock().is_some() {
             if let Err(e) = self.shutdown(Duration::from_secs(5)) {
                 log::warn!("engine dropped without shutdown: {e}");
             }
