@@ -11,6 +11,7 @@ use crate::core::health::BackoffPolicy;
 use crate::core::sync::SyncConfig;
 use crate::core::time::{Clock, SystemClock};
 use crate::error::Error;
+use crate::net::policy::{AddressPolicy, RelayPattern};
 use crate::net::url::RelayUrl;
 use crate::net::ws::WsOptions;
 
@@ -82,6 +83,17 @@ pub struct Config {
     /// none; relays that require AUTH then refuse us, which is logged per relay). Load it with
     /// [`load_auth_key`].
     pub auth_keys: Option<Keys>,
+    /// Key for the own relay's NIP-42 challenges (self-subscription and forwarder); default:
+    /// none, then [`Config::auth_keys`] is used there too. Lets the own relay trust a key
+    /// that untrusted remote relays never see.
+    pub own_auth_keys: Option<Keys>,
+    /// Connect to relays discovered from events even when they resolve to loopback, private,
+    /// link-local or other non-public addresses (default false; see `net/policy.rs`).
+    pub allow_private_relays: bool,
+    /// Relays never connected to (`--deny-relay`; URL, host or `*.domain` patterns).
+    pub deny_relays: Vec<RelayPattern>,
+    /// Relays exempt from the address check (`--allow-relay`; same patterns).
+    pub allow_relays: Vec<RelayPattern>,
 }
 
 /// Environment variable holding the NIP-42 AUTH key when no `--nsec-file` is given.
@@ -155,6 +167,13 @@ impl std::fmt::Debug for Config {
             .field("eose_timeout", &self.eose_timeout)
             .field("ws", &self.ws)
             .field("auth_keys", &self.auth_keys.as_ref().map(|_| Redacted))
+            .field(
+                "own_auth_keys",
+                &self.own_auth_keys.as_ref().map(|_| Redacted),
+            )
+            .field("allow_private_relays", &self.allow_private_relays)
+            .field("deny_relays", &self.deny_relays)
+            .field("allow_relays", &self.allow_relays)
             .finish_non_exhaustive()
     }
 }
@@ -196,6 +215,32 @@ impl Config {
             refused_retry: Duration::from_secs(600),
             seed: rand::random::<u64>(),
             auth_keys: None,
+            own_auth_keys: None,
+            allow_private_relays: false,
+            deny_relays: Vec::new(),
+            allow_relays: Vec::new(),
+        }
+    }
+
+    /// Lifts (or restores) the address check for relays discovered from events
+    /// ([`Config::allow_private_relays`]).
+    pub fn allow_private_relays(mut self, allow: bool) -> Config {
+        self.allow_private_relays = allow;
+        self
+    }
+
+    /// The address policy of this configuration; `own_addrs` are the own relay's resolved
+    /// addresses (a discovered relay resolving to one of them is refused).
+    pub fn address_policy(&self, own_addrs: Vec<std::net::SocketAddr>) -> AddressPolicy {
+        let mut trusted = vec![self.own_relay.clone()];
+        trusted.extend(self.public_urls.iter().cloned());
+        trusted.extend(self.bootstrap.iter().cloned());
+        AddressPolicy {
+            allow_private: self.allow_private_relays,
+            deny: self.deny_relays.clone(),
+            allow: self.allow_relays.clone(),
+            trusted,
+            own_addrs,
         }
     }
 

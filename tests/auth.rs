@@ -61,7 +61,9 @@ fn seed(own: &TestRelay, remotes: &[&TestRelay], d: &str, replies: usize) -> Vec
 }
 
 fn config(own: &TestRelay, keys: Option<&Keys>) -> Config {
-    let mut c = Config::new(url(own)).batch_window(Duration::from_millis(100));
+    let mut c = Config::new(url(own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     c.backoff.base = Duration::from_millis(200);
     c.backoff.max = Duration::from_secs(1);
     c.forward.ok_timeout = Duration::from_secs(2);

@@ -26,8 +26,9 @@ fn garbage_from_a_remote_relay_is_counted_and_survived() {
     remote.insert(&ann);
     remote.insert(&issue);
     let mut expected: HashSet<EventId> = [ann.id, issue.id].into();
-    let mut config =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let mut config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     config.backoff.base = Duration::from_millis(200);
     let handle = grasp_sync::start(config).unwrap();
     assert!(wait_until(DEADLINE, || own.event_ids() == expected));

@@ -487,6 +487,7 @@ fn assert_outcome(what: &str, o: &Outcome, book: &Book) {
 /// [`DEADLINE`].
 fn engine(own: RelayUrl) -> SyncHandle {
     let config = Config::new(own)
+        .allow_private_relays(true)
         .batch_window(WINDOW)
         .eose_timeout(EOSE_TIMEOUT);
     grasp_sync::start(config).expect("start engine")

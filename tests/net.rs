@@ -14,7 +14,9 @@ use nostr::event::EventId;
 use nostr::key::Keys;
 
 fn config(own: &TestRelay) -> Config {
-    let mut c = Config::new(common::url(own)).batch_window(Duration::from_millis(100));
+    let mut c = Config::new(common::url(own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     c.backoff.base = Duration::from_millis(200);
     c
 }

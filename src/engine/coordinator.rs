@@ -22,6 +22,7 @@ use crate::engine::connection::{self, ConnectionThread, Control, ForwardItem, Ro
 use crate::engine::forwarder::{Forwarder, ForwarderControl};
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
+use crate::net::policy::AddressPolicy;
 use crate::net::url::RelayUrl;
 
 struct RelayThread {
@@ -29,6 +30,14 @@ struct RelayThread {
     handle: JoinHandle<()>,
     /// The generation of the last `Control::Connect` sent to it.
     generation: u64,
+}
+
+/// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
+pub fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
+    config
+        .own_auth_keys
+        .clone()
+        .or_else(|| config.auth_keys.clone())
 }
 
 /// Starts the forwarder thread.
@@ -63,6 +72,8 @@ pub struct Coordinator {
     pub stopping: Arc<AtomicBool>,
     /// The shutdown deadline, set by `SyncHandle::shutdown` before `stopping`.
     pub stop_deadline: Arc<Mutex<Option<Instant>>>,
+    /// The address policy handed to every relay thread.
+    pub policy: Arc<AddressPolicy>,
 }
 
 impl Coordinator {
@@ -351,7 +362,12 @@ impl Coordinator {
             stopping: self.stopping.clone(),
             clock: self.config.clock.clone(),
             nip11_timeout: self.config.nip11_timeout,
-            auth_keys: self.config.auth_keys.clone(),
+            auth_keys: if *relay == self.config.own_relay {
+                own_keys(&self.config)
+            } else {
+                self.config.auth_keys.clone()
+            },
+            policy: self.policy.clone(),
         })?;
         Ok(RelayThread {
             control: tx,

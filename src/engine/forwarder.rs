@@ -23,10 +23,11 @@ use crate::core::auth::{
 use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
+use crate::core::message::escape_for_log;
 use crate::core::message::{parse_relay_frame, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
-use crate::engine::connection::{auth_message, write_text, ForwardItem};
+use crate::engine::connection::{auth_message, write_text, ForwardItem, MAX_RELAY_TEXT};
 use crate::engine::metrics::Metrics;
 use crate::engine::Input;
 use crate::net::url::RelayUrl;
@@ -365,14 +366,21 @@ impl Forwarder {
                 };
                 self.ok_outcome(event_id, &message, outcome);
             }
-            Ok(Incoming::Notice(n)) => info!("own relay NOTICE (forwarder): {n:.200}"),
+            Ok(Incoming::Notice(n)) => info!(
+                "own relay NOTICE (forwarder): {}",
+                escape_for_log(&n, MAX_RELAY_TEXT)
+            ),
             Ok(Incoming::Auth(challenge)) => self.on_challenge(&challenge, auth, socket),
-            Ok(other) => debug!("forwarder: ignoring {other:?}"),
+            Ok(other) => debug!(
+                "forwarder: ignoring {}",
+                escape_for_log(&format!("{other:?}"), MAX_RELAY_TEXT)
+            ),
             Err(e) => debug!("forwarder: unreadable frame from the own relay: {e}"),
         }
     }
 
     fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
+        let message = escape_for_log(message, MAX_RELAY_TEXT);
         match outcome {
             OkOutcome::Stored => {
                 self.resolved();
@@ -393,7 +401,10 @@ impl Forwarder {
             }
             OkOutcome::Rejected(reason) => {
                 self.resolved();
-                info!("own relay rejected {event_id}: {reason}")
+                info!(
+                    "own relay rejected {event_id}: {}",
+                    escape_for_log(&reason.to_string(), MAX_RELAY_TEXT)
+                )
             }
             OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),
         }

@@ -112,7 +112,14 @@ pub struct Metrics {
     pub thread_restarts: AtomicU64,
     /// Forwarder restarts (included in `thread_restarts`).
     pub forwarder_restarts: AtomicU64,
+    /// Relays the address policy refused (each counted once).
+    pub relays_refused: AtomicU64,
+    /// The refused relays and why (at most [`MAX_REFUSED_SHOWN`] kept).
+    refused: RwLock<std::collections::BTreeMap<RelayUrl, String>>,
 }
+
+/// Refused relays kept for the status (the counter goes on).
+pub const MAX_REFUSED_SHOWN: usize = 1_000;
 
 impl Metrics {
     /// The counters of `relay`, created on first use.
@@ -125,6 +132,27 @@ impl Metrics {
             .entry(relay.clone())
             .or_default()
             .clone()
+    }
+
+    /// Records that the address policy refused `relay` (counted once per relay).
+    pub fn refuse(&self, relay: &RelayUrl, reason: &str) {
+        let mut m = self.refused.write();
+        if m.contains_key(relay) {
+            return;
+        }
+        self.relays_refused.fetch_add(1, Ordering::Relaxed);
+        if m.len() < MAX_REFUSED_SHOWN {
+            m.insert(relay.clone(), reason.to_string());
+        }
+    }
+
+    /// The refused relays and why, sorted by URL.
+    pub fn refused(&self) -> Vec<(RelayUrl, String)> {
+        self.refused
+            .read()
+            .iter()
+            .map(|(u, r)| (u.clone(), r.clone()))
+            .collect()
     }
 
     /// The counters of `relay` if it has any.

@@ -135,6 +135,10 @@ pub struct Status {
     pub thread_restarts: u64,
     /// Times the forwarder was among them.
     pub forwarder_restarts: u64,
+    /// Relays refused by the address policy (each counted once).
+    pub relays_refused: u64,
+    /// The refused relays and why (sorted by URL; at most 1,000 shown).
+    pub refused_relays: Vec<(RelayUrl, String)>,
     /// False once the coordinator thread has ended (after shutdown, or a bug); nothing is
     /// synced then.
     pub coordinator_running: bool,
@@ -203,7 +207,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         stopping: stopping.clone(),
         clock: config.clock.clone(),
         seed: config.seed ^ 0x5555,
-        auth_keys: config.auth_keys.clone(),
+        auth_keys: coordinator::own_keys(&config),
         reports: inputs_tx.clone(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
@@ -220,6 +224,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         metrics: metrics.clone(),
         stopping: stopping.clone(),
         stop_deadline: stop_deadline.clone(),
+        policy: Arc::new(config.address_policy(own_addresses(&config))),
     };
     let coordinator = std::thread::Builder::new()
         .name("coordinator".into())
@@ -235,6 +240,20 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         stop_deadline,
         coordinator: Mutex::new(Some(coordinator)),
     })
+}
+
+/// The socket addresses of the own relay and its `--public-url` aliases (each resolved with
+/// a 5 s deadline; a name that does not resolve is skipped), so that a discovered relay that
+/// is the own relay under another name is recognised by address.
+fn own_addresses(config: &Config) -> Vec<std::net::SocketAddr> {
+    let mut addrs = Vec::new();
+    for url in std::iter::once(&config.own_relay).chain(&config.public_urls) {
+        match crate::net::ws::resolve(url, Duration::from_secs(5)) {
+            Ok(a) => addrs.extend(a),
+            Err(e) => log::debug!("{url}: not resolved for the own-address check: {e}"),
+        }
+    }
+    addrs
 }
 
 impl SyncHandle {
@@ -296,6 +315,8 @@ impl SyncHandle {
             self_sync_pending: m.self_sync_pending(),
             thread_restarts: self.metrics.thread_restarts.load(Ordering::Relaxed),
             forwarder_restarts: self.metrics.forwarder_restarts.load(Ordering::Relaxed),
+            relays_refused: self.metrics.relays_refused.load(Ordering::Relaxed),
+            refused_relays: self.metrics.refused(),
             coordinator_running: self
                 .coordinator
                 .lock()

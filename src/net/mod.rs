@@ -1,5 +1,6 @@
-//! Networking: relay URLs and the blocking websocket connector.
+//! Networking: relay URLs, the address policy and the blocking websocket connector.
 
 pub mod nip11;
+pub mod policy;
 pub mod url;
 pub mod ws;

@@ -155,6 +155,8 @@ pub enum ConnectError {
     Handshake(String),
     /// The deadline passed during the handshake.
     Timeout,
+    /// The address policy refused every resolved address (no TCP connect was made).
+    Refused(String),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -164,6 +166,7 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Tcp(e) => write!(f, "TCP connect failed: {e}"),
             ConnectError::Handshake(e) => write!(f, "handshake failed: {e}"),
             ConnectError::Timeout => write!(f, "connect deadline passed during the handshake"),
+            ConnectError::Refused(e) => write!(f, "refused by the address policy: {e}"),
         }
     }
 }
@@ -251,28 +254,66 @@ pub fn resolve_with(
     Ok(addrs)
 }
 
+/// Checks one resolved address right before the TCP connect to it (`Err`: the reason it is
+/// refused). See [`crate::net::policy::AddressPolicy::check_addr`].
+pub type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), String>;
+
 /// Opens a TCP stream to the relay's host and port within `timeout`.
 pub fn connect_tcp(url: &RelayUrl, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    connect_tcp_checked(url, timeout, &|_| Ok(()))
+}
+
+/// [`connect_tcp`], checking each resolved address with `check` right before connecting to
+/// that same address (resolve, check, connect: a DNS answer cannot change in between).
+/// When `check` refuses every address, no connection is attempted and the result is
+/// [`ConnectError::Refused`].
+pub fn connect_tcp_checked(
+    url: &RelayUrl,
+    timeout: Duration,
+    check: AddrCheck<'_>,
+) -> Result<TcpStream, ConnectError> {
     let deadline = Instant::now() + timeout;
-    let mut last = io::Error::new(io::ErrorKind::TimedOut, "no address tried");
+    let mut last = None;
+    let mut refused = Vec::new();
     for addr in resolve(url, timeout)? {
+        if let Err(reason) = check(addr) {
+            refused.push(reason);
+            continue;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
         }
         match TcpStream::connect_timeout(&addr, left) {
             Ok(s) => return Ok(s),
-            Err(e) => last = e,
+            Err(e) => last = Some(e),
         }
     }
-    Err(ConnectError::Tcp(last))
+    match last {
+        Some(e) => Err(ConnectError::Tcp(e)),
+        None if !refused.is_empty() => Err(ConnectError::Refused(refused.join("; "))),
+        None => Err(ConnectError::Tcp(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no address tried",
+        ))),
+    }
 }
 
 /// Connects a websocket to `url` within `opts.connect_timeout`, then sets the read timeout
 /// to `opts.tick`.
 pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError> {
+    connect_checked(url, opts, &|_| Ok(()))
+}
+
+/// [`connect`] with every resolved address checked right before the TCP connect
+/// ([`connect_tcp_checked`]).
+pub fn connect_checked(
+    url: &RelayUrl,
+    opts: &WsOptions,
+    check: AddrCheck<'_>,
+) -> Result<Socket, ConnectError> {
     let deadline = Instant::now() + opts.connect_timeout;
-    let tcp = connect_tcp(url, opts.connect_timeout)?;
+    let tcp = connect_tcp_checked(url, opts.connect_timeout, check)?;
     let _ = tcp.set_nodelay(true);
     // One deadline for TLS and websocket handshakes together, however the peer paces bytes.
     let tcp = DeadlineStream::new(tcp, Some(deadline));
