@@ -111,14 +111,40 @@ pub fn load_auth_key(nsec_file: Option<&Path>) -> Result<Option<Keys>, Error> {
     load_auth_key_from(nsec_file, env.as_deref())
 }
 
+/// Environment variable holding the own relay's NIP-42 key when no `--own-nsec-file` is
+/// given.
+pub const OWN_NSEC_ENV: &str = "GRASP_SYNC_OWN_NSEC";
+
+/// Loads the key for the own relay's NIP-42 challenges from `own_nsec_file` if given, else
+/// from [`OWN_NSEC_ENV`] (`GRASP_SYNC_OWN_NSEC`); `Ok(None)` when neither is set. Same
+/// format and errors as [`load_auth_key`].
+pub fn load_own_auth_key(own_nsec_file: Option<&Path>) -> Result<Option<Keys>, Error> {
+    let env = std::env::var(OWN_NSEC_ENV).ok();
+    load_key(
+        "--own-nsec-file",
+        OWN_NSEC_ENV,
+        own_nsec_file,
+        env.as_deref(),
+    )
+}
+
 /// [`load_auth_key`] with the environment variable's value passed in.
 pub fn load_auth_key_from(
     nsec_file: Option<&Path>,
     env_value: Option<&str>,
 ) -> Result<Option<Keys>, Error> {
+    load_key("--nsec-file", NSEC_ENV, nsec_file, env_value)
+}
+
+fn load_key(
+    flag: &str,
+    env_name: &str,
+    nsec_file: Option<&Path>,
+    env_value: Option<&str>,
+) -> Result<Option<Keys>, Error> {
     let (source, text) = match nsec_file {
         Some(path) => {
-            let source = format!("--nsec-file {}", path.display());
+            let source = format!("{flag} {}", path.display());
             let text = std::fs::read_to_string(path).map_err(|e| Error::AuthKey {
                 source: source.clone(),
                 reason: format!("cannot read the key file: {e}"),
@@ -126,7 +152,7 @@ pub fn load_auth_key_from(
             (source, text)
         }
         None => match env_value {
-            Some(v) if !v.trim().is_empty() => (NSEC_ENV.to_string(), v.to_string()),
+            Some(v) if !v.trim().is_empty() => (env_name.to_string(), v.to_string()),
             _ => return Ok(None),
         },
     };
