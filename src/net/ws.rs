@@ -1,9 +1,11 @@
 //! A blocking websocket connector with a deadline on every step.
 //!
-//! `tungstenite::connect` has no connect timeout, so this resolves the host, connects with
-//! [`TcpStream::connect_timeout`], sets a read timeout *before* the TLS and websocket
-//! handshakes (a silent server then fails instead of hanging), and finally switches the
-//! socket to a short read timeout that the relay loop uses as its tick.
+//! `tungstenite::connect` has no connect timeout, so this resolves the host on a helper thread
+//! with a deadline ([`resolve`]), checks each address (the address policy, for relays
+//! discovered from events) and connects to it with [`TcpStream::connect_timeout`], runs the
+//! TLS and websocket handshakes over a [`DeadlineStream`] (one total deadline, however slowly
+//! the server sends), and finally switches the socket to a short read timeout that the relay
+//! loop uses as its tick.
 //!
 //! TLS uses rustls with the *ring* crypto provider chosen explicitly and the webpki root
 //! certificates, so the first `wss://` connect cannot panic for want of a process-level
@@ -11,8 +13,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tungstenite::client::IntoClientRequest;
@@ -25,9 +26,9 @@ use crate::net::url::RelayUrl;
 /// A websocket to a relay.
 pub type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
 
-/// Most DNS look-ups running at once on helper threads; more fail at once. A look-up that
-/// outlives its deadline keeps its thread until the system resolver returns, so this bounds
-/// the threads a slow resolver can pile up.
+/// Most DNS look-ups running at once on helper threads; more wait for a free slot (within
+/// their deadline). A look-up that outlives its deadline keeps its thread until the system
+/// resolver returns, so this bounds the threads a slow resolver can pile up.
 pub const MAX_DNS_IN_FLIGHT: usize = 32;
 
 /// A TCP stream with an optional overall deadline on every read and write.
@@ -210,17 +211,18 @@ pub fn resolve(url: &RelayUrl, timeout: Duration) -> Result<Vec<SocketAddr>, Con
 
 /// Runs the look-up `lookup` on a helper thread and waits for it at most `timeout`: the
 /// system resolver has no deadline of its own. At most [`MAX_DNS_IN_FLIGHT`] look-ups run at
-/// once; a look-up that times out finishes on its thread and its answer is dropped.
+/// once (a look-up that timed out still holds its slot until the resolver returns); a caller
+/// waits for a free slot within the same deadline. The answer of a look-up that timed out is
+/// dropped.
 pub fn resolve_with(
     timeout: Duration,
     lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
 ) -> Result<Vec<SocketAddr>, ConnectError> {
-    static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-    if IN_FLIGHT.fetch_add(1, Ordering::SeqCst) >= MAX_DNS_IN_FLIGHT {
-        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    let deadline = Instant::now() + timeout;
+    if !dns_slots().acquire(deadline) {
         return Err(ConnectError::Resolve(io::Error::new(
-            io::ErrorKind::WouldBlock,
-            "too many DNS look-ups in flight",
+            io::ErrorKind::TimedOut,
+            "DNS look-up deadline passed waiting for a free resolver slot",
         )));
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -229,13 +231,13 @@ pub fn resolve_with(
         .stack_size(64 * 1024)
         .spawn(move || {
             let _ = tx.send(lookup());
-            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+            dns_slots().release();
         });
     if let Err(e) = spawned {
-        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        dns_slots().release();
         return Err(ConnectError::Resolve(e));
     }
-    let addrs = match rx.recv_timeout(timeout) {
+    let addrs = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(Ok(addrs)) => addrs,
         Ok(Err(e)) => return Err(ConnectError::Resolve(e)),
         Err(_) => {
@@ -257,6 +259,46 @@ pub fn resolve_with(
 /// Checks one resolved address right before the TCP connect to it (`Err`: the reason it is
 /// refused). See [`crate::net::policy::AddressPolicy::check_addr`].
 pub type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), String>;
+
+/// A counting semaphore bounding the DNS helper threads.
+struct Slots {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    /// Takes a slot, waiting until `deadline` at most. False when none became free.
+    fn acquire(&self, deadline: Instant) -> bool {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        while *used >= MAX_DNS_IN_FLIGHT {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            used = self
+                .freed
+                .wait_timeout(used, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *used += 1;
+        true
+    }
+
+    fn release(&self) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(1);
+        self.freed.notify_one();
+    }
+}
+
+fn dns_slots() -> &'static Slots {
+    static SLOTS: Slots = Slots {
+        used: Mutex::new(0),
+        freed: Condvar::new(),
+    };
+    &SLOTS
+}
 
 /// Opens a TCP stream to the relay's host and port within `timeout`.
 pub fn connect_tcp(url: &RelayUrl, timeout: Duration) -> Result<TcpStream, ConnectError> {
@@ -378,6 +420,7 @@ pub fn is_timeout(e: &tungstenite::Error) -> bool {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn tls_config_builds_without_a_process_provider() {
@@ -481,6 +524,50 @@ mod tests {
         assert_eq!(ok.unwrap().len(), 1);
         let none = resolve_with(Duration::from_secs(30), || Ok(vec![]));
         assert!(matches!(none, Err(ConnectError::Resolve(_))));
+    }
+
+    #[test]
+    fn dns_lookups_beyond_the_limit_wait_for_a_slot_within_their_deadline() {
+        // Fill every slot with look-ups that block until released.
+        let (release, blocked) = crossbeam_channel::unbounded::<()>();
+        let mut waiting = Vec::new();
+        for _ in 0..MAX_DNS_IN_FLIGHT {
+            let blocked = blocked.clone();
+            waiting.push(std::thread::spawn(move || {
+                resolve_with(Duration::from_secs(30), move || {
+                    let _ = blocked.recv();
+                    Ok(vec!["127.0.0.1:1".parse().unwrap()])
+                })
+            }));
+        }
+        let end = Instant::now() + Duration::from_secs(30);
+        while *dns_slots().used.lock().unwrap() < MAX_DNS_IN_FLIGHT {
+            assert!(Instant::now() < end, "the look-ups did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // No slot: the deadline passes without a look-up being started.
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s2 = started.clone();
+        let err = resolve_with(Duration::from_millis(50), move || {
+            s2.store(true, Ordering::SeqCst);
+            Ok(vec![])
+        })
+        .unwrap_err();
+        assert!(matches!(err, ConnectError::Resolve(ref e) if e.kind() == io::ErrorKind::TimedOut));
+        assert!(!started.load(Ordering::SeqCst));
+        // A slot frees up: a waiting look-up goes ahead.
+        let late = std::thread::spawn(|| {
+            resolve_with(Duration::from_secs(30), || {
+                Ok(vec!["127.0.0.1:2".parse().unwrap()])
+            })
+        });
+        for _ in 0..MAX_DNS_IN_FLIGHT {
+            release.send(()).unwrap();
+        }
+        for w in waiting {
+            assert!(w.join().unwrap().is_ok());
+        }
+        assert!(late.join().unwrap().is_ok());
     }
 
     #[test]
