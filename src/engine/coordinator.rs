@@ -248,8 +248,9 @@ impl Coordinator {
         let f = &self.metrics.forward;
         let own = &self.config.own_relay;
         info!(
-            "relays connected {connected}/{}; repos {}; root events {}; events forwarded {} (duplicates {}), rejected {}, invalid {}, unmatched {}",
+            "relays connected {connected}/{} (refused {}); repos {}; root events {}; events forwarded {} (duplicates {}), rejected {}, invalid {}, unmatched {}; thread restarts {}",
             statuses.len(),
+            self.metrics.relays_refused.load(Ordering::Relaxed),
             m.repo_index().len(),
             m.root_event_count(),
             f.stored.load(Ordering::Relaxed),
@@ -257,6 +258,7 @@ impl Coordinator {
             f.rejected.load(Ordering::Relaxed),
             self.metrics.sum(own, |c| &c.events_invalid),
             self.metrics.sum(own, |c| &c.events_unmatched),
+            self.metrics.thread_restarts.load(Ordering::Relaxed),
         );
     }
 
