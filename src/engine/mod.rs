@@ -139,8 +139,8 @@ pub struct Status {
     pub relays_refused: u64,
     /// The refused relays and why (sorted by URL; at most 1,000 shown).
     pub refused_relays: Vec<(RelayUrl, String)>,
-    /// False once the coordinator thread has ended (after shutdown, or a bug); nothing is
-    /// synced then.
+    /// False once shutdown has begun or the coordinator thread has ended (a bug); nothing
+    /// is synced then.
     pub coordinator_running: bool,
 }
 
@@ -355,7 +355,9 @@ impl SyncHandle {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = self.inputs.try_send(Input::Shutdown(end));
         let mut running = Vec::new();
-        if let Some(h) = self.coordinator.lock().take() {
+        // Taken out first: `status` must not wait on this lock while we join.
+        let coordinator = self.coordinator.lock().take();
+        if let Some(h) = coordinator {
             while !h.is_finished() && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(5));
             }
