@@ -185,3 +185,23 @@ fn a_denied_relay_is_refused_even_with_the_flag() {
     assert_eq!(denied.0.tcp_accepts(), 0);
     common::shutdown_clean(handle, &[&s.own]);
 }
+
+/// A bootstrap relay is trusted, but not when it is the own relay under another name.
+#[test]
+fn a_bootstrap_relay_that_is_the_own_relay_is_refused() {
+    common::init_logging();
+    let own = TestRelay::start();
+    let alias = RelayUrl::parse(&format!("ws://localhost:{}", own.port())).unwrap();
+    let handle = grasp_sync::start(config(&own).bootstrap(alias.clone())).unwrap();
+    assert!(
+        wait_until(WAIT, || refused(&handle).len() == 1),
+        "{:#?}",
+        handle.status()
+    );
+    let (url, reason) = refused(&handle).remove(0);
+    assert_eq!(url, alias);
+    assert!(reason.contains("own relay"), "{reason}");
+    assert!(wait_until(WAIT, || handle.status().is_settled()));
+    assert_eq!(own.connections_accepted(), 2);
+    common::shutdown_clean(handle, &[&own]);
+}

@@ -186,11 +186,15 @@ impl ConnectionThread {
         debug!("{}: thread ends", self.url);
     }
 
-    /// Checks a resolved address right before a connect (for relays discovered from events).
+    /// Checks a resolved address right before a connect: for every remote relay, that it is
+    /// not the own relay's; for relays discovered from events, the whole address policy.
     fn check_addr(&self, verdict: &UrlVerdict, addr: std::net::SocketAddr) -> Result<(), String> {
+        if matches!(self.role, Role::Own) {
+            return Ok(());
+        }
         match verdict {
             UrlVerdict::CheckAddresses => self.policy.check_addr(addr),
-            _ => Ok(()),
+            _ => self.policy.check_own(addr),
         }
     }
 

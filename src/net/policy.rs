@@ -229,9 +229,7 @@ impl AddressPolicy {
     /// Checks one resolved address of a discovered relay, right before connecting to it.
     /// `Err` holds the reason for the log and the status.
     pub fn check_addr(&self, addr: SocketAddr) -> Result<(), String> {
-        if self.own_addrs.iter().any(|o| same_endpoint(*o, addr)) {
-            return Err(format!("{addr} is the own relay's address"));
-        }
+        self.check_own(addr)?;
         if self.allow_private {
             return Ok(());
         }
@@ -241,6 +239,19 @@ impl AddressPolicy {
                 addr.ip()
             )),
             None => Ok(()),
+        }
+    }
+}
+
+impl AddressPolicy {
+    /// Refuses an address of the own relay (or an alias). Applies to every remote relay,
+    /// trusted ones (bootstrap, `--allow-relay`) included: the engine never syncs from the
+    /// own relay, however it is spelled.
+    pub fn check_own(&self, addr: SocketAddr) -> Result<(), String> {
+        if self.own_addrs.iter().any(|o| same_endpoint(*o, addr)) {
+            Err(format!("{addr} is the own relay's address"))
+        } else {
+            Ok(())
         }
     }
 }
@@ -400,6 +411,8 @@ mod tests {
             assert!(e.contains("own relay"), "{own_again}: {e}");
         }
         assert!(open.check_addr(addr("127.0.0.1:7778")).is_ok());
+        assert!(policy.check_own(addr("[::1]:7777")).is_err());
+        assert!(policy.check_own(addr("10.0.0.9:7777")).is_ok());
     }
 
     #[test]
