@@ -64,6 +64,8 @@ pub struct Coordinator {
     pub forwarder_spec: Forwarder,
     /// The running forwarder thread.
     pub forwarder_thread: Option<JoinHandle<()>>,
+    /// When the forwarder was last restarted (none: never).
+    pub forwarder_restarted: Option<Instant>,
     /// Configuration.
     pub config: Config,
     /// Counters.
@@ -206,11 +208,17 @@ impl Coordinator {
                 );
             }
         }
-        if self
-            .forwarder_thread
-            .as_ref()
-            .is_some_and(|h| h.is_finished())
+        // A forwarder that dies at once again is restarted at most once a second.
+        let too_soon = self
+            .forwarder_restarted
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+        if !too_soon
+            && self
+                .forwarder_thread
+                .as_ref()
+                .is_some_and(|h| h.is_finished())
         {
+            self.forwarder_restarted = Some(Instant::now());
             let how = match self.forwarder_thread.take().map(|h| h.join()) {
                 Some(Err(_)) => "panicked",
                 _ => "ended",

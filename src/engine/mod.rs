@@ -220,6 +220,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         forwarder: fctl_tx,
         forwarder_spec: forwarder,
         forwarder_thread: Some(forwarder_thread),
+        forwarder_restarted: None,
         config: config.clone(),
         metrics: metrics.clone(),
         stopping: stopping.clone(),
