@@ -194,7 +194,8 @@ pub enum UrlVerdict {
     Refused(String),
 }
 
-/// The address policy of one engine. Build with [`AddressPolicy::new`].
+/// The address policy of one engine: built by [`crate::Config::address_policy`], or with
+/// struct-update syntax from `AddressPolicy::default()`.
 #[derive(Debug, Clone, Default)]
 pub struct AddressPolicy {
     /// Lift the address check for every relay (`--allow-private-relays`).
