@@ -205,3 +205,34 @@ fn a_bootstrap_relay_that_is_the_own_relay_is_refused() {
     assert_eq!(own.connections_accepted(), 2);
     common::shutdown_clean(handle, &[&own]);
 }
+
+/// `--allow-relay` exempts matching relays from the address check; the others stay refused.
+#[test]
+fn an_allowed_relay_is_exempt_from_the_address_check() {
+    common::init_logging();
+    let s = scenario();
+    let mut c = config(&s.own);
+    c.allow_relays = vec![RelayPattern::parse("localhost").unwrap()];
+    let handle = grasp_sync::start(c).unwrap();
+    let (allowed, _) = s
+        .remotes
+        .iter()
+        .find(|(_, u)| u.contains("localhost"))
+        .unwrap();
+    let from_allowed: HashSet<EventId> = allowed.event_ids();
+    assert!(
+        wait_until(WAIT, || from_allowed.is_subset(&s.own.event_ids())
+            && refused(&handle).len() == s.announced.len() - 1),
+        "{:#?}",
+        handle.status()
+    );
+    assert!(refused(&handle)
+        .iter()
+        .all(|(u, _)| u.host() != "localhost"));
+    for (r, url) in &s.remotes {
+        if !url.contains("localhost") {
+            assert_eq!(r.tcp_accepts(), 0, "{url} was contacted");
+        }
+    }
+    common::shutdown_clean(handle, &[&s.own, allowed]);
+}
