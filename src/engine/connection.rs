@@ -464,7 +464,7 @@ impl ConnectionThread {
     /// counted once per relay however often it arrives (several subscriptions, reconnects;
     /// at most [`MAX_OVERSIZED_REMEMBERED`] ids are remembered), and logged at warn level the
     /// first time for this relay, then at debug level. It still counts as received for its
-    /// subscription's paging.
+    /// subscription's paging (as an invalid event does: its timestamp is not used).
     fn oversized(&self, subs: &mut HashMap<String, Sub>, seen: &mut HashSet<EventId>, text: &str) {
         let (size, cap) = (text.len(), self.ws.max_event_size);
         let event = match parse_relay_frame(text) {
@@ -473,9 +473,11 @@ impl ConnectionThread {
         };
         let what = match &event {
             Some((sub_id, e)) => {
+                // Counted like an invalid event: received, but its (unchecked) timestamp
+                // does not steer paging.
                 if let Some(sub) = subs.get_mut(sub_id) {
                     if !sub.eose {
-                        sub.stats.record_event(e);
+                        sub.stats.received += 1;
                     }
                 }
                 if seen.contains(&e.id) {
