@@ -201,8 +201,11 @@ impl ConnectionThread {
     /// The address policy refused this relay: counted, logged once (the machine then drops
     /// the relay and never asks for it again), and reported.
     fn refused(&self, generation: u64, reason: String) {
-        self.metrics.refuse(&self.url, &reason);
-        warn!("{}: not connecting: {reason}", self.url);
+        if self.metrics.refuse(&self.url, &reason) {
+            warn!("{}: not connecting: {reason}", self.url);
+        } else {
+            debug!("{}: not connecting: {reason}", self.url);
+        }
         self.report(Report::Refused {
             relay: self.url.clone(),
             generation,

@@ -134,16 +134,18 @@ impl Metrics {
             .clone()
     }
 
-    /// Records that the address policy refused `relay` (counted once per relay).
-    pub fn refuse(&self, relay: &RelayUrl, reason: &str) {
+    /// Records that the address policy refused `relay` (counted once per relay). True the
+    /// first time for this relay.
+    pub fn refuse(&self, relay: &RelayUrl, reason: &str) -> bool {
         let mut m = self.refused.write();
         if m.contains_key(relay) {
-            return;
+            return false;
         }
         self.relays_refused.fetch_add(1, Ordering::Relaxed);
         if m.len() < MAX_REFUSED_SHOWN {
             m.insert(relay.clone(), reason.to_string());
         }
+        true
     }
 
     /// The refused relays and why, sorted by URL.
