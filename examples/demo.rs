@@ -573,7 +573,11 @@ fn main() -> ExitCode {
     println!();
 
     let own_url = RelayUrl::parse(&relays.own.url()).expect("own url");
-    let handle = match grasp_sync::start(Config::new(own_url).batch_window(BATCH_WINDOW)) {
+    let handle = match grasp_sync::start(
+        Config::new(own_url)
+            .allow_private_relays(true)
+            .batch_window(BATCH_WINDOW),
+    ) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("cannot start the engine: {e}");

@@ -11,6 +11,7 @@ use crate::core::health::BackoffPolicy;
 use crate::core::sync::SyncConfig;
 use crate::core::time::{Clock, SystemClock};
 use crate::error::Error;
+use crate::net::policy::{AddressPolicy, RelayPattern};
 use crate::net::url::RelayUrl;
 use crate::net::ws::WsOptions;
 
@@ -41,6 +42,9 @@ pub struct Config {
     pub forward: ForwardLimits,
     /// Capacity of the channel from relay threads to the forwarder.
     pub forward_channel: usize,
+    /// Capacity of the coordinator's input channel (reports from every thread; default
+    /// 65,536). Relay threads wait while it is full.
+    pub input_channel: usize,
     /// Interval of the info-level summary line (default 60 s).
     pub summary_interval: Duration,
     /// Time source (default: the system clock).
@@ -79,6 +83,17 @@ pub struct Config {
     /// none; relays that require AUTH then refuse us, which is logged per relay). Load it with
     /// [`load_auth_key`].
     pub auth_keys: Option<Keys>,
+    /// Key for the own relay's NIP-42 challenges (self-subscription and forwarder); default:
+    /// none, then [`Config::auth_keys`] is used there too. Lets the own relay trust a key
+    /// that untrusted remote relays never see.
+    pub own_auth_keys: Option<Keys>,
+    /// Connect to relays discovered from events even when they resolve to loopback, private,
+    /// link-local or other non-public addresses (default false; see `net/policy.rs`).
+    pub allow_private_relays: bool,
+    /// Relays never connected to (`--deny-relay`; URL, host or `*.domain` patterns).
+    pub deny_relays: Vec<RelayPattern>,
+    /// Relays exempt from the address check (`--allow-relay`; same patterns).
+    pub allow_relays: Vec<RelayPattern>,
 }
 
 /// Environment variable holding the NIP-42 AUTH key when no `--nsec-file` is given.
@@ -96,14 +111,40 @@ pub fn load_auth_key(nsec_file: Option<&Path>) -> Result<Option<Keys>, Error> {
     load_auth_key_from(nsec_file, env.as_deref())
 }
 
+/// Environment variable holding the own relay's NIP-42 key when no `--own-nsec-file` is
+/// given.
+pub const OWN_NSEC_ENV: &str = "GRASP_SYNC_OWN_NSEC";
+
+/// Loads the key for the own relay's NIP-42 challenges from `own_nsec_file` if given, else
+/// from [`OWN_NSEC_ENV`] (`GRASP_SYNC_OWN_NSEC`); `Ok(None)` when neither is set. Same
+/// format and errors as [`load_auth_key`].
+pub fn load_own_auth_key(own_nsec_file: Option<&Path>) -> Result<Option<Keys>, Error> {
+    let env = std::env::var(OWN_NSEC_ENV).ok();
+    load_key(
+        "--own-nsec-file",
+        OWN_NSEC_ENV,
+        own_nsec_file,
+        env.as_deref(),
+    )
+}
+
 /// [`load_auth_key`] with the environment variable's value passed in.
 pub fn load_auth_key_from(
     nsec_file: Option<&Path>,
     env_value: Option<&str>,
 ) -> Result<Option<Keys>, Error> {
+    load_key("--nsec-file", NSEC_ENV, nsec_file, env_value)
+}
+
+fn load_key(
+    flag: &str,
+    env_name: &str,
+    nsec_file: Option<&Path>,
+    env_value: Option<&str>,
+) -> Result<Option<Keys>, Error> {
     let (source, text) = match nsec_file {
         Some(path) => {
-            let source = format!("--nsec-file {}", path.display());
+            let source = format!("{flag} {}", path.display());
             let text = std::fs::read_to_string(path).map_err(|e| Error::AuthKey {
                 source: source.clone(),
                 reason: format!("cannot read the key file: {e}"),
@@ -111,7 +152,7 @@ pub fn load_auth_key_from(
             (source, text)
         }
         None => match env_value {
-            Some(v) if !v.trim().is_empty() => (NSEC_ENV.to_string(), v.to_string()),
+            Some(v) if !v.trim().is_empty() => (env_name.to_string(), v.to_string()),
             _ => return Ok(None),
         },
     };
@@ -152,6 +193,13 @@ impl std::fmt::Debug for Config {
             .field("eose_timeout", &self.eose_timeout)
             .field("ws", &self.ws)
             .field("auth_keys", &self.auth_keys.as_ref().map(|_| Redacted))
+            .field(
+                "own_auth_keys",
+                &self.own_auth_keys.as_ref().map(|_| Redacted),
+            )
+            .field("allow_private_relays", &self.allow_private_relays)
+            .field("deny_relays", &self.deny_relays)
+            .field("allow_relays", &self.allow_relays)
             .finish_non_exhaustive()
     }
 }
@@ -174,6 +222,7 @@ impl Config {
             pong_timeout: Duration::from_secs(20),
             forward: ForwardLimits::default(),
             forward_channel: 1024,
+            input_channel: 65_536,
             summary_interval: Duration::from_secs(60),
             clock: Arc::new(SystemClock),
             assumed_page_size: 20,
@@ -192,6 +241,32 @@ impl Config {
             refused_retry: Duration::from_secs(600),
             seed: rand::random::<u64>(),
             auth_keys: None,
+            own_auth_keys: None,
+            allow_private_relays: false,
+            deny_relays: Vec::new(),
+            allow_relays: Vec::new(),
+        }
+    }
+
+    /// Lifts (or restores) the address check for relays discovered from events
+    /// ([`Config::allow_private_relays`]).
+    pub fn allow_private_relays(mut self, allow: bool) -> Config {
+        self.allow_private_relays = allow;
+        self
+    }
+
+    /// The address policy of this configuration; `own_addrs` are the own relay's resolved
+    /// addresses (a discovered relay resolving to one of them is refused).
+    pub fn address_policy(&self, own_addrs: Vec<std::net::SocketAddr>) -> AddressPolicy {
+        let mut trusted = vec![self.own_relay.clone()];
+        trusted.extend(self.public_urls.iter().cloned());
+        trusted.extend(self.bootstrap.iter().cloned());
+        AddressPolicy {
+            allow_private: self.allow_private_relays,
+            deny: self.deny_relays.clone(),
+            allow: self.allow_relays.clone(),
+            trusted,
+            own_addrs,
         }
     }
 

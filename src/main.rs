@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use argh::FromArgs;
 use grasp_sync::core::{Clock, SystemClock};
+use grasp_sync::net::policy::RelayPattern;
 use grasp_sync::ops::once::{once_backoff, OnceTracker};
 use grasp_sync::ops::render;
 use grasp_sync::{Config, RelayUrl};
@@ -51,6 +52,31 @@ struct Args {
     /// line [env GRASP_SYNC_NSEC_FILE]
     #[argh(option)]
     nsec_file: Option<PathBuf>,
+
+    /// file holding a separate secret key for the own relay's NIP-42 challenges (the
+    /// self-subscription and the forwarder), so the key the own relay trusts is never shown
+    /// to remote relays; alternatively put the key in GRASP_SYNC_OWN_NSEC; default: the
+    /// --nsec-file key [env GRASP_SYNC_OWN_NSEC_FILE]
+    #[argh(option)]
+    own_nsec_file: Option<PathBuf>,
+
+    /// also connect to relays discovered from events that resolve to loopback, private,
+    /// link-local, CGNAT, unique-local or other non-public addresses (refused by default;
+    /// relays named by --own-relay, --public-url and --bootstrap are always allowed)
+    /// [env GRASP_SYNC_ALLOW_PRIVATE_RELAYS]
+    #[argh(switch)]
+    allow_private_relays: bool,
+
+    /// never connect to relays matching this pattern (repeatable): a ws:// or wss:// URL, a
+    /// host, or *.domain (the domain and its subdomains) [env GRASP_SYNC_DENY_RELAY]
+    #[argh(option)]
+    deny_relay: Vec<String>,
+
+    /// exempt relays matching this pattern from the address check (repeatable; same
+    /// patterns as --deny-relay), e.g. a relay on the local network
+    /// [env GRASP_SYNC_ALLOW_RELAY]
+    #[argh(option)]
+    allow_relay: Vec<String>,
 
     /// serve Prometheus /metrics, /status (JSON), /healthz and a status page (/) on this
     /// address, e.g. 127.0.0.1:9464 (default: off) [env GRASP_SYNC_METRICS_ADDR]
@@ -196,6 +222,14 @@ const ENV_FLAGS: &[EnvFlag] = &[
     f("public-url", "GRASP_SYNC_PUBLIC_URL", Kind::Repeated),
     f("bootstrap", "GRASP_SYNC_BOOTSTRAP", Kind::Repeated),
     f("nsec-file", "GRASP_SYNC_NSEC_FILE", Kind::Value),
+    f("own-nsec-file", "GRASP_SYNC_OWN_NSEC_FILE", Kind::Value),
+    f(
+        "allow-private-relays",
+        "GRASP_SYNC_ALLOW_PRIVATE_RELAYS",
+        Kind::Switch,
+    ),
+    f("deny-relay", "GRASP_SYNC_DENY_RELAY", Kind::Repeated),
+    f("allow-relay", "GRASP_SYNC_ALLOW_RELAY", Kind::Repeated),
     f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value),
     f("once", "GRASP_SYNC_ONCE", Kind::Switch),
     f("deadline", "GRASP_SYNC_DEADLINE", Kind::Value),
@@ -279,6 +313,13 @@ fn with_env(
     Ok(out)
 }
 
+fn parse_patterns(setting: &str, values: &[String]) -> Result<Vec<RelayPattern>, String> {
+    values
+        .iter()
+        .map(|v| RelayPattern::parse(v).map_err(|e| format!("--{setting} {e}")))
+        .collect()
+}
+
 fn parse_url(setting: &str, value: &str) -> Result<RelayUrl, String> {
     RelayUrl::parse(value).map_err(|e| format!("--{setting} {value:?}: {e}"))
 }
@@ -352,6 +393,11 @@ fn build_config(args: &Args) -> Result<Config, String> {
     }
     config.auth_keys =
         grasp_sync::config::load_auth_key(args.nsec_file.as_deref()).map_err(|e| e.to_string())?;
+    config.own_auth_keys = grasp_sync::config::load_own_auth_key(args.own_nsec_file.as_deref())
+        .map_err(|e| e.to_string())?;
+    config.allow_private_relays = args.allow_private_relays;
+    config.deny_relays = parse_patterns("deny-relay", &args.deny_relay)?;
+    config.allow_relays = parse_patterns("allow-relay", &args.allow_relay)?;
     Ok(config)
 }
 
@@ -472,6 +518,15 @@ fn run(args: &Args, config: Config) -> ExitCode {
         config.own_relay,
         if args.once { " (--once)" } else { "" }
     );
+    if config.allow_private_relays {
+        log::warn!("--allow-private-relays: relays discovered from events may be on loopback or private networks");
+    }
+    if let Some(k) = &config.own_auth_keys {
+        log::info!(
+            "NIP-42 AUTH on the own relay: answering challenges as {}",
+            k.public_key().to_hex()
+        );
+    }
     match &config.auth_keys {
         Some(k) => log::info!(
             "NIP-42 AUTH: answering challenges as {}",
@@ -757,5 +812,67 @@ mod tests {
         );
         // No flag taking the key itself.
         assert!(args(&["--own-relay", "ws://x", "--nsec", "nsec1abc"]).is_err());
+    }
+
+    #[test]
+    fn address_policy_flags() {
+        let a = args(&["--own-relay", "ws://127.0.0.1:7777"]).unwrap();
+        let c = build_config(&a).unwrap();
+        assert!(!c.allow_private_relays, "refused by default");
+        assert!(c.deny_relays.is_empty() && c.allow_relays.is_empty());
+        let a = args(&[
+            "--own-relay",
+            "ws://127.0.0.1:7777",
+            "--allow-private-relays",
+            "--deny-relay",
+            "*.spam.example",
+            "--deny-relay",
+            "wss://bad.example/",
+            "--allow-relay",
+            "lan-relay",
+        ])
+        .unwrap();
+        let c = build_config(&a).unwrap();
+        assert!(c.allow_private_relays);
+        assert_eq!(c.deny_relays.len(), 2);
+        assert_eq!(
+            c.allow_relays,
+            vec![RelayPattern::parse("lan-relay").unwrap()]
+        );
+        let a = args(&["--own-relay", "ws://x", "--deny-relay", "http://x"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--deny-relay"));
+        let a = args(&["--own-relay", "ws://x", "--allow-relay", "a/b"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--allow-relay"));
+    }
+
+    #[test]
+    fn own_nsec_file_loads_a_separate_key() {
+        let hex = "6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e";
+        let p = key_file(&format!("{hex}\n\n"));
+        let a = args(&[
+            "--own-relay",
+            "ws://x",
+            "--own-nsec-file",
+            p.to_str().unwrap(),
+        ])
+        .unwrap();
+        let c = build_config(&a).unwrap();
+        assert_eq!(
+            c.own_auth_keys.expect("own key loaded").public_key(),
+            nostr::key::Keys::parse(hex).unwrap().public_key()
+        );
+        let bad = key_file("nope-nope-nope");
+        let a = args(&[
+            "--own-relay",
+            "ws://x",
+            "--own-nsec-file",
+            bad.to_str().unwrap(),
+        ])
+        .unwrap();
+        let e = build_config(&a).unwrap_err();
+        assert!(
+            e.contains("--own-nsec-file") && !e.contains("nope-nope"),
+            "{e}"
+        );
     }
 }

@@ -61,7 +61,9 @@ fn seed(own: &TestRelay, remotes: &[&TestRelay], d: &str, replies: usize) -> Vec
 }
 
 fn config(own: &TestRelay, keys: Option<&Keys>) -> Config {
-    let mut c = Config::new(url(own)).batch_window(Duration::from_millis(100));
+    let mut c = Config::new(url(own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     c.backoff.base = Duration::from_millis(200);
     c.backoff.max = Duration::from_secs(1);
     c.forward.ok_timeout = Duration::from_secs(2);
@@ -285,4 +287,33 @@ fn test_relay_require_auth_protocol() {
     assert_eq!(recv(&mut ws), json!(["EOSE", "s"]));
     assert_eq!(relay.authenticated_pubkeys(), vec![keys.public_key()]);
     assert!(relay.is_empty(), "the refused EVENT was not stored");
+}
+
+/// `Config::own_auth_keys` (`--own-nsec-file`): the own relay sees only its own key, remote
+/// relays only the general one, so a remote relay never learns the key the own relay trusts.
+#[test]
+fn a_separate_own_relay_key_is_never_shown_to_remote_relays() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    own.set_require_auth(true);
+    let remote = TestRelay::start();
+    remote.set_require_auth(true);
+    let expected = seed(&own, &[&remote], "r", 5).remove(0);
+    let remote_key = Keys::generate();
+    let own_key = Keys::generate();
+    let mut c = config(&own, Some(&remote_key));
+    c.own_auth_keys = Some(own_key.clone());
+    let h = grasp_sync::start(c).unwrap();
+    assert!(
+        wait_until(WAIT, || has_all(&own, &expected)),
+        "{:#?}",
+        h.status()
+    );
+    assert_eq!(
+        remote.authenticated_pubkeys(),
+        vec![remote_key.public_key()]
+    );
+    let own_seen: HashSet<_> = own.authenticated_pubkeys().into_iter().collect();
+    assert_eq!(own_seen, [own_key.public_key()].into());
+    stop(h);
 }

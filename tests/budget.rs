@@ -50,8 +50,9 @@ fn max_subscriptions_5_is_respected_and_everything_syncs() {
         remote.insert(&reply);
         expected.insert(reply.id);
     }
-    let mut config =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let mut config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     config.poll_interval = Duration::from_millis(500);
     let handle = grasp_sync::start(config).unwrap();
     let ok = wait_until(Duration::from_secs(60), || own.event_ids() == expected);

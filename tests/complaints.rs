@@ -37,6 +37,7 @@ fn world() -> World {
 
 fn start(w: &World) -> SyncHandle {
     let mut c = Config::new(RelayUrl::parse(&w.own.url()).unwrap())
+        .allow_private_relays(true)
         .batch_window(Duration::from_millis(100));
     c.rate_limit_cooldown = Duration::from_millis(500);
     c.refused_retry = Duration::from_millis(800);

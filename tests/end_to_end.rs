@@ -35,7 +35,9 @@ fn smoke_one_remote_relay() {
     for e in [&remote_issue, &r1, &r2, &noise] {
         remote.insert(e);
     }
-    let config = Config::new(url(&own)).batch_window(Duration::from_millis(100));
+    let config = Config::new(url(&own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     let handle = grasp_sync::start(config).unwrap();
     let expected: HashSet<EventId> = [ann.id, iss.id, remote_issue.id, r1.id, r2.id].into();
     let ok = wait_until(WAIT, || own.event_ids() == expected);
@@ -229,7 +231,9 @@ fn network() -> Net {
 }
 
 fn start(own: &TestRelay, window_ms: u64) -> grasp_sync::SyncHandle {
-    let config = Config::new(url(own)).batch_window(Duration::from_millis(window_ms));
+    let config = Config::new(url(own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(window_ms));
     grasp_sync::start(config).unwrap()
 }
 
@@ -457,7 +461,12 @@ fn announcement_published_while_running_is_picked_up() {
         d.insert(e);
     }
 
-    let handle = grasp_sync::start(Config::new(url(&own)).batch_window(window)).unwrap();
+    let handle = grasp_sync::start(
+        Config::new(url(&own))
+            .allow_private_relays(true)
+            .batch_window(window),
+    )
+    .unwrap();
     assert_converges(&own, &book, &handle);
     assert!(d.reqs().is_empty(), "D contacted before it was announced");
     assert_eq!(d.connections_accepted(), 0);
@@ -622,6 +631,7 @@ fn own_relay_and_its_aliases_are_never_synced_from() {
     book.expect("I2 (A)", &root(&dave, 1621, &r2, "i2", &[]), &[&a]);
 
     let config = Config::new(url(&own))
+        .allow_private_relays(true)
         .public_url(RelayUrl::parse(&alias).unwrap())
         .batch_window(Duration::from_millis(100));
     let handle = grasp_sync::start(config).unwrap();

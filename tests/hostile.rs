@@ -1,4 +1,5 @@
-//! A remote relay that sends garbage: unreadable frames, oversized frames, messages of the
+//! A remote relay that sends garbage: unreadable frames, oversized frames (above the soft
+//! cap: dropped; above the hard cap: connection dropped), messages of the
 //! wrong type or for subscriptions we never opened, AUTH without a key. Each is counted,
 //! nothing crashes, and the relay's real events still reach the own relay.
 
@@ -25,8 +26,9 @@ fn garbage_from_a_remote_relay_is_counted_and_survived() {
     remote.insert(&ann);
     remote.insert(&issue);
     let mut expected: HashSet<EventId> = [ann.id, issue.id].into();
-    let mut config =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let mut config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     config.backoff.base = Duration::from_millis(200);
     let handle = grasp_sync::start(config).unwrap();
     assert!(wait_until(DEADLINE, || own.event_ids() == expected));
@@ -73,9 +75,13 @@ fn garbage_from_a_remote_relay_is_counted_and_survived() {
         "an event on an unknown subscription is dropped"
     );
 
-    // An oversized frame (2 MiB > the 1 MiB cap): the connection is dropped and restored,
-    // and the relay's next event still arrives.
+    // A frame above the soft cap (2 MiB > 1 MiB): dropped and counted, the connection kept.
     remote.send_raw(&format!("[\"NOTICE\",\"{}\"]", "x".repeat(2 << 20)));
+    assert!(wait_until(DEADLINE, || status(&handle).oversized_frames >= 1));
+    assert_eq!(status(&handle).disconnects, 0);
+    // A frame above the hard cap (17 MiB > 16 MiB): the connection is dropped and restored,
+    // and the relay's next event still arrives.
+    remote.send_raw(&format!("[\"NOTICE\",\"{}\"]", "x".repeat(17 << 20)));
     assert!(wait_until(DEADLINE, || status(&handle).disconnects >= 1));
     let later = r.reply("after the oversized frame");
     remote.insert(&later);

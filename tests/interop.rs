@@ -487,6 +487,7 @@ fn assert_outcome(what: &str, o: &Outcome, book: &Book) {
 /// [`DEADLINE`].
 fn engine(own: RelayUrl) -> SyncHandle {
     let config = Config::new(own)
+        .allow_private_relays(true)
         .batch_window(WINDOW)
         .eose_timeout(EOSE_TIMEOUT);
     grasp_sync::start(config).expect("start engine")
@@ -992,4 +993,39 @@ fn nostr_rs_relay_as_the_own_relay_with_a_burst_in_one_second() {
     assert_outcome("nostr-rs-relay as own relay, burst", &o, &s.book);
     assert_eq!(refused, 0, "nostr-rs-relay refused self-subscription REQs");
     stop(handle, &[&x]);
+}
+
+/// Issue 7 item 10: nostr-rs-relay answers `GET ?n=1` with HTTP 400. An announced relay URL
+/// with a query (`ws://127.0.0.1:N/?n=1`) must stay connectable after normalisation.
+#[test]
+fn nostr_rs_relay_behind_a_url_with_a_query() {
+    init_logging();
+    let Some(nrr) = NostrRsRelay::start_or_skip("nostr_rs_relay_behind_a_url_with_a_query") else {
+        return;
+    };
+    let own = TestRelay::start();
+    let keys = Keys::generate();
+    let announced = format!("{}/?n=1", nrr.url());
+    let ann = announcement(&keys, "q", &[&[&announced]]);
+    let issue = root(
+        &keys,
+        1621,
+        &repo_ref(&keys, "q"),
+        "issue behind a query",
+        &[],
+    );
+    own.insert(&ann);
+    nrr.publish(&[ann.clone(), issue.clone()]);
+    let handle = engine(url(&own));
+    assert!(
+        wait_until(DEADLINE, || own.contains(&issue.id)),
+        "{:#?}",
+        handle.status()
+    );
+    let r = handle.status();
+    let relay = r
+        .relay(&RelayUrl::parse(&announced).unwrap())
+        .expect("relay known");
+    assert_eq!(relay.disconnects, 0, "{relay:#?}");
+    stop(handle, &[&own]);
 }

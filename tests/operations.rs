@@ -21,7 +21,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_grasp-sync");
 const WAIT: Duration = Duration::from_secs(60);
 
 fn engine_config(own: &TestRelay) -> Config {
-    Config::new(url(own)).batch_window(Duration::from_millis(100))
+    Config::new(url(own))
+        .batch_window(Duration::from_millis(100))
+        .allow_private_relays(true)
 }
 
 /// An own relay holding one repository announced on `remote`, whose issue and reply are on
@@ -185,7 +187,9 @@ fn free_port() -> u16 {
 
 fn spawn(args: &[&str], env: &[(&str, &str)]) -> Child {
     let mut c = Command::new(BIN);
+    // The test relays are on 127.0.0.1, which discovered relays may not be by default.
     c.args(args)
+        .env("GRASP_SYNC_ALLOW_PRIVATE_RELAYS", "1")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -28,8 +28,9 @@ fn seed(own: &TestRelay, remote: &TestRelay, replies: usize) -> (HashSet<EventId
 }
 
 fn config(own: &TestRelay) -> Config {
-    let mut c =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let mut c = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     c.backoff.base = Duration::from_millis(200);
     c.backoff.max = Duration::from_secs(1);
     c.forward.ok_timeout = Duration::from_secs(2);

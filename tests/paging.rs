@@ -99,8 +99,9 @@ fn capped_history(cap: usize) {
         remote.insert(e);
         expected.insert(e.id);
     }
-    let mut config =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let mut config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     // The relay's cap is known (as from NIP-11 `default_limit`), so every split is exact.
     config.assumed_page_size = cap;
     let handle = grasp_sync::start(config).unwrap();
@@ -162,8 +163,9 @@ fn nip11_max_limit_is_believed() {
         remote.insert(&e);
         expected.insert(e.id);
     }
-    let config =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(100));
+    let config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
     let handle = grasp_sync::start(config).unwrap();
     let ok = wait_until(Duration::from_secs(60), || own.event_ids() == expected);
     assert!(
@@ -224,8 +226,9 @@ fn capped_own_relay_is_read_completely() {
         }
         repos.insert(repo);
     }
-    let config =
-        Config::new(RelayUrl::parse(&own.url()).unwrap()).batch_window(Duration::from_millis(200));
+    let config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(200));
     let handle = grasp_sync::start(config).unwrap();
     let ok = wait_until(Duration::from_secs(120), || {
         let s = handle.status();

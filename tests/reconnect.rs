@@ -65,6 +65,7 @@ impl World {
 
     fn start(&self, clock: Arc<dyn Clock>) -> SyncHandle {
         let mut config = Config::new(url(&self.own))
+            .allow_private_relays(true)
             .batch_window(Duration::from_millis(100))
             .clock(clock);
         config.backoff.base = Duration::from_millis(200);

@@ -103,6 +103,11 @@ pub enum IgnoreReason {
     GaveUp,
     /// The challenge is empty or longer than [`MAX_CHALLENGE_LEN`].
     Unusable,
+    /// This connection is already authenticated: at most one challenge is answered
+    /// successfully per connection, so a relay cannot make us sign events in a loop.
+    AlreadyAuthenticated,
+    /// Our answer to an earlier challenge is still waiting for its `OK`.
+    InProgress,
 }
 
 /// A subscription held back until authentication (or released).
@@ -214,6 +219,12 @@ impl AuthState {
         }
         if self.phase == AuthPhase::Failed {
             return OnChallenge::Ignore(IgnoreReason::GaveUp);
+        }
+        if self.phase == AuthPhase::Authenticated {
+            return OnChallenge::Ignore(IgnoreReason::AlreadyAuthenticated);
+        }
+        if matches!(self.phase, AuthPhase::Pending { .. }) {
+            return OnChallenge::Ignore(IgnoreReason::InProgress);
         }
         if challenge.is_empty() || challenge.len() > MAX_CHALLENGE_LEN {
             return OnChallenge::Ignore(IgnoreReason::Unusable);
@@ -537,6 +548,30 @@ mod tests {
                 resend: vec!["a".into(), "c".into()]
             })
         );
+    }
+
+    #[test]
+    fn at_most_one_challenge_is_answered_per_connection() {
+        let mut a = AuthState::new(true, limits());
+        assert!(matches!(
+            a.on_challenge("c1", t(0)),
+            OnChallenge::Sign { .. }
+        ));
+        a.auth_sent(id(1), t(0));
+        assert_eq!(
+            a.on_challenge("c2", t(1)),
+            OnChallenge::Ignore(IgnoreReason::InProgress)
+        );
+        assert!(matches!(
+            a.on_ok(&id(1), true, ""),
+            Some(AuthOutcome::Authenticated { .. })
+        ));
+        for i in 0..100 {
+            assert_eq!(
+                a.on_challenge(&format!("again-{i}"), t(2)),
+                OnChallenge::Ignore(IgnoreReason::AlreadyAuthenticated)
+            );
+        }
     }
 
     #[test]

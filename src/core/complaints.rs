@@ -70,29 +70,9 @@ pub fn classify_notice(text: &str) -> NoticeKind {
 /// count in).
 pub const RATE_LIMIT_COOLDOWN: Duration = Duration::from_secs(65);
 
-/// `text` from a relay made safe for one log line: control characters and quotes escaped,
-/// at most `max` characters (an ellipsis marks the cut).
-pub fn loggable(text: &str, max: usize) -> String {
-    let mut out = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i >= max {
-            out.push('…');
-            break;
-        }
-        out.extend(c.escape_debug());
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loggable_escapes_and_caps() {
-        assert_eq!(loggable("a\nb\u{1b}[31m\"", 100), "a\\nb\\u{1b}[31m\\\"");
-        assert_eq!(loggable("abcdef", 3), "abc…");
-    }
 
     #[test]
     fn closed_prefixes() {

@@ -162,6 +162,40 @@ pub fn check_parsed(event: &Event, filter: &Filter) -> Result<(), EventRejection
     Ok(())
 }
 
+/// Relay-supplied text made safe for one log line: control characters (newlines, carriage
+/// returns, escape sequences, …), Unicode bidirectional and zero-width format characters and
+/// backslashes are escaped (`\n`, `\u{1b}`, `\\`), and the text is cut after `max_chars`
+/// characters with a note of how many bytes were left out. A hostile relay therefore cannot
+/// forge log lines, hide text or fill the log.
+///
+/// ```
+/// use grasp_sync::core::message::escape_for_log;
+/// assert_eq!(escape_for_log("a\nb\u{1b}[31m", 100), "a\\nb\\u{1b}[31m");
+/// assert_eq!(escape_for_log("abcdef", 3), "abc… (3 more bytes)");
+/// ```
+pub fn escape_for_log(text: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max_chars.saturating_mul(2)));
+    for (n, (i, c)) in text.char_indices().enumerate() {
+        if n == max_chars {
+            out.push_str(&format!("… ({} more bytes)", text.len() - i));
+            break;
+        }
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control()
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}') =>
+            {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +209,30 @@ mod tests {
             .tag(Tag::parse(["a", "30617:abc:x"]).unwrap())
             .finalize(&keys)
             .unwrap()
+    }
+
+    #[test]
+    fn escape_for_log_escapes_controls_and_caps_length() {
+        assert_eq!(escape_for_log("plain text", 100), "plain text");
+        assert_eq!(
+            escape_for_log("line\r\nFAKE LOG LINE\t\\", 100),
+            "line\\r\\nFAKE LOG LINE\\t\\\\"
+        );
+        assert_eq!(
+            escape_for_log("\u{1b}[2J\u{0}\u{7f}", 100),
+            "\\u{1b}[2J\\u{0}\\u{7f}"
+        );
+        assert_eq!(
+            escape_for_log("a\u{202e}b\u{200b}", 100),
+            "a\\u{202e}b\\u{200b}"
+        );
+        assert_eq!(escape_for_log("héllo wörld", 5), "héllo… (7 more bytes)");
+        assert_eq!(escape_for_log("", 0), "");
+        let long = "x".repeat(10_000);
+        assert!(escape_for_log(&long, 300).len() < 330);
+        // Every output is one line.
+        let all: String = (0u32..0x3000).filter_map(char::from_u32).collect();
+        assert!(!escape_for_log(&all, usize::MAX).contains(['\n', '\r']));
     }
 
     #[test]

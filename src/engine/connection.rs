@@ -14,7 +14,7 @@
 //! subscription the relay `CLOSED` with `auth-required:` is held back (not reported) until
 //! the relay accepted it, then its REQ is sent again ([`AuthState`] decides).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use tungstenite::Message;
 use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, OnChallenge};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{
-    check_parsed, parse_event, parse_relay_frame, EventRejection, Incoming,
+    check_parsed, escape_for_log, parse_event, parse_relay_frame, EventRejection, Incoming,
 };
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
@@ -38,8 +38,15 @@ use crate::core::time::Clock;
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::nip11;
+use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, Socket, WsOptions};
+
+/// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
+pub const MAX_RELAY_TEXT: usize = 300;
+
+/// Ids of oversized events one relay thread remembers (so each is counted and logged once).
+pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
 
 /// Commands from the coordinator to a relay thread.
 #[derive(Debug, Clone)]
@@ -67,6 +74,9 @@ pub enum Control {
     },
     /// Close and end the thread.
     Shutdown,
+    /// Test hook: panic in the relay thread (to test that the coordinator restarts it).
+    #[cfg(feature = "testing")]
+    Panic,
 }
 
 /// A checked event on its way into the own relay.
@@ -113,8 +123,11 @@ pub struct ConnectionThread {
     pub clock: Arc<dyn Clock>,
     /// Deadline of the NIP-11 information request (fetched before the first connect).
     pub nip11_timeout: Duration,
-    /// Key answering NIP-42 AUTH challenges (none: challenges are ignored).
+    /// Key answering NIP-42 AUTH challenges (none: challenges are ignored). For the own
+    /// relay this is `Config::own_auth_keys` when set.
     pub auth_keys: Option<Keys>,
+    /// Which addresses this relay may be connected to (checked for remote relays only).
+    pub policy: Arc<AddressPolicy>,
 }
 
 struct Sub {
@@ -138,6 +151,11 @@ impl ConnectionThread {
     pub fn run(self) {
         let mut next: Option<u64> = None;
         let mut limits_known = false;
+        let mut oversized_seen = HashSet::new();
+        let verdict = match self.role {
+            Role::Own => UrlVerdict::Trusted,
+            Role::Remote(_) => self.policy.check_url(&self.url),
+        };
         loop {
             let generation = match next.take() {
                 Some(g) => g,
@@ -146,10 +164,20 @@ impl ConnectionThread {
                     None => break,
                 },
             };
-            if !limits_known {
-                limits_known = self.fetch_limits();
+            if let UrlVerdict::Refused(reason) = &verdict {
+                self.refused(generation, reason.clone());
+                continue;
             }
-            match self.session(generation) {
+            if !limits_known {
+                match self.fetch_limits(&verdict) {
+                    Ok(known) => limits_known = known,
+                    Err(reason) => {
+                        self.refused(generation, reason);
+                        continue;
+                    }
+                }
+            }
+            match self.session(generation, &verdict, &mut oversized_seen) {
                 SessionEnd::Lost => {}
                 SessionEnd::Reconnect(g) => next = Some(g),
                 SessionEnd::Stop => break,
@@ -158,31 +186,61 @@ impl ConnectionThread {
         debug!("{}: thread ends", self.url);
     }
 
-    /// Reads the relay's NIP-11 `limitation` and reports it (before `Connected`, so the
-    /// first REQs already use it). Returns false when it should be asked for again.
-    fn fetch_limits(&self) -> bool {
-        if self.nip11_timeout.is_zero() {
-            return true;
+    /// Checks a resolved address right before a connect: for every remote relay, that it is
+    /// not the own relay's; for relays discovered from events, the whole address policy.
+    fn check_addr(&self, verdict: &UrlVerdict, addr: std::net::SocketAddr) -> Result<(), String> {
+        if matches!(self.role, Role::Own) {
+            return Ok(());
         }
-        match nip11::fetch(&self.url, self.nip11_timeout, 64 * 1024) {
+        match verdict {
+            UrlVerdict::CheckAddresses => self.policy.check_addr(addr),
+            _ => self.policy.check_own(addr),
+        }
+    }
+
+    /// The address policy refused this relay: counted, logged once (the machine then drops
+    /// the relay and never asks for it again), and reported.
+    fn refused(&self, generation: u64, reason: String) {
+        if self.metrics.refuse(&self.url, &reason) {
+            warn!("{}: not connecting: {reason}", self.url);
+        } else {
+            debug!("{}: not connecting: {reason}", self.url);
+        }
+        self.report(Report::Refused {
+            relay: self.url.clone(),
+            generation,
+            reason,
+        });
+    }
+
+    /// Reads the relay's NIP-11 `limitation` and reports it (before `Connected`, so the
+    /// first REQs already use it). `Ok(false)` when it should be asked for again; `Err` when
+    /// the address policy refused the relay.
+    fn fetch_limits(&self, verdict: &UrlVerdict) -> Result<bool, String> {
+        if self.nip11_timeout.is_zero() {
+            return Ok(true);
+        }
+        let check = |addr| self.check_addr(verdict, addr);
+        match nip11::fetch_checked(&self.url, self.nip11_timeout, 64 * 1024, &check) {
             Ok(limits) => {
                 debug!("{}: NIP-11 {limits:?}", self.url);
                 self.report(Report::Limits {
                     relay: self.url.clone(),
                     limits,
                 });
-                true
+                Ok(true)
             }
+            Err(nip11::Nip11Error::Refused(reason)) => Err(reason),
             Err(e) => {
                 debug!("{}: no NIP-11 limits ({e}); using defaults", self.url);
                 // Ask again on the next connect only if the relay was not reachable; a relay
                 // that answered without a usable document keeps the defaults.
-                !matches!(
+                Ok(!matches!(
                     e,
                     nip11::Nip11Error::Connect(_)
                         | nip11::Nip11Error::Io(_)
                         | nip11::Nip11Error::Timeout
-                )
+                ))
             }
         }
     }
@@ -199,6 +257,8 @@ impl ConnectionThread {
             match self.control.recv_timeout(Duration::from_millis(200)) {
                 Ok(Control::Connect { generation }) => return Some(generation),
                 Ok(Control::Shutdown) => return None,
+                #[cfg(feature = "testing")]
+                Ok(Control::Panic) => panic!("{}: panic injected by a test", self.url),
                 Ok(other) => trace!("{}: dropping {other:?} while disconnected", self.url),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return None,
@@ -233,10 +293,20 @@ impl ConnectionThread {
         });
     }
 
-    fn session(&self, generation: u64) -> SessionEnd {
+    fn session(
+        &self,
+        generation: u64,
+        verdict: &UrlVerdict,
+        oversized_seen: &mut HashSet<EventId>,
+    ) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
-        let mut socket = match ws::connect(&self.url, &self.ws) {
+        let check = |addr| self.check_addr(verdict, addr);
+        let mut socket = match ws::connect_checked(&self.url, &self.ws, &check) {
             Ok(s) => s,
+            Err(ws::ConnectError::Refused(reason)) => {
+                self.refused(generation, reason);
+                return SessionEnd::Lost;
+            }
             Err(e) => {
                 self.disconnected(generation, e.to_string());
                 return SessionEnd::Lost;
@@ -303,6 +373,8 @@ impl ConnectionThread {
                             break;
                         }
                     }
+                    #[cfg(feature = "testing")]
+                    Control::Panic => panic!("{}: panic injected by a test", self.url),
                     stale => trace!("{}: dropping stale {stale:?}", self.url),
                 }
             }
@@ -321,6 +393,9 @@ impl ConnectionThread {
                 Ok(msg) => {
                     keepalive.on_activity();
                     match msg {
+                        Message::Text(text) if text.len() > self.ws.max_event_size => {
+                            self.oversized(&mut subs, oversized_seen, text.as_str());
+                        }
                         Message::Text(text) => {
                             let mut ctx = Session {
                                 generation,
@@ -384,6 +459,56 @@ impl ConnectionThread {
             let _ = socket.flush();
         }
         end
+    }
+
+    /// A text frame above the soft cap (`WsOptions::max_event_size`) but below the hard cap:
+    /// dropped and counted; the connection is kept, so a relay storing one oversized event
+    /// does not flap for ever (it would be fetched again on every reconnect). An event is
+    /// counted once per relay however often it arrives (several subscriptions, reconnects;
+    /// at most [`MAX_OVERSIZED_REMEMBERED`] ids are remembered), and logged at warn level the
+    /// first time for this relay, then at debug level. It still counts as received for its
+    /// subscription's paging (as an invalid event does: its timestamp is not used).
+    fn oversized(&self, subs: &mut HashMap<String, Sub>, seen: &mut HashSet<EventId>, text: &str) {
+        let (size, cap) = (text.len(), self.ws.max_event_size);
+        let event = match parse_relay_frame(text) {
+            Ok(Incoming::Event { sub_id, raw }) => parse_event(raw.get()).ok().map(|e| (sub_id, e)),
+            _ => None,
+        };
+        let what = match &event {
+            Some((sub_id, e)) => {
+                // Counted like an invalid event: received, but its (unchecked) timestamp
+                // does not steer paging.
+                if let Some(sub) = subs.get_mut(sub_id) {
+                    if !sub.eose {
+                        sub.stats.received += 1;
+                    }
+                }
+                if seen.contains(&e.id) {
+                    debug!(
+                        "{}: dropped event {} again ({size} bytes, above the {cap}-byte cap)",
+                        self.url, e.id
+                    );
+                    return;
+                }
+                if seen.len() < MAX_OVERSIZED_REMEMBERED {
+                    seen.insert(e.id);
+                }
+                format!("event {} on {}", e.id, escape_for_log(sub_id, 64))
+            }
+            None => "a frame".to_string(),
+        };
+        let before = self
+            .counters
+            .oversized_frames
+            .fetch_add(1, Ordering::Relaxed);
+        if before == 0 {
+            warn!("{}: dropped {what} of {size} bytes (above the {cap}-byte cap); the connection is kept, further ones are logged at debug level", self.url);
+        } else {
+            debug!(
+                "{}: dropped {what} of {size} bytes (above the {cap}-byte cap)",
+                self.url
+            );
+        }
     }
 
     /// Reports held subscriptions' `CLOSED` (those still open). False when stopping.
@@ -500,7 +625,11 @@ impl ConnectionThread {
             Ok(m) => m,
             Err(e) => {
                 RelayCounters::inc(&self.counters.garbage_frames);
-                debug!("{}: unreadable frame ({e}): {:.120}", self.url, text);
+                debug!(
+                    "{}: unreadable frame ({e}): {}",
+                    self.url,
+                    escape_for_log(text, 120)
+                );
                 return true;
             }
         };
@@ -509,7 +638,11 @@ impl ConnectionThread {
                 RelayCounters::inc(&self.counters.events_received);
                 let Some(sub) = ctx.subs.get_mut(&sub_id) else {
                     RelayCounters::inc(&self.counters.events_unknown_subscription);
-                    debug!("{}: event for unknown subscription {sub_id:?}", self.url);
+                    debug!(
+                        "{}: event for unknown subscription {}",
+                        self.url,
+                        escape_for_log(&sub_id, 64)
+                    );
                     return true;
                 };
                 let event = match parse_event(raw.get()) {
@@ -568,20 +701,28 @@ impl ConnectionThread {
                         stats: sub.stats.clone(),
                     });
                 }
-                debug!("{}: EOSE for unknown subscription {sub_id:?}", self.url);
+                debug!(
+                    "{}: EOSE for unknown subscription {}",
+                    self.url,
+                    escape_for_log(&sub_id, 64)
+                );
             }
             Incoming::Closed { sub_id, message } => {
                 RelayCounters::inc(&self.counters.closed);
-                if ctx.subs.contains_key(&sub_id)
-                    && ctx.auth.on_closed(&sub_id, &message, self.clock.now()) == ClosedAction::Hold
+                // Relay-supplied text: escaped and capped before it reaches any log line.
+                let message = escape_for_log(&message, MAX_RELAY_TEXT);
+                let sub_id = sub_id.as_str();
+                let shown = escape_for_log(sub_id, 64);
+                if ctx.subs.contains_key(sub_id)
+                    && ctx.auth.on_closed(sub_id, &message, self.clock.now()) == ClosedAction::Hold
                 {
                     debug!(
-                        "{}: subscription {sub_id} held until authenticated: {message}",
+                        "{}: subscription {shown} held until authenticated: {message}",
                         self.url
                     );
                     return true;
                 }
-                if ctx.subs.remove(&sub_id).is_some() {
+                if ctx.subs.remove(sub_id).is_some() {
                     return self.report(Report::Closed {
                         relay: self.url.clone(),
                         generation,
@@ -590,15 +731,16 @@ impl ConnectionThread {
                     });
                 }
                 debug!(
-                    "{}: CLOSED for unknown subscription {sub_id:?}: {message}",
+                    "{}: CLOSED for unknown subscription {shown}: {message}",
                     self.url
                 );
             }
             Incoming::Notice(text) => {
                 RelayCounters::inc(&self.counters.notices);
-                debug!("{}: NOTICE {:.200}", self.url, text);
-                // Bounded: the core only needs to recognise rate-limit texts.
-                let message: String = text.chars().take(300).collect();
+                // Escaped and bounded: the core only needs to recognise rate-limit texts, and
+                // logs what it gets.
+                let message = escape_for_log(&text, MAX_RELAY_TEXT);
+                debug!("{}: NOTICE {message}", self.url);
                 return self.report(Report::Notice {
                     relay: self.url.clone(),
                     generation,

@@ -13,20 +13,39 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use log::{debug, error, info, warn};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::core::sync::{Command, SyncMachine};
 use crate::core::time::Time;
 use crate::engine::connection::{self, ConnectionThread, Control, ForwardItem, Role};
-use crate::engine::forwarder::ForwarderControl;
+use crate::engine::forwarder::{Forwarder, ForwarderControl};
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
+use crate::net::policy::AddressPolicy;
 use crate::net::url::RelayUrl;
 
 struct RelayThread {
     control: Sender<Control>,
     handle: JoinHandle<()>,
+    /// The generation of the last `Control::Connect` sent to it.
+    generation: u64,
+}
+
+/// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
+pub fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
+    config
+        .own_auth_keys
+        .clone()
+        .or_else(|| config.auth_keys.clone())
+}
+
+/// Starts the forwarder thread.
+pub fn spawn_forwarder(f: &Forwarder) -> std::io::Result<JoinHandle<()>> {
+    let f = f.clone();
+    std::thread::Builder::new()
+        .name("forwarder".into())
+        .spawn(move || f.run())
 }
 
 /// The coordinator's state besides the machine.
@@ -41,18 +60,28 @@ pub struct Coordinator {
     pub forward_tx: Sender<ForwardItem>,
     /// Commands to the forwarder.
     pub forwarder: Sender<ForwarderControl>,
+    /// What the forwarder thread is started from (again, if it dies).
+    pub forwarder_spec: Forwarder,
+    /// The running forwarder thread.
+    pub forwarder_thread: Option<JoinHandle<()>>,
+    /// When the forwarder was last restarted (none: never).
+    pub forwarder_restarted: Option<Instant>,
     /// Configuration.
     pub config: Config,
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
+    /// The shutdown deadline, set by `SyncHandle::shutdown` before `stopping`.
+    pub stop_deadline: Arc<Mutex<Option<Instant>>>,
+    /// The address policy handed to every relay thread.
+    pub policy: Arc<AddressPolicy>,
 }
 
 impl Coordinator {
     /// Runs until an `Input::Shutdown`; then stops every relay thread and joins them until
     /// `deadline`. Returns the names of threads that did not end in time.
-    pub fn run(self) -> Vec<String> {
+    pub fn run(mut self) -> Vec<String> {
         let clock = self.config.clock.clone();
         let mut threads: HashMap<RelayUrl, RelayThread> = HashMap::new();
         let mut retired: Vec<(String, JoinHandle<()>)> = Vec::new();
@@ -60,12 +89,18 @@ impl Coordinator {
         self.execute(&mut threads, &mut retired);
         let mut next_summary = clock.now().plus(self.config.summary_interval);
         let shutdown_deadline = loop {
+            // The flag, not only the message: the message may not fit a full channel.
+            if self.stopping.load(Ordering::SeqCst) {
+                break self.stop_deadline();
+            }
             let now = clock.now();
             let wake = self.machine.read().poll_timeout();
             let mut wait = wake.map_or(Duration::from_millis(500), |t| t.since(now));
             wait = wait.min(Duration::from_millis(500));
             match self.inputs.recv_timeout(wait) {
                 Ok(Input::Shutdown(deadline)) => break deadline,
+                #[cfg(feature = "testing")]
+                Ok(Input::InjectPanic(target)) => self.inject_panic(&threads, target),
                 Ok(Input::Report(r)) => {
                     let mut m = self.machine.write();
                     m.handle_report(r, clock.now());
@@ -78,6 +113,8 @@ impl Coordinator {
                                 self.execute(&mut threads, &mut retired);
                                 return self.stop(threads, retired, d);
                             }
+                            #[cfg(feature = "testing")]
+                            Ok(Input::InjectPanic(target)) => self.inject_panic(&threads, target),
                             Err(_) => break,
                         }
                     }
@@ -93,12 +130,120 @@ impl Coordinator {
             }
             self.execute(&mut threads, &mut retired);
             retired.retain(|(_, h)| !h.is_finished());
+            if !self.stopping.load(Ordering::SeqCst) {
+                self.watch(&mut threads);
+                self.execute(&mut threads, &mut retired);
+            }
             if now >= next_summary {
                 next_summary = now.plus(self.config.summary_interval);
                 self.summary(now);
             }
         };
         self.stop(threads, retired, shutdown_deadline)
+    }
+
+    fn stop_deadline(&self) -> Instant {
+        self.stop_deadline
+            .lock()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(5))
+    }
+
+    #[cfg(feature = "testing")]
+    fn inject_panic(
+        &self,
+        threads: &HashMap<RelayUrl, RelayThread>,
+        target: crate::engine::PanicTarget,
+    ) {
+        match target {
+            crate::engine::PanicTarget::Relay(url) => self.send(threads, &url, Control::Panic),
+            crate::engine::PanicTarget::Forwarder => {
+                let _ = self.forwarder.send(ForwarderControl::Panic);
+            }
+        }
+    }
+
+    /// Notices threads that ended although nobody asked them to (a panic: relay threads and
+    /// the forwarder only end on shutdown), logs it at error level, counts it
+    /// (`Status::thread_restarts`) and starts them again. A relay the machine believes
+    /// connected or connecting gets a `Disconnected` report, so the machine reconnects it as
+    /// after any lost connection (and its next `Connect` spawns a fresh thread); the
+    /// forwarder is restarted at once (events in its queue are lost and fetched again at the
+    /// next reconnect or resync of their relay; the backlog counter is reset to what waits in
+    /// its channel).
+    fn watch(&mut self, threads: &mut HashMap<RelayUrl, RelayThread>) {
+        let dead: Vec<RelayUrl> = threads
+            .iter()
+            .filter(|(_, t)| t.handle.is_finished())
+            .map(|(u, _)| u.clone())
+            .collect();
+        for relay in dead {
+            let Some(t) = threads.remove(&relay) else {
+                continue;
+            };
+            let how = if t.handle.join().is_err() {
+                "panicked"
+            } else {
+                "ended"
+            };
+            error!("{relay}: relay thread {how}; starting it again");
+            self.metrics.thread_restarts.fetch_add(1, Ordering::Relaxed);
+            RelayCounters::inc(&self.metrics.relay(&relay).thread_restarts);
+            let live = {
+                let m = self.machine.read();
+                let status = if relay == self.config.own_relay {
+                    Some(m.own_status())
+                } else {
+                    m.relay_index().get(&relay).map(|r| r.connection_status)
+                };
+                status.is_some_and(|s| s != crate::core::ConnectionStatus::Disconnected)
+            };
+            if live {
+                self.machine.write().handle_report(
+                    crate::core::Report::Disconnected {
+                        relay: relay.clone(),
+                        generation: t.generation,
+                        reason: format!("relay thread {how}"),
+                    },
+                    self.config.clock.now(),
+                );
+            }
+        }
+        // A forwarder that dies at once again is restarted at most once a second.
+        let too_soon = self
+            .forwarder_restarted
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+        if !too_soon
+            && self
+                .forwarder_thread
+                .as_ref()
+                .is_some_and(|h| h.is_finished())
+        {
+            self.forwarder_restarted = Some(Instant::now());
+            let how = match self.forwarder_thread.take().map(|h| h.join()) {
+                Some(Err(_)) => "panicked",
+                _ => "ended",
+            };
+            error!("forwarder thread {how}; starting it again");
+            self.metrics.thread_restarts.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .forwarder_restarts
+                .fetch_add(1, Ordering::Relaxed);
+            let f = &self.metrics.forward;
+            f.connected.store(0, Ordering::Relaxed);
+            f.unresolved
+                .store(self.forward_tx.len() as u64, Ordering::Relaxed);
+            if f.full.swap(0, Ordering::Relaxed) == 1 {
+                self.machine.write().handle_report(
+                    crate::core::Report::ForwardBackPressure { active: false },
+                    self.config.clock.now(),
+                );
+            }
+            match spawn_forwarder(&self.forwarder_spec) {
+                Ok(h) => self.forwarder_thread = Some(h),
+                // Tried again on the next turn.
+                Err(e) => error!("cannot start the forwarder thread: {e}"),
+            }
+        }
     }
 
     fn summary(&self, now: Time) {
@@ -111,8 +256,9 @@ impl Coordinator {
         let f = &self.metrics.forward;
         let own = &self.config.own_relay;
         info!(
-            "relays connected {connected}/{}; repos {}; root events {}; events forwarded {} (duplicates {}), rejected {}, invalid {}, unmatched {}",
+            "relays connected {connected}/{} (refused {}); repos {}; root events {}; events forwarded {} (duplicates {}), rejected {}, invalid {}, unmatched {}; thread restarts {}",
             statuses.len(),
+            self.metrics.relays_refused.load(Ordering::Relaxed),
             m.repo_index().len(),
             m.root_event_count(),
             f.stored.load(Ordering::Relaxed),
@@ -120,6 +266,7 @@ impl Coordinator {
             f.rejected.load(Ordering::Relaxed),
             self.metrics.sum(own, |c| &c.events_invalid),
             self.metrics.sum(own, |c| &c.events_unmatched),
+            self.metrics.thread_restarts.load(Ordering::Relaxed),
         );
     }
 
@@ -154,6 +301,9 @@ impl Coordinator {
                                 continue;
                             }
                         }
+                    }
+                    if let Some(t) = threads.get_mut(&relay) {
+                        t.generation = generation;
                     }
                     self.send(threads, &relay, Control::Connect { generation });
                 }
@@ -229,16 +379,22 @@ impl Coordinator {
             stopping: self.stopping.clone(),
             clock: self.config.clock.clone(),
             nip11_timeout: self.config.nip11_timeout,
-            auth_keys: self.config.auth_keys.clone(),
+            auth_keys: if *relay == self.config.own_relay {
+                own_keys(&self.config)
+            } else {
+                self.config.auth_keys.clone()
+            },
+            policy: self.policy.clone(),
         })?;
         Ok(RelayThread {
             control: tx,
             handle,
+            generation: 0,
         })
     }
 
     fn stop(
-        self,
+        mut self,
         threads: HashMap<RelayUrl, RelayThread>,
         mut retired: Vec<(String, JoinHandle<()>)>,
         deadline: Instant,
@@ -262,6 +418,12 @@ impl Coordinator {
             .is_err()
         {
             warn!("forwarder already stopped; events it held are refetched at the next start");
+        }
+        if let Some(h) = self.forwarder_thread.take() {
+            while Instant::now() < deadline && !h.is_finished() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            retired.push(("forwarder".to_string(), h));
         }
         let mut running = Vec::new();
         for (name, h) in retired {

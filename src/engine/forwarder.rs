@@ -23,10 +23,11 @@ use crate::core::auth::{
 use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
+use crate::core::message::escape_for_log;
 use crate::core::message::{parse_relay_frame, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
-use crate::engine::connection::{auth_message, write_text, ForwardItem};
+use crate::engine::connection::{auth_message, write_text, ForwardItem, MAX_RELAY_TEXT};
 use crate::engine::metrics::Metrics;
 use crate::engine::Input;
 use crate::net::url::RelayUrl;
@@ -42,9 +43,13 @@ pub enum ForwarderControl {
     /// (or at the deadline): the relay threads have already stopped, so the channel holds
     /// all that is left.
     Drain(std::time::Instant),
+    /// Test hook: panic in the forwarder thread (to test that the coordinator restarts it).
+    #[cfg(feature = "testing")]
+    Panic,
 }
 
-/// Everything the forwarder thread needs.
+/// Everything the forwarder thread needs (cloned to restart a forwarder that died).
+#[derive(Clone)]
 pub struct Forwarder {
     /// The own relay.
     pub url: RelayUrl,
@@ -164,6 +169,8 @@ impl Forwarder {
                 self.drain.set(Some(deadline));
             }
             ForwarderControl::RetryRejected(changed) => self.retry_rejected(queue, &changed),
+            #[cfg(feature = "testing")]
+            ForwarderControl::Panic => panic!("forwarder: panic injected by a test"),
         }
     }
 
@@ -405,14 +412,21 @@ impl Forwarder {
                 }
                 self.ok_outcome(event_id, &message, outcome);
             }
-            Ok(Incoming::Notice(n)) => info!("own relay NOTICE (forwarder): {n:.200}"),
+            Ok(Incoming::Notice(n)) => info!(
+                "own relay NOTICE (forwarder): {}",
+                escape_for_log(&n, MAX_RELAY_TEXT)
+            ),
             Ok(Incoming::Auth(challenge)) => self.on_challenge(&challenge, auth, socket),
-            Ok(other) => debug!("forwarder: ignoring {other:?}"),
+            Ok(other) => debug!(
+                "forwarder: ignoring {}",
+                escape_for_log(&format!("{other:?}"), MAX_RELAY_TEXT)
+            ),
             Err(e) => debug!("forwarder: unreadable frame from the own relay: {e}"),
         }
     }
 
     fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
+        let message = escape_for_log(message, MAX_RELAY_TEXT);
         match outcome {
             OkOutcome::Stored => {
                 self.resolved();
@@ -436,7 +450,7 @@ impl Forwarder {
                 let slot = crate::engine::metrics::reject_reason_slot(&reason);
                 let n =
                     self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);
-                let reason = crate::core::complaints::loggable(&reason, 200);
+                let reason = escape_for_log(&reason, MAX_RELAY_TEXT);
                 // Mirroring foreign announcements into a GRASP relay is rejected a lot: the
                 // first of each reason at info level, the rest at debug (all counted).
                 if n == 0 {

@@ -33,6 +33,11 @@ pub struct RelayCounters {
     pub connects: AtomicU64,
     /// Connections lost or failed.
     pub disconnects: AtomicU64,
+    /// Times this relay's thread ended unexpectedly and was restarted.
+    pub thread_restarts: AtomicU64,
+    /// Frames above the soft size cap, dropped with the connection kept (each distinct event
+    /// counted once).
+    pub oversized_frames: AtomicU64,
 }
 
 impl RelayCounters {
@@ -46,7 +51,7 @@ impl RelayCounters {
         c.load(Ordering::Relaxed)
     }
 
-    fn fields(&self) -> [&AtomicU64; 11] {
+    fn fields(&self) -> [&AtomicU64; 13] {
         [
             &self.events_received,
             &self.events_accepted,
@@ -59,6 +64,8 @@ impl RelayCounters {
             &self.auth_challenges,
             &self.connects,
             &self.disconnects,
+            &self.oversized_frames,
+            &self.thread_restarts,
         ]
     }
 
@@ -177,7 +184,18 @@ pub struct Metrics {
     retired: RelayCounters,
     /// Forwarder counters.
     pub forward: ForwardCounters,
+    /// Threads that ended unexpectedly and were restarted (all kinds).
+    pub thread_restarts: AtomicU64,
+    /// Forwarder restarts (included in `thread_restarts`).
+    pub forwarder_restarts: AtomicU64,
+    /// Relays the address policy refused (each counted once).
+    pub relays_refused: AtomicU64,
+    /// The refused relays and why (at most [`MAX_REFUSED_SHOWN`] kept).
+    refused: RwLock<std::collections::BTreeMap<RelayUrl, String>>,
 }
+
+/// Refused relays kept for the status (the counter goes on).
+pub const MAX_REFUSED_SHOWN: usize = 1_000;
 
 impl Metrics {
     /// The counters of `relay`, created on first use.
@@ -190,6 +208,29 @@ impl Metrics {
             .entry(relay.clone())
             .or_default()
             .clone()
+    }
+
+    /// Records that the address policy refused `relay` (counted once per relay). True the
+    /// first time for this relay.
+    pub fn refuse(&self, relay: &RelayUrl, reason: &str) -> bool {
+        let mut m = self.refused.write();
+        if m.contains_key(relay) {
+            return false;
+        }
+        self.relays_refused.fetch_add(1, Ordering::Relaxed);
+        if m.len() < MAX_REFUSED_SHOWN {
+            m.insert(relay.clone(), reason.to_string());
+        }
+        true
+    }
+
+    /// The refused relays and why, sorted by URL.
+    pub fn refused(&self) -> Vec<(RelayUrl, String)> {
+        self.refused
+            .read()
+            .iter()
+            .map(|(u, r)| (u.clone(), r.clone()))
+            .collect()
     }
 
     /// The counters of `relay` if it has any.

@@ -31,6 +31,19 @@ pub enum Input {
     Report(Report),
     /// Stop everything; join threads until the deadline.
     Shutdown(Instant),
+    /// Test hook: make a thread panic (the coordinator must notice and restart it).
+    #[cfg(feature = "testing")]
+    InjectPanic(PanicTarget),
+}
+
+/// Which thread [`SyncHandle::inject_panic`] makes panic.
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PanicTarget {
+    /// The relay thread of this relay (the own relay's URL: the self-subscription).
+    Relay(RelayUrl),
+    /// The forwarder.
+    Forwarder,
 }
 
 /// One remote relay in a [`Status`].
@@ -100,6 +113,11 @@ pub struct RelayStatus {
     pub loading_queries: usize,
     /// Consecutive failed connection attempts.
     pub failures: u32,
+    /// Times this relay's thread ended unexpectedly (a panic) and was started again.
+    pub thread_restarts: u64,
+    /// Frames above the soft size cap (`WsOptions::max_event_size`), dropped with the
+    /// connection kept; each distinct event is counted once.
+    pub oversized_frames: u64,
 }
 
 /// The own relay's `OK` latency, as a cumulative histogram.
@@ -153,6 +171,18 @@ pub struct Status {
     pub ok_latency: LatencySnapshot,
     /// The own relay's rejections by reason prefix (fixed set, `other` last).
     pub rejected_by_reason: Vec<(&'static str, u64)>,
+    /// Threads (relay threads, the self-subscription, the forwarder) that ended unexpectedly
+    /// (a panic) and were started again by the coordinator.
+    pub thread_restarts: u64,
+    /// Times the forwarder was among them.
+    pub forwarder_restarts: u64,
+    /// Relays refused by the address policy (each counted once).
+    pub relays_refused: u64,
+    /// The refused relays and why (sorted by URL; at most 1,000 shown).
+    pub refused_relays: Vec<(RelayUrl, String)>,
+    /// False once shutdown has begun or the coordinator thread has ended (a bug); nothing
+    /// is synced then.
+    pub coordinator_running: bool,
 }
 
 impl Status {
@@ -185,8 +215,8 @@ pub struct SyncHandle {
     config: Config,
     inputs: Sender<Input>,
     stopping: Arc<AtomicBool>,
+    stop_deadline: Arc<Mutex<Option<Instant>>>,
     coordinator: Mutex<Option<JoinHandle<Vec<String>>>>,
-    forwarder: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Starts the engine: the coordinator, the forwarder and (through the coordinator) the
@@ -200,7 +230,8 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
     let machine = Arc::new(RwLock::new(SyncMachine::new(config.sync_config())));
     let metrics = Arc::new(Metrics::default());
     let stopping = Arc::new(AtomicBool::new(false));
-    let (inputs_tx, inputs_rx) = bounded(65_536);
+    let stop_deadline = Arc::new(Mutex::new(None));
+    let (inputs_tx, inputs_rx) = bounded(config.input_channel.max(1));
     let (forward_tx, forward_rx) = bounded(config.forward_channel.max(1));
     let (fctl_tx, fctl_rx) = unbounded();
 
@@ -218,13 +249,10 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         drain: std::cell::Cell::new(None),
         clock: config.clock.clone(),
         seed: config.seed ^ 0x5555,
-        auth_keys: config.auth_keys.clone(),
+        auth_keys: coordinator::own_keys(&config),
         reports: inputs_tx.clone(),
     };
-    let forwarder = std::thread::Builder::new()
-        .name("forwarder".into())
-        .spawn(move || forwarder.run())
-        .map_err(Error::Spawn)?;
+    let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
     let coordinator = Coordinator {
         machine: machine.clone(),
@@ -232,9 +260,14 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         inputs_tx: inputs_tx.clone(),
         forward_tx,
         forwarder: fctl_tx,
+        forwarder_spec: forwarder,
+        forwarder_thread: Some(forwarder_thread),
+        forwarder_restarted: None,
         config: config.clone(),
         metrics: metrics.clone(),
         stopping: stopping.clone(),
+        stop_deadline: stop_deadline.clone(),
+        policy: Arc::new(config.address_policy(own_addresses(&config))),
     };
     let coordinator = std::thread::Builder::new()
         .name("coordinator".into())
@@ -247,9 +280,23 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         config,
         inputs: inputs_tx,
         stopping,
+        stop_deadline,
         coordinator: Mutex::new(Some(coordinator)),
-        forwarder: Mutex::new(Some(forwarder)),
     })
+}
+
+/// The socket addresses of the own relay and its `--public-url` aliases (each resolved with
+/// a 5 s deadline; a name that does not resolve is skipped), so that a discovered relay that
+/// is the own relay under another name is recognised by address.
+fn own_addresses(config: &Config) -> Vec<std::net::SocketAddr> {
+    let mut addrs = Vec::new();
+    for url in std::iter::once(&config.own_relay).chain(&config.public_urls) {
+        match crate::net::ws::resolve(url, Duration::from_secs(5)) {
+            Ok(a) => addrs.extend(a),
+            Err(e) => log::debug!("{url}: not resolved for the own-address check: {e}"),
+        }
+    }
+    addrs
 }
 
 impl SyncHandle {
@@ -277,6 +324,8 @@ impl SyncHandle {
                     auth_challenges: get(|c| &c.auth_challenges),
                     connects: get(|c| &c.connects),
                     disconnects: get(|c| &c.disconnects),
+                    thread_restarts: get(|c| &c.thread_restarts),
+                    oversized_frames: get(|c| &c.oversized_frames),
                     url: s.url,
                     connection_status: s.connection_status,
                     health: s.health,
@@ -333,7 +382,28 @@ impl SyncHandle {
                 .zip(&f.rejected_by_reason)
                 .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
                 .collect(),
+            thread_restarts: self.metrics.thread_restarts.load(Ordering::Relaxed),
+            forwarder_restarts: self.metrics.forwarder_restarts.load(Ordering::Relaxed),
+            relays_refused: self.metrics.relays_refused.load(Ordering::Relaxed),
+            refused_relays: self.metrics.refused(),
+            coordinator_running: self
+                .coordinator
+                .lock()
+                .as_ref()
+                .is_some_and(|h| !h.is_finished()),
         }
+    }
+
+    /// Reports waiting in the coordinator's input channel (read without a lock).
+    pub fn input_backlog(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Test hook: makes a relay thread, the self-subscription or the forwarder panic, to
+    /// check that the coordinator notices, reports and restarts it.
+    #[cfg(feature = "testing")]
+    pub fn inject_panic(&self, target: PanicTarget) {
+        let _ = self.inputs.send(Input::InjectPanic(target));
     }
 
     /// `Ok` while the engine can do its work: the coordinator and forwarder threads run and
@@ -347,14 +417,6 @@ impl SyncHandle {
         };
         if finished(&self.coordinator) {
             return Err("the coordinator thread has stopped".into());
-        }
-        if self
-            .forwarder
-            .lock()
-            .as_ref()
-            .is_none_or(|h| h.is_finished())
-        {
-            return Err("the forwarder thread has stopped".into());
         }
         if self.machine.read().own_status() != ConnectionStatus::Connected {
             return Err(format!(
@@ -379,13 +441,19 @@ impl SyncHandle {
     /// Stops every thread and joins them within `deadline`.
     ///
     /// Returns [`Error::ShutdownTimeout`] naming the threads still running at the deadline
-    /// (a thread inside a connect attempt ends at its connect timeout).
+    /// (a thread inside a connect attempt ends at its connect timeout). The coordinator
+    /// stops the forwarder and the relay threads and joins them.
     pub fn shutdown(&self, deadline: Duration) -> Result<(), Error> {
         let end = Instant::now() + deadline;
-        self.stopping.store(true, Ordering::Relaxed);
+        // The deadline and the flag reach the coordinator even when its input channel is
+        // full (the message below is only a wake-up and may not fit).
+        *self.stop_deadline.lock() = Some(end);
+        self.stopping.store(true, Ordering::SeqCst);
         let _ = self.inputs.try_send(Input::Shutdown(end));
         let mut running = Vec::new();
-        if let Some(h) = self.coordinator.lock().take() {
+        // Taken out first: `status` must not wait on this lock while we join.
+        let coordinator = self.coordinator.lock().take();
+        if let Some(h) = coordinator {
             while !h.is_finished() && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -395,16 +463,6 @@ impl SyncHandle {
                 }
             } else {
                 running.push("coordinator".to_string());
-            }
-        }
-        if let Some(h) = self.forwarder.lock().take() {
-            while !h.is_finished() && Instant::now() < end {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            } else {
-                running.push("forwarder".to_string());
             }
         }
         if running.is_empty() {
@@ -417,7 +475,7 @@ impl SyncHandle {
 
 impl Drop for SyncHandle {
     fn drop(&mut self) {
-        if self.coordinator.lock().is_some() || self.forwarder.lock().is_some() {
+        if self.coordinator.lock().is_some() {
             if let Err(e) = self.shutdown(Duration::from_secs(5)) {
                 log::warn!("engine dropped without shutdown: {e}");
             }

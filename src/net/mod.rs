@@ -1,6 +1,7 @@
-//! Networking: relay URLs and the blocking websocket connector.
+//! Networking: relay URLs, the address policy and the blocking websocket connector.
 
 pub mod nip11;
+pub mod policy;
 pub mod tls;
 pub mod url;
 pub mod ws;

@@ -21,7 +21,7 @@ use log::{debug, trace};
 use serde_json::Value;
 
 use crate::net::url::RelayUrl;
-use crate::net::ws::{connect_tcp, tls_config, ConnectError};
+use crate::net::ws::{connect_tcp_checked, tls_config, AddrCheck, ConnectError};
 
 /// Largest numeric limit believed; anything above is treated as absent.
 const MAX_PLAUSIBLE: u64 = 1_000_000_000;
@@ -82,6 +82,8 @@ pub enum Nip11Error {
     Timeout,
     /// The answer was larger than the byte cap given to [`fetch`].
     TooLarge,
+    /// The address policy refused every resolved address (no connection was made).
+    Refused(String),
     /// The relay answered with an HTTP status other than 200.
     Status(u16),
     /// The answer was not a well-formed HTTP response or its body not a JSON object.
@@ -95,6 +97,7 @@ impl fmt::Display for Nip11Error {
             Nip11Error::Io(e) => write!(f, "I/O error while fetching NIP-11: {e}"),
             Nip11Error::Timeout => write!(f, "NIP-11 fetch deadline passed"),
             Nip11Error::TooLarge => write!(f, "NIP-11 answer exceeds the size cap"),
+            Nip11Error::Refused(e) => write!(f, "refused by the address policy: {e}"),
             Nip11Error::Status(code) => write!(f, "NIP-11 request answered with HTTP {code}"),
             Nip11Error::Malformed(e) => write!(f, "malformed NIP-11 answer: {e}"),
         }
@@ -312,7 +315,7 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, Nip11Error> {
 
 /// Fetches `url`'s NIP-11 document and returns its limits.
 ///
-/// Connects with [`connect_tcp`], wraps the socket in rustls for `wss://`, sends an HTTP/1.0
+/// Connects with [`connect_tcp`](crate::net::ws::connect_tcp), wraps the socket in rustls for `wss://`, sends an HTTP/1.0
 /// `GET` for the URL's path (or `/`) with `Accept: application/nostr+json` and reads the answer
 /// until the server closes, the `Content-Length` is complete, or more than `max_bytes` arrived
 /// ([`Nip11Error::TooLarge`]). Everything — connect, TLS handshake, request and answer — shares
@@ -323,11 +326,23 @@ pub fn fetch(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<RelayLimits, Nip11Error> {
+    fetch_checked(url, timeout, max_bytes, &|_| Ok(()))
+}
+
+/// [`fetch`] with every resolved address checked right before the TCP connect
+/// ([`connect_tcp_checked`]); [`Nip11Error::Refused`] when none passes.
+pub fn fetch_checked(
+    url: &RelayUrl,
+    timeout: Duration,
+    max_bytes: usize,
+    check: AddrCheck<'_>,
+) -> Result<RelayLimits, Nip11Error> {
     let started = Instant::now();
     let deadline = started + timeout;
-    let tcp = connect_tcp(url, timeout).map_err(|e| match e {
+    let tcp = connect_tcp_checked(url, timeout, check).map_err(|e| match e {
         ConnectError::Tcp(io) if is_timeout(&io) => Nip11Error::Timeout,
         ConnectError::Timeout => Nip11Error::Timeout,
+        ConnectError::Refused(r) => Nip11Error::Refused(r),
         other => Nip11Error::Connect(other.to_string()),
     })?;
     let _ = tcp.set_nodelay(true);

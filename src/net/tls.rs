@@ -49,7 +49,10 @@ impl std::fmt::Display for TlsError {
                 f,
                 "--system-roots: the system certificate store could not be loaded: {e}"
             ),
-            TlsError::NoRoots => write!(f, "no trusted certificates: give --ca-file or --system-roots"),
+            TlsError::NoRoots => write!(
+                f,
+                "no trusted certificates: give --ca-file or --system-roots"
+            ),
         }
     }
 }
@@ -92,7 +95,9 @@ pub fn client_config(trust: &TrustOptions) -> Result<Arc<rustls::ClientConfig>, 
             return Err(TlsError::SystemRoots(why));
         }
         let (added, ignored) = roots.add_parsable_certificates(found.certs);
-        log::info!("trusting {added} certificates of the system store ({ignored} unusable ones ignored)");
+        log::info!(
+            "trusting {added} certificates of the system store ({ignored} unusable ones ignored)"
+        );
     }
     if roots.is_empty() {
         return Err(TlsError::NoRoots);
@@ -132,12 +137,18 @@ mod tests {
             ..TrustOptions::default()
         };
         let e = client_config(&t).unwrap_err().to_string();
-        assert!(e.contains("--ca-file") && e.contains("no certificate"), "{e}");
+        assert!(
+            e.contains("--ca-file") && e.contains("no certificate"),
+            "{e}"
+        );
         let t = TrustOptions {
             ca_files: vec!["/nonexistent/ca.pem".into()],
             ..TrustOptions::default()
         };
         let e = client_config(&t).unwrap_err().to_string();
-        assert!(e.contains("/nonexistent/ca.pem") && e.contains("cannot read"), "{e}");
+        assert!(
+            e.contains("/nonexistent/ca.pem") && e.contains("cannot read"),
+            "{e}"
+        );
     }
 }

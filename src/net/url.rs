@@ -7,7 +7,10 @@
 //! * only `ws` and `wss` schemes are accepted (case-insensitive, stored lower-case);
 //! * the host is lower-cased; IPv6 literals keep their brackets;
 //! * the default port (80 for `ws`, 443 for `wss`) is dropped;
-//! * a trailing `/` is dropped (`wss://r.example/` and `wss://r.example` are one relay);
+//! * a trailing `/` is dropped (`wss://r.example/` and `wss://r.example` are one relay),
+//!   except before a query: `wss://r.example?x=1` and `wss://r.example/?x=1` both become
+//!   `wss://r.example/?x=1`, because a request target must start with `/` (every accepted URL
+//!   stays connectable);
 //! * user-info, whitespace inside the URL, and fragments are rejected or dropped as documented
 //!   on [`UrlError`].
 
@@ -124,14 +127,18 @@ impl RelayUrl {
                 _ => return Err(UrlError::Port(p.to_string())),
             },
         };
-        let mut path = path_and_query.to_string();
-        if let Some(q) = path.find('?') {
-            let (p, query) = path.split_at(q);
-            let p = p.trim_end_matches('/');
-            path = format!("{p}{query}");
-        } else {
-            path = path.trim_end_matches('/').to_string();
-        }
+        // The path as it goes on the request line. A query needs a path before it: an HTTP
+        // request target is `/?k=v`, never `?k=v` (nostr-rs-relay answers that with 400), so
+        // an empty path before a query becomes `/`, and a root path `/` is kept there.
+        let path = match path_and_query.find('?') {
+            Some(q) => {
+                let (p, query) = path_and_query.split_at(q);
+                let p = p.trim_end_matches('/');
+                let p = if p.is_empty() { "/" } else { p };
+                format!("{p}{query}")
+            }
+            None => path_and_query.trim_end_matches('/').to_string(),
+        };
         let mut text = format!("{scheme}://{host}");
         if port != default_port {
             text.push_str(&format!(":{port}"));
@@ -219,11 +226,47 @@ mod tests {
         );
         assert_eq!(n("  wss://r.example/nostr/  "), "wss://r.example/nostr");
         assert_eq!(n("wss://r.example/Path"), "wss://r.example/Path");
-        assert_eq!(n("wss://r.example/?x=1"), "wss://r.example?x=1");
+        assert_eq!(n("wss://r.example/?x=1"), "wss://r.example/?x=1");
+        assert_eq!(n("wss://r.example?x=1"), "wss://r.example/?x=1");
+        assert_eq!(n("wss://r.example//?x=1"), "wss://r.example/?x=1");
+        assert_eq!(n("wss://r.example/p/?x=1"), "wss://r.example/p?x=1");
+        assert_eq!(n("ws://127.0.0.1:7777/?n=1"), "ws://127.0.0.1:7777/?n=1");
         assert_eq!(n("wss://r.example#frag"), "wss://r.example");
         assert_eq!(n("ws://127.0.0.1:7777/"), "ws://127.0.0.1:7777");
         assert_eq!(n("ws://[::1]:7777"), "ws://[::1]:7777");
         assert_eq!(n("ws://[::1]"), "ws://[::1]");
+    }
+
+    /// Every accepted URL keeps a request target that starts with `/` (or is empty, which
+    /// the websocket client sends as `/`), so normalisation never makes a relay unreachable.
+    #[test]
+    fn normalised_urls_keep_an_origin_form_request_target() {
+        for s in [
+            "ws://h:1?n=1",
+            "ws://h:1/?n=1",
+            "ws://h:1//?n=1",
+            "ws://h:1/a/?n=1",
+            "ws://[::1]:1?n=1",
+            "wss://h?",
+            "wss://h/#f?x",
+        ] {
+            let u = RelayUrl::parse(s).unwrap();
+            let rest = &u.as_str()[u.as_str().find("://").unwrap() + 3..];
+            let target = &rest[rest.find(['/', '?']).unwrap_or(rest.len())..];
+            assert!(
+                target.is_empty() || target.starts_with('/'),
+                "{s} -> {u} has request target {target:?}"
+            );
+            // Normalising again changes nothing.
+            assert_eq!(RelayUrl::parse(u.as_str()).unwrap(), u);
+            let req =
+                tungstenite::client::IntoClientRequest::into_client_request(u.as_str()).unwrap();
+            let pq = req.uri().path_and_query().map(|p| p.as_str().to_string());
+            assert!(
+                pq.as_deref().is_none_or(|p| p.starts_with('/')),
+                "{s}: {pq:?}"
+            );
+        }
     }
 
     #[test]

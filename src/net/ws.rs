@@ -1,9 +1,11 @@
 //! A blocking websocket connector with a deadline on every step.
 //!
-//! `tungstenite::connect` has no connect timeout, so this resolves the host, connects with
-//! [`TcpStream::connect_timeout`], sets a read timeout *before* the TLS and websocket
-//! handshakes (a silent server then fails instead of hanging), and finally switches the
-//! socket to a short read timeout that the relay loop uses as its tick.
+//! `tungstenite::connect` has no connect timeout, so this resolves the host on a helper thread
+//! with a deadline ([`resolve`]), checks each address (the address policy, for relays
+//! discovered from events) and connects to it with [`TcpStream::connect_timeout`], runs the
+//! TLS and websocket handshakes over a [`DeadlineStream`] (one total deadline, however slowly
+//! the server sends), and finally switches the socket to a short read timeout that the relay
+//! loop uses as its tick.
 //!
 //! TLS uses rustls with the *ring* crypto provider chosen explicitly and the webpki root
 //! certificates, so the first `wss://` connect cannot panic for want of a process-level
@@ -11,7 +13,7 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tungstenite::client::IntoClientRequest;
@@ -22,7 +24,79 @@ use tungstenite::{Connector, WebSocket};
 use crate::net::url::RelayUrl;
 
 /// A websocket to a relay.
-pub type Socket = WebSocket<MaybeTlsStream<TcpStream>>;
+pub type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
+
+/// Most DNS look-ups running at once on helper threads; more wait for a free slot (within
+/// their deadline). A look-up that outlives its deadline keeps its thread until the system
+/// resolver returns, so this bounds the threads a slow resolver can pile up.
+pub const MAX_DNS_IN_FLIGHT: usize = 32;
+
+/// A TCP stream with an optional overall deadline on every read and write.
+///
+/// During the TLS and websocket handshakes the deadline is set: each read or write gets only
+/// the time left, and once it has passed they fail with `TimedOut`. A server that trickles
+/// one byte at a time therefore cannot hold a thread beyond the connect deadline (a read
+/// timeout alone restarts with every byte). After the handshake the deadline is cleared and
+/// the stream is a plain `TcpStream`.
+#[derive(Debug)]
+pub struct DeadlineStream {
+    tcp: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl DeadlineStream {
+    /// Wraps `tcp` with an overall `deadline` (none: a plain stream).
+    pub fn new(tcp: TcpStream, deadline: Option<Instant>) -> DeadlineStream {
+        DeadlineStream { tcp, deadline }
+    }
+
+    /// The TCP stream.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Sets or clears the deadline.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// The time left before the deadline (an error once it has passed).
+    fn left(&self) -> io::Result<Option<Duration>> {
+        match self.deadline {
+            None => Ok(None),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+                } else {
+                    Ok(Some(left))
+                }
+            }
+        }
+    }
+}
+
+impl io::Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(left) = self.left()? {
+            self.tcp.set_read_timeout(Some(left))?;
+        }
+        self.tcp.read(buf)
+    }
+}
+
+impl io::Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(left) = self.left()? {
+            self.tcp.set_write_timeout(Some(left))?;
+        }
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.tcp.flush()
+    }
+}
 
 /// Limits and deadlines of one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +105,13 @@ pub struct WsOptions {
     pub connect_timeout: Duration,
     /// Read timeout after the handshake: the loop's tick.
     pub tick: Duration,
-    /// Largest accepted message.
+    /// Soft cap: the largest text message handled. A larger one (below the hard cap) is
+    /// dropped and counted, and the connection is kept, so one oversized stored event cannot
+    /// make a relay flap for ever (it would be fetched again on every reconnect).
+    pub max_event_size: usize,
+    /// Hard cap: the largest message tungstenite reads; a larger one ends the connection.
     pub max_message_size: usize,
-    /// Largest accepted frame.
+    /// Hard cap on one frame (as `max_message_size`).
     pub max_frame_size: usize,
     /// Read buffer per connection (tungstenite's default is 128 KiB).
     pub read_buffer_size: usize,
@@ -46,8 +124,9 @@ impl Default for WsOptions {
         WsOptions {
             connect_timeout: Duration::from_secs(10),
             tick: Duration::from_millis(50),
-            max_message_size: 1 << 20,
-            max_frame_size: 1 << 20,
+            max_event_size: 1 << 20,
+            max_message_size: 16 << 20,
+            max_frame_size: 16 << 20,
             read_buffer_size: 16 * 1024,
             write_buffer_size: 16 * 1024,
         }
@@ -60,7 +139,7 @@ impl WsOptions {
         WebSocketConfig::default()
             .read_buffer_size(self.read_buffer_size)
             .write_buffer_size(self.write_buffer_size)
-            .max_write_buffer_size(self.write_buffer_size.max(self.max_message_size) * 4)
+            .max_write_buffer_size(self.write_buffer_size.max(self.max_event_size) * 4)
             .max_message_size(Some(self.max_message_size))
             .max_frame_size(Some(self.max_frame_size))
     }
@@ -77,6 +156,8 @@ pub enum ConnectError {
     Handshake(String),
     /// The deadline passed during the handshake.
     Timeout,
+    /// The address policy refused every resolved address (no TCP connect was made).
+    Refused(String),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -86,6 +167,7 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Tcp(e) => write!(f, "TCP connect failed: {e}"),
             ConnectError::Handshake(e) => write!(f, "handshake failed: {e}"),
             ConnectError::Timeout => write!(f, "connect deadline passed during the handshake"),
+            ConnectError::Refused(e) => write!(f, "refused by the address policy: {e}"),
         }
     }
 }
@@ -113,11 +195,58 @@ pub fn tls_config() -> Arc<rustls::ClientConfig> {
         .clone()
 }
 
-fn resolve(url: &RelayUrl) -> Result<Vec<SocketAddr>, ConnectError> {
-    let addrs: Vec<SocketAddr> = (url.host_for_resolve(), url.port())
-        .to_socket_addrs()
-        .map_err(ConnectError::Resolve)?
-        .collect();
+/// Resolves `url`'s host within `timeout`. An IP literal needs no look-up; a name is looked up
+/// on a helper thread ([`resolve_with`]).
+pub fn resolve(url: &RelayUrl, timeout: Duration) -> Result<Vec<SocketAddr>, ConnectError> {
+    let host = url.host_for_resolve();
+    let port = url.port();
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let host = host.to_string();
+    resolve_with(timeout, move || {
+        (host.as_str(), port).to_socket_addrs().map(|a| a.collect())
+    })
+}
+
+/// Runs the look-up `lookup` on a helper thread and waits for it at most `timeout`: the
+/// system resolver has no deadline of its own. At most [`MAX_DNS_IN_FLIGHT`] look-ups run at
+/// once (a look-up that timed out still holds its slot until the resolver returns); a caller
+/// waits for a free slot within the same deadline. The answer of a look-up that timed out is
+/// dropped.
+pub fn resolve_with(
+    timeout: Duration,
+    lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> Result<Vec<SocketAddr>, ConnectError> {
+    let deadline = Instant::now() + timeout;
+    if !dns_slots().acquire(deadline) {
+        return Err(ConnectError::Resolve(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "DNS look-up deadline passed waiting for a free resolver slot",
+        )));
+    }
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let spawned = std::thread::Builder::new()
+        .name("dns".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let _ = tx.send(lookup());
+            dns_slots().release();
+        });
+    if let Err(e) = spawned {
+        dns_slots().release();
+        return Err(ConnectError::Resolve(e));
+    }
+    let addrs = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => return Err(ConnectError::Resolve(e)),
+        Err(_) => {
+            return Err(ConnectError::Resolve(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "DNS look-up deadline passed",
+            )))
+        }
+    };
     if addrs.is_empty() {
         return Err(ConnectError::Resolve(io::Error::new(
             io::ErrorKind::NotFound,
@@ -127,37 +256,109 @@ fn resolve(url: &RelayUrl) -> Result<Vec<SocketAddr>, ConnectError> {
     Ok(addrs)
 }
 
+/// Checks one resolved address right before the TCP connect to it (`Err`: the reason it is
+/// refused). See [`crate::net::policy::AddressPolicy::check_addr`].
+pub type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), String>;
+
+/// A counting semaphore bounding the DNS helper threads.
+struct Slots {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    /// Takes a slot, waiting until `deadline` at most. False when none became free.
+    fn acquire(&self, deadline: Instant) -> bool {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        while *used >= MAX_DNS_IN_FLIGHT {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            used = self
+                .freed
+                .wait_timeout(used, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *used += 1;
+        true
+    }
+
+    fn release(&self) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(1);
+        self.freed.notify_one();
+    }
+}
+
+fn dns_slots() -> &'static Slots {
+    static SLOTS: Slots = Slots {
+        used: Mutex::new(0),
+        freed: Condvar::new(),
+    };
+    &SLOTS
+}
+
 /// Opens a TCP stream to the relay's host and port within `timeout`.
 pub fn connect_tcp(url: &RelayUrl, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    connect_tcp_checked(url, timeout, &|_| Ok(()))
+}
+
+/// [`connect_tcp`], checking each resolved address with `check` right before connecting to
+/// that same address (resolve, check, connect: a DNS answer cannot change in between).
+/// When `check` refuses every address, no connection is attempted and the result is
+/// [`ConnectError::Refused`].
+pub fn connect_tcp_checked(
+    url: &RelayUrl,
+    timeout: Duration,
+    check: AddrCheck<'_>,
+) -> Result<TcpStream, ConnectError> {
     let deadline = Instant::now() + timeout;
-    let mut last = io::Error::new(io::ErrorKind::TimedOut, "no address tried");
-    for addr in resolve(url)? {
+    let mut last = None;
+    let mut refused = Vec::new();
+    for addr in resolve(url, timeout)? {
+        if let Err(reason) = check(addr) {
+            refused.push(reason);
+            continue;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
         }
         match TcpStream::connect_timeout(&addr, left) {
             Ok(s) => return Ok(s),
-            Err(e) => last = e,
+            Err(e) => last = Some(e),
         }
     }
-    Err(ConnectError::Tcp(last))
+    match last {
+        Some(e) => Err(ConnectError::Tcp(e)),
+        None if !refused.is_empty() => Err(ConnectError::Refused(refused.join("; "))),
+        None => Err(ConnectError::Tcp(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no address tried",
+        ))),
+    }
 }
 
 /// Connects a websocket to `url` within `opts.connect_timeout`, then sets the read timeout
 /// to `opts.tick`.
 pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError> {
-    let start = Instant::now();
-    let tcp = connect_tcp(url, opts.connect_timeout)?;
+    connect_checked(url, opts, &|_| Ok(()))
+}
+
+/// [`connect`] with every resolved address checked right before the TCP connect
+/// ([`connect_tcp_checked`]).
+pub fn connect_checked(
+    url: &RelayUrl,
+    opts: &WsOptions,
+    check: AddrCheck<'_>,
+) -> Result<Socket, ConnectError> {
+    let deadline = Instant::now() + opts.connect_timeout;
+    let tcp = connect_tcp_checked(url, opts.connect_timeout, check)?;
     let _ = tcp.set_nodelay(true);
-    let left = opts
-        .connect_timeout
-        .saturating_sub(start.elapsed())
-        .max(Duration::from_millis(10));
-    tcp.set_read_timeout(Some(left))
-        .map_err(ConnectError::Tcp)?;
-    tcp.set_write_timeout(Some(left))
-        .map_err(ConnectError::Tcp)?;
+    // One deadline for TLS and websocket handshakes together, however the peer paces bytes.
+    let tcp = DeadlineStream::new(tcp, Some(deadline));
     let request = url
         .as_str()
         .into_client_request()
@@ -167,7 +368,7 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
     } else {
         Connector::Plain
     };
-    let (socket, _response) = match tungstenite::client_tls_with_config(
+    let (mut socket, _response) = match tungstenite::client_tls_with_config(
         request,
         tcp,
         Some(opts.websocket_config()),
@@ -187,6 +388,11 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
             return Err(ConnectError::Handshake(e.to_string()))
         }
     };
+    match socket.get_mut() {
+        MaybeTlsStream::Plain(s) => s.set_deadline(None),
+        MaybeTlsStream::Rustls(s) => s.sock.set_deadline(None),
+        _ => unreachable!("only plain and rustls streams are enabled"),
+    }
     let tcp = tcp_of(&socket);
     tcp.set_read_timeout(Some(opts.tick))
         .map_err(ConnectError::Tcp)?;
@@ -198,8 +404,8 @@ pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError>
 /// The TCP stream under a websocket (plain or TLS).
 pub fn tcp_of(socket: &Socket) -> &TcpStream {
     match socket.get_ref() {
-        MaybeTlsStream::Plain(s) => s,
-        MaybeTlsStream::Rustls(s) => s.get_ref(),
+        MaybeTlsStream::Plain(s) => s.tcp(),
+        MaybeTlsStream::Rustls(s) => s.get_ref().tcp(),
         // MaybeTlsStream is non-exhaustive; only the variants above are enabled.
         _ => unreachable!("only plain and rustls streams are enabled"),
     }
@@ -214,6 +420,7 @@ pub fn is_timeout(e: &tungstenite::Error) -> bool {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn tls_config_builds_without_a_process_provider() {
@@ -235,6 +442,141 @@ mod tests {
         assert!(matches!(err, ConnectError::Timeout), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
         drop(listener);
+    }
+
+    /// Connects to a server that accepts and then sends a well-formed response head that never
+    /// ends, `chunk` bytes every `interval` (each within the read timeout). Returns what
+    /// `connect` gave, or `None` if it did not return within 30 s.
+    fn connect_to_trickler(
+        chunk: usize,
+        interval: Duration,
+        connect_timeout: Duration,
+    ) -> Option<Result<(), ConnectError>> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let server = std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut s, _) = listener.accept().unwrap();
+            let mut head = b"HTTP/1.1 101 Switching Protocols\r\n".to_vec();
+            for i in 0..20_000 {
+                head.extend_from_slice(format!("X-Slow-{i}: a\r\n").as_bytes());
+            }
+            for piece in head.chunks(chunk) {
+                if stop2.load(Ordering::SeqCst) || s.write_all(piece).is_err() {
+                    break;
+                }
+                std::thread::sleep(interval);
+            }
+        });
+        let url = RelayUrl::parse(&format!("ws://127.0.0.1:{port}")).unwrap();
+        let opts = WsOptions {
+            connect_timeout,
+            ..WsOptions::default()
+        };
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(connect(&url, &opts).map(|_| ()));
+        });
+        let result = rx.recv_timeout(Duration::from_secs(30)).ok();
+        stop.store(true, Ordering::SeqCst);
+        let _ = server.join();
+        result
+    }
+
+    /// Issue 7 item 7: the deadline used to be per read, so a server trickling bytes (each
+    /// within the read timeout) held the thread until tungstenite's own header checks gave
+    /// up (64 s at one byte per second, about 50 s for 200-byte pieces every 150 ms). The
+    /// handshake now has one total deadline.
+    #[test]
+    fn trickling_server_fails_within_the_connect_deadline() {
+        for (chunk, interval, deadline) in [
+            (1, Duration::from_secs(1), Duration::from_secs(3)),
+            (200, Duration::from_millis(150), Duration::from_secs(1)),
+        ] {
+            match connect_to_trickler(chunk, interval, deadline) {
+                Some(Err(ConnectError::Timeout)) => {}
+                other => panic!(
+                    "{chunk} bytes every {interval:?}: expected a connect timeout, got {other:?}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn dns_lookup_has_a_deadline() {
+        let (release, blocked) = crossbeam_channel::bounded::<()>(1);
+        let err = resolve_with(Duration::from_millis(100), move || {
+            let _ = blocked.recv();
+            Ok(vec!["127.0.0.1:1".parse().unwrap()])
+        })
+        .unwrap_err();
+        // The look-up is still blocked: the answer came from the deadline.
+        assert!(
+            matches!(&err, ConnectError::Resolve(e) if e.kind() == io::ErrorKind::TimedOut),
+            "{err}"
+        );
+        drop(release);
+        let ok = resolve_with(Duration::from_secs(30), || {
+            Ok(vec!["127.0.0.1:1".parse().unwrap()])
+        });
+        assert_eq!(ok.unwrap().len(), 1);
+        let none = resolve_with(Duration::from_secs(30), || Ok(vec![]));
+        assert!(matches!(none, Err(ConnectError::Resolve(_))));
+    }
+
+    #[test]
+    fn dns_lookups_beyond_the_limit_wait_for_a_slot_within_their_deadline() {
+        // Fill every slot with look-ups that block until released.
+        let (release, blocked) = crossbeam_channel::unbounded::<()>();
+        let mut waiting = Vec::new();
+        for _ in 0..MAX_DNS_IN_FLIGHT {
+            let blocked = blocked.clone();
+            waiting.push(std::thread::spawn(move || {
+                resolve_with(Duration::from_secs(30), move || {
+                    let _ = blocked.recv();
+                    Ok(vec!["127.0.0.1:1".parse().unwrap()])
+                })
+            }));
+        }
+        let end = Instant::now() + Duration::from_secs(30);
+        while *dns_slots().used.lock().unwrap() < MAX_DNS_IN_FLIGHT {
+            assert!(Instant::now() < end, "the look-ups did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // No slot: the deadline passes without a look-up being started.
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s2 = started.clone();
+        let err = resolve_with(Duration::from_millis(50), move || {
+            s2.store(true, Ordering::SeqCst);
+            Ok(vec![])
+        })
+        .unwrap_err();
+        assert!(matches!(err, ConnectError::Resolve(ref e) if e.kind() == io::ErrorKind::TimedOut));
+        assert!(!started.load(Ordering::SeqCst));
+        // A slot frees up: a waiting look-up goes ahead.
+        let late = std::thread::spawn(|| {
+            resolve_with(Duration::from_secs(30), || {
+                Ok(vec!["127.0.0.1:2".parse().unwrap()])
+            })
+        });
+        for _ in 0..MAX_DNS_IN_FLIGHT {
+            release.send(()).unwrap();
+        }
+        for w in waiting {
+            assert!(w.join().unwrap().is_ok());
+        }
+        assert!(late.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn ip_literals_need_no_lookup() {
+        let u = RelayUrl::parse("ws://[::1]:7").unwrap();
+        assert_eq!(
+            resolve(&u, Duration::ZERO).unwrap(),
+            vec!["[::1]:7".parse::<SocketAddr>().unwrap()]
+        );
     }
 
     #[test]

@@ -82,6 +82,10 @@ pub(crate) fn parse_head(head: &[u8]) -> Option<RequestHead> {
     if !version.starts_with("HTTP/1.") || parts.next().is_some() {
         return None;
     }
+    // Like real servers (nostr-rs-relay answers 400): a request target must be origin-form.
+    if !target.starts_with('/') {
+        return None;
+    }
     let mut headers = Vec::new();
     for line in lines {
         if line.is_empty() {

@@ -60,7 +60,9 @@ impl TestCa {
             .subject_alt_names
             .push(SanType::IpAddress([127, 0, 0, 1].into()));
         let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer).expect("sign the server cert");
+        let cert = params
+            .signed_by(&key, &issuer)
+            .expect("sign the server cert");
         let chain = vec![CertificateDer::from(cert.der().to_vec())];
         let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -112,7 +112,10 @@ impl SyncMachine {
         } else {
             "connect failed"
         };
-        let error = format!("{verb}: {}", crate::core::complaints::loggable(reason, 200));
+        let error = format!(
+            "{verb}: {}",
+            crate::core::message::escape_for_log(reason, 200)
+        );
         let line = format!(
             "{relay}: {error}; retry in {:.1}s (failures: {})",
             at.since(now).as_secs_f64(),

@@ -191,6 +191,16 @@ pub enum Report {
         /// The text.
         message: String,
     },
+    /// The engine refused to connect to this relay (address policy, deny list, or it is the
+    /// own relay under another name). The machine drops it and never targets it again.
+    Refused {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the `Connect` this answers.
+        generation: u64,
+        /// Why, for the log.
+        reason: String,
+    },
     /// A checked event read by the self-subscription on the own relay.
     SelfEvent {
         /// Generation of the own relay connection.
@@ -884,6 +894,22 @@ impl SyncMachine {
             Report::SelfEvent { generation, event } => {
                 if generation == self.own.generation {
                     self.push_self_event(&event, now);
+                }
+            }
+            Report::Refused {
+                relay,
+                generation,
+                reason,
+            } => {
+                if relay != self.config.own_relay && self.is_current(&relay, generation) {
+                    info!("{relay}: refused ({reason}); never a sync target again");
+                    if !self.excluded.contains(&relay) {
+                        self.excluded.push(relay.clone());
+                    }
+                    self.relays.remove(&relay);
+                    self.pending.remove(&relay);
+                    self.links.remove(&relay);
+                    self.commands.push_back(Command::Forget { relay });
                 }
             }
         }

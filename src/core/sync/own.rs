@@ -143,7 +143,7 @@ impl SyncMachine {
         let line = format!(
             "own relay {} unavailable ({}); retrying in {:.1}s (failures: {})",
             self.config.own_relay,
-            crate::core::complaints::loggable(reason, 200),
+            crate::core::message::escape_for_log(reason, 200),
             at.since(now).as_secs_f64(),
             self.own_link.health.failures()
         );
