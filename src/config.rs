@@ -34,6 +34,9 @@ pub struct Config {
     pub backoff: BackoffPolicy,
     /// Websocket limits and deadlines.
     pub ws: WsOptions,
+    /// TLS trust for `wss://` relays and NIP-11 over `https://` (default: the webpki roots;
+    /// [`crate::net::tls::client_config`] adds CA files and the system store).
+    pub tls: std::sync::Arc<rustls::ClientConfig>,
     /// Ping interval (default 30 s).
     pub ping_interval: Duration,
     /// Time to wait for a pong or any frame after a ping (default 20 s).
@@ -218,6 +221,7 @@ impl Config {
             eose_timeout: Duration::from_secs(120),
             backoff: BackoffPolicy::default(),
             ws: WsOptions::default(),
+            tls: crate::net::ws::tls_config(),
             ping_interval: Duration::from_secs(30),
             pong_timeout: Duration::from_secs(20),
             forward: ForwardLimits::default(),

@@ -78,6 +78,17 @@ struct Args {
     #[argh(option)]
     allow_relay: Vec<String>,
 
+    /// a PEM file of CA certificates to trust for wss:// relays and NIP-11 over https://,
+    /// besides the built-in webpki roots (repeatable), e.g. a private CA in front of the own
+    /// relay [env GRASP_SYNC_CA_FILE]
+    #[argh(option)]
+    ca_file: Vec<PathBuf>,
+
+    /// also trust the operating system's certificate store for wss:// relays
+    /// [env GRASP_SYNC_SYSTEM_ROOTS]
+    #[argh(switch)]
+    system_roots: bool,
+
     /// serve Prometheus /metrics, /status (JSON), /healthz and a status page (/) on this
     /// address, e.g. 127.0.0.1:9464 (default: off) [env GRASP_SYNC_METRICS_ADDR]
     #[argh(option)]
@@ -230,6 +241,8 @@ const ENV_FLAGS: &[EnvFlag] = &[
     ),
     f("deny-relay", "GRASP_SYNC_DENY_RELAY", Kind::Repeated),
     f("allow-relay", "GRASP_SYNC_ALLOW_RELAY", Kind::Repeated),
+    f("ca-file", "GRASP_SYNC_CA_FILE", Kind::Repeated),
+    f("system-roots", "GRASP_SYNC_SYSTEM_ROOTS", Kind::Switch),
     f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value),
     f("once", "GRASP_SYNC_ONCE", Kind::Switch),
     f("deadline", "GRASP_SYNC_DEADLINE", Kind::Value),
@@ -396,6 +409,14 @@ fn build_config(args: &Args) -> Result<Config, String> {
     config.own_auth_keys = grasp_sync::config::load_own_auth_key(args.own_nsec_file.as_deref())
         .map_err(|e| e.to_string())?;
     config.allow_private_relays = args.allow_private_relays;
+    if !args.ca_file.is_empty() || args.system_roots {
+        let trust = grasp_sync::net::tls::TrustOptions {
+            ca_files: args.ca_file.clone(),
+            system_roots: args.system_roots,
+            no_webpki_roots: false,
+        };
+        config.tls = grasp_sync::net::tls::client_config(&trust).map_err(|e| e.to_string())?;
+    }
     config.deny_relays = parse_patterns("deny-relay", &args.deny_relay)?;
     config.allow_relays = parse_patterns("allow-relay", &args.allow_relay)?;
     Ok(config)

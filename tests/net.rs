@@ -177,8 +177,10 @@ fn shutdown_with_a_full_input_channel_still_stops() {
             "the input channel did not fill"
         );
         let stopper = scope.spawn(|| handle.shutdown(Duration::from_secs(20)));
-        // The threads see the stop flag and close their sockets: shutdown has run its send.
-        assert!(wait_until(WAIT, || own.current_connections() == 0
+        // The relay threads see the stop flag and close their sockets: shutdown has run its
+        // send. The forwarder keeps its connection until the coordinator tells it to drain
+        // (it flushes what it holds first), so at most that one stays open meanwhile.
+        assert!(wait_until(WAIT, || own.current_connections() <= 1
             && remote.current_connections() == 0));
         release_tx.send(()).unwrap();
         stopper.join().unwrap()

@@ -187,10 +187,10 @@ fn free_port() -> u16 {
 
 fn spawn(args: &[&str], env: &[(&str, &str)]) -> Child {
     let mut c = Command::new(BIN);
+    c.env_remove("RUST_LOG");
     // The test relays are on 127.0.0.1, which discovered relays may not be by default.
     c.args(args)
         .env("GRASP_SYNC_ALLOW_PRIVATE_RELAYS", "1")
-        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -426,4 +426,77 @@ fn readme_cli_table_matches_help() {
         missing.is_empty() && stale.is_empty(),
         "README CLI table: missing {missing:?}, not in --help {stale:?}"
     );
+}
+
+// ----- TLS -----
+
+#[test]
+fn a_full_sync_over_wss_with_a_test_ca_given_by_ca_file() {
+    use grasp_sync::testing::tls::{TestCa, TlsProxy};
+    let ca = TestCa::new();
+    let ca_file = std::env::temp_dir().join(format!("grasp-sync-ca-{}.pem", std::process::id()));
+    ca.write_pem(&ca_file).unwrap();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let own_tls = TlsProxy::start(own.port(), ca.server_config());
+    let remote_tls = TlsProxy::start(remote.port(), ca.server_config());
+    let keys = nostr::key::Keys::generate();
+    let ann = announcement(&keys, "r", &[&[&remote_tls.url()]]);
+    let repo = repo_ref(&keys, "r");
+    let issue = root(&keys, 1621, &repo, "over TLS", &[]);
+    own.insert(&ann);
+    remote.insert(&ann);
+    remote.insert(&issue);
+    let child = spawn(
+        &[
+            "--own-relay",
+            &own_tls.url(),
+            "--ca-file",
+            ca_file.to_str().unwrap(),
+            "--once",
+            "--batch-window",
+            "200",
+            "--deadline",
+            "120",
+        ],
+        &[],
+    );
+    let (code, err) = finish(child, Duration::from_secs(150));
+    assert_eq!(code, Some(0), "{err}");
+    let want: HashSet<_> = [ann.id, issue.id].into_iter().collect();
+    assert_eq!(own.event_ids(), want);
+    assert!(remote.nip11_requests() >= 1, "NIP-11 over https:// through the proxy");
+    assert!(err.contains(&remote_tls.url()), "{err}");
+}
+
+#[test]
+fn a_certificate_that_does_not_verify_is_a_clear_connect_failure() {
+    use grasp_sync::testing::tls::{TestCa, TlsProxy};
+    let own = TestRelay::start();
+    let untrusted = TestCa::new();
+    let own_tls = TlsProxy::start(own.port(), untrusted.server_config());
+    let child = spawn(
+        &[
+            "--own-relay",
+            &own_tls.url(),
+            "--once",
+            "--deadline",
+            "5",
+        ],
+        &[("RUST_LOG", "warn")],
+    );
+    let (code, err) = finish(child, Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&own_tls.url()), "names the relay: {err}");
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "names the reason: {err}"
+    );
+    let bad = spawn(
+        &["--own-relay", "ws://x", "--ca-file", "/nonexistent/ca.pem"],
+        &[],
+    );
+    let (code, err) = finish(bad, Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--ca-file /nonexistent/ca.pem"), "{err}");
 }

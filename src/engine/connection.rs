@@ -109,6 +109,8 @@ pub struct ConnectionThread {
     pub reports: Sender<Input>,
     /// Websocket options.
     pub ws: WsOptions,
+    /// TLS trust for `wss://` and NIP-11 over `https://`.
+    pub tls: std::sync::Arc<rustls::ClientConfig>,
     /// Ping interval.
     pub ping_interval: Duration,
     /// Pong deadline.
@@ -221,7 +223,7 @@ impl ConnectionThread {
             return Ok(true);
         }
         let check = |addr| self.check_addr(verdict, addr);
-        match nip11::fetch_checked(&self.url, self.nip11_timeout, 64 * 1024, &check) {
+        match nip11::fetch_checked(&self.url, self.nip11_timeout, 64 * 1024, &self.tls, &check) {
             Ok(limits) => {
                 debug!("{}: NIP-11 {limits:?}", self.url);
                 self.report(Report::Limits {
@@ -301,7 +303,7 @@ impl ConnectionThread {
     ) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
         let check = |addr| self.check_addr(verdict, addr);
-        let mut socket = match ws::connect_checked(&self.url, &self.ws, &check) {
+        let mut socket = match ws::connect_checked(&self.url, &self.ws, &self.tls, &check) {
             Ok(s) => s,
             Err(ws::ConnectError::Refused(reason)) => {
                 self.refused(generation, reason);

@@ -372,6 +372,7 @@ impl Coordinator {
             control: rx,
             reports: self.inputs_tx.clone(),
             ws: self.config.ws,
+            tls: self.config.tls.clone(),
             ping_interval: self.config.ping_interval,
             pong_timeout: self.config.pong_timeout,
             counters,

@@ -61,6 +61,8 @@ pub struct Forwarder {
     pub limits: ForwardLimits,
     /// Websocket options.
     pub ws: WsOptions,
+    /// TLS trust for `wss://` and NIP-11 over `https://`.
+    pub tls: std::sync::Arc<rustls::ClientConfig>,
     /// Reconnect backoff.
     pub backoff: BackoffPolicy,
     /// Ping interval.
@@ -95,7 +97,7 @@ impl Forwarder {
             if self.drained(&queue) {
                 break;
             }
-            match ws::connect(&self.url, &self.ws) {
+            match ws::connect_checked(&self.url, &self.ws, &self.tls, &|_| Ok(())) {
                 Ok(mut socket) => {
                     health.record_success(self.clock.now());
                     info!("forwarder connected to the own relay {}", self.url);

@@ -241,6 +241,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         control: fctl_rx,
         limits: config.forward,
         ws: config.ws,
+        tls: config.tls.clone(),
         backoff: config.backoff,
         ping_interval: config.ping_interval,
         pong_timeout: config.pong_timeout,

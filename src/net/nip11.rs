@@ -326,7 +326,7 @@ pub fn fetch(
     timeout: Duration,
     max_bytes: usize,
 ) -> Result<RelayLimits, Nip11Error> {
-    fetch_checked(url, timeout, max_bytes, &|_| Ok(()))
+    fetch_checked(url, timeout, max_bytes, &tls_config(), &|_| Ok(()))
 }
 
 /// [`fetch`] with every resolved address checked right before the TCP connect
@@ -335,6 +335,7 @@ pub fn fetch_checked(
     url: &RelayUrl,
     timeout: Duration,
     max_bytes: usize,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
     check: AddrCheck<'_>,
 ) -> Result<RelayLimits, Nip11Error> {
     let started = Instant::now();
@@ -351,7 +352,7 @@ pub fn fetch_checked(
     let mut stream = if url.is_tls() {
         let name = rustls::pki_types::ServerName::try_from(url.host_for_resolve().to_string())
             .map_err(|e| Nip11Error::Connect(format!("invalid TLS server name: {e}")))?;
-        let conn = rustls::ClientConnection::new(tls_config(), name)
+        let conn = rustls::ClientConnection::new(tls.clone(), name)
             .map_err(|e| Nip11Error::Connect(format!("TLS setup failed: {e}")))?;
         Stream::Tls(Box::new(rustls::StreamOwned::new(conn, tcp)))
     } else {

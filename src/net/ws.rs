@@ -174,7 +174,8 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// The shared rustls client configuration (ring provider, webpki roots).
+/// The default rustls client configuration (ring provider, webpki roots); operators add
+/// roots with [`crate::net::tls::client_config`].
 pub fn tls_config() -> Arc<rustls::ClientConfig> {
     static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     CONFIG
@@ -344,14 +345,17 @@ pub fn connect_tcp_checked(
 /// Connects a websocket to `url` within `opts.connect_timeout`, then sets the read timeout
 /// to `opts.tick`.
 pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError> {
-    connect_checked(url, opts, &|_| Ok(()))
+    connect_checked(url, opts, &tls_config(), &|_| Ok(()))
 }
 
 /// [`connect`] with every resolved address checked right before the TCP connect
 /// ([`connect_tcp_checked`]).
+/// `tls` is the trust for `wss://` ([`crate::net::tls::client_config`]; [`tls_config`] is the
+/// default).
 pub fn connect_checked(
     url: &RelayUrl,
     opts: &WsOptions,
+    tls: &Arc<rustls::ClientConfig>,
     check: AddrCheck<'_>,
 ) -> Result<Socket, ConnectError> {
     let deadline = Instant::now() + opts.connect_timeout;
@@ -364,7 +368,7 @@ pub fn connect_checked(
         .into_client_request()
         .map_err(|e| ConnectError::Handshake(e.to_string()))?;
     let connector = if url.is_tls() {
-        Connector::Rustls(tls_config())
+        Connector::Rustls(tls.clone())
     } else {
         Connector::Plain
     };
