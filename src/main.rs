@@ -24,10 +24,31 @@ struct Args {
     #[argh(option)]
     own_relay: String,
 
-    /// another URL under which the own relay is announced (repeatable), e.g.
-    /// wss://git.example.com; relays equal to the own relay or an alias are never synced from
+    /// a public URL of this service (repeatable), e.g. wss://git.example.com; relays equal to
+    /// the own relay or a public URL are never synced from, and only repositories whose
+    /// announcement lists one of them are synced (GRASP-01; see --archive). Without it every
+    /// repository is synced and a warning is logged
     #[argh(option)]
     public_url: Vec<String>,
+
+    /// sync every repository the own relay holds, also those whose announcement does not
+    /// list this service's --public-url
+    #[argh(switch)]
+    archive: bool,
+
+    /// the most remote relays connected at once (default 1000); when more are named the
+    /// slots are shared round-robin across announcing pubkeys
+    #[argh(option, default = "1000")]
+    max_relays: usize,
+
+    /// the most relays the repositories of one announcing pubkey can make us sync from
+    /// (default 64)
+    #[argh(option, default = "64")]
+    max_relays_per_pubkey: usize,
+
+    /// the most relays read from one announcement (default 32)
+    #[argh(option, default = "32")]
+    max_relays_per_announcement: usize,
 
     /// a relay to connect from the start and never idle-disconnect (repeatable); its
     /// announcements (kinds 30617/30618) are pulled into the own relay
@@ -71,6 +92,10 @@ fn build_config(args: &Args) -> Result<Config, String> {
     if args.eose_timeout == 0 {
         return Err("--eose-timeout must be at least 1 second".into());
     }
+    config.archive = args.archive;
+    config.max_relays = args.max_relays;
+    config.max_relays_per_pubkey = args.max_relays_per_pubkey;
+    config.max_relays_per_announcement = args.max_relays_per_announcement;
     config = config
         .batch_window(Duration::from_millis(args.batch_window))
         .eose_timeout(Duration::from_secs(args.eose_timeout));
@@ -158,6 +183,47 @@ mod tests {
         assert_eq!(c.public_urls.len(), 2);
         assert_eq!(c.bootstrap.len(), 1);
         assert_eq!(c.batch_window, Duration::from_millis(250));
+        assert!(matches!(
+            c.repo_scope(),
+            grasp_sync::core::actions::RepoScope::ListingService(_)
+        ));
+        assert_eq!(
+            (
+                c.max_relays,
+                c.max_relays_per_pubkey,
+                c.max_relays_per_announcement
+            ),
+            (1000, 64, 32)
+        );
+    }
+
+    #[test]
+    fn scope_and_quota_flags() {
+        let a = args(&[
+            "--own-relay",
+            "ws://127.0.0.1:7777",
+            "--public-url",
+            "wss://git.example.com",
+            "--archive",
+            "--max-relays",
+            "20",
+            "--max-relays-per-pubkey",
+            "5",
+            "--max-relays-per-announcement",
+            "4",
+        ])
+        .unwrap();
+        let c = build_config(&a).unwrap();
+        assert_eq!(c.repo_scope(), grasp_sync::core::actions::RepoScope::All);
+        assert_eq!(
+            (
+                c.max_relays,
+                c.max_relays_per_pubkey,
+                c.max_relays_per_announcement
+            ),
+            (20, 5, 4)
+        );
+        assert!(args(&["--own-relay", "ws://x", "--max-relays", "-1"]).is_err());
     }
 
     #[test]

@@ -140,6 +140,52 @@ pub struct Targets {
     pub report: TargetReport,
 }
 
+/// The repository scope and relay quotas of a [`SyncConfig`](crate::core::SyncConfig).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetLimits {
+    /// Which repositories are synced (default: all).
+    pub scope: RepoScope,
+    /// Relays one announcing pubkey's repositories can make us sync from (default 64).
+    pub max_relays_per_pubkey: usize,
+    /// Relays read from one announcement (default
+    /// [`MAX_RELAYS_PER_ANNOUNCEMENT`](crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT), 32).
+    pub max_relays_per_announcement: usize,
+}
+
+/// Default of [`TargetLimits::max_relays_per_pubkey`].
+pub const MAX_RELAYS_PER_PUBKEY: usize = 64;
+
+impl Default for TargetLimits {
+    fn default() -> Self {
+        TargetLimits {
+            scope: RepoScope::All,
+            max_relays_per_pubkey: MAX_RELAYS_PER_PUBKEY,
+            max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+        }
+    }
+}
+
+/// The machine's targets: [`derive_targets`] with the policy of `config` (its scope, its
+/// per-pubkey quota, `max_relays`, the bootstrap relays reserved).
+pub fn machine_targets(
+    repo_index: &RepoSyncIndex,
+    excluded: &[RelayUrl],
+    config: &crate::core::SyncConfig,
+) -> Targets {
+    let policy = TargetPolicy {
+        scope: config.target_limits.scope.clone(),
+        max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
+        max_relays: config.max_relays,
+        reserved: config
+            .bootstrap
+            .iter()
+            .filter(|b| !excluded.contains(b))
+            .cloned()
+            .collect(),
+    };
+    derive_targets(repo_index, excluded, &policy)
+}
+
 /// The pubkey part of a `30617:<pubkey>:<d>` reference (the whole reference if malformed).
 fn repo_pubkey(repo: &str) -> &str {
     let mut parts = repo.splitn(3, ':');

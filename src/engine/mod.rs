@@ -15,6 +15,7 @@ use crossbeam_channel::{bounded, unbounded, Sender};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
+use crate::core::actions::{RepoScope, TargetReport};
 use crate::core::health::HealthState;
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Report, SyncMachine};
@@ -112,6 +113,10 @@ pub struct Status {
     pub unmatched: u64,
     /// The self-subscription is still reading history or holds a batch not yet applied.
     pub self_sync_pending: bool,
+    /// Which repositories are synced (`--public-url` / `--archive`).
+    pub repo_scope: RepoScope,
+    /// What the repository scope and the relay quotas leave out now.
+    pub targets: TargetReport,
 }
 
 impl Status {
@@ -156,6 +161,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
             "batch window must be greater than zero".into(),
         ));
     }
+    log_scope(&config);
     let machine = Arc::new(RwLock::new(SyncMachine::new(config.sync_config())));
     let metrics = Arc::new(Metrics::default());
     let stopping = Arc::new(AtomicBool::new(false));
@@ -208,6 +214,23 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         coordinator: Mutex::new(Some(coordinator)),
         forwarder: Mutex::new(Some(forwarder)),
     })
+}
+
+/// Logs the repository scope and the relay quotas at start-up.
+fn log_scope(config: &Config) {
+    let scope = config.repo_scope();
+    log::info!(
+        "repository scope: {}; at most {} relays, {} per announcing pubkey, {} per announcement",
+        scope.describe(),
+        config.max_relays,
+        config.max_relays_per_pubkey,
+        config.max_relays_per_announcement
+    );
+    if config.public_urls.is_empty() && !config.archive {
+        log::warn!(
+            "no --public-url given: syncing EVERY repository the own relay holds, whichever service it names; set --public-url to sync only repositories that list this service (or --archive to keep syncing all of them knowingly)"
+        );
+    }
 }
 
 impl SyncHandle {
@@ -265,6 +288,8 @@ impl SyncHandle {
             invalid: self.metrics.sum(own, |c| &c.events_invalid),
             unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
             self_sync_pending: m.self_sync_pending(),
+            repo_scope: self.config.repo_scope(),
+            targets: m.target_report(),
         }
     }
 

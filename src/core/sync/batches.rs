@@ -4,7 +4,7 @@ use super::*;
 
 impl SyncMachine {
     pub(super) fn targets(&self) -> HashMap<RelayUrl, RelaySyncNeeds> {
-        derive_relay_targets(&self.repo_index, &self.excluded)
+        machine_targets(&self.repo_index, &self.excluded, &self.config).targets
     }
 
     pub(super) fn run_compute_actions(&mut self, now: Time) {

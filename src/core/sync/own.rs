@@ -146,7 +146,11 @@ impl SyncMachine {
 
     pub(super) fn push_self_event(&mut self, event: &Event, now: Time) {
         self.counters.self_events += 1;
-        let meaning = classify_self_event(event);
+        let meaning = classify_self_event_with(
+            event,
+            self.config.target_limits.max_relays_per_announcement,
+            &self.excluded,
+        );
         if meaning == SelfEventMeaning::Other {
             debug!(
                 "self-subscription: ignoring event {} of kind {}",
