@@ -127,3 +127,54 @@ fn junk_announcements_of_one_key_do_not_starve_a_legitimate_repository() {
     assert!(expected.iter().all(|id| own.contains(id)));
     handle.shutdown(Duration::from_secs(10)).unwrap();
 }
+
+/// A relay that ignores `since`/`until` (every page returns its newest events again) and
+/// caps at 5 events per query. Events outside the requested window fail the filter check
+/// and do not count as history, so the second page is "full of rejected events": the query
+/// is reported incomplete after two REQs instead of asking for the same page for ever.
+#[test]
+fn a_relay_lying_about_the_window_ends_incomplete_within_a_few_reqs() {
+    use grasp_sync::testing::TestRelayOptions;
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    use nostr::types::Timestamp;
+    common::init_logging();
+    let own = TestRelay::start();
+    let remote = TestRelay::start_with(TestRelayOptions {
+        result_cap: Some(5),
+        ignore_time_window: true,
+        ..TestRelayOptions::default()
+    });
+    let r = OneRepo::new(&remote);
+    own.insert(&r.ann);
+    let now = Timestamp::now().as_secs();
+    for i in 0..20u64 {
+        let e = EventBuilder::new(Kind::Custom(1621), format!("issue {i}"))
+            .tag(Tag::parse(["a", r.repo.as_str()]).unwrap())
+            .custom_created_at(Timestamp::from_secs(now - 10_000 + i * 10))
+            .finalize(&r.keys)
+            .unwrap();
+        remote.insert(&e);
+    }
+    let mut c = config(&own);
+    c.assumed_page_size = 5;
+    let handle = grasp_sync::start(c).unwrap();
+    let done = wait_until(DEADLINE, || {
+        handle.with_machine(|m| m.counters().incomplete_queries) >= 1
+            && handle.status().is_settled()
+    });
+    assert!(
+        done,
+        "the lying relay must end incomplete: {:#?} after {} REQs",
+        handle.with_machine(|m| m.counters()),
+        remote.reqs().len()
+    );
+    let status = handle.status();
+    let relay = status.relay(&url(&remote)).unwrap();
+    assert!(relay.events_unmatched >= 4, "{relay:#?}");
+    // Layer 1, three Layer-2 queries and one page of the `#a` one.
+    let reqs = remote.reqs().len();
+    assert!(reqs <= 8, "{reqs} REQs: {:#?}", remote.reqs());
+    let relay_state = handle.with_machine(|m| m.relay_index()[&url(&remote)].incomplete_batches);
+    assert_eq!(relay_state, 1, "the batch is confirmed INCOMPLETE");
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}

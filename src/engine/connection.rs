@@ -502,17 +502,22 @@ impl ConnectionThread {
                     Ok(e) => e,
                     Err(e) => {
                         if !sub.eose {
-                            sub.stats.received += 1;
+                            sub.stats.record_rejected();
                         }
                         RelayCounters::inc(&self.counters.events_invalid);
                         warn!("{}: dropped an invalid event on {sub_id}: {e}", self.url);
                         return true;
                     }
                 };
+                let checked = check_parsed(&event, &sub.filter);
                 if !sub.eose {
-                    sub.stats.record_event(&event);
+                    // Paging trusts only checked events inside the window.
+                    match checked {
+                        Ok(()) => sub.stats.record_event(&event),
+                        Err(_) => sub.stats.record_rejected(),
+                    }
                 }
-                match check_parsed(&event, &sub.filter) {
+                match checked {
                     Ok(()) => {
                         RelayCounters::inc(&self.counters.events_accepted);
                         match &self.role {
