@@ -178,3 +178,70 @@ fn a_relay_lying_about_the_window_ends_incomplete_within_a_few_reqs() {
     assert_eq!(relay_state, 1, "the batch is confirmed INCOMPLETE");
     handle.shutdown(Duration::from_secs(10)).unwrap();
 }
+
+/// Twelve events of about 700 KiB from one relay while the own relay is down: the relay's
+/// thread waits at its 2 MiB share of the forward pipeline (4 MiB in all) instead of
+/// handing over everything (8 MiB would sit in the channel and the queue otherwise). When
+/// the own relay is back, every event arrives and the peak stayed within the share.
+#[test]
+fn big_events_from_one_relay_stay_within_the_pipeline_byte_bound() {
+    use grasp_sync::core::forward::ForwardLimits;
+    common::init_logging();
+    let mut own = TestRelay::start();
+    let remote = TestRelay::start();
+    let r = OneRepo::new(&remote);
+    own.insert(&r.ann);
+    let mut c = config(&own);
+    c.forward = ForwardLimits {
+        max_bytes: 4 << 20,
+        relay_bytes: 2 << 20,
+        ..ForwardLimits::default()
+    };
+    let handle = grasp_sync::start(c).unwrap();
+    assert!(wait_until(DEADLINE, || has_l2_req(&remote, 'a', &r.repo)
+        && handle.status().is_settled()));
+    own.stop();
+    assert!(wait_until(DEADLINE, || !handle
+        .status()
+        .forwarder_connected));
+    let big: Vec<nostr::event::Event> = (0..12)
+        .map(|i| {
+            let body = format!("{i}{}", "x".repeat(700 << 10));
+            root(&r.keys, 1621, &r.repo, &body, &[])
+        })
+        .collect();
+    for e in &big {
+        remote.insert(e);
+    }
+    let waiting = wait_until(DEADLINE, || {
+        handle
+            .status()
+            .relay(&url(&remote))
+            .is_some_and(|s| s.forward_byte_waits >= 1)
+    });
+    let status = handle.status();
+    assert!(waiting, "the relay thread waits at its share: {status:#?}");
+    assert!(status.forward_bytes >= 1 << 20, "{}", status.forward_bytes);
+    assert!(
+        status.forward_bytes_peak <= 2 << 20,
+        "peak {} over the 2 MiB share",
+        status.forward_bytes_peak
+    );
+    own = own.restart().unwrap();
+    let ids: HashSet<EventId> = big.iter().map(|e| e.id).collect();
+    assert!(
+        wait_until(Duration::from_secs(60), || ids
+            .iter()
+            .all(|id| own.contains(id))),
+        "every big event arrives once the own relay is back: {:#?}",
+        handle.status()
+    );
+    let status = handle.status();
+    assert!(
+        status.forward_bytes_peak <= 2 << 20,
+        "{}",
+        status.forward_bytes_peak
+    );
+    assert!(wait_until(DEADLINE, || handle.status().forward_bytes == 0));
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}

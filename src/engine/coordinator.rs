@@ -242,6 +242,7 @@ impl Coordinator {
             clock: self.config.clock.clone(),
             nip11_timeout: self.config.nip11_timeout,
             auth_keys: self.config.auth_keys.clone(),
+            forward_limits: self.config.forward,
         })?;
         Ok(RelayThread {
             control: tx,

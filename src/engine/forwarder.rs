@@ -8,12 +8,15 @@
 //! accepted our AUTH event. Without a key, or once authentication failed, such an answer is an
 //! ordinary rejection.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::{debug, info, warn};
+use nostr::event::EventId;
 use nostr::key::Keys;
 use tungstenite::Message;
 
@@ -27,7 +30,7 @@ use crate::core::message::{parse_relay_frame, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::connection::{auth_message, write_text, ForwardItem};
-use crate::engine::metrics::Metrics;
+use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
@@ -71,6 +74,8 @@ pub struct Forwarder {
     pub auth_keys: Option<Keys>,
     /// Reports to the coordinator (back-pressure transitions).
     pub reports: Sender<Input>,
+    /// Byte admissions of the queued and in-flight events, released when each is resolved.
+    pub(crate) admissions: RefCell<HashMap<EventId, ByteAdmission>>,
 }
 
 impl Forwarder {
@@ -172,7 +177,10 @@ impl Forwarder {
 
     fn offer(&self, queue: &mut ForwardQueue, item: ForwardItem) {
         if queue.offer(item.id, item.raw) != Offer::Queued {
+            // A copy: its admission is dropped (released) here.
             self.resolved();
+        } else if let Some(a) = item.admission {
+            self.admissions.borrow_mut().insert(item.id, a);
         }
     }
 
@@ -365,6 +373,14 @@ impl Forwarder {
     }
 
     fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
+        if matches!(
+            outcome,
+            OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)
+        ) {
+            // Out of the pipeline: its bytes are free again (a kept rejected event counts
+            // against the rejected store's own byte bound).
+            self.admissions.borrow_mut().remove(&event_id);
+        }
         match outcome {
             OkOutcome::Stored => {
                 self.resolved();

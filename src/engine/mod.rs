@@ -83,6 +83,10 @@ pub struct RelayStatus {
     pub connects: u64,
     /// Connections lost or failed.
     pub disconnects: u64,
+    /// JSON bytes of this relay's events in the forward pipeline now.
+    pub forward_bytes: u64,
+    /// Times this relay waited for the forward pipeline's byte bound.
+    pub forward_byte_waits: u64,
 }
 
 /// A snapshot of the engine.
@@ -113,6 +117,10 @@ pub struct Status {
     pub unmatched: u64,
     /// The self-subscription is still reading history or holds a batch not yet applied.
     pub self_sync_pending: bool,
+    /// JSON bytes of checked events in the forward pipeline now.
+    pub forward_bytes: u64,
+    /// The most bytes the forward pipeline ever held.
+    pub forward_bytes_peak: u64,
     /// Which repositories are synced (`--public-url` / `--archive`).
     pub repo_scope: RepoScope,
     /// What the repository scope and the relay quotas leave out now.
@@ -184,6 +192,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         seed: config.seed ^ 0x5555,
         auth_keys: config.auth_keys.clone(),
         reports: inputs_tx.clone(),
+        admissions: Default::default(),
     };
     let forwarder = std::thread::Builder::new()
         .name("forwarder".into())
@@ -258,6 +267,8 @@ impl SyncHandle {
                     auth_challenges: get(|c| &c.auth_challenges),
                     connects: get(|c| &c.connects),
                     disconnects: get(|c| &c.disconnects),
+                    forward_bytes: get(|c| &c.forward_bytes),
+                    forward_byte_waits: get(|c| &c.forward_byte_waits),
                     url: s.url,
                     connection_status: s.connection_status,
                     health: s.health,
@@ -288,6 +299,8 @@ impl SyncHandle {
             invalid: self.metrics.sum(own, |c| &c.events_invalid),
             unmatched: self.metrics.sum(own, |c| &c.events_unmatched),
             self_sync_pending: m.self_sync_pending(),
+            forward_bytes: f.bytes.load(Ordering::Relaxed),
+            forward_bytes_peak: f.bytes_peak.load(Ordering::Relaxed),
             repo_scope: self.config.repo_scope(),
             targets: m.target_report(),
         }
