@@ -50,6 +50,15 @@ struct Args {
     #[argh(option, default = "32")]
     max_relays_per_announcement: usize,
 
+    /// mebibytes of events on their way into the own relay at most (default 64); a remote relay
+    /// waits before handing over an event that does not fit
+    #[argh(option, default = "64")]
+    forward_max_mib: usize,
+
+    /// mebibytes of that one remote relay may hold (default 16)
+    #[argh(option, default = "16")]
+    forward_relay_mib: usize,
+
     /// a relay to connect from the start and never idle-disconnect (repeatable); its
     /// announcements (kinds 30617/30618) are pulled into the own relay
     #[argh(option)]
@@ -96,6 +105,11 @@ fn build_config(args: &Args) -> Result<Config, String> {
     config.max_relays = args.max_relays;
     config.max_relays_per_pubkey = args.max_relays_per_pubkey;
     config.max_relays_per_announcement = args.max_relays_per_announcement;
+    if args.forward_max_mib == 0 || args.forward_relay_mib == 0 {
+        return Err("--forward-max-mib and --forward-relay-mib must be at least 1".into());
+    }
+    config.forward.max_bytes = args.forward_max_mib.saturating_mul(1 << 20);
+    config.forward.relay_bytes = args.forward_relay_mib.saturating_mul(1 << 20);
     config = config
         .batch_window(Duration::from_millis(args.batch_window))
         .eose_timeout(Duration::from_secs(args.eose_timeout));
@@ -211,6 +225,10 @@ mod tests {
             "5",
             "--max-relays-per-announcement",
             "4",
+            "--forward-max-mib",
+            "8",
+            "--forward-relay-mib",
+            "2",
         ])
         .unwrap();
         let c = build_config(&a).unwrap();
@@ -223,7 +241,15 @@ mod tests {
             ),
             (20, 5, 4)
         );
+        assert_eq!(
+            (c.forward.max_bytes, c.forward.relay_bytes),
+            (8 << 20, 2 << 20)
+        );
         assert!(args(&["--own-relay", "ws://x", "--max-relays", "-1"]).is_err());
+        let a = args(&["--own-relay", "ws://x", "--forward-relay-mib", "0"]).unwrap();
+        assert!(build_config(&a)
+            .unwrap_err()
+            .contains("--forward-relay-mib"));
     }
 
     #[test]
