@@ -201,6 +201,25 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
     plan
 }
 
+/// The most page queries one relay may have waiting for a subscription slot.
+pub const MAX_QUEUED_PAGES: usize = 256;
+
+/// Bounds a relay's queue of waiting pages: when `queued` (pages waiting for a subscription
+/// slot on the relay) plus the plan's follow-ups would exceed `max`, the follow-ups are dropped and
+/// the query is reported incomplete instead (so a relay whose pages multiply cannot grow
+/// our memory without bound; its batch is confirmed incomplete, never silently).
+pub fn bound_plan(mut plan: PagePlan, queued: usize, max: usize) -> PagePlan {
+    if !plan.next.is_empty() && queued.saturating_add(plan.next.len()) > max {
+        let n = plan.next.len();
+        plan.next.clear();
+        plan.partial_split = false;
+        plan.incomplete.get_or_insert(format!(
+            "{queued} pages already wait for this relay; {n} more would exceed {max}"
+        ));
+    }
+    plan
+}
+
 fn incomplete(why: String) -> PagePlan {
     PagePlan {
         incomplete: Some(why),
@@ -540,5 +559,19 @@ mod tests {
                 assert!(u < 500 || one_second, "({o}, {n}) -> {f:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_full_queue_makes_the_query_incomplete_instead_of_growing() {
+        let p = plan_pages(&l2(&["x"]), &stats(10, 100, 200), &PageLimits::assumed(10));
+        assert_eq!(p.next.len(), 1);
+        let kept = bound_plan(p.clone(), MAX_QUEUED_PAGES - 1, MAX_QUEUED_PAGES);
+        assert_eq!(kept, p, "room for one more");
+        let cut = bound_plan(p, MAX_QUEUED_PAGES, MAX_QUEUED_PAGES);
+        assert!(cut.next.is_empty());
+        assert!(cut.incomplete.unwrap().contains("wait for this relay"));
+        // A complete plan is untouched whatever the queue.
+        let done = PagePlan::default();
+        assert_eq!(bound_plan(done.clone(), usize::MAX, 0), done);
     }
 }

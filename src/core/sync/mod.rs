@@ -32,7 +32,7 @@ use crate::core::filters::{
 };
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
-use crate::core::paging::{plan_pages, PageLimits, PageStats};
+use crate::core::paging::{bound_plan, plan_pages, PageLimits, PageStats, MAX_QUEUED_PAGES};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RelaySyncNeeds, RepoSyncIndex,

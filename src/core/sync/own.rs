@@ -82,7 +82,15 @@ impl SyncMachine {
             return;
         };
         let own = self.config.own_relay.clone();
-        let plan = plan_pages(&info.filter, stats, &self.page_limits(&own));
+        let plan = bound_plan(
+            plan_pages(&info.filter, stats, &self.page_limits(&own)),
+            self.own_link
+                .queue
+                .iter()
+                .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
+                .count(),
+            MAX_QUEUED_PAGES,
+        );
         if let SubPurpose::Page { .. } = info.purpose {
             self.own_link.subs.remove(sub_id);
             self.commands.push_back(Command::Unsubscribe {
