@@ -8,7 +8,7 @@ use grasp_sync::core::actions::{
 };
 use grasp_sync::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
-    RepoSyncIndex, RepoSyncNeeds,
+    RepoSyncIndex,
 };
 use grasp_sync::core::Time;
 use grasp_sync::RelayUrl;
@@ -32,12 +32,16 @@ fn id(i: u8) -> EventId {
     EventId::from_byte_array([i; 32])
 }
 
+/// One relay of a [`World`]: index, status (0 connected, 1 connecting, 2 disconnected),
+/// confirmed repos and ids, pending repos and ids.
+type WorldRelay = (usize, u8, Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
 /// A random world: a repository index, and per relay a connection status with confirmed and
 /// pending items drawn from the same small universe (so overlaps are common).
 #[derive(Debug, Clone)]
 struct World {
     index: Vec<(u8, Vec<usize>, Vec<u8>)>,
-    relays: Vec<(usize, u8, Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>)>,
+    relays: Vec<WorldRelay>,
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -66,7 +70,7 @@ fn world() -> impl Strategy<Value = World> {
 fn build(w: &World) -> (RepoSyncIndex, PendingSyncIndex, RelaySyncIndex) {
     let mut idx = RepoSyncIndex::new();
     for (r, relays, ids) in &w.index {
-        let n = idx.entry(repo(*r)).or_insert_with(RepoSyncNeeds::default);
+        let n = idx.entry(repo(*r)).or_default();
         n.relays.extend(relays.iter().map(|i| relay(*i)));
         n.root_events.extend(ids.iter().map(|i| id(*i)));
         n.announced_at = Some(1);
@@ -197,7 +201,7 @@ proptest! {
         let mut idx = RepoSyncIndex::new();
         for (key, d, relays, lists_us) in &repos {
             let r = format!("30617:{}:{d}", format!("{key:02x}").repeat(32));
-            let n = idx.entry(r).or_insert_with(RepoSyncNeeds::default);
+            let n = idx.entry(r).or_default();
             n.relays.extend(relays.iter().map(|i| RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()));
             if *lists_us { n.relays.insert(own.clone()); }
             n.announced_at = Some(1);
