@@ -3,9 +3,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use grasp_sync::core::nip34::{
-    classify_self_event_with, parse_repo_coordinate, SelfEventMeaning,
-};
+use grasp_sync::core::nip34::{classify_self_event_with, parse_repo_coordinate, SelfEventMeaning};
 use grasp_sync::RelayUrl;
 use libfuzzer_sys::fuzz_target;
 use nostr::event::{Event, EventId, Kind, Signature, Tag};
@@ -30,7 +28,11 @@ fuzz_target!(|input: Input| {
         PublicKey::from_hex("79be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798")
             .unwrap()
     });
-    let tags: Vec<Tag> = input.tags.iter().filter_map(|t| Tag::parse(t).ok()).collect();
+    let tags: Vec<Tag> = input
+        .tags
+        .iter()
+        .filter_map(|t| Tag::parse(t).ok())
+        .collect();
     let sig = Signature::from_slice(&[1u8; 64]).unwrap();
     let event = Event::new(
         EventId::from_byte_array([0; 32]),

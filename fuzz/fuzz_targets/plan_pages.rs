@@ -53,7 +53,10 @@ fuzz_target!(|i: Input| {
         q = q.authors(a.iter().take(64).filter_map(pk));
     }
     if !i.tag_values.is_empty() {
-        q = q.custom_tags(SingleLetterTag::LOWERCASE_A, i.tag_values.iter().take(256).cloned());
+        q = q.custom_tags(
+            SingleLetterTag::LOWERCASE_A,
+            i.tag_values.iter().take(256).cloned(),
+        );
     }
     let stats = PageStats {
         received: i.received,
@@ -73,7 +76,11 @@ fuzz_target!(|i: Input| {
         max_limit: i.max_limit.map(|m| m as usize),
     };
     let plan = plan_pages(&q, &stats, &limits);
-    assert!(plan.next.len() <= 1 + MAX_FANOUT, "{} follow-ups", plan.next.len());
+    assert!(
+        plan.next.len() <= 1 + MAX_FANOUT,
+        "{} follow-ups",
+        plan.next.len()
+    );
     if plan.incomplete.is_some() && plan.next.is_empty() {
         return;
     }
@@ -88,10 +95,7 @@ fuzz_target!(|i: Input| {
         );
         if one_second {
             // Strictly narrower than the query, or a larger explicit limit.
-            assert!(
-                f != &q,
-                "a split must change the query: {f:?}"
-            );
+            assert!(f != &q, "a split must change the query: {f:?}");
         }
     }
 });
