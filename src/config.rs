@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use nostr::key::Keys;
 
+use crate::core::actions::{RepoScope, TargetLimits};
 use crate::core::forward::ForwardLimits;
 use crate::core::health::BackoffPolicy;
 use crate::core::sync::SyncConfig;
@@ -67,8 +68,18 @@ pub struct Config {
     pub daily_resync: (Duration, Duration),
     /// Interval of the idle-relay check (default 60 s).
     pub disconnect_check_interval: Duration,
-    /// The most remote relays connected at once (default 1,000).
+    /// The most remote relays connected at once (default 1,000). When more are named, the
+    /// slots are shared round-robin across announcing pubkeys.
     pub max_relays: usize,
+    /// The most relays the repositories of one announcing pubkey can make us sync from
+    /// (default 64).
+    pub max_relays_per_pubkey: usize,
+    /// The most relays read from one announcement (default 32).
+    pub max_relays_per_announcement: usize,
+    /// Sync every repository the own relay holds, also those whose announcement does not
+    /// list this service (default false). Without `public_urls` every repository is synced
+    /// anyway (see [`Config::repo_scope`]).
+    pub archive: bool,
     /// Open subscriptions per relay when its NIP-11 document does not say (default 20).
     pub default_subscription_budget: usize,
     /// How often queries that do not fit a relay's subscription budget are re-run with
@@ -239,6 +250,9 @@ impl Config {
             ),
             disconnect_check_interval: Duration::from_secs(60),
             max_relays: 1000,
+            max_relays_per_pubkey: crate::core::actions::MAX_RELAYS_PER_PUBKEY,
+            max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+            archive: false,
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: Duration::from_secs(65),
@@ -316,6 +330,22 @@ impl Config {
         self
     }
 
+    /// Which repositories are synced: with `public_urls` and without `archive`, only those
+    /// whose announcement lists this service (one of `public_urls` or `own_relay`, GRASP-01);
+    /// otherwise all.
+    pub fn repo_scope(&self) -> RepoScope {
+        if self.archive || self.public_urls.is_empty() {
+            return RepoScope::All;
+        }
+        let mut urls = vec![self.own_relay.clone()];
+        for u in &self.public_urls {
+            if !urls.contains(u) {
+                urls.push(u.clone());
+            }
+        }
+        RepoScope::ListingService(urls)
+    }
+
     /// The pure core's part of this configuration.
     pub fn sync_config(&self) -> SyncConfig {
         let mut c = SyncConfig::new(self.own_relay.clone());
@@ -331,6 +361,11 @@ impl Config {
         c.daily_max = self.daily_resync.1;
         c.disconnect_check_interval = self.disconnect_check_interval;
         c.max_relays = self.max_relays;
+        c.target_limits = TargetLimits {
+            scope: self.repo_scope(),
+            max_relays_per_pubkey: self.max_relays_per_pubkey,
+            max_relays_per_announcement: self.max_relays_per_announcement,
+        };
         c.default_subscription_budget = self.default_subscription_budget;
         c.poll_interval = self.poll_interval;
         c.rate_limit_cooldown = self.rate_limit_cooldown;
@@ -465,7 +500,13 @@ mod sync_config_tests {
         c.rate_limit_cooldown = Duration::from_secs(8);
         c.max_relays = 10;
         c.refused_retry = Duration::from_secs(9);
+        c.max_relays_per_pubkey = 11;
+        c.max_relays_per_announcement = 12;
         let s = c.sync_config();
+        assert_eq!(s.target_limits.max_relays_per_pubkey, 11);
+        assert_eq!(s.target_limits.max_relays_per_announcement, 12);
+        assert_eq!(s.target_limits.scope, RepoScope::All, "no public URL: all");
+        assert_eq!(d.target_limits, TargetLimits::default());
         assert_eq!(s.consolidation_threshold, 9);
         assert_eq!(s.consolidation_wait, Duration::from_secs(3));
         assert_eq!(
@@ -479,5 +520,13 @@ mod sync_config_tests {
         assert_eq!(s.rate_limit_cooldown, Duration::from_secs(8));
         assert_eq!(s.max_relays, 10);
         assert_eq!(s.refused_retry, Duration::from_secs(9));
+        let public = RelayUrl::parse("wss://git.example").unwrap();
+        c.public_urls.push(public.clone());
+        assert_eq!(
+            c.sync_config().target_limits.scope,
+            RepoScope::ListingService(vec![c.own_relay.clone(), public])
+        );
+        c.archive = true;
+        assert_eq!(c.sync_config().target_limits.scope, RepoScope::All);
     }
 }

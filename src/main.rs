@@ -35,11 +35,37 @@ struct Args {
     #[argh(option)]
     own_relay: String,
 
-    /// another URL under which the own relay is announced (repeatable), e.g.
-    /// wss://git.example.com; relays equal to the own relay or an alias are never synced
-    /// from [env GRASP_SYNC_PUBLIC_URL]
+    /// a public URL of this service (repeatable), e.g. wss://git.example.com; relays equal to
+    /// the own relay or a public URL are never synced from, and only repositories whose
+    /// announcement lists one of them are synced (GRASP-01; see --archive). Without it every
+    /// repository is synced and a warning is logged [env GRASP_SYNC_PUBLIC_URL]
     #[argh(option)]
     public_url: Vec<String>,
+
+    /// sync every repository the own relay holds, also those whose announcement does not
+    /// list this service's --public-url [env GRASP_SYNC_ARCHIVE]
+    #[argh(switch)]
+    archive: bool,
+
+    /// the most relays the repositories of one announcing pubkey can make us sync from
+    /// (default 64) [env GRASP_SYNC_MAX_RELAYS_PER_PUBKEY]
+    #[argh(option, default = "64")]
+    max_relays_per_pubkey: usize,
+
+    /// the most relays read from one announcement (default 32)
+    /// [env GRASP_SYNC_MAX_RELAYS_PER_ANNOUNCEMENT]
+    #[argh(option, default = "32")]
+    max_relays_per_announcement: usize,
+
+    /// mebibytes of events on their way into the own relay at most (default 64); a remote relay
+    /// waits before handing over an event that does not fit [env GRASP_SYNC_FORWARD_MAX_MIB]
+    #[argh(option, default = "64")]
+    forward_max_mib: usize,
+
+    /// mebibytes of that one remote relay may hold (default 16)
+    /// [env GRASP_SYNC_FORWARD_RELAY_MIB]
+    #[argh(option, default = "16")]
+    forward_relay_mib: usize,
 
     /// a relay to connect from the start and never idle-disconnect (repeatable); its
     /// announcements (kinds 30617/30618) are pulled into the own relay
@@ -122,7 +148,8 @@ struct Args {
     #[argh(option, default = "120")]
     eose_timeout: u64,
 
-    /// the most remote relays connected at once (default 1000) [env GRASP_SYNC_MAX_RELAYS]
+    /// the most remote relays connected at once (default 1000); when more are named the
+    /// slots are shared round-robin across announcing pubkeys [env GRASP_SYNC_MAX_RELAYS]
     #[argh(option, default = "1000")]
     max_relays: usize,
 
@@ -250,6 +277,23 @@ const ENV_FLAGS: &[EnvFlag] = &[
     f("batch-window", "GRASP_SYNC_BATCH_WINDOW", Kind::Value),
     f("eose-timeout", "GRASP_SYNC_EOSE_TIMEOUT", Kind::Value),
     f("max-relays", "GRASP_SYNC_MAX_RELAYS", Kind::Value),
+    f("archive", "GRASP_SYNC_ARCHIVE", Kind::Switch),
+    f(
+        "max-relays-per-pubkey",
+        "GRASP_SYNC_MAX_RELAYS_PER_PUBKEY",
+        Kind::Value,
+    ),
+    f(
+        "max-relays-per-announcement",
+        "GRASP_SYNC_MAX_RELAYS_PER_ANNOUNCEMENT",
+        Kind::Value,
+    ),
+    f("forward-max-mib", "GRASP_SYNC_FORWARD_MAX_MIB", Kind::Value),
+    f(
+        "forward-relay-mib",
+        "GRASP_SYNC_FORWARD_RELAY_MIB",
+        Kind::Value,
+    ),
     f(
         "subscription-budget",
         "GRASP_SYNC_SUBSCRIPTION_BUDGET",
@@ -364,6 +408,14 @@ fn build_config(args: &Args) -> Result<Config, String> {
         config = config.bootstrap(parse_url("bootstrap", u)?);
     }
     at_least("batch-window", args.batch_window, 1, "millisecond")?;
+    config.archive = args.archive;
+    config.max_relays_per_pubkey = args.max_relays_per_pubkey;
+    config.max_relays_per_announcement = args.max_relays_per_announcement;
+    if args.forward_max_mib == 0 || args.forward_relay_mib == 0 {
+        return Err("--forward-max-mib and --forward-relay-mib must be at least 1".into());
+    }
+    config.forward.max_bytes = args.forward_max_mib.saturating_mul(1 << 20);
+    config.forward.relay_bytes = args.forward_relay_mib.saturating_mul(1 << 20);
     config = config
         .batch_window(Duration::from_millis(args.batch_window))
         .eose_timeout(secs("eose-timeout", args.eose_timeout)?);
@@ -706,6 +758,47 @@ mod tests {
         assert_eq!(c.bootstrap.len(), 1);
         assert_eq!(c.batch_window, Duration::from_millis(250));
         assert_eq!((c.max_relays, c.assumed_page_size), (7, 50));
+    }
+
+    #[test]
+    fn scope_and_quota_flags() {
+        let a = args(&[
+            "--own-relay",
+            "ws://127.0.0.1:7777",
+            "--public-url",
+            "wss://git.example.com",
+            "--archive",
+            "--max-relays",
+            "20",
+            "--max-relays-per-pubkey",
+            "5",
+            "--max-relays-per-announcement",
+            "4",
+            "--forward-max-mib",
+            "8",
+            "--forward-relay-mib",
+            "2",
+        ])
+        .unwrap();
+        let c = build_config(&a).unwrap();
+        assert_eq!(c.repo_scope(), grasp_sync::core::actions::RepoScope::All);
+        assert_eq!(
+            (
+                c.max_relays,
+                c.max_relays_per_pubkey,
+                c.max_relays_per_announcement
+            ),
+            (20, 5, 4)
+        );
+        assert_eq!(
+            (c.forward.max_bytes, c.forward.relay_bytes),
+            (8 << 20, 2 << 20)
+        );
+        assert!(args(&["--own-relay", "ws://x", "--max-relays", "-1"]).is_err());
+        let a = args(&["--own-relay", "ws://x", "--forward-relay-mib", "0"]).unwrap();
+        assert!(build_config(&a)
+            .unwrap_err()
+            .contains("--forward-relay-mib"));
     }
 
     #[test]

@@ -465,7 +465,10 @@ fn a_full_sync_over_wss_with_a_test_ca_given_by_ca_file() {
     assert_eq!(code, Some(0), "{err}");
     let want: HashSet<_> = [ann.id, issue.id].into_iter().collect();
     assert_eq!(own.event_ids(), want);
-    assert!(remote.nip11_requests() >= 1, "NIP-11 over https:// through the proxy");
+    assert!(
+        remote.nip11_requests() >= 1,
+        "NIP-11 over https:// through the proxy"
+    );
     assert!(err.contains(&remote_tls.url()), "{err}");
 }
 
@@ -476,13 +479,7 @@ fn a_certificate_that_does_not_verify_is_a_clear_connect_failure() {
     let untrusted = TestCa::new();
     let own_tls = TlsProxy::start(own.port(), untrusted.server_config());
     let child = spawn(
-        &[
-            "--own-relay",
-            &own_tls.url(),
-            "--once",
-            "--deadline",
-            "5",
-        ],
+        &["--own-relay", &own_tls.url(), "--once", "--deadline", "5"],
         &[("RUST_LOG", "warn")],
     );
     let (code, err) = finish(child, Duration::from_secs(60));

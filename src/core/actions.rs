@@ -1,7 +1,7 @@
 //! `derive_relay_targets` and `compute_actions`: the single decision point for new Layer-2/3
 //! subscriptions (a three-way diff: target − pending − confirmed).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use nostr::event::EventId;
 use nostr::filter::Filter;
@@ -46,6 +46,272 @@ pub fn derive_relay_targets(
         }
     }
     targets
+}
+
+/// Which repositories produce sync targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepoScope {
+    /// Every repository the own relay holds (`--archive`, or no `--public-url` given).
+    All,
+    /// Only repositories whose announcement lists one of these URLs of this service in its
+    /// `relays` tag (GRASP-01). Root events of other repositories are not synced either.
+    ListingService(Vec<RelayUrl>),
+}
+
+impl RepoScope {
+    /// True when a repository whose announcement names `relays` is synced.
+    pub fn admits<'a>(&self, mut relays: impl Iterator<Item = &'a RelayUrl>) -> bool {
+        match self {
+            RepoScope::All => true,
+            RepoScope::ListingService(urls) => relays.any(|r| urls.contains(r)),
+        }
+    }
+
+    /// A short name for logs and status: `all repositories` or `repositories listing …`.
+    pub fn describe(&self) -> String {
+        match self {
+            RepoScope::All => "all repositories the own relay holds".to_string(),
+            RepoScope::ListingService(urls) => {
+                let names: Vec<&str> = urls.iter().map(|u| u.as_str()).collect();
+                format!(
+                    "repositories whose announcement lists {}",
+                    names.join(" or ")
+                )
+            }
+        }
+    }
+}
+
+/// What may become a sync target: repository scope and the relay quotas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetPolicy {
+    /// Which repositories are synced at all.
+    pub scope: RepoScope,
+    /// The most distinct relays the repositories of one announcing pubkey can make us sync
+    /// from (default 64). A pubkey's relays are ranked by how many of its repositories name
+    /// them, then by URL; the ones past the quota are dropped for that pubkey.
+    pub max_relays_per_pubkey: usize,
+    /// The most remote relays in total (default 1,000), `reserved` included. Filled by a
+    /// round-robin across pubkeys (pubkeys with fewer relays first), so one key cannot take
+    /// every slot.
+    pub max_relays: usize,
+    /// Relays that always hold a slot (the bootstrap relays): they count against
+    /// `max_relays` first and are never dropped.
+    pub reserved: Vec<RelayUrl>,
+}
+
+impl TargetPolicy {
+    /// No scope and no quotas: every relay of every repository (the design's behaviour).
+    pub fn unlimited() -> TargetPolicy {
+        TargetPolicy {
+            scope: RepoScope::All,
+            max_relays_per_pubkey: usize::MAX,
+            max_relays: usize::MAX,
+            reserved: Vec::new(),
+        }
+    }
+}
+
+/// What the scope and the quotas left out, at the time of one derivation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetReport {
+    /// Announced repositories inside the scope.
+    pub repos_in_scope: usize,
+    /// Announced repositories outside the scope (not listing this service): not synced.
+    pub repos_out_of_scope: usize,
+    /// Distinct relays named by repositories in scope (own URLs not counted).
+    pub relays_wanted: usize,
+    /// Relays that are targets.
+    pub relays_selected: usize,
+    /// Pubkeys whose repositories name more relays than `max_relays_per_pubkey`.
+    pub pubkeys_over_quota: usize,
+    /// Relays dropped because every pubkey naming them was over its quota.
+    pub relays_over_pubkey_quota: usize,
+    /// Relays within a pubkey quota but dropped because `max_relays` was reached.
+    pub relays_over_global_cap: usize,
+}
+
+/// The result of [`derive_targets`].
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    /// Per-relay targets, as [`derive_relay_targets`] returns them, within the policy.
+    pub targets: HashMap<RelayUrl, RelaySyncNeeds>,
+    /// What was left out.
+    pub report: TargetReport,
+}
+
+/// The repository scope and relay quotas of a [`SyncConfig`](crate::core::SyncConfig).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetLimits {
+    /// Which repositories are synced (default: all).
+    pub scope: RepoScope,
+    /// Relays one announcing pubkey's repositories can make us sync from (default 64).
+    pub max_relays_per_pubkey: usize,
+    /// Relays read from one announcement (default
+    /// [`MAX_RELAYS_PER_ANNOUNCEMENT`](crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT), 32).
+    pub max_relays_per_announcement: usize,
+}
+
+/// Default of [`TargetLimits::max_relays_per_pubkey`].
+pub const MAX_RELAYS_PER_PUBKEY: usize = 64;
+
+impl Default for TargetLimits {
+    fn default() -> Self {
+        TargetLimits {
+            scope: RepoScope::All,
+            max_relays_per_pubkey: MAX_RELAYS_PER_PUBKEY,
+            max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+        }
+    }
+}
+
+/// The machine's targets: [`derive_targets`] with the policy of `config` (its scope, its
+/// per-pubkey quota, `max_relays`, the bootstrap relays reserved).
+pub fn machine_targets(
+    repo_index: &RepoSyncIndex,
+    excluded: &[RelayUrl],
+    config: &crate::core::SyncConfig,
+) -> Targets {
+    let policy = TargetPolicy {
+        scope: config.target_limits.scope.clone(),
+        max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
+        max_relays: config.max_relays,
+        reserved: config
+            .bootstrap
+            .iter()
+            .filter(|b| !excluded.contains(b))
+            .cloned()
+            .collect(),
+    };
+    derive_targets(repo_index, excluded, &policy)
+}
+
+/// The pubkey part of a `30617:<pubkey>:<d>` reference (the whole reference if malformed).
+fn repo_pubkey(repo: &str) -> &str {
+    let mut parts = repo.splitn(3, ':');
+    match (parts.next(), parts.next()) {
+        (Some(_), Some(pk)) => pk,
+        _ => repo,
+    }
+}
+
+/// [`derive_relay_targets`] within a [`TargetPolicy`]: repository scope, relays per
+/// announcing pubkey, and the global relay cap. Deterministic: the same index and policy
+/// always give the same targets, whatever the hash maps' iteration order.
+///
+/// 1. Repositories outside `policy.scope` are skipped (with their root events).
+/// 2. Per pubkey, its relays (minus `excluded`) are ranked by how many of its repositories
+///    name them (most first), then by URL; the first `max_relays_per_pubkey` are kept.
+/// 3. The reserved relays take their slots; the remaining `max_relays` slots are filled
+///    round by round, each pubkey (fewest relays first, then by pubkey) taking its next
+///    relay that is not selected yet.
+/// 4. A repository gets a relay as target when the relay is selected and within its
+///    pubkey's quota.
+pub fn derive_targets(
+    repo_index: &RepoSyncIndex,
+    excluded: &[RelayUrl],
+    policy: &TargetPolicy,
+) -> Targets {
+    let mut report = TargetReport::default();
+    // 1. Scope; group repositories by pubkey (sorted for determinism).
+    let mut by_key: BTreeMap<&str, Vec<&RepoRef>> = BTreeMap::new();
+    for (repo, needs) in repo_index {
+        if needs.relays.is_empty() {
+            continue;
+        }
+        if !policy.scope.admits(needs.relays.iter()) {
+            report.repos_out_of_scope += 1;
+            continue;
+        }
+        report.repos_in_scope += 1;
+        by_key.entry(repo_pubkey(repo)).or_default().push(repo);
+    }
+    // 2. Per-pubkey quota.
+    let mut allowed: Vec<(&str, Vec<&RelayUrl>)> = Vec::new();
+    let mut wanted: BTreeSet<&RelayUrl> = BTreeSet::new();
+    let mut over_quota: BTreeSet<&RelayUrl> = BTreeSet::new();
+    for (key, repos) in &by_key {
+        let mut count: BTreeMap<&RelayUrl, usize> = BTreeMap::new();
+        for repo in repos {
+            for relay in &repo_index[*repo].relays {
+                if !excluded.contains(relay) {
+                    *count.entry(relay).or_default() += 1;
+                }
+            }
+        }
+        let mut ranked: Vec<(&RelayUrl, usize)> = count.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        wanted.extend(ranked.iter().map(|(r, _)| *r));
+        if ranked.len() > policy.max_relays_per_pubkey {
+            report.pubkeys_over_quota += 1;
+            over_quota.extend(
+                ranked[policy.max_relays_per_pubkey..]
+                    .iter()
+                    .map(|(r, _)| *r),
+            );
+            ranked.truncate(policy.max_relays_per_pubkey);
+        }
+        allowed.push((key, ranked.into_iter().map(|(r, _)| r).collect()));
+    }
+    // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys.
+    let mut selected: HashSet<&RelayUrl> = HashSet::new();
+    let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
+    for r in &policy.reserved {
+        if wanted.contains(r) {
+            selected.insert(r);
+        }
+    }
+    allowed.sort_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| a.0.cmp(b.0)));
+    let mut cursors = vec![0usize; allowed.len()];
+    let mut progress = true;
+    while slots > 0 && progress {
+        progress = false;
+        for (i, (_, relays)) in allowed.iter().enumerate() {
+            if slots == 0 {
+                break;
+            }
+            while cursors[i] < relays.len() && selected.contains(relays[cursors[i]]) {
+                cursors[i] += 1;
+            }
+            if let Some(r) = relays.get(cursors[i]) {
+                selected.insert(r);
+                cursors[i] += 1;
+                slots -= 1;
+                progress = true;
+            }
+        }
+    }
+    let within_quota: HashSet<&RelayUrl> = allowed
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    report.relays_wanted = wanted.len();
+    report.relays_over_pubkey_quota = over_quota
+        .iter()
+        .filter(|r| !within_quota.contains(*r))
+        .count();
+    report.relays_over_global_cap = within_quota
+        .iter()
+        .filter(|r| !selected.contains(*r))
+        .count();
+    // 4. Targets.
+    let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+    for (key, relays) in &allowed {
+        let quota: HashSet<&RelayUrl> = relays.iter().copied().collect();
+        for repo in &by_key[key] {
+            let needs = &repo_index[*repo];
+            for relay in &needs.relays {
+                if !quota.contains(relay) || !selected.contains(relay) {
+                    continue;
+                }
+                let t = targets.entry(relay.clone()).or_default();
+                t.repos.insert((*repo).clone());
+                t.root_events.extend(needs.root_events.iter().copied());
+            }
+        }
+    }
+    report.relays_selected = targets.len();
+    Targets { targets, report }
 }
 
 /// For every relay: the items in `targets` that are neither pending nor confirmed.
@@ -250,5 +516,138 @@ mod tests {
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].root_events, [id(7)].into());
         assert_eq!(a[1].root_events, [id(8)].into());
+    }
+
+    fn keyed_repo(key: u8, n: &str) -> RepoRef {
+        format!("30617:{}:{n}", format!("{key:02x}").repeat(32))
+    }
+    fn keyed_index(entries: &[(u8, &str, &[&str], &[u8])]) -> RepoSyncIndex {
+        entries
+            .iter()
+            .map(|(k, r, relays, ids)| {
+                (
+                    keyed_repo(*k, r),
+                    RepoSyncNeeds {
+                        relays: relays.iter().map(|u| url(u)).collect(),
+                        root_events: ids.iter().map(|b| id(*b)).collect(),
+                        announced_at: Some(1),
+                    },
+                )
+            })
+            .collect()
+    }
+    fn policy(scope: RepoScope, per_key: usize, max: usize) -> TargetPolicy {
+        TargetPolicy {
+            scope,
+            max_relays_per_pubkey: per_key,
+            max_relays: max,
+            reserved: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn scope_keeps_only_repositories_listing_the_service_with_their_root_events() {
+        let idx = keyed_index(&[
+            (1, "ours", &["wss://git.example", "wss://a"], &[1]),
+            (2, "foreign", &["wss://b"], &[2]),
+        ]);
+        let own = [url("ws://127.0.0.1:1"), url("wss://git.example")];
+        let scoped = policy(
+            RepoScope::ListingService(own.to_vec()),
+            usize::MAX,
+            usize::MAX,
+        );
+        let t = derive_targets(&idx, &own, &scoped);
+        assert_eq!(t.targets.len(), 1);
+        let a = &t.targets[&url("wss://a")];
+        assert_eq!(a.repos, [keyed_repo(1, "ours")].into());
+        assert_eq!(
+            a.root_events,
+            [id(1)].into(),
+            "root event 2 belongs to an out-of-scope repo"
+        );
+        assert_eq!(
+            (t.report.repos_in_scope, t.report.repos_out_of_scope),
+            (1, 1)
+        );
+        // --archive (or no --public-url): everything, as derive_relay_targets.
+        let all = derive_targets(&idx, &own, &TargetPolicy::unlimited());
+        assert_eq!(all.targets, derive_relay_targets(&idx, &own));
+        assert_eq!(all.report.repos_out_of_scope, 0);
+    }
+
+    #[test]
+    fn per_pubkey_quota_ranks_by_use_then_url() {
+        // Key 1 names five relays; wss://e by two of its repos, so it ranks first.
+        let idx = keyed_index(&[
+            (1, "x", &["wss://a", "wss://b", "wss://e"], &[]),
+            (1, "y", &["wss://c", "wss://d", "wss://e"], &[]),
+            (2, "z", &["wss://d"], &[]),
+        ]);
+        let t = derive_targets(&idx, &[], &policy(RepoScope::All, 2, usize::MAX));
+        let mut got: Vec<&str> = t.targets.keys().map(|u| u.as_str()).collect();
+        got.sort();
+        // Key 1 keeps e (2 uses) and a (first by URL); key 2 keeps d.
+        assert_eq!(got, vec!["wss://a", "wss://d", "wss://e"]);
+        // d is a target for key 2's repository only: key 1 is over its quota there.
+        assert_eq!(
+            t.targets[&url("wss://d")].repos,
+            [keyed_repo(2, "z")].into()
+        );
+        assert_eq!(t.report.pubkeys_over_quota, 1);
+        // b and c are dropped (d is still wanted by key 2).
+        assert_eq!(t.report.relays_over_pubkey_quota, 2);
+        assert_eq!(t.report.relays_wanted, 5);
+        assert_eq!(t.report.relays_selected, 3);
+    }
+
+    #[test]
+    fn global_cap_is_shared_round_robin_and_reserved_relays_come_first() {
+        // A junk key with 40 relays and two legitimate keys with one and two relays.
+        let junk: Vec<String> = (0..40)
+            .map(|i| format!("wss://junk{i:02}.example"))
+            .collect();
+        let junk_refs: Vec<&str> = junk.iter().map(|s| s.as_str()).collect();
+        let idx = keyed_index(&[
+            (9, "spam", &junk_refs, &[]),
+            (1, "a", &["wss://zz-legit.example"], &[]),
+            (
+                2,
+                "b",
+                &["wss://zz-two.example", "wss://zz-three.example"],
+                &[],
+            ),
+        ]);
+        let mut p = policy(RepoScope::All, 64, 6);
+        let t = derive_targets(&idx, &[], &p);
+        assert_eq!(t.targets.len(), 6);
+        for legit in [
+            "wss://zz-legit.example",
+            "wss://zz-two.example",
+            "wss://zz-three.example",
+        ] {
+            assert!(t.targets.contains_key(&url(legit)), "{legit} must be kept");
+        }
+        assert_eq!(t.report.relays_over_global_cap, 37);
+        // A reserved (bootstrap) relay takes a slot first.
+        p.reserved = vec![url("wss://boot.example")];
+        let t = derive_targets(&idx, &[], &p);
+        assert_eq!(t.targets.len(), 5);
+        assert!(t.targets.contains_key(&url("wss://zz-legit.example")));
+        // Deterministic: the same input gives the same targets.
+        let again = derive_targets(&idx.clone().into_iter().collect::<RepoSyncIndex>(), &[], &p);
+        assert_eq!(again.targets, t.targets);
+        // Cap zero: nothing.
+        assert!(derive_targets(&idx, &[], &policy(RepoScope::All, 64, 0))
+            .targets
+            .is_empty());
+    }
+
+    #[test]
+    fn own_urls_never_count_against_a_quota() {
+        let idx = keyed_index(&[(1, "x", &["wss://own", "wss://a"], &[])]);
+        let t = derive_targets(&idx, &[url("wss://own")], &policy(RepoScope::All, 1, 1));
+        assert_eq!(t.targets.keys().collect::<Vec<_>>(), vec![&url("wss://a")]);
+        assert_eq!(t.report.pubkeys_over_quota, 0);
     }
 }

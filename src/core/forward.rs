@@ -44,6 +44,31 @@ pub struct ForwardLimits {
     pub rejected_bytes: usize,
     /// Pause after a `rate-limited:` answer.
     pub rate_limit_pause: Duration,
+    /// JSON bytes of checked events on their way into the own relay (channel, queue and in
+    /// flight) at most; a relay thread waits before handing over an event that does not fit
+    /// (see [`admits`]). Events re-queued from the rejected store come on top (at most
+    /// `rejected_bytes`). Zero: no byte bound.
+    pub max_bytes: usize,
+    /// The share of `max_bytes` one remote relay may hold, so one flooding relay cannot take
+    /// the whole pipeline. Zero: no per-relay bound.
+    pub relay_bytes: usize,
+}
+
+/// Whether an event of `len` bytes from a relay that has `relay_held` bytes in the forward
+/// pipeline may enter it while the pipeline holds `total_held` bytes.
+///
+/// A relay with nothing in the pipeline may always send one event when the pipeline is
+/// empty, so an event larger than a share never blocks for ever (the websocket message cap,
+/// 1 MiB, bounds it anyway).
+pub fn admits(limits: &ForwardLimits, total_held: u64, relay_held: u64, len: u64) -> bool {
+    if total_held == 0 {
+        return true;
+    }
+    let max = limits.max_bytes as u64;
+    let share = limits.relay_bytes as u64;
+    let total_ok = max == 0 || total_held.saturating_add(len) <= max;
+    let relay_ok = share == 0 || relay_held == 0 || relay_held.saturating_add(len) <= share;
+    total_ok && relay_ok
 }
 
 impl Default for ForwardLimits {
@@ -56,6 +81,8 @@ impl Default for ForwardLimits {
             rejected_kept: 10_000,
             rejected_bytes: 16 << 20,
             rate_limit_pause: Duration::from_secs(2),
+            max_bytes: 64 << 20,
+            relay_bytes: 16 << 20,
         }
     }
 }
@@ -479,6 +506,8 @@ mod tests {
             rejected_kept: 2,
             rejected_bytes: 1 << 20,
             rate_limit_pause: Duration::from_secs(2),
+            max_bytes: 0,
+            relay_bytes: 0,
         }
     }
 
@@ -673,5 +702,34 @@ mod tests {
         t = t.plus(Duration::from_secs(2));
         let (sent, _) = q.poll_send(t).unwrap();
         assert_eq!(q.on_ok(sent, true, "", t), OkOutcome::Stored);
+    }
+
+    #[test]
+    fn byte_admission_bounds_the_total_and_each_relay_share() {
+        let l = ForwardLimits {
+            max_bytes: 10,
+            relay_bytes: 4,
+            ..ForwardLimits::default()
+        };
+        assert!(
+            admits(&l, 0, 0, 100),
+            "an empty pipeline takes any one event"
+        );
+        assert!(
+            admits(&l, 5, 0, 4),
+            "a relay with nothing held gets in within the total"
+        );
+        assert!(admits(&l, 5, 3, 1));
+        assert!(!admits(&l, 5, 3, 2), "over the relay's share");
+        assert!(!admits(&l, 8, 0, 3), "over the total");
+        assert!(admits(&l, 6, 0, 4));
+        let unbounded = ForwardLimits {
+            max_bytes: 0,
+            relay_bytes: 0,
+            ..ForwardLimits::default()
+        };
+        assert!(admits(&unbounded, u64::MAX - 1, u64::MAX - 1, 5));
+        let d = ForwardLimits::default();
+        assert_eq!((d.max_bytes, d.relay_bytes), (64 << 20, 16 << 20));
     }
 }

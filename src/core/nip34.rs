@@ -81,18 +81,32 @@ pub struct Announcement {
     pub created_at: u64,
 }
 
-/// Parses a kind-30617 announcement. Returns `None` for any other kind.
+/// Parses a kind-30617 announcement with the default cap of
+/// [`MAX_RELAYS_PER_ANNOUNCEMENT`] relays. Returns `None` for any other kind.
 ///
 /// Unlike the design document's sample code, which reads only the first value of the first
 /// relay tag, this reads **every value of every `relays` tag** (NIP-34 puts all relays in one
 /// multi-valued tag; some clients write one tag per relay). Values that are not ws/wss URLs
 /// are skipped with a debug log.
 pub fn parse_announcement(event: &Event) -> Option<Announcement> {
+    parse_announcement_with(event, MAX_RELAYS_PER_ANNOUNCEMENT, &[])
+}
+
+/// [`parse_announcement`] keeping at most `max_relays` relays (in the order the announcement
+/// names them; the rest are ignored with a warning). URLs in `own` (this service's URLs) are
+/// kept even past the cap: they are never synced from, and they decide whether the
+/// repository is in scope (GRASP-01).
+pub fn parse_announcement_with(
+    event: &Event,
+    max_relays: usize,
+    own: &[RelayUrl],
+) -> Option<Announcement> {
     if event.kind.as_u16() != KIND_REPO_ANNOUNCEMENT {
         return None;
     }
     let repo_ref = repo_ref_of_announcement(event);
     let mut relays: Vec<RelayUrl> = Vec::new();
+    let mut counted = 0usize;
     let mut truncated = false;
     for tag in event.tags.iter() {
         if tag.kind() != "relays" {
@@ -103,9 +117,15 @@ pub fn parse_announcement(event: &Event) -> Option<Announcement> {
             for piece in value.split([',', ' ']).filter(|p| !p.is_empty()) {
                 match RelayUrl::parse(piece) {
                     Ok(url) => {
-                        if relays.len() >= MAX_RELAYS_PER_ANNOUNCEMENT {
+                        if relays.contains(&url) {
+                            continue;
+                        }
+                        if own.contains(&url) {
+                            relays.push(url);
+                        } else if counted >= max_relays {
                             truncated = true;
-                        } else if !relays.contains(&url) {
+                        } else {
+                            counted += 1;
                             relays.push(url);
                         }
                     }
@@ -119,7 +139,7 @@ pub fn parse_announcement(event: &Event) -> Option<Announcement> {
     }
     if truncated {
         warn!(
-            "announcement {} ({}) names more than {MAX_RELAYS_PER_ANNOUNCEMENT} relays; using the first {MAX_RELAYS_PER_ANNOUNCEMENT}",
+            "announcement {} ({}) names more than {max_relays} relays; using the first {max_relays}",
             event.id, repo_ref
         );
     }
@@ -175,9 +195,19 @@ pub enum SelfEventMeaning {
     Other,
 }
 
-/// Classifies an event read by the self-subscription.
+/// Classifies an event read by the self-subscription (default relay cap per announcement).
 pub fn classify_self_event(event: &Event) -> SelfEventMeaning {
-    if let Some(a) = parse_announcement(event) {
+    classify_self_event_with(event, MAX_RELAYS_PER_ANNOUNCEMENT, &[])
+}
+
+/// [`classify_self_event`] with the relay cap per announcement and this service's URLs (see
+/// [`parse_announcement_with`]).
+pub fn classify_self_event_with(
+    event: &Event,
+    max_relays_per_announcement: usize,
+    own: &[RelayUrl],
+) -> SelfEventMeaning {
+    if let Some(a) = parse_announcement_with(event, max_relays_per_announcement, own) {
         return SelfEventMeaning::Announcement(a);
     }
     if is_root_kind(event.kind) {
@@ -307,5 +337,34 @@ mod tests {
         let a = parse_announcement(&ev).unwrap();
         assert_eq!(a.relays.len(), MAX_RELAYS_PER_ANNOUNCEMENT);
         assert_eq!(a.relays[0].as_str(), "wss://r0.example");
+    }
+
+    #[test]
+    fn own_urls_survive_the_cap_and_the_cap_is_configurable() {
+        let many: Vec<String> = (0..40).map(|i| format!("wss://r{i}.example")).collect();
+        let mut tag = vec!["relays"];
+        tag.extend(many.iter().map(|s| s.as_str()));
+        tag.push("wss://git.example");
+        let ev = announcement(vec![vec!["d", "x"], tag]);
+        let own = [RelayUrl::parse("wss://git.example").unwrap()];
+        let a = parse_announcement_with(&ev, 3, &own).unwrap();
+        let got: Vec<&str> = a.relays.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            got,
+            vec![
+                "wss://r0.example",
+                "wss://r1.example",
+                "wss://r2.example",
+                "wss://git.example"
+            ]
+        );
+        assert_eq!(
+            parse_announcement_with(&ev, 0, &[]).unwrap().relays.len(),
+            0
+        );
+        match classify_self_event_with(&ev, 3, &own) {
+            SelfEventMeaning::Announcement(b) => assert_eq!(b, a),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

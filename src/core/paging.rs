@@ -33,13 +33,24 @@ use nostr::types::Timestamp;
 /// At most this many kinds and authors are remembered for the oldest second of a page.
 pub const MAX_SEEN: usize = 64;
 
+/// At most this many queries replace one query that is split (steps 4 and 5 split by the
+/// kinds or authors seen; more than this is reported as incomplete instead).
+pub const MAX_FANOUT: usize = 16;
+
 /// What one history query delivered before EOSE.
+///
+/// Only events that passed every check (id, signature, the query's filter, which includes
+/// its `since`/`until` window) are recorded with [`PageStats::record_event`]: the page's
+/// oldest and newest second come from events we trust. Everything else the relay sent for
+/// the query is only counted in [`PageStats::rejected`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PageStats {
-    /// Events received before EOSE (whether or not they passed the checks: they all count
-    /// against the relay's cap).
+    /// Checked events received before EOSE.
     pub received: u64,
-    /// Oldest `created_at` among them.
+    /// Events received before EOSE that failed a check or lie outside the query's window:
+    /// they count against the relay's cap, but say nothing trustworthy about the history.
+    pub rejected: u64,
+    /// Oldest `created_at` among the checked events.
     pub oldest: Option<u64>,
     /// Newest `created_at` among them.
     pub newest: Option<u64>,
@@ -50,9 +61,14 @@ pub struct PageStats {
 }
 
 impl PageStats {
+    /// Counts one event that failed a check or lies outside the window.
+    pub fn record_rejected(&mut self) {
+        self.rejected = self.rejected.saturating_add(1);
+    }
+
     /// Adds one event's `created_at` only (kind and author unknown).
     pub fn record(&mut self, created_at: u64) {
-        self.received += 1;
+        self.received = self.received.saturating_add(1);
         if self.oldest.is_none_or(|o| created_at < o) {
             self.kinds_at_oldest.clear();
             self.authors_at_oldest.clear();
@@ -116,16 +132,42 @@ impl PagePlan {
 }
 
 /// Plans the next pages of `query` (exactly as sent) after it delivered `stats`.
+///
+/// Never trusts the relay further than the checked events: a page that is full only when
+/// rejected events are counted, or statistics outside the query's window, make the query
+/// incomplete (never another page). Every follow-up query either ends strictly before the
+/// oldest second received (`until` strictly decreases) or lies inside that one second and
+/// is strictly narrower; at most `1 + MAX_FANOUT` follow-ups are planned.
 pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> PagePlan {
     let cap = match query.limit {
         Some(l) => l.min(limits.max_limit.unwrap_or(usize::MAX)),
         None => limits.page_size,
     };
+    let total = stats.received.saturating_add(stats.rejected);
     let (Some(oldest), Some(newest)) = (stats.oldest, stats.newest) else {
+        if stats.rejected > 0 && cap > 0 && total >= cap as u64 {
+            return incomplete(format!(
+                "the relay filled a page of {cap} with {} events that failed the checks or lie outside the query's window",
+                stats.rejected
+            ));
+        }
         return PagePlan::default();
     };
-    if (stats.received as usize) < cap || cap == 0 {
+    let since = query.since.map(|t| t.as_secs());
+    let until = query.until.map(|t| t.as_secs());
+    if oldest > newest || since.is_some_and(|s| oldest < s) || until.is_some_and(|u| newest > u) {
+        return incomplete(format!(
+            "page statistics [{oldest}, {newest}] lie outside the query's window"
+        ));
+    }
+    if cap == 0 || total < cap as u64 {
         return PagePlan::default();
+    }
+    if (stats.received as usize) < cap {
+        return incomplete(format!(
+            "the relay filled a page of {cap} with {} events that failed the checks or lie outside the query's window",
+            stats.rejected
+        ));
     }
     let mut plan = PagePlan::default();
     if oldest < newest {
@@ -136,7 +178,6 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
     }
     // Every event of a full page shares one second.
     let second = oldest;
-    let since = query.since.map(|t| t.as_secs());
     if second > 0 && since.is_none_or(|s| s < second) {
         // The seconds before it, queried normally.
         plan.next
@@ -160,6 +201,32 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
     plan
 }
 
+/// The most page queries one relay may have waiting for a subscription slot.
+pub const MAX_QUEUED_PAGES: usize = 256;
+
+/// Bounds a relay's queue of waiting pages: when `queued` (pages waiting for a subscription
+/// slot on the relay) plus the plan's follow-ups would exceed `max`, the follow-ups are dropped and
+/// the query is reported incomplete instead (so a relay whose pages multiply cannot grow
+/// our memory without bound; its batch is confirmed incomplete, never silently).
+pub fn bound_plan(mut plan: PagePlan, queued: usize, max: usize) -> PagePlan {
+    if !plan.next.is_empty() && queued.saturating_add(plan.next.len()) > max {
+        let n = plan.next.len();
+        plan.next.clear();
+        plan.partial_split = false;
+        plan.incomplete.get_or_insert(format!(
+            "{queued} pages already wait for this relay; {n} more would exceed {max}"
+        ));
+    }
+    plan
+}
+
+fn incomplete(why: String) -> PagePlan {
+    PagePlan {
+        incomplete: Some(why),
+        ..PagePlan::default()
+    }
+}
+
 fn split_second(
     q: &Filter,
     cap: usize,
@@ -179,6 +246,20 @@ fn split_second(
         return Some((parts, false));
     }
     // 2. One query per kind.
+    if let Some(kinds) = q.kinds.as_ref().filter(|k| k.len() > MAX_FANOUT) {
+        // Too many for one query each: bisect them.
+        let kinds: Vec<Kind> = kinds.iter().copied().collect();
+        let (a, b) = kinds.split_at(kinds.len() / 2);
+        let parts = [a, b]
+            .iter()
+            .map(|half| {
+                let mut f = q.clone();
+                f.kinds = Some(half.iter().copied().collect());
+                f
+            })
+            .collect();
+        return Some((parts, false));
+    }
     if let Some(kinds) = q.kinds.as_ref().filter(|k| k.len() >= 2) {
         return Some((
             kinds
@@ -199,7 +280,10 @@ fn split_second(
         }
     }
     // 4. One query per kind seen in that second.
-    if q.kinds.is_none() && !stats.kinds_at_oldest.is_empty() {
+    if q.kinds.is_none()
+        && !stats.kinds_at_oldest.is_empty()
+        && stats.kinds_at_oldest.len() <= MAX_FANOUT
+    {
         let parts = stats
             .kinds_at_oldest
             .iter()
@@ -219,7 +303,7 @@ fn split_second(
                 f
             })
             .collect::<Vec<_>>();
-        if !parts.is_empty() {
+        if !parts.is_empty() && parts.len() <= MAX_FANOUT {
             return Some((parts, true));
         }
     }
@@ -400,5 +484,94 @@ mod tests {
         // Seconds 995–1000 × 7 single values, each reported incomplete after the max_limit
         // step; nothing loops.
         assert_eq!(incomplete, 42);
+    }
+
+    #[test]
+    fn a_page_full_only_with_rejected_events_is_incomplete_not_paged() {
+        let q = l2(&["x"]);
+        let mut s = stats(3, 100, 200);
+        s.rejected = 7;
+        let p = plan_pages(&q, &s, &PageLimits::assumed(10));
+        assert!(p.next.is_empty());
+        assert!(p.incomplete.is_some());
+        // Only rejected events: incomplete too.
+        let s = PageStats {
+            rejected: 10,
+            ..PageStats::default()
+        };
+        let p = plan_pages(&q, &s, &PageLimits::assumed(10));
+        assert!(p.next.is_empty() && p.incomplete.is_some());
+        // A few rejected events on a short page: complete.
+        let mut s = stats(3, 100, 200);
+        s.rejected = 2;
+        assert!(plan_pages(&q, &s, &PageLimits::assumed(10)).is_complete());
+    }
+
+    #[test]
+    fn statistics_outside_the_window_are_incomplete() {
+        let q = l2(&["x"])
+            .since(Timestamp::from_secs(100))
+            .until(Timestamp::from_secs(200));
+        for (o, n) in [(50, 150), (150, 250), (180, 170)] {
+            let p = plan_pages(&q, &stats(10, o, n), &PageLimits::assumed(10));
+            assert!(p.next.is_empty(), "({o}, {n})");
+            assert!(p.incomplete.is_some(), "({o}, {n})");
+        }
+        // The same second as `until`, with older ones: the next page ends before it.
+        let p = plan_pages(&q, &stats(10, 150, 200), &PageLimits::assumed(10));
+        assert_eq!(p.next[0].until, Some(Timestamp::from_secs(150)));
+    }
+
+    #[test]
+    fn split_fan_out_is_bounded() {
+        let pk = |b: u64| {
+            nostr::key::Keys::parse(&format!("{:064x}", b + 1))
+                .unwrap()
+                .public_key()
+        };
+        // More kinds seen than MAX_FANOUT and too many authors: incomplete, not 64 queries.
+        let mut s = stats(10, 100, 100);
+        s.kinds_at_oldest = (0..40u16).collect();
+        s.authors_at_oldest = (0..40).map(pk).collect();
+        let p = plan_pages(&l2(&["x"]), &s, &PageLimits::assumed(10));
+        assert!(p.incomplete.is_some());
+        assert!(p.next.len() <= 1 + MAX_FANOUT);
+        // Many kinds in the filter itself: bisected.
+        let q = Filter::new().kinds((0..40u16).map(Kind::from));
+        let p = plan_pages(&q, &stats(10, 100, 100), &PageLimits::assumed(10));
+        assert_eq!(p.next.len(), 3);
+        assert_eq!(p.next[1].kinds.as_ref().unwrap().len(), 20);
+    }
+
+    #[test]
+    fn until_strictly_decreases_and_splits_narrow() {
+        // Any full page: each follow-up ends before `until` or narrows one second.
+        let limits = PageLimits {
+            page_size: 10,
+            max_limit: Some(20),
+        };
+        let q = l2(&["a", "b"]).until(Timestamp::from_secs(500));
+        for (o, n) in [(100, 500), (499, 500), (500, 500), (0, 0), (0, 500)] {
+            let p = plan_pages(&q, &stats(10, o, n), &limits);
+            for f in &p.next {
+                let u = f.until.unwrap().as_secs();
+                let one_second = f.since.map(|s| s.as_secs()) == Some(u);
+                assert!(u < 500 || one_second, "({o}, {n}) -> {f:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_queue_makes_the_query_incomplete_instead_of_growing() {
+        let p = plan_pages(&l2(&["x"]), &stats(10, 100, 200), &PageLimits::assumed(10));
+        assert_eq!(p.next.len(), 1);
+        let kept = bound_plan(p.clone(), MAX_QUEUED_PAGES - 1, MAX_QUEUED_PAGES);
+        assert_eq!(kept, p, "room for one more");
+        let cut = bound_plan(p, MAX_QUEUED_PAGES, MAX_QUEUED_PAGES);
+        assert!(cut.next.is_empty());
+        assert!(cut.incomplete.unwrap().contains("wait for this relay"));
+        // A complete plan is untouched whatever the queue.
+        let done = PagePlan::default();
+        assert_eq!(bound_plan(done.clone(), usize::MAX, 0), done);
     }
 }

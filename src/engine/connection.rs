@@ -28,6 +28,7 @@ use nostr::message::{ClientMessage, SubscriptionId};
 use tungstenite::Message;
 
 use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, OnChallenge};
+use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{
     check_parsed, escape_for_log, parse_event, parse_relay_frame, EventRejection, Incoming,
@@ -35,7 +36,7 @@ use crate::core::message::{
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
 use crate::core::time::Clock;
-use crate::engine::metrics::{Metrics, RelayCounters};
+use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
@@ -80,12 +81,14 @@ pub enum Control {
 }
 
 /// A checked event on its way into the own relay.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ForwardItem {
     /// Event id.
     pub id: EventId,
     /// The event's JSON exactly as the remote relay sent it.
     pub raw: Arc<str>,
+    /// Its bytes' place in the pipeline's byte bound; released when the event is resolved.
+    pub admission: Option<ByteAdmission>,
 }
 
 /// Where a connection's events go.
@@ -130,6 +133,9 @@ pub struct ConnectionThread {
     pub auth_keys: Option<Keys>,
     /// Which addresses this relay may be connected to (checked for remote relays only).
     pub policy: Arc<AddressPolicy>,
+    /// Byte bounds of the forward pipeline (a remote relay waits for room before handing
+    /// over an event).
+    pub forward_limits: ForwardLimits,
 }
 
 struct Sub {
@@ -651,16 +657,21 @@ impl ConnectionThread {
                     Ok(e) => e,
                     Err(e) => {
                         if !sub.eose {
-                            sub.stats.received += 1;
+                            sub.stats.record_rejected();
                         }
                         self.invalid_event(&sub_id, &e);
                         return true;
                     }
                 };
+                let checked = check_parsed(&event, &sub.filter);
                 if !sub.eose {
-                    sub.stats.record_event(&event);
+                    // Paging trusts only checked events inside the window.
+                    match checked {
+                        Ok(()) => sub.stats.record_event(&event),
+                        Err(_) => sub.stats.record_rejected(),
+                    }
                 }
-                match check_parsed(&event, &sub.filter) {
+                match checked {
                     Ok(()) => {
                         RelayCounters::inc(&self.counters.events_accepted);
                         match &self.role {
@@ -668,6 +679,7 @@ impl ConnectionThread {
                                 let item = ForwardItem {
                                     id: event.id,
                                     raw: Arc::from(raw.get()),
+                                    admission: None,
                                 };
                                 return self.forward(forward, item, ctx.socket);
                             }
@@ -780,9 +792,29 @@ impl ConnectionThread {
         mut item: ForwardItem,
         socket: &mut Socket,
     ) -> bool {
+        let mut last_ping = self.clock.now();
+        // The byte bound: wait (pinging) until the event fits the pipeline and our share.
+        let len = item.raw.len() as u64;
+        let mut waited = false;
+        while item.admission.is_none() {
+            item.admission =
+                ByteAdmission::try_take(&self.metrics, &self.counters, &self.forward_limits, len);
+            if item.admission.is_some() {
+                break;
+            }
+            if !waited {
+                waited = true;
+                RelayCounters::inc(&self.counters.forward_byte_waits);
+                debug!("{}: forward pipeline byte bound reached; waiting", self.url);
+            }
+            if self.stopping() {
+                return false;
+            }
+            self.ping_if_due(socket, &mut last_ping);
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let unresolved = &self.metrics.forward.unresolved;
         unresolved.fetch_add(1, Ordering::Relaxed);
-        let mut last_ping = self.clock.now();
         loop {
             match forward.send_timeout(item, Duration::from_millis(200)) {
                 Ok(()) => return true,
@@ -791,13 +823,7 @@ impl ConnectionThread {
                         unresolved.fetch_sub(1, Ordering::Relaxed);
                         return false;
                     }
-                    let now = self.clock.now();
-                    if now.since(last_ping) >= self.ping_interval {
-                        last_ping = now;
-                        // A failed write shows up as an error on the next read.
-                        let _ = socket.write(Message::Ping(Vec::new().into()));
-                        let _ = socket.flush();
-                    }
+                    self.ping_if_due(socket, &mut last_ping);
                     item = i;
                 }
                 Err(SendTimeoutError::Disconnected(_)) => {
@@ -805,6 +831,19 @@ impl ConnectionThread {
                     return false;
                 }
             }
+        }
+    }
+}
+
+impl ConnectionThread {
+    /// Pings the relay while this thread waits to hand over an event.
+    fn ping_if_due(&self, socket: &mut Socket, last_ping: &mut crate::core::time::Time) {
+        let now = self.clock.now();
+        if now.since(*last_ping) >= self.ping_interval {
+            *last_ping = now;
+            // A failed write shows up as an error on the next read.
+            let _ = socket.write(Message::Ping(Vec::new().into()));
+            let _ = socket.flush();
         }
     }
 }

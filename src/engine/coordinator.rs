@@ -268,6 +268,25 @@ impl Coordinator {
             self.metrics.sum(own, |c| &c.events_unmatched),
             self.metrics.thread_restarts.load(Ordering::Relaxed),
         );
+        let t = m.target_report();
+        if t.relays_over_pubkey_quota + t.relays_over_global_cap > 0 {
+            warn!(
+                "relay quotas: {} of {} named relays dropped ({} over a pubkey's quota of {} from {} pubkeys, {} over max_relays {}); repos out of scope {}",
+                t.relays_over_pubkey_quota + t.relays_over_global_cap,
+                t.relays_wanted,
+                t.relays_over_pubkey_quota,
+                self.config.max_relays_per_pubkey,
+                t.pubkeys_over_quota,
+                t.relays_over_global_cap,
+                self.config.max_relays,
+                t.repos_out_of_scope
+            );
+        } else if t.repos_out_of_scope > 0 {
+            info!(
+                "repository scope: {} repos in scope, {} out of scope (not listing this service)",
+                t.repos_in_scope, t.repos_out_of_scope
+            );
+        }
     }
 
     fn execute(
@@ -386,6 +405,7 @@ impl Coordinator {
                 self.config.auth_keys.clone()
             },
             policy: self.policy.clone(),
+            forward_limits: self.config.forward,
         })?;
         Ok(RelayThread {
             control: tx,

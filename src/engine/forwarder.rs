@@ -8,12 +8,15 @@
 //! accepted our AUTH event. Without a key, or once authentication failed, such an answer is an
 //! ordinary rejection.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::{debug, info, warn};
+use nostr::event::EventId;
 use nostr::key::Keys;
 use tungstenite::Message;
 
@@ -28,7 +31,7 @@ use crate::core::message::{parse_relay_frame, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::connection::{auth_message, write_text, ForwardItem, MAX_RELAY_TEXT};
-use crate::engine::metrics::Metrics;
+use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
@@ -46,6 +49,24 @@ pub enum ForwarderControl {
     /// Test hook: panic in the forwarder thread (to test that the coordinator restarts it).
     #[cfg(feature = "testing")]
     Panic,
+}
+
+/// The byte admissions a forwarder holds. A clone (a restarted forwarder) starts empty: the
+/// old thread's admissions are released when its copy is dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Admissions(RefCell<HashMap<EventId, ByteAdmission>>);
+
+impl Clone for Admissions {
+    fn clone(&self) -> Self {
+        Admissions::default()
+    }
+}
+
+impl std::ops::Deref for Admissions {
+    type Target = RefCell<HashMap<EventId, ByteAdmission>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// Everything the forwarder thread needs (cloned to restart a forwarder that died).
@@ -84,6 +105,8 @@ pub struct Forwarder {
     pub auth_keys: Option<Keys>,
     /// Reports to the coordinator (back-pressure transitions).
     pub reports: Sender<Input>,
+    /// Byte admissions of the queued and in-flight events, released when each is resolved.
+    pub(crate) admissions: Admissions,
 }
 
 impl Forwarder {
@@ -218,7 +241,10 @@ impl Forwarder {
 
     fn offer(&self, queue: &mut ForwardQueue, item: ForwardItem) {
         if queue.offer(item.id, item.raw) != Offer::Queued {
+            // A copy: its admission is dropped (released) here.
             self.resolved();
+        } else if let Some(a) = item.admission {
+            self.admissions.borrow_mut().insert(item.id, a);
         }
     }
 
@@ -429,6 +455,14 @@ impl Forwarder {
 
     fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
         let message = escape_for_log(message, MAX_RELAY_TEXT);
+        if matches!(
+            outcome,
+            OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)
+        ) {
+            // Out of the pipeline: its bytes are free again (a kept rejected event counts
+            // against the rejected store's own byte bound).
+            self.admissions.borrow_mut().remove(&event_id);
+        }
         match outcome {
             OkOutcome::Stored => {
                 self.resolved();

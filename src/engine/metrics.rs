@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::core::forward::{admits, ForwardLimits};
 use crate::net::url::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
@@ -38,6 +39,11 @@ pub struct RelayCounters {
     /// Frames above the soft size cap, dropped with the connection kept (each distinct event
     /// counted once).
     pub oversized_frames: AtomicU64,
+    /// Gauge: JSON bytes of this relay's events in the forward pipeline now.
+    pub forward_bytes: AtomicU64,
+    /// Times this relay's thread had to wait because the forward pipeline's byte bound (or
+    /// this relay's share of it) was reached.
+    pub forward_byte_waits: AtomicU64,
 }
 
 impl RelayCounters {
@@ -105,6 +111,11 @@ pub struct ForwardCounters {
     /// Rejections by the own relay, by the prefix of its reason ([`REJECT_REASONS`]; the
     /// last slot counts every other reason).
     pub rejected_by_reason: [AtomicU64; REJECT_REASONS.len()],
+    /// Gauge: JSON bytes of checked events in the forward pipeline (channel, queue, in
+    /// flight) now.
+    pub bytes: AtomicU64,
+    /// The most `bytes` ever held.
+    pub bytes_peak: AtomicU64,
 }
 
 /// The reason prefixes of the own relay's rejections that are counted apart; `other` takes
@@ -173,6 +184,59 @@ impl Histogram {
             self.sum_us.load(Ordering::Relaxed) as f64 / 1e6,
             self.count.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// A remote event's place in the forward pipeline's byte bound
+/// ([`ForwardLimits::max_bytes`], [`ForwardLimits::relay_bytes`]): taken by the relay thread
+/// before it hands the event over, released (dropped) by the forwarder when the own relay
+/// stored, already had or rejected it.
+#[derive(Debug)]
+pub struct ByteAdmission {
+    len: u64,
+    relay: Arc<RelayCounters>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for ByteAdmission {
+    fn drop(&mut self) {
+        let sub = |c: &AtomicU64| {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(self.len))
+            });
+        };
+        sub(&self.metrics.forward.bytes);
+        sub(&self.relay.forward_bytes);
+    }
+}
+
+impl ByteAdmission {
+    /// Takes `len` bytes of the pipeline for `relay` if [`admits`] allows it now.
+    pub fn try_take(
+        metrics: &Arc<Metrics>,
+        relay: &Arc<RelayCounters>,
+        limits: &ForwardLimits,
+        len: u64,
+    ) -> Option<ByteAdmission> {
+        // Only this relay's thread adds to its own gauge, so reading it first is exact; the
+        // total is shared, so it is taken with a compare-and-swap.
+        let held = relay.forward_bytes.load(Ordering::Relaxed);
+        let total = &metrics.forward.bytes;
+        total
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                admits(limits, t, held, len).then_some(t.saturating_add(len))
+            })
+            .ok()?;
+        relay.forward_bytes.fetch_add(len, Ordering::Relaxed);
+        metrics
+            .forward
+            .bytes_peak
+            .fetch_max(total.load(Ordering::Relaxed), Ordering::Relaxed);
+        Some(ByteAdmission {
+            len,
+            relay: relay.clone(),
+            metrics: metrics.clone(),
+        })
     }
 }
 
@@ -295,5 +359,39 @@ mod tests {
             2,
             "a's count stays in the total"
         );
+    }
+
+    #[test]
+    fn byte_admissions_are_bounded_and_released_on_drop() {
+        let m = Arc::new(Metrics::default());
+        let a = m.relay(&RelayUrl::parse("wss://a.example").unwrap());
+        let b = m.relay(&RelayUrl::parse("wss://b.example").unwrap());
+        let limits = ForwardLimits {
+            max_bytes: 10,
+            relay_bytes: 6,
+            ..ForwardLimits::default()
+        };
+        let a1 = ByteAdmission::try_take(&m, &a, &limits, 4).unwrap();
+        assert!(
+            ByteAdmission::try_take(&m, &a, &limits, 4).is_none(),
+            "a's share"
+        );
+        let b1 = ByteAdmission::try_take(&m, &b, &limits, 5).unwrap();
+        assert!(
+            ByteAdmission::try_take(&m, &b, &limits, 1).is_some_and(|x| {
+                drop(x);
+                true
+            })
+        );
+        assert!(
+            ByteAdmission::try_take(&m, &a, &limits, 2).is_none(),
+            "total"
+        );
+        assert_eq!(m.forward.bytes.load(Ordering::Relaxed), 9);
+        drop(a1);
+        drop(b1);
+        assert_eq!(m.forward.bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(a.forward_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(m.forward.bytes_peak.load(Ordering::Relaxed), 10);
     }
 }

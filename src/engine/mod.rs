@@ -15,6 +15,7 @@ use crossbeam_channel::{bounded, unbounded, Sender};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
+use crate::core::actions::{RepoScope, TargetReport};
 use crate::core::health::HealthState;
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Report, SyncMachine};
@@ -118,6 +119,10 @@ pub struct RelayStatus {
     /// Frames above the soft size cap (`WsOptions::max_event_size`), dropped with the
     /// connection kept; each distinct event is counted once.
     pub oversized_frames: u64,
+    /// JSON bytes of this relay's events in the forward pipeline now.
+    pub forward_bytes: u64,
+    /// Times this relay waited for the forward pipeline's byte bound.
+    pub forward_byte_waits: u64,
 }
 
 /// The own relay's `OK` latency, as a cumulative histogram.
@@ -183,6 +188,14 @@ pub struct Status {
     /// False once shutdown has begun or the coordinator thread has ended (a bug); nothing
     /// is synced then.
     pub coordinator_running: bool,
+    /// JSON bytes of checked events in the forward pipeline now.
+    pub forward_bytes: u64,
+    /// The most bytes the forward pipeline ever held.
+    pub forward_bytes_peak: u64,
+    /// Which repositories are synced (`--public-url` / `--archive`).
+    pub repo_scope: RepoScope,
+    /// What the repository scope and the relay quotas leave out now.
+    pub targets: TargetReport,
 }
 
 impl Status {
@@ -227,6 +240,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
             "batch window must be greater than zero".into(),
         ));
     }
+    log_scope(&config);
     let machine = Arc::new(RwLock::new(SyncMachine::new(config.sync_config())));
     let metrics = Arc::new(Metrics::default());
     let stopping = Arc::new(AtomicBool::new(false));
@@ -252,6 +266,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         seed: config.seed ^ 0x5555,
         auth_keys: coordinator::own_keys(&config),
         reports: inputs_tx.clone(),
+        admissions: Default::default(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
@@ -300,6 +315,23 @@ fn own_addresses(config: &Config) -> Vec<std::net::SocketAddr> {
     addrs
 }
 
+/// Logs the repository scope and the relay quotas at start-up.
+fn log_scope(config: &Config) {
+    let scope = config.repo_scope();
+    log::info!(
+        "repository scope: {}; at most {} relays, {} per announcing pubkey, {} per announcement",
+        scope.describe(),
+        config.max_relays,
+        config.max_relays_per_pubkey,
+        config.max_relays_per_announcement
+    );
+    if config.public_urls.is_empty() && !config.archive {
+        log::warn!(
+            "no --public-url given: syncing EVERY repository the own relay holds, whichever service it names; set --public-url to sync only repositories that list this service (or --archive to keep syncing all of them knowingly)"
+        );
+    }
+}
+
 impl SyncHandle {
     /// A consistent snapshot of the sync state and counters.
     pub fn status(&self) -> Status {
@@ -327,6 +359,8 @@ impl SyncHandle {
                     disconnects: get(|c| &c.disconnects),
                     thread_restarts: get(|c| &c.thread_restarts),
                     oversized_frames: get(|c| &c.oversized_frames),
+                    forward_bytes: get(|c| &c.forward_bytes),
+                    forward_byte_waits: get(|c| &c.forward_byte_waits),
                     url: s.url,
                     connection_status: s.connection_status,
                     health: s.health,
@@ -392,6 +426,10 @@ impl SyncHandle {
                 .lock()
                 .as_ref()
                 .is_some_and(|h| !h.is_finished()),
+            forward_bytes: f.bytes.load(Ordering::Relaxed),
+            forward_bytes_peak: f.bytes_peak.load(Ordering::Relaxed),
+            repo_scope: self.config.repo_scope(),
+            targets: m.target_report(),
         }
     }
 

@@ -43,6 +43,10 @@ pub enum UrlError {
     Port(String),
     /// The URL contains whitespace or control characters.
     InvalidCharacter,
+    /// The host is neither a name of letters, digits, `-`, `.` and `_` nor a bracketed IPv6
+    /// literal of hex digits, `:` and `.` (found by fuzzing: a `:` in the host made the
+    /// normalised text parse differently).
+    Host(String),
 }
 
 impl fmt::Display for UrlError {
@@ -59,6 +63,7 @@ impl fmt::Display for UrlError {
             UrlError::InvalidCharacter => {
                 write!(f, "the relay URL contains whitespace or control characters")
             }
+            UrlError::Host(h) => write!(f, "invalid host {h:?}"),
         }
     }
 }
@@ -118,6 +123,9 @@ impl RelayUrl {
         };
         if host.is_empty() || host == "[]" {
             return Err(UrlError::MissingHost);
+        }
+        if !valid_host(&host) {
+            return Err(UrlError::Host(host));
         }
         let default_port = if tls { 443 } else { 80 };
         let port = match port_text {
@@ -182,6 +190,18 @@ impl RelayUrl {
     pub fn http_url(&self) -> String {
         let rest = &self.text[if self.tls { 6 } else { 5 }..];
         format!("{}://{}", if self.tls { "https" } else { "http" }, rest)
+    }
+}
+
+/// A lower-cased host: a name (letters, digits, `-`, `.`, `_`) or `[IPv6]`.
+fn valid_host(host: &str) -> bool {
+    match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.'),
+        None => host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')),
     }
 }
 
@@ -325,5 +345,32 @@ mod tests {
             RelayUrl::parse("wss://r. example"),
             Err(UrlError::InvalidCharacter)
         );
+    }
+
+    #[test]
+    fn fuzz_regression_host_with_colon_is_refused_and_normalising_is_idempotent() {
+        // Found by `cargo fuzz run relay_url`: the host `wss:'jj…[jwss` with an empty port
+        // was accepted, and its normalised text then failed to parse (a port error).
+        let crash = "ws://wss:'jjjjjjjjjjjjjjjj[jwss://jjjjMMMMMMjjSSN";
+        assert!(matches!(RelayUrl::parse(crash), Err(UrlError::Host(_))));
+        for bad in [
+            "wss://a:b:",
+            "wss://r[x]",
+            "wss://ré.example",
+            "wss://[::g]",
+            "wss://a'b",
+        ] {
+            assert!(RelayUrl::parse(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "wss://r.example",
+            "ws://127.0.0.1:7777",
+            "wss://[::1]:8080/x",
+            "wss://under_score.example",
+            "wss://r.example//a//?q=1",
+        ] {
+            let u = RelayUrl::parse(good).unwrap();
+            assert_eq!(RelayUrl::parse(u.as_str()), Ok(u.clone()), "{good}");
+        }
     }
 }

@@ -109,6 +109,9 @@ pub struct TestRelayOptions {
     /// EVENTs with `["OK", id, false, "auth-required: please authenticate"]`. A connection
     /// opened before this was turned on gets its challenge right after its first refusal.
     pub require_auth: bool,
+    /// A relay that lies about its history window: serve stored events as if each filter had
+    /// no `since` and `until` (so every page returns the newest events again).
+    pub ignore_time_window: bool,
 }
 
 impl Default for TestRelayOptions {
@@ -124,6 +127,7 @@ impl Default for TestRelayOptions {
             reject_events: None,
             refuse_connections: false,
             require_auth: false,
+            ignore_time_window: false,
         }
     }
 }
@@ -1252,10 +1256,15 @@ fn handle_req(
             (Some(n), None) | (None, Some(n)) => n,
             (None, None) => usize::MAX,
         };
+        let window = MatchEventOptions {
+            since: !opts.ignore_time_window,
+            until: !opts.ignore_time_window,
+            ..MatchEventOptions::new()
+        };
         let hits = state
             .store
             .iter()
-            .filter(|s| filter.match_event(&s.event, MatchEventOptions::new()))
+            .filter(|s| filter.match_event(&s.event, window))
             .take(limit);
         for stored in hits {
             if seen.insert(stored.event.id) {

@@ -4,7 +4,7 @@ use super::*;
 
 impl SyncMachine {
     pub(super) fn targets(&self) -> HashMap<RelayUrl, RelaySyncNeeds> {
-        derive_relay_targets(&self.repo_index, &self.excluded)
+        machine_targets(&self.repo_index, &self.excluded, &self.config).targets
     }
 
     pub(super) fn run_compute_actions(&mut self, now: Time) {
@@ -152,7 +152,17 @@ impl SyncMachine {
             _ => None,
         };
         // Pages of older history first, so a batch never confirms before its pages.
-        let plan = plan_pages(&info.filter, stats, &self.page_limits(relay));
+        let queued = self.links.get(relay).map_or(0, |l| {
+            l.queue
+                .iter()
+                .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
+                .count()
+        });
+        let plan = bound_plan(
+            plan_pages(&info.filter, stats, &self.page_limits(relay)),
+            queued,
+            MAX_QUEUED_PAGES,
+        );
         let generation = self.relays.get(relay).map_or(0, |s| s.generation);
         let mut page_subs = Vec::new();
         for f in plan.next {

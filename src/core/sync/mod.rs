@@ -27,7 +27,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::actions::{compute_actions, derive_relay_targets, AddFilters};
+use crate::core::actions::{compute_actions, machine_targets, AddFilters, TargetReport};
 use crate::core::complaints::{
     classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
 };
@@ -35,8 +35,8 @@ use crate::core::filters::{
     build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
 };
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
-use crate::core::nip34::{classify_self_event, SelfEventMeaning};
-use crate::core::paging::{plan_pages, PageLimits, PageStats};
+use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
+use crate::core::paging::{bound_plan, plan_pages, PageLimits, PageStats, MAX_QUEUED_PAGES};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RelaySyncNeeds, RepoSyncIndex,
@@ -81,6 +81,8 @@ pub struct SyncConfig {
     /// The most remote relays connected at once (default 1,000): each costs a thread and a
     /// connection, and relay lists come from announcements anyone can write.
     pub max_relays: usize,
+    /// Repository scope, relays per announcing pubkey and per announcement (issue 8).
+    pub target_limits: crate::core::actions::TargetLimits,
     /// Open subscriptions per relay when NIP-11 does not publish `max_subscriptions`
     /// (default 20).
     pub default_subscription_budget: usize,
@@ -118,6 +120,7 @@ impl SyncConfig {
             daily_max: Duration::from_secs(25 * 3600),
             assumed_page_size: 20,
             max_relays: 1000,
+            target_limits: crate::core::actions::TargetLimits::default(),
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
@@ -978,6 +981,11 @@ impl SyncMachine {
     /// Status of the own relay's self-subscription connection.
     pub fn own_status(&self) -> ConnectionStatus {
         self.own.connection_status
+    }
+
+    /// What the repository scope and the relay quotas leave out now.
+    pub fn target_report(&self) -> TargetReport {
+        machine_targets(&self.repo_index, &self.excluded, &self.config).report
     }
 
     /// Counters.

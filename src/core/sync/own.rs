@@ -91,7 +91,15 @@ impl SyncMachine {
             return;
         };
         let own = self.config.own_relay.clone();
-        let plan = plan_pages(&info.filter, stats, &self.page_limits(&own));
+        let plan = bound_plan(
+            plan_pages(&info.filter, stats, &self.page_limits(&own)),
+            self.own_link
+                .queue
+                .iter()
+                .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
+                .count(),
+            MAX_QUEUED_PAGES,
+        );
         if let SubPurpose::Page { .. } = info.purpose {
             self.own_link.subs.remove(sub_id);
             self.commands.push_back(Command::Unsubscribe {
@@ -186,7 +194,11 @@ impl SyncMachine {
 
     pub(super) fn push_self_event(&mut self, event: &Event, now: Time) {
         self.counters.self_events += 1;
-        let meaning = classify_self_event(event);
+        let meaning = classify_self_event_with(
+            event,
+            self.config.target_limits.max_relays_per_announcement,
+            &self.excluded,
+        );
         if meaning == SelfEventMeaning::Other {
             debug!(
                 "self-subscription: ignoring event {} of kind {}",

@@ -1315,7 +1315,7 @@ fn no_more_remote_relays_than_max_relays() {
     let cmds = s.advance(Duration::from_secs(5));
     assert_eq!(connects(&cmds).len(), 3);
     assert_eq!(s.m.relay_index().len(), 3);
-    assert_eq!(s.m.counters().relays_refused, 2);
+    assert_eq!(s.m.target_report().relays_over_global_cap, 2);
 }
 
 #[test]

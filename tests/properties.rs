@@ -1,0 +1,237 @@
+//! Properties (proptest): `compute_actions` never re-sends what is pending or confirmed and
+//! covers the whole target for a connected relay; URL normalisation is idempotent.
+
+use std::collections::{HashMap, HashSet};
+
+use grasp_sync::core::actions::{
+    compute_actions, derive_relay_targets, derive_targets, RepoScope, TargetPolicy,
+};
+use grasp_sync::core::state::{
+    ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
+    RepoSyncIndex,
+};
+use grasp_sync::core::Time;
+use grasp_sync::RelayUrl;
+use nostr::event::EventId;
+use proptest::prelude::*;
+
+const RELAYS: [&str; 4] = [
+    "wss://a.example",
+    "wss://b.example",
+    "wss://c.example",
+    "ws://127.0.0.1:7000",
+];
+
+fn relay(i: usize) -> RelayUrl {
+    RelayUrl::parse(RELAYS[i % RELAYS.len()]).unwrap()
+}
+fn repo(i: u8) -> String {
+    format!("30617:{}:r{i}", "ab".repeat(32))
+}
+fn id(i: u8) -> EventId {
+    EventId::from_byte_array([i; 32])
+}
+
+/// One relay of a [`World`]: index, status (0 connected, 1 connecting, 2 disconnected),
+/// confirmed repos and ids, pending repos and ids.
+type WorldRelay = (usize, u8, Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// A random world: a repository index, and per relay a connection status with confirmed and
+/// pending items drawn from the same small universe (so overlaps are common).
+#[derive(Debug, Clone)]
+struct World {
+    index: Vec<(u8, Vec<usize>, Vec<u8>)>,
+    relays: Vec<WorldRelay>,
+}
+
+fn world() -> impl Strategy<Value = World> {
+    let index = prop::collection::vec(
+        (
+            0u8..8,
+            prop::collection::vec(0usize..4, 0..4),
+            prop::collection::vec(0u8..12, 0..5),
+        ),
+        0..8,
+    );
+    let relays = prop::collection::vec(
+        (
+            0usize..4,
+            0u8..3,
+            prop::collection::vec(0u8..8, 0..5),
+            prop::collection::vec(0u8..12, 0..5),
+            prop::collection::vec(0u8..8, 0..5),
+            prop::collection::vec(0u8..12, 0..5),
+        ),
+        0..4,
+    );
+    (index, relays).prop_map(|(index, relays)| World { index, relays })
+}
+
+fn build(w: &World) -> (RepoSyncIndex, PendingSyncIndex, RelaySyncIndex) {
+    let mut idx = RepoSyncIndex::new();
+    for (r, relays, ids) in &w.index {
+        let n = idx.entry(repo(*r)).or_default();
+        n.relays.extend(relays.iter().map(|i| relay(*i)));
+        n.root_events.extend(ids.iter().map(|i| id(*i)));
+        n.announced_at = Some(1);
+    }
+    let mut pending = PendingSyncIndex::new();
+    let mut confirmed = RelaySyncIndex::new();
+    for (k, (r, status, c_repos, c_ids, p_repos, p_ids)) in w.relays.iter().enumerate() {
+        let url = relay(*r);
+        let mut s = RelayState::new(false);
+        s.connection_status = match status {
+            0 => ConnectionStatus::Connected,
+            1 => ConnectionStatus::Connecting,
+            _ => ConnectionStatus::Disconnected,
+        };
+        s.repos = c_repos.iter().map(|i| repo(*i)).collect();
+        s.root_events = c_ids.iter().map(|i| id(*i)).collect();
+        confirmed.insert(url.clone(), s);
+        pending.entry(url).or_default().push(PendingBatch {
+            batch_id: k as u64,
+            items: PendingItems {
+                repos: p_repos.iter().map(|i| repo(*i)).collect(),
+                root_events: p_ids.iter().map(|i| id(*i)).collect(),
+            },
+            outstanding_subs: HashSet::new(),
+            started_at: Time::from_secs(0),
+            incomplete: false,
+            uncovered_from: None,
+        });
+    }
+    (idx, pending, confirmed)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn compute_actions_is_the_exact_three_way_diff(w in world()) {
+        let (idx, pending, confirmed) = build(&w);
+        let targets = derive_relay_targets(&idx, &[]);
+        let actions = compute_actions(&targets, &pending, &confirmed);
+        let by_relay: HashMap<&RelayUrl, _> = actions.iter().map(|a| (&a.relay_url, a)).collect();
+        prop_assert_eq!(by_relay.len(), actions.len(), "one action per relay");
+        for a in &actions {
+            let state = confirmed.get(&a.relay_url);
+            prop_assert!(state.is_none_or(|s| s.connection_status == ConnectionStatus::Connected));
+            let batches = pending.get(&a.relay_url).map(|v| v.as_slice()).unwrap_or(&[]);
+            for b in batches {
+                // new ∩ pending = ∅
+                prop_assert!(a.repos.is_disjoint(&b.items.repos));
+                prop_assert!(a.root_events.is_disjoint(&b.items.root_events));
+            }
+            if let Some(s) = state {
+                // new ∩ confirmed = ∅
+                prop_assert!(a.repos.is_disjoint(&s.repos));
+                prop_assert!(a.root_events.is_disjoint(&s.root_events));
+            }
+            prop_assert!(!a.repos.is_empty() || !a.root_events.is_empty());
+            prop_assert!(!a.filters.is_empty());
+        }
+        // target = confirmed ∪ pending ∪ new, for every connected (or unknown) relay.
+        for (url, t) in &targets {
+            let state = confirmed.get(url);
+            if state.is_some_and(|s| s.connection_status != ConnectionStatus::Connected) {
+                prop_assert!(!by_relay.contains_key(url));
+                continue;
+            }
+            let batches = pending.get(url).map(|v| v.as_slice()).unwrap_or(&[]);
+            let mut repos: HashSet<String> = state.map(|s| s.repos.clone()).unwrap_or_default();
+            let mut ids: HashSet<EventId> = state.map(|s| s.root_events.clone()).unwrap_or_default();
+            for b in batches {
+                repos.extend(b.items.repos.iter().cloned());
+                ids.extend(b.items.root_events.iter().copied());
+            }
+            if let Some(a) = by_relay.get(url) {
+                repos.extend(a.repos.iter().cloned());
+                ids.extend(a.root_events.iter().copied());
+            }
+            prop_assert!(t.repos.is_subset(&repos), "{:?} missing", t.repos.difference(&repos).collect::<Vec<_>>());
+            prop_assert!(t.root_events.is_subset(&ids));
+            // and nothing beyond the target is added
+            if let Some(a) = by_relay.get(url) {
+                prop_assert!(a.repos.is_subset(&t.repos));
+                prop_assert!(a.root_events.is_subset(&t.root_events));
+            }
+        }
+    }
+
+    #[test]
+    fn url_normalisation_is_idempotent(
+        scheme in prop::sample::select(vec!["ws", "wss", "WS", "Wss", "http", ""]),
+        host in "[a-zA-Z0-9.-]{0,12}|\\[[0-9a-fA-F:]{0,10}\\]",
+        port in prop::option::of(0u32..70000),
+        path in "(/[a-zA-Z0-9._~%-]{0,6}){0,3}/?",
+        query in prop::option::of("[a-z0-9=&]{0,6}"),
+        fragment in prop::option::of("[a-z0-9]{0,4}"),
+        pad in "[ \t]{0,2}",
+    ) {
+        let mut s = format!("{pad}{scheme}://{host}");
+        if let Some(p) = port { s.push_str(&format!(":{p}")); }
+        s.push_str(&path);
+        if let Some(q) = query { s.push('?'); s.push_str(&q); }
+        if let Some(f) = fragment { s.push('#'); s.push_str(&f); }
+        s.push_str(&pad);
+        if let Ok(u) = RelayUrl::parse(&s) {
+            let again = RelayUrl::parse(u.as_str());
+            prop_assert_eq!(again.as_ref(), Ok(&u), "parse(normalise({:?}))", s);
+            let again = again.unwrap();
+            prop_assert_eq!(again.as_str(), u.as_str());
+        }
+    }
+
+    #[test]
+    fn any_string_parses_or_fails_without_panic_and_normalises_idempotently(s in "\\PC{0,40}") {
+        if let Ok(u) = RelayUrl::parse(&s) {
+            prop_assert_eq!(RelayUrl::parse(u.as_str()), Ok(u));
+        }
+    }
+    #[test]
+    fn targets_respect_scope_and_quotas_and_are_deterministic(
+        repos in prop::collection::vec(
+            (0u8..4, 0u8..6, prop::collection::vec(0u16..40, 0..10), any::<bool>()),
+            0..20,
+        ),
+        per_key in 0usize..8,
+        max in 0usize..30,
+        scoped in any::<bool>(),
+    ) {
+        let own = RelayUrl::parse("wss://git.example").unwrap();
+        let mut idx = RepoSyncIndex::new();
+        for (key, d, relays, lists_us) in &repos {
+            let r = format!("30617:{}:{d}", format!("{key:02x}").repeat(32));
+            let n = idx.entry(r).or_default();
+            n.relays.extend(relays.iter().map(|i| RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()));
+            if *lists_us { n.relays.insert(own.clone()); }
+            n.announced_at = Some(1);
+        }
+        let policy = TargetPolicy {
+            scope: if scoped { RepoScope::ListingService(vec![own.clone()]) } else { RepoScope::All },
+            max_relays_per_pubkey: per_key,
+            max_relays: max,
+            reserved: Vec::new(),
+        };
+        let t = derive_targets(&idx, std::slice::from_ref(&own), &policy);
+        prop_assert!(t.targets.len() <= max);
+        prop_assert!(!t.targets.contains_key(&own));
+        let mut per_pubkey: HashMap<String, HashSet<RelayUrl>> = HashMap::new();
+        for (url, needs) in &t.targets {
+            for r in &needs.repos {
+                let n = &idx[r];
+                prop_assert!(n.relays.contains(url));
+                prop_assert!(!scoped || n.relays.contains(&own), "out-of-scope repo {} targeted", r);
+                per_pubkey.entry(r[6..70].to_string()).or_default().insert(url.clone());
+            }
+        }
+        for relays in per_pubkey.values() {
+            prop_assert!(relays.len() <= per_key);
+        }
+        let shuffled: RepoSyncIndex = idx.clone().into_iter().collect();
+        prop_assert_eq!(derive_targets(&shuffled, std::slice::from_ref(&own), &policy).targets, t.targets.clone());
+        // Unlimited and unscoped: the design's derive_relay_targets.
+        let all = derive_targets(&idx, std::slice::from_ref(&own), &TargetPolicy::unlimited());
+        prop_assert_eq!(all.targets, derive_relay_targets(&idx, std::slice::from_ref(&own)));
+    }
+}
