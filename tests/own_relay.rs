@@ -107,25 +107,51 @@ fn own_relay_rejection_is_counted_and_retried_when_the_index_changes() {
     let _ = env_logger::builder().is_test(true).try_init();
     let own = TestRelay::start();
     let remote = TestRelay::start();
-    let (expected, _) = seed(&own, &remote, 5);
+    let r = OneRepo::new(&remote);
+    own.insert(&r.ann);
+    own.insert(&r.issue);
+    remote.insert(&r.ann);
+    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    for i in 0..5 {
+        let reply = r.reply(&format!("reply {i}"));
+        remote.insert(&reply);
+        expected.insert(reply.id);
+    }
     own.set_reject_events(Some("blocked: unknown repository".into()));
     let handle = grasp_sync::start(config(&own)).unwrap();
     assert!(wait_until(Duration::from_secs(30), || handle
         .status()
         .rejected
         >= 5));
-    // The own relay now accepts, and a new announcement arrives: rejected events are retried.
+    // The own relay now accepts. An unrelated repository's announcement retries nothing ...
     own.set_reject_events(None);
-    let keys = Keys::generate();
-    let ann = EventBuilder::new(Kind::Custom(30617), "")
+    let other = Keys::generate();
+    let unrelated = EventBuilder::new(Kind::Custom(30617), "")
         .tag(Tag::parse(["d", "new"]).unwrap())
-        .finalize(&keys)
+        .finalize(&other)
         .unwrap();
-    own.insert(&ann);
-    let mut all = expected.clone();
-    all.insert(ann.id);
+    own.insert(&unrelated);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !own.event_ids().is_superset(&expected),
+        "replies retried for an unrelated change"
+    );
+    // ... a newer announcement of the replies' repository retries them.
+    let newer = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "r"]).unwrap())
+        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
+        .custom_created_at(nostr::types::Timestamp::from_secs(
+            r.ann.created_at.as_secs() + 1,
+        ))
+        .finalize(&r.keys)
+        .unwrap();
+    own.insert(&newer);
+    expected.insert(unrelated.id);
+    // The newer announcement replaces the older one (kind 30617 is addressable).
+    expected.remove(&r.ann.id);
+    expected.insert(newer.id);
     let ok = wait_until(Duration::from_secs(30), || {
-        own.event_ids().is_superset(&all)
+        own.event_ids().is_superset(&expected)
     });
     assert!(ok, "{:#?}", handle.status());
     handle.shutdown(Duration::from_secs(10)).unwrap();

@@ -111,6 +111,13 @@ impl Time {
         }
     }
 
+    /// This instant with the wall clock of `now` (the monotonic time elapsed since then taken
+    /// from `now`'s wall reading): a stored time's timestamp as the wall clock reads now,
+    /// whatever steps the wall clock made in between.
+    pub fn rebased(self, now: Time) -> Time {
+        now.minus(now.since(self))
+    }
+
     /// The monotonic time elapsed from `earlier` to `self` (zero if `earlier` is later).
     pub fn since(self, earlier: Time) -> Duration {
         Duration::from_millis(self.mono.saturating_sub(earlier.mono))

@@ -205,6 +205,7 @@ impl SyncMachine {
                 sub_id: sub_id.clone(),
             });
             self.drain_queue(relay);
+            self.promote_polled(relay, now);
         } else {
             // A live subscription settled: if queries wait and nothing else is loading, no
             // EOSE will free a slot.

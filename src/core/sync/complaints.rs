@@ -11,12 +11,13 @@ impl SyncMachine {
         now: Time,
     ) {
         self.counters.closed_by_relay += 1;
-        let Some((info, was_loading)) = self.links.get_mut(relay).and_then(|l| {
-            let was_loading = l.loading.remove(sub_id).is_some();
-            l.subs.remove(sub_id).map(|i| (i, was_loading))
+        let Some((info, sent_at)) = self.links.get_mut(relay).and_then(|l| {
+            let sent_at = l.loading.remove(sub_id);
+            l.subs.remove(sub_id).map(|i| (i, sent_at))
         }) else {
             return;
         };
+        let was_loading = sent_at.is_some();
         self.drain_queue(relay);
         let reason = classify_closed(message);
         let prefix = closed_prefix(message).to_string();
@@ -69,11 +70,13 @@ impl SyncMachine {
         if pending {
             let id = batch.unwrap_or_default();
             self.fail_batch_for(relay, id, now, "closed by relay", Some(delay));
-        } else if info.purpose.is_live() && !was_loading {
+        } else if info.purpose.is_live() && (!was_loading || info.filter.limit == Some(0)) {
             // A live subscription past its EOSE (Layer 1, the live set, or the REQ of a batch
-            // that has confirmed): opened again live after the delay, plus a catch-up of what
-            // was published from the moment it was lost.
-            let since = now.minus(self.config.quick_reconnect_window).timestamp();
+            // that has confirmed), or a live-only one refused before its EOSE: opened again
+            // live after the delay, plus a catch-up of what was published from the moment it
+            // was lost (or, refused at once, from when it was asked for).
+            let lost = sent_at.map_or(now, |t| t.rebased(now));
+            let since = lost.minus(self.config.quick_reconnect_window).timestamp();
             let purpose = match info.purpose {
                 SubPurpose::Announcements => SubPurpose::Announcements,
                 _ => SubPurpose::Live,

@@ -27,19 +27,6 @@ impl SyncMachine {
         };
         self.counters.consolidations += 1;
         link.consolidate_by = None;
-        // The rebuild below re-subscribes Layer 1 and every confirmed item live, with a
-        // catch-up: live subscriptions waiting to be reopened are dropped, and waiting
-        // catch-ups merge into the rebuild's (it starts no later than theirs).
-        let mut merged_since: Option<nostr::types::Timestamp> = None;
-        link.reopen.retain(|(_, purpose, f)| {
-            if *purpose == SubPurpose::CatchUp {
-                if let Some(s) = f.since {
-                    merged_since = Some(merged_since.map_or(s, |m| m.min(s)));
-                }
-                return false;
-            }
-            f.limit != Some(0)
-        });
         let mut items = std::mem::take(&mut link.deferred);
         let connected = self
             .relays
@@ -61,7 +48,16 @@ impl SyncMachine {
             .get(relay)
             .map(|bs| bs.iter().map(|b| b.batch_id).collect())
             .unwrap_or_default();
-        let mut keep_l1 = false;
+        // A Layer 1 that is (or will be) live stays: one still loading, or one (not live-only)
+        // waiting in the queue or to be reopened.
+        let waiting_l1 =
+            |p: SubPurpose, f: &Filter| p == SubPurpose::Announcements && f.limit != Some(0);
+        let mut keep_l1 = self.links.get(relay).is_some_and(|l| {
+            l.queue
+                .iter()
+                .any(|(_, i)| waiting_l1(i.purpose, &i.filter))
+                || l.reopen.iter().any(|(_, p, f)| waiting_l1(*p, f))
+        });
         let mut old: Vec<SubscriptionId> = Vec::new();
         if let Some(l) = self.links.get_mut(relay) {
             let loading = l.loading.clone();
@@ -89,12 +85,12 @@ impl SyncMachine {
         }
         // Catch up from when items lost their live subscription: now for those closed just
         // above, earlier for those whose batch query was closed at EOSE, whose live
-        // subscription still waits in the queue, or whose queued catch-up is merged here.
+        // subscription still waits in the queue, or whose waiting catch-up is merged here.
+        // Live-only queries waiting in the queue or to be reopened are rebuilt below; so are
+        // catch-ups the rebuild covers (every Layer 2/3 catch-up, and Layer 1's unless a
+        // Layer 1 stays). Other history (pages, resumed queries) is kept as it is.
         let margin = self.config.quick_reconnect_window;
         let mut since = now.minus(margin).timestamp();
-        if let Some(m) = merged_since {
-            since = since.min(m);
-        }
         if let Some(l) = self.links.get_mut(relay) {
             l.rebuild_needed = false;
             let mut from = l.uncovered_since.take().unwrap_or(now);
@@ -102,21 +98,21 @@ impl SyncMachine {
             if let (true, Some(t)) = (live_queued, l.live_built_at) {
                 from = from.min(t);
             }
-            since = since.min(from.minus(margin).timestamp());
-            l.queue.retain(|(_, i)| match i.purpose {
-                SubPurpose::Live => false,
-                SubPurpose::CatchUp => {
-                    if let Some(s) = i.filter.since {
+            since = since.min(from.rebased(now).minus(margin).timestamp());
+            let mut merge = |purpose: SubPurpose, f: &Filter| -> bool {
+                if f.limit == Some(0) && purpose.is_live() {
+                    return true;
+                }
+                match (purpose, f.since) {
+                    (SubPurpose::CatchUp, Some(s)) if !(keep_l1 && is_l1_filter(f)) => {
                         since = since.min(s);
+                        true
                     }
-                    false
+                    _ => false,
                 }
-                SubPurpose::Announcements => {
-                    keep_l1 = true;
-                    true
-                }
-                _ => true,
-            });
+            };
+            l.queue.retain(|(_, i)| !merge(i.purpose, &i.filter));
+            l.reopen.retain(|(_, p, f)| !merge(*p, f));
         }
         self.open_live_set(relay, since, !keep_l1, now);
         items.repos.retain(|r| !repos.contains(r));
@@ -182,4 +178,13 @@ impl SyncMachine {
             self.recompute_actions_for_relay(&url, now);
         }
     }
+}
+
+/// True for a Layer 1 filter (announcements and repository state).
+fn is_l1_filter(f: &Filter) -> bool {
+    f.kinds.as_ref().is_some_and(|k| {
+        k.contains(&nostr::event::Kind::Custom(
+            crate::core::nip34::KIND_REPO_ANNOUNCEMENT,
+        ))
+    })
 }

@@ -32,7 +32,9 @@ impl SyncMachine {
         let since = if fresh {
             None
         } else {
-            state.last_connected.map(|t| t.minus(window).timestamp())
+            state
+                .last_connected
+                .map(|t| t.rebased(now).minus(window).timestamp())
         };
         if stale {
             if overflow {
@@ -67,8 +69,9 @@ impl SyncMachine {
                 // History that was still paging when the connection dropped continues from
                 // the page it had reached (its filter carries that page's `until`).
                 self.counters.queries_resumed += resume.len() as u64;
+                // As pages (not catch-ups): a rebuild never merges them away.
                 for f in resume {
-                    self.open_sub(relay, generation, SubPurpose::CatchUp, f);
+                    self.open_sub(relay, generation, SubPurpose::Page { batch: None }, f);
                 }
                 self.open_live_set(relay, since, true, now);
             }

@@ -11,6 +11,7 @@ use nostr::types::Timestamp;
 
 use super::world::World;
 use crate::core::sync::Report;
+use crate::core::sync::MAX_WARNED;
 use crate::core::time::Time;
 use crate::net::url::RelayUrl;
 
@@ -277,7 +278,11 @@ fn batch_deadline_counts_from_when_its_reqs_were_sent() {
 
 #[test]
 fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
-    let (mut w, _) = one_repo(|_| {});
+    let (mut w, _) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_limit = Some(50);
+        a.publish_nip11 = true;
+    });
     let a = RelayUrl::parse(A).unwrap();
     let old_gen = w.m.relay_index()[&a].generation;
     // The repository moves away from A: A is forgotten at the next idle check.
@@ -286,6 +291,10 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
     w.relay("ws://b.example");
     w.advance(Duration::from_secs(70));
     assert!(!w.m.relay_index().contains_key(&a), "A forgotten");
+    assert!(
+        !w.m.limits.contains_key(&a) && !w.m.budgets.contains_key(&a),
+        "its NIP-11 limits are dropped with it"
+    );
     // ... and back to A.
     w.store_on_own(&announcement("r", &[A], t));
     w.advance(Duration::from_secs(10));
@@ -304,10 +313,6 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
         w.m.relay_index()[&a].connection_status,
         crate::core::state::ConnectionStatus::Connected
     );
-    assert!(!w
-        .m
-        .limits
-        .contains_key(&RelayUrl::parse("ws://b.example").unwrap()));
 }
 
 #[test]
@@ -325,7 +330,7 @@ fn a_notice_flood_with_distinct_texts_keeps_the_warned_set_bounded() {
             w.now,
         );
     }
-    assert!(w.m.links[&a].warned.len() <= super::MAX_WARNED);
+    assert!(w.m.links[&a].warned.len() <= MAX_WARNED);
 }
 
 #[test]
@@ -392,4 +397,207 @@ fn a_closed_page_of_the_self_subscription_is_asked_again_without_reconnecting() 
     w.run_for(Duration::from_secs(60), Duration::from_secs(1));
     assert_eq!(w.m.repo_index().len(), 30);
     assert_eq!(w.m.own.generation, own_generation, "no reconnect");
+}
+
+fn tagged(tag: &str, value: &str, text: &str, created_at: u64) -> Event {
+    EventBuilder::new(Kind::Custom(1111), text)
+        .tag(Tag::parse([tag, value]).unwrap())
+        .custom_created_at(at(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+#[test]
+fn a_batch_confirming_after_18_minutes_on_a_constrained_relay_is_caught_up_from_its_first_eose() {
+    // Two subscriptions: Layer 1 plus one batch query at a time, EOSE held back: the batch
+    // takes 18 minutes to confirm.
+    let mut w = World::new(OWN, |c| c.eose_timeout = Duration::from_secs(30 * 60));
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    let a = w.relay(A);
+    a.max_subs = Some(2);
+    a.publish_nip11 = true;
+    a.hold_eose = true;
+    w.start();
+    w.advance(Duration::from_secs(10));
+    // The first batch query ends; its #a items have no live subscription from now on.
+    w.release_eose(A);
+    w.advance(Duration::from_secs(60));
+    let gap = tagged("a", &repo("r"), "in the gap", w.secs());
+    w.publish(A, &gap);
+    // The batch's other queries answer 17 minutes later: only then is it confirmed, and its
+    // catch-up must start before the gap, not 15 minutes before the confirmation.
+    w.advance(Duration::from_secs(17 * 60));
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    assert_eq!(w.m.counters().batches_failed, 0);
+    w.assert_own_holds(&[&ann, &gap]);
+}
+
+#[test]
+fn a_live_subscription_refused_before_its_eose_gets_a_catch_up() {
+    let (mut w, ann) = one_repo(|_| {});
+    w.relay(A).hold_eose = true;
+    w.drop(A);
+    w.run_for(Duration::from_secs(10), Duration::from_secs(1));
+    let live_a = w.open_subs(A, |f| f.limit == Some(0) && has_tag(f, 'a'));
+    assert_eq!(live_a.len(), 1);
+    w.close_sub(A, &live_a[0], "error: too busy");
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    let during = issue("r", "published while the live sub was refused", w.secs());
+    w.publish(A, &during);
+    w.run_for(Duration::from_secs(30 * 60), Duration::from_secs(30));
+    w.assert_own_holds(&[&ann, &during]);
+}
+
+#[test]
+fn a_consolidation_keeps_resumed_history_without_since() {
+    let mut anns = Vec::new();
+    let (mut w, ann) = one_repo(|w| {
+        let t = w.secs();
+        for i in 0..12 {
+            let a = announcement(&format!("x{i}"), &[], t - 20 * DAY + i * 3600);
+            w.relay(A).store.push(a.clone());
+            anns.push(a);
+        }
+        let a = w.relay(A);
+        a.max_limit = Some(5);
+        a.max_subs = Some(4);
+        a.publish_nip11 = true;
+        a.drop_after = Some(2);
+        a.hold_eose = true;
+    });
+    let resumed = w.open_subs(A, |f| is_l1(f) && f.since.is_none() && f.limit != Some(0));
+    assert_eq!(resumed.len(), 1);
+    w.close_sub(A, &resumed[0], "error: busy");
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    w.run_for(Duration::from_secs(30 * 60), Duration::from_secs(5));
+    let mut want: Vec<&Event> = anns.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+}
+
+#[test]
+fn a_rebuild_while_layer1_live_is_loading_keeps_its_catch_up() {
+    let mut w = World::new(OWN, |c| c.refused_retry = Duration::from_secs(20 * 60));
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    w.relay(A).max_subs = Some(4);
+    w.relay(A).publish_nip11 = true;
+    w.start();
+    w.advance(Duration::from_secs(30));
+    let l1 = w.open_subs(A, is_l1);
+    let t = w.secs();
+    w.close_sub(A, &l1[0], "error: idle");
+    let during = announcement("z", &[A], t);
+    w.publish(A, &during);
+    w.advance(Duration::from_secs(20 * 60 - 10));
+    w.relay(A).hold_eose = true;
+    // The reopen: live Layer 1 loading, its catch-up queued ...
+    w.advance(Duration::from_secs(15));
+    // ... when new items make the relay consolidate.
+    let root = issue("r", "new root", w.secs());
+    w.store_on_own(&root);
+    w.advance(Duration::from_secs(40));
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(30));
+    w.assert_own_holds(&[&ann, &during, &root]);
+}
+
+/// Advances one second at a time, both readings together (no timer jumps the wall back).
+fn step_keep_wall(w: &mut World, total: Duration) {
+    let mut t = Duration::ZERO;
+    while t < total {
+        w.now = Time::from_readings(w.now.as_millis() + 1000, w.now.wall_millis() + 1000);
+        w.m.handle_timeout(w.now);
+        w.pump();
+        t += Duration::from_secs(1);
+    }
+}
+
+#[test]
+fn the_since_after_a_backward_wall_step_counts_from_elapsed_monotonic_time() {
+    let mut w = World::new(OWN, |_| {});
+    let ann = announcement("r", &[A], w.secs() - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    w.start();
+    step_keep_wall(&mut w, Duration::from_secs(30));
+    // The wall clock was two hours fast; NTP corrects it.
+    w.now = Time::from_readings(w.now.as_millis(), w.now.wall_millis() - 2 * 3_600_000);
+    step_keep_wall(&mut w, Duration::from_secs(600));
+    w.relay(A).down = true;
+    w.drop(A);
+    let offline = issue("r", "published while A was unreachable", w.secs());
+    w.relay(A).store.push(offline.clone());
+    step_keep_wall(&mut w, Duration::from_secs(20));
+    w.relay(A).down = false;
+    step_keep_wall(&mut w, Duration::from_secs(120));
+    w.assert_own_holds(&[&ann, &offline]);
+}
+
+#[test]
+fn polling_ends_when_slots_free_up() {
+    let (mut w, _) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_limit = Some(5);
+        a.max_subs = Some(5);
+        a.publish_nip11 = true;
+    });
+    let t0 = w.secs();
+    w.run_for(Duration::from_secs(40 * 60), Duration::from_secs(60));
+    w.drop(A);
+    for i in 0..12 {
+        w.relay(A).store.push(tagged(
+            "a",
+            &repo("r"),
+            &format!("offline {i}"),
+            t0 + i * 60,
+        ));
+    }
+    w.relay(A).drop_after = Some(7);
+    w.run_for(Duration::from_secs(30), Duration::from_secs(1));
+    w.run_for(Duration::from_secs(60 * 60), Duration::from_secs(30));
+    let st = &w.m.relay_statuses(w.now)[0];
+    assert!(
+        st.polled_queries == 0 || st.open_subscriptions + 1 >= 5,
+        "{} polled with {} of 5 slots in use",
+        st.polled_queries,
+        st.open_subscriptions
+    );
+}
+
+#[test]
+fn full_catch_up_pages_on_a_full_budget_do_not_rebuild_again_and_again() {
+    let (mut w, _) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_limit = Some(5);
+        a.max_subs = Some(5);
+        a.publish_nip11 = true;
+    });
+    w.run_for(Duration::from_secs(600), Duration::from_secs(30));
+    let t = w.secs();
+    w.drop(A);
+    w.relay(A).down = true;
+    for i in 0..60 {
+        w.relay(A).store.push(tagged(
+            "a",
+            &repo("r"),
+            &format!("offline {i}"),
+            t - 100 + i,
+        ));
+    }
+    let before = w.m.counters().consolidations;
+    w.run_for(Duration::from_secs(60), Duration::from_secs(1));
+    w.relay(A).down = false;
+    w.run_for(Duration::from_secs(600), Duration::from_secs(5));
+    assert!(w.m.counters().consolidations - before <= 1);
 }

@@ -297,7 +297,7 @@ const MAX_RESUME: usize = 1_000;
 
 /// The most distinct CLOSED prefixes and NOTICE texts remembered per relay for "warn once";
 /// beyond it repeats are logged at debug level.
-const MAX_WARNED: usize = 64;
+pub(crate) const MAX_WARNED: usize = 64;
 
 /// The filter of a live-only subscription for the same events as `f`: no `since`/`until`,
 /// `limit: 0` (no stored events, only new ones).
@@ -353,6 +353,10 @@ impl Link {
             if !purpose.is_live() {
                 kept.push(filter.clone());
             }
+        }
+        // A poll window not yet read: the reconnect's own catch-up may start later.
+        if let Some(ps) = self.poll_since {
+            kept.extend(self.polled.iter().map(|f| f.clone().since(ps)));
         }
         for f in kept {
             if self.resume.len() >= MAX_RESUME {

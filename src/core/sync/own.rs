@@ -257,6 +257,13 @@ impl SyncMachine {
             "batch: {announcements} announcements, {roots} new root-event links; {} repositories known",
             self.repo_index.len()
         );
+        // Events replying to a root of a newly (re)announced repository may be accepted now.
+        let repo_roots: Vec<String> = changed
+            .iter()
+            .filter_map(|k| self.repo_index.get(k))
+            .flat_map(|n| n.root_events.iter().map(|id| id.to_hex()))
+            .collect();
+        changed.extend(repo_roots);
         if !changed.is_empty() {
             self.commands.push_back(Command::RetryRejected {
                 changed: changed.into_iter().collect(),

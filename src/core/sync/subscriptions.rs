@@ -93,6 +93,30 @@ impl SyncMachine {
         self.unstick_queue(relay);
     }
 
+    /// Queries are polled because the live set did not fit, but the relay is idle now with
+    /// room for more live subscriptions (the history queries that held slots have finished):
+    /// rebuild, so that they become live again.
+    pub(super) fn promote_polled(&mut self, relay: &RelayUrl, now: Time) {
+        let budget = self.budget(relay);
+        let Some(link) = self.links.get(relay) else {
+            return;
+        };
+        let live = link.subs.values().filter(|i| i.purpose.is_live()).count();
+        if !link.polled.is_empty()
+            && link.queue.is_empty()
+            && link.loading.is_empty()
+            && !link.rebuild_needed
+            && live + 1 < budget
+        {
+            debug!(
+                "{relay}: {} polled queries and {} free slots; rebuilding the live set",
+                link.polled.len(),
+                budget - 1 - live
+            );
+            self.need_rebuild(relay, now);
+        }
+    }
+
     /// Queries wait in the queue while every slot holds a settled (live) subscription: no
     /// EOSE will ever free a slot, so the live set is rebuilt at once (settled
     /// subscriptions closed and consolidated within the budget, one slot kept for history).
@@ -103,9 +127,23 @@ impl SyncMachine {
             return;
         };
         let cooling = link.cooldown_until.is_some_and(|t| t > now);
+        // Only settled live subscriptions never free their slot; a history query about to be
+        // closed at its EOSE, or one still loading, will.
+        let all_settled_live = link
+            .subs
+            .iter()
+            .all(|(id, i)| i.purpose.is_live() && !link.loading.contains_key(id));
+        // A rebuild keeps the subscriptions of pending batches: it helps only when it can
+        // close one of the others.
+        let pending = self.pending.get(relay);
+        let closable = link.subs.values().any(|i| match i.purpose {
+            SubPurpose::Batch(id) => !pending.is_some_and(|bs| bs.iter().any(|b| b.batch_id == id)),
+            _ => true,
+        });
         if !link.queue.is_empty()
             && link.subs.len() >= budget
-            && link.loading.is_empty()
+            && all_settled_live
+            && closable
             && !cooling
             && !link.rebuild_needed
         {
@@ -188,7 +226,11 @@ impl SyncMachine {
         for f in self.fit_filters(relay, l23) {
             queries.push((SubPurpose::Live, f));
         }
-        let open = self.links.get(relay).map_or(0, |l| l.subs.len());
+        // Transient history queries (catch-ups, pages, resumed queries) give their slot back at
+        // EOSE: only live subscriptions take capacity from the live set.
+        let open = self.links.get(relay).map_or(0, |l| {
+            l.subs.values().filter(|i| i.purpose.is_live()).count()
+        });
         let capacity = self
             .budget(relay)
             .saturating_sub(1)

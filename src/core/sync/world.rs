@@ -166,7 +166,11 @@ impl World {
             if t > end {
                 break;
             }
-            self.now = t.max(self.now);
+            // Move on by the monotonic difference, keeping the current wall-clock offset (a
+            // timer's stored wall reading may be from before a wall-clock step).
+            if t > self.now {
+                self.now = self.now.plus(t.since(self.now));
+            }
             self.m.handle_timeout(self.now);
             self.pump();
         }
@@ -324,12 +328,19 @@ impl World {
                 event: Box::new(e.clone()),
             });
         } else {
-            self.store_on_own(e);
+            self.store_on_own_quietly(e);
         }
     }
 
-    /// The own relay stores `e` (once) and delivers it to its matching subscriptions.
+    /// The own relay stores `e` (once) and delivers it to its matching subscriptions; the
+    /// machine sees it at the next [`World::pump`].
     pub fn store_on_own(&mut self, e: &Event) {
+        self.store_on_own_quietly(e);
+        self.pump();
+    }
+
+    /// [`World::store_on_own`] without pumping: used while a command is half carried out.
+    fn store_on_own_quietly(&mut self, e: &Event) {
         if self.own.store.iter().any(|x| x.id == e.id) {
             return;
         }
@@ -348,7 +359,6 @@ impl World {
                 });
             }
         }
-        self.pump();
     }
 
     /// Publishes `e` on a remote relay: stored, and delivered live to every open subscription
