@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::Config;
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::filter::MatchEventOptions;
 use nostr::key::{Keys, SecretKey};
 use nostr::types::Timestamp;
 use rand::rngs::StdRng;
@@ -180,6 +181,8 @@ struct Info {
     places: Vec<Place>,
     /// The fault step at which it was published (`None`: before the engine started).
     step: Option<usize>,
+    /// When it was published.
+    at: Instant,
 }
 
 struct Repo {
@@ -366,6 +369,7 @@ impl World {
             created_at: e.created_at.as_secs(),
             places: Vec::new(),
             step,
+            at: Instant::now(),
         });
         entry.places.extend_from_slice(places);
     }
@@ -866,6 +870,133 @@ impl World {
     }
 }
 
+/// What the subscriptions of `relay` say about `event`: the open ones matching it, those
+/// matching it but for `since`/`until` (with the filter), and the REQs received at or after
+/// `published` that match it.
+struct SubEvidence {
+    open: usize,
+    full: Vec<String>,
+    but_time: Vec<String>,
+    reqs_after: usize,
+    matched_after: Vec<String>,
+}
+
+fn sub_evidence(relay: &TestRelay, event: &Event, published: Instant) -> SubEvidence {
+    let loose = MatchEventOptions::new().since(false).until(false);
+    let reqs = relay.reqs();
+    let open = relay.subscription_ids();
+    let mut ev = SubEvidence {
+        open: open.len(),
+        full: Vec::new(),
+        but_time: Vec::new(),
+        reqs_after: 0,
+        matched_after: Vec::new(),
+    };
+    for (conn, sub) in &open {
+        let filters = reqs
+            .iter()
+            .rev()
+            .find(|r| r.conn == *conn && r.sub_id == *sub)
+            .map(|r| r.filters.clone())
+            .unwrap_or_default();
+        if filters
+            .iter()
+            .any(|f| f.match_event(event, MatchEventOptions::new()))
+        {
+            ev.full.push(sub.clone());
+        } else if let Some(f) = filters.iter().find(|f| f.match_event(event, loose)) {
+            ev.but_time.push(format!("{sub} {}", f.as_json()));
+        }
+    }
+    for r in reqs.iter().filter(|r| r.at >= published) {
+        ev.reqs_after += 1;
+        if r.filters
+            .iter()
+            .any(|f| f.match_event(event, MatchEventOptions::new()))
+        {
+            ev.matched_after.push(r.sub_id.clone());
+        }
+    }
+    ev
+}
+
+impl SubEvidence {
+    fn line(&self, label: &str) -> String {
+        format!(
+            "      {label}: {} open subscription(s); matching it: {:?}; matching but for \
+             since/until: {:?}; REQs since it was published (this run of the relay): {}, \
+             matching it: {:?}\n",
+            self.open, self.full, self.but_time, self.reqs_after, self.matched_after
+        )
+    }
+}
+
+/// Evidence for a missing event, from the REQs its relays recorded and the engine's
+/// repository index, with a hint at the cause.
+fn evidence(w: &World, id: &EventId, engine_roots: &HashSet<EventId>) -> String {
+    let Some(info) = w.info.get(id) else {
+        return String::new();
+    };
+    let Some(event) = info
+        .places
+        .iter()
+        .find_map(|&p| w.relay(p).events().into_iter().find(|e| e.id == *id))
+    else {
+        return "      (not stored anywhere)\n".to_string();
+    };
+    let mut out = String::new();
+    let own_ids = w.own().event_ids();
+    let referenced: Vec<EventId> = event
+        .tags
+        .iter()
+        .filter(|t| matches!(t.as_slice()[0].as_str(), "e" | "E" | "q"))
+        .filter_map(|t| t.content())
+        .filter_map(|v| EventId::from_hex(v).ok())
+        .filter(|r| w.info.contains_key(r))
+        .collect();
+    for r in &referenced {
+        let name = &w.info[r].name;
+        if !own_ids.contains(r) {
+            let _ = writeln!(
+                out,
+                "      hint: follows from its missing root event {name:?}"
+            );
+        } else if !engine_roots.contains(r) {
+            let _ = writeln!(
+                out,
+                "      hint: its root event {name:?} is on the own relay, but the engine never \
+                 learned it as a root (the self-subscription did not deliver it)"
+            );
+            let root_info = &w.info[r];
+            if let Some(root) = w.own().events().into_iter().find(|e| e.id == *r) {
+                let ev = sub_evidence(w.own(), &root, root_info.at);
+                out.push_str(&ev.line("own relay, for the root"));
+            }
+        }
+    }
+    for &p in &info.places {
+        if p == Place::Own {
+            continue;
+        }
+        let ev = sub_evidence(w.relay(p), &event, info.at);
+        let hint = if !ev.full.is_empty() {
+            "an open subscription matches it, yet it did not arrive"
+        } else if !ev.but_time.is_empty() && info.step.is_some() {
+            "published live; the only subscriptions that would carry it have a since/until \
+             that excludes it"
+        } else if info.step.is_none() {
+            "stored history that was never read completely"
+        } else if ev.matched_after.is_empty() {
+            "published live; no open subscription and no later REQ covers it"
+        } else {
+            "a REQ after its publication matched it, yet it did not arrive"
+        };
+        let _ = writeln!(out, "      hint ({}): {hint}", p.label());
+        out.push_str(&ev.line(&p.label()));
+    }
+    out
+}
+
 fn first_value(e: &Event, name: &str) -> Option<String> {
     e.tags
         .iter()
@@ -951,9 +1082,16 @@ fn run_seed(seed: u64, steps: usize, deadline: Duration) -> Result<String, Strin
         .difference(&expected)
         .map(|id| (w.describe(id), *id))
         .collect();
+    let engine_roots: HashSet<EventId> = handle.with_machine(|m| {
+        m.repo_index()
+            .values()
+            .flat_map(|n| n.root_events.iter().copied())
+            .collect()
+    });
     let _ = writeln!(report, "missing ({}):", missing.len());
-    for d in missing.keys() {
+    for (d, id) in &missing {
         let _ = writeln!(report, "  {d}");
+        report.push_str(&evidence(&w, id, &engine_roots));
     }
     let _ = writeln!(report, "unexpected ({}):", unexpected.len());
     for d in unexpected.keys() {
