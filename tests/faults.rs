@@ -58,6 +58,7 @@ use nostr::filter::MatchEventOptions;
 use nostr::key::{Keys, SecretKey};
 use nostr::types::Timestamp;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
 use common::{init_logging, url};
@@ -78,6 +79,12 @@ const CAPS: [Option<usize>; 4] = [None, Some(PAGE), Some(6), Some(9)];
 const DAY: u64 = 86_400;
 
 const ROOT_KINDS: [u16; 4] = [1617, 1618, 1619, 1621];
+
+/// Codes of `World::fault_step`, one per kind of step: new events, backdated events, a root
+/// on the own relay, noise, remote restart, own restart, remote drop, own drop, mid-answer
+/// drop, CLOSED, cap change. Every seed runs each of them once (in a seeded order) before
+/// the random steps.
+const FORCED_STEPS: [u32; 11] = [0, 4, 7, 8, 9, 11, 12, 13, 14, 16, 18];
 
 // ----- the fixed seeds of the normal suite (together they exercise every fault kind) -----
 
@@ -472,9 +479,11 @@ impl World {
             self.remote(i).set_result_cap(cap);
             self.note(format!("R{i} cap {cap:?}"));
         }
-        // The first sync reads whole histories: cut some of them mid-answer.
+        // The first sync reads whole histories: cut some of them mid-answer (always one
+        // remote relay).
+        let always = self.random_remote();
         for p in std::iter::once(Place::Own).chain((0..REMOTES).map(Place::Remote)) {
-            if self.rng.random_bool(0.4) {
+            if p == Place::Remote(always) || self.rng.random_bool(0.3) {
                 let after = self.rng.random_range(1..=3);
                 self.relay(p).set_drop_mid_answer(Some(after));
                 self.faults.mid_answer_armed += 1;
@@ -640,8 +649,10 @@ impl World {
         }
     }
 
-    fn fault_step(&mut self) {
-        match self.rng.random_range(0..20) {
+    /// One step; `what` is a code in 0..20 (random steps draw it uniformly, so the width of
+    /// each range is its weight; see [`FORCED_STEPS`]).
+    fn fault_step(&mut self, what: u32) {
+        match what {
             0..=3 => {
                 self.publish_live(Age::New);
                 self.faults.new_events += 1;
@@ -680,7 +691,11 @@ impl World {
                 self.faults.restart_own += 1;
             }
             12 | 13 => {
-                let p = self.random_place(0.25);
+                let p = if what == 13 {
+                    Place::Own
+                } else {
+                    Place::Remote(self.random_remote())
+                };
                 self.relay(p).drop_connections();
                 match p {
                     Place::Own => self.faults.drop_own += 1,
@@ -933,7 +948,7 @@ impl SubEvidence {
 
 /// Evidence for a missing event, from the REQs its relays recorded and the engine's
 /// repository index, with a hint at the cause.
-fn evidence(w: &World, id: &EventId, engine_roots: &HashSet<EventId>) -> String {
+fn evidence(w: &World, id: &EventId, engine: &EngineView) -> String {
     let Some(info) = w.info.get(id) else {
         return String::new();
     };
@@ -955,13 +970,13 @@ fn evidence(w: &World, id: &EventId, engine_roots: &HashSet<EventId>) -> String 
         .filter(|r| w.info.contains_key(r))
         .collect();
     for r in &referenced {
-        let name = &w.info[r].name;
+        let name = w.describe(r);
         if !own_ids.contains(r) {
             let _ = writeln!(
                 out,
                 "      hint: follows from its missing root event {name:?}"
             );
-        } else if !engine_roots.contains(r) {
+        } else if !engine.roots.contains(r) {
             let _ = writeln!(
                 out,
                 "      hint: its root event {name:?} is on the own relay, but the engine never \
@@ -974,9 +989,46 @@ fn evidence(w: &World, id: &EventId, engine_roots: &HashSet<EventId>) -> String 
             }
         }
     }
+    let coords: Vec<&str> = event
+        .tags
+        .iter()
+        .filter(|t| matches!(t.as_slice()[0].as_str(), "a" | "A" | "q"))
+        .filter_map(|t| t.content())
+        .filter(|v| v.starts_with("30617:"))
+        .collect();
+    for coord in coords {
+        if engine.announced.contains(coord) {
+            continue;
+        }
+        let ann = w.info.iter().find(|(_, i)| {
+            i.kind == 30617
+                && i.name
+                    .starts_with(&format!("announcement {} ", repo_d(coord)))
+        });
+        if let Some((ann_id, _)) = ann.filter(|(a, _)| own_ids.contains(a)) {
+            let _ = writeln!(
+                out,
+                "      hint: its repository's announcement is on the own relay, but the engine \
+                 never learned it (the self-subscription did not deliver it): {}",
+                w.describe(ann_id)
+            );
+            if let Some(a) = w.own().events().into_iter().find(|e| e.id == *ann_id) {
+                let ev = sub_evidence(w.own(), &a, w.info[ann_id].at);
+                out.push_str(&ev.line("own relay, for the announcement"));
+            }
+        }
+    }
     for &p in &info.places {
         if p == Place::Own {
             continue;
+        }
+        if !engine.relays.contains(&p) {
+            let _ = writeln!(
+                out,
+                "      hint ({}): the engine does not sync this relay at all (no repository it \
+                 knows lists it)",
+                p.label()
+            );
         }
         let ev = sub_evidence(w.relay(p), &event, info.at);
         let hint = if !ev.full.is_empty() {
@@ -995,6 +1047,24 @@ fn evidence(w: &World, id: &EventId, engine_roots: &HashSet<EventId>) -> String 
         out.push_str(&ev.line(&p.label()));
     }
     out
+}
+
+/// What the engine knows, read from its repository index.
+struct EngineView {
+    roots: HashSet<EventId>,
+    /// Repositories whose announcement it applied.
+    announced: HashSet<String>,
+    /// Remote relays its repositories list.
+    relays: HashSet<Place>,
+}
+
+/// The `d` of a repository coordinate.
+fn repo_d(coord: &str) -> &str {
+    coord.splitn(3, ':').nth(2).unwrap_or_default()
+}
+
+fn url_eq(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
 fn first_value(e: &Event, name: &str) -> Option<String> {
@@ -1027,11 +1097,18 @@ fn run_seed(seed: u64, steps: usize, deadline: Duration) -> Result<String, Strin
     let mut w = World::new(seed);
     w.setup();
     let handle = grasp_sync::start(engine_config(&w)).unwrap();
-    for s in 0..steps {
+    // Every kind of step once, in a seeded order, then random ones.
+    let mut forced = FORCED_STEPS.to_vec();
+    forced.shuffle(&mut w.rng);
+    for s in 0..steps.max(forced.len()) {
         w.step = Some(s);
         let pause = Duration::from_millis(w.rng.random_range(20..300));
         thread::sleep(pause);
-        w.fault_step();
+        let what = forced
+            .get(s)
+            .copied()
+            .unwrap_or_else(|| w.rng.random_range(0..20));
+        w.fault_step(what);
     }
     w.step = None;
     // The faults end: nothing armed any more (caps stay, as on real relays).
@@ -1082,16 +1159,34 @@ fn run_seed(seed: u64, steps: usize, deadline: Duration) -> Result<String, Strin
         .difference(&expected)
         .map(|id| (w.describe(id), *id))
         .collect();
-    let engine_roots: HashSet<EventId> = handle.with_machine(|m| {
-        m.repo_index()
-            .values()
-            .flat_map(|n| n.root_events.iter().copied())
-            .collect()
+    let engine = handle.with_machine(|m| {
+        let index = m.repo_index();
+        EngineView {
+            roots: index
+                .values()
+                .flat_map(|n| n.root_events.iter().copied())
+                .collect(),
+            announced: index
+                .iter()
+                .filter(|(_, n)| n.announced_at.is_some())
+                .map(|(r, _)| r.to_string())
+                .collect(),
+            relays: index
+                .values()
+                .flat_map(|n| n.relays.iter())
+                .filter_map(|u| {
+                    w.remote_urls
+                        .iter()
+                        .position(|r| url_eq(r, &u.to_string()))
+                        .map(Place::Remote)
+                })
+                .collect(),
+        }
     });
     let _ = writeln!(report, "missing ({}):", missing.len());
     for (d, id) in &missing {
         let _ = writeln!(report, "  {d}");
-        report.push_str(&evidence(&w, id, &engine_roots));
+        report.push_str(&evidence(&w, id, &engine));
     }
     let _ = writeln!(report, "unexpected ({}):", unexpected.len());
     for d in unexpected.keys() {
