@@ -255,6 +255,8 @@ struct World {
     counter: u64,
     faults: Faults,
     log: Vec<String>,
+    /// Subscriptions the test closed with CLOSED: where, connection, id, filters, message.
+    closed: Vec<(Place, u64, String, Vec<nostr::filter::Filter>, &'static str)>,
 }
 
 fn keys_from(rng: &mut StdRng) -> Keys {
@@ -311,6 +313,7 @@ impl World {
             counter: 0,
             faults: Faults::default(),
             log: Vec::new(),
+            closed: Vec::new(),
         }
     }
 
@@ -730,19 +733,42 @@ impl World {
                 ));
             }
             16 | 17 => {
-                let p = self.random_place(0.2);
-                let subs = self.relay(p).subscription_ids();
+                // The same draws whatever is open (the schedule must not depend on timing):
+                // the drawn relay, or the next one with an open subscription.
+                let mut p = self.random_place(0.2);
+                let pick: usize = self.rng.random_range(0..1 << 20);
                 let msg = [
                     "error: shutting down idle subscription",
                     "rate-limited: slow down",
                     "restricted: not now",
                 ][self.rng.random_range(0..3)];
+                let order: Vec<Place> = std::iter::once(Place::Own)
+                    .chain((0..REMOTES).map(Place::Remote))
+                    .collect();
+                let start = order.iter().position(|q| *q == p).unwrap_or(0);
+                let mut subs = Vec::new();
+                for k in 0..order.len() {
+                    p = order[(start + k) % order.len()];
+                    subs = self.relay(p).subscription_ids();
+                    if !subs.is_empty() {
+                        break;
+                    }
+                }
                 if subs.is_empty() {
-                    self.note(format!("CLOSED on {}: no subscription open", p.label()));
+                    self.note("CLOSED: no subscription open anywhere".to_string());
                 } else {
-                    let (conn, sub) = subs[self.rng.random_range(0..subs.len())].clone();
+                    let (conn, sub) = subs[pick % subs.len()].clone();
+                    let filters = self
+                        .relay(p)
+                        .reqs()
+                        .into_iter()
+                        .rev()
+                        .find(|r| r.conn == conn && r.sub_id == sub)
+                        .map(|r| r.filters)
+                        .unwrap_or_default();
                     if self.relay(p).send_closed(conn, &sub, msg) {
                         self.faults.closed += 1;
+                        self.closed.push((p, conn, sub.clone(), filters, msg));
                     }
                     self.note(format!("CLOSED {sub} on {} ({msg})", p.label()));
                 }
@@ -1049,6 +1075,53 @@ fn evidence(w: &World, id: &EventId, engine: &EngineView) -> String {
     out
 }
 
+/// For each subscription the test closed with CLOSED on a connection that is still open:
+/// whether the engine opened a subscription with the same filter again (`since`, `until` and
+/// `limit` aside).
+fn closed_evidence(w: &World) -> String {
+    fn shape(f: &nostr::filter::Filter) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(&f.as_json()).unwrap();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("since");
+            o.remove("until");
+            o.remove("limit");
+        }
+        v.to_string()
+    }
+    let mut out = String::new();
+    for (p, conn, sub, filters, msg) in &w.closed {
+        let relay = w.relay(*p);
+        let open = relay.subscription_ids();
+        if !open.iter().any(|(c, _)| c == conn) {
+            continue; // that connection is gone; a new one subscribed afresh
+        }
+        let reqs = relay.reqs();
+        let wanted: HashSet<String> = filters.iter().map(shape).collect();
+        let reopened = open.iter().any(|(c, s)| {
+            c == conn
+                && reqs
+                    .iter()
+                    .rev()
+                    .find(|r| r.conn == *c && r.sub_id == *s)
+                    .is_some_and(|r| r.filters.iter().any(|f| wanted.contains(&shape(f))))
+        });
+        if !reopened {
+            let json: Vec<String> = filters.iter().map(|f| f.as_json()).collect();
+            let _ = writeln!(
+                out,
+                "  CLOSED {sub} on {} ({msg}) was never replaced on the same connection: {}",
+                p.label(),
+                json.join(" ")
+            );
+        }
+    }
+    if out.is_empty() {
+        out
+    } else {
+        format!("closed subscriptions not reopened:\n{out}")
+    }
+}
+
 /// What the engine knows, read from its repository index.
 struct EngineView {
     roots: HashSet<EventId>,
@@ -1188,6 +1261,7 @@ fn run_seed(seed: u64, steps: usize, deadline: Duration) -> Result<String, Strin
         let _ = writeln!(report, "  {d}");
         report.push_str(&evidence(&w, id, &engine));
     }
+    report.push_str(&closed_evidence(&w));
     let _ = writeln!(report, "unexpected ({}):", unexpected.len());
     for d in unexpected.keys() {
         let _ = writeln!(report, "  {d}");
