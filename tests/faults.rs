@@ -33,7 +33,7 @@
 //! # the three fixed seeds of the normal suite
 //! cargo test --all-features --test faults
 //! # one seed, with the engine's log
-//! GRASP_SYNC_FAULT_SEED=9007 RUST_LOG=grasp_sync=debug \
+//! GRASP_SYNC_FAULT_SEED=9003 RUST_LOG=grasp_sync=debug \
 //!     cargo test --all-features --test faults -- seeds_from_env --nocapture
 //! # many seeds: GRASP_SYNC_FAULT_SEEDS of them, starting at GRASP_SYNC_FAULT_BASE (default 0)
 //! GRASP_SYNC_FAULT_SEEDS=40 GRASP_SYNC_FAULT_BASE=9000 \
@@ -41,7 +41,7 @@
 //! ```
 //!
 //! `GRASP_SYNC_FAULT_DEADLINE` (seconds) overrides how long convergence may take after the
-//! last fault (default 30 s for the fixed seeds, 120 s for seeds from the environment);
+//! last fault (default 20 s for the fixed seeds, 120 s for seeds from the environment);
 //! `GRASP_SYNC_FAULT_STEPS` overrides the number of fault steps (default 24).
 
 mod common;
@@ -68,7 +68,7 @@ const REMOTES: usize = 4;
 /// Fault steps unless `GRASP_SYNC_FAULT_STEPS` says otherwise.
 const DEFAULT_STEPS: usize = 24;
 /// Convergence deadline of the fixed seeds.
-const FIXED_DEADLINE: Duration = Duration::from_secs(30);
+const FIXED_DEADLINE: Duration = Duration::from_secs(20);
 /// Convergence deadline of seeds from the environment.
 const ENV_DEADLINE: Duration = Duration::from_secs(120);
 /// Events per query the engine assumes for relays without NIP-11 limits (the caps below are
@@ -103,7 +103,12 @@ fn seed_c() {
     run_fixed(FIXED_SEEDS[2]);
 }
 
-const FIXED_SEEDS: [u64; 3] = [9001, 9002, 9003];
+/// Chosen from a sweep of 9000..9029: each runs every kind of step, a mid-answer drop fires, and
+/// on the engine as of this test's introduction they fail in different ways (9002: live
+/// `since` drops backdated events, Layer 1 history cut mid-answer, self-subscription misses
+/// forwarded roots; 9003: a CLOSED confirmed batch query is never reopened, plus Layer 1 and
+/// self-subscription losses; 9024: the own relay's history cut mid-answer).
+const FIXED_SEEDS: [u64; 3] = [9002, 9003, 9024];
 
 fn run_fixed(seed: u64) {
     init_logging();
