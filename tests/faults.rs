@@ -999,6 +999,8 @@ fn evidence(w: &World, id: &EventId, engine: &EngineView) -> String {
         .filter_map(|t| t.content())
         .filter_map(|v| EventId::from_hex(v).ok())
         .filter(|r| w.info.contains_key(r))
+        .collect::<std::collections::BTreeSet<EventId>>()
+        .into_iter()
         .collect();
     for r in &referenced {
         let name = w.describe(r);
