@@ -780,3 +780,119 @@ fn wait_until_times_out() {
         n == 3
     }));
 }
+
+// ----- fault injection for tests/faults.rs -----
+
+#[test]
+fn live_delivery_applies_since_until_and_limit_zero_serves_only_live() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let stored = issue(&keys, 1500, "stored");
+    relay.insert(&stored);
+    let mut c = Client::connect(&relay);
+    // limit 0: no stored events, but live ones.
+    let got = c.req_until_eose("z", &[json!({"kinds": [1621], "limit": 0})]);
+    assert!(got.is_empty(), "limit 0 served stored events: {got:?}");
+    let got = c.req_until_eose(
+        "w",
+        &[json!({"kinds": [1621], "since": 1000, "until": 2000})],
+    );
+    assert_eq!(got, ids(&[&stored]));
+
+    // Live: `since`/`until` filter live events too.
+    let too_old = issue(&keys, 900, "older than since");
+    let too_new = issue(&keys, 2100, "newer than until");
+    let inside = issue(&keys, 1600, "inside");
+    for e in [&too_old, &too_new, &inside] {
+        relay.insert(e);
+    }
+    let mut got: Vec<(String, String)> = Vec::new();
+    while let Some(text) = c.recv_text_within(QUIET) {
+        let m: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(m[0], "EVENT", "{m}");
+        got.push((
+            m[1].as_str().unwrap().to_string(),
+            m[2]["id"].as_str().unwrap().to_string(),
+        ));
+    }
+    let inside_hex = inside.id.to_hex();
+    let mut want = vec![
+        ("w".to_string(), inside_hex.clone()),
+        ("z".to_string(), inside_hex),
+        ("z".to_string(), too_old.id.to_hex()),
+        ("z".to_string(), too_new.id.to_hex()),
+    ];
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn drop_mid_answer_cuts_one_answer_then_disarms() {
+    let relay = TestRelay::start_with(TestRelayOptions {
+        result_cap: Some(5),
+        ..Default::default()
+    });
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..8).map(|i| issue(&keys, 1000 + i, "e")).collect();
+    for e in &events {
+        relay.insert(e);
+    }
+    relay.set_drop_mid_answer(Some(2));
+    // An answer of at most 2 events is not cut.
+    let mut c = Client::connect(&relay);
+    let got = c.req_until_eose("small", &[json!({"kinds": [1621], "limit": 2})]);
+    assert_eq!(got.len(), 2);
+    assert_eq!(relay.mid_answer_drops(), 0);
+
+    // The next longer answer: its two newest events, no EOSE, then the connection is gone.
+    c.send_json(json!(["REQ", "big", issues_filter()]));
+    for want in [&events[7], &events[6]] {
+        let m = c.recv();
+        assert_eq!(m[0], "EVENT", "{m}");
+        assert_eq!(m[2]["id"], want.id.to_hex());
+    }
+    c.expect_closed();
+    assert_eq!(relay.mid_answer_drops(), 1);
+    assert!(wait_until(WAIT, || relay.current_connections() == 0));
+
+    // One-shot: the next connection gets whole answers.
+    let mut c2 = Client::connect(&relay);
+    assert_eq!(c2.req_until_eose("again", &[issues_filter()]).len(), 5);
+    assert_eq!(relay.mid_answer_drops(), 1);
+
+    // Disarming before it fires.
+    relay.set_drop_mid_answer(Some(1));
+    relay.set_drop_mid_answer(None);
+    assert_eq!(c2.req_until_eose("again2", &[issues_filter()]).len(), 5);
+    assert_eq!(relay.mid_answer_drops(), 1);
+}
+
+#[test]
+fn send_closed_closes_one_subscription() {
+    let relay = TestRelay::start();
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    c.req_until_eose("a", &[issues_filter()]);
+    c.req_until_eose("b", &[issues_filter()]);
+    let subs = relay.subscription_ids();
+    assert_eq!(subs.len(), 2);
+    assert_eq!(subs[0].1, "a");
+    assert_eq!(subs[1].1, "b");
+    let conn = subs[1].0;
+
+    assert!(!relay.send_closed(conn, "nope", "error: x"));
+    assert!(!relay.send_closed(conn + 100, "b", "error: x"));
+    assert!(relay.send_closed(conn, "b", "error: shutting down"));
+    assert_eq!(c.recv(), json!(["CLOSED", "b", "error: shutting down"]));
+    assert_eq!(relay.subscription_ids(), vec![(conn, "a".to_string())]);
+    assert!(!relay.send_closed(conn, "b", "error: again"));
+
+    // "a" still gets live events, "b" not.
+    let e = issue(&keys, 1000, "live");
+    relay.insert(&e);
+    let m = c.recv();
+    assert_eq!(m[1], "a");
+    assert_eq!(m[2]["id"], e.id.to_hex());
+    c.assert_quiet();
+}

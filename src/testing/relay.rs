@@ -58,6 +58,17 @@ const STOP_GRACE: Duration = Duration::from_secs(1);
 /// `AddrInUse`.
 const REBIND_PATIENCE: Duration = Duration::from_secs(2);
 
+/// Queued on a connection's channel to make its thread hang up once everything queued before
+/// it is written (a NUL byte: never a valid JSON frame).
+const HANG_UP: &str = "\u{0}hang-up";
+
+/// A one-shot fault: the next stored answer longer than `after` events is cut off.
+#[derive(Debug, Default)]
+struct MidAnswerDrop {
+    after: Option<usize>,
+    fired: u64,
+}
+
 /// The NOTICE sent for anything the relay cannot parse.
 const PARSE_ERROR: &str = "could not parse command";
 /// The answer to REQs and EVENTs of a connection that has not authenticated (`require_auth`).
@@ -309,6 +320,8 @@ struct State {
     next_generation: u64,
     /// Pubkeys that authenticated (NIP-42), in order, without repeats.
     authenticated: Vec<PublicKey>,
+    /// One-shot mid-answer drop ([`TestRelay::set_drop_mid_answer`]).
+    mid_answer: MidAnswerDrop,
 }
 
 impl State {
@@ -803,6 +816,48 @@ impl TestRelay {
     }
 }
 
+/// Fault injection for randomized fault tests (`tests/faults.rs`).
+impl TestRelay {
+    /// Arms (`Some(n)`) or disarms (`None`) a one-shot mid-answer drop: the next REQ whose
+    /// stored answer holds more than `n` events gets only its first `n` events (newest first,
+    /// no EOSE), after which the connection is closed without a close frame, as when a real
+    /// relay dies while sending a capped page. Fires once, then disarms itself.
+    pub fn set_drop_mid_answer(&self, after: Option<usize>) {
+        self.shared.state.lock().mid_answer.after = after;
+    }
+
+    /// How many answers a mid-answer drop cut off so far.
+    pub fn mid_answer_drops(&self) -> u64 {
+        self.shared.state.lock().mid_answer.fired
+    }
+
+    /// The open subscriptions as `(connection id, subscription id)`, sorted.
+    pub fn subscription_ids(&self) -> Vec<(u64, String)> {
+        let state = self.shared.state.lock();
+        let mut ids: Vec<(u64, String)> = state
+            .conns
+            .iter()
+            .flat_map(|(c, conn)| conn.subs.keys().map(move |s| (*c, s.clone())))
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Sends `["CLOSED", sub_id, msg]` for the subscription `sub_id` of connection `conn` and
+    /// removes it. Returns whether it was open.
+    pub fn send_closed(&self, conn: u64, sub_id: &str, msg: &str) -> bool {
+        let mut state = self.shared.state.lock();
+        let Some(c) = state.conns.get_mut(&conn) else {
+            return false;
+        };
+        if c.subs.remove(sub_id).is_none() {
+            return false;
+        }
+        let _ = c.tx.send(closed_frame(sub_id, msg));
+        true
+    }
+}
+
 impl Drop for TestRelay {
     fn drop(&mut self) {
         self.stop();
@@ -1025,6 +1080,13 @@ fn connection_loop(
         }
         loop {
             match rx.try_recv() {
+                Ok(frame) if frame == HANG_UP => {
+                    // Mid-answer drop: what was written goes out, then the socket closes
+                    // without a close frame.
+                    let _ = ws.flush();
+                    debug!("test relay: connection {conn_id}: hung up mid-answer");
+                    return;
+                }
                 Ok(frame) => {
                     if !write_frame(ws, frame) {
                         return;
@@ -1280,6 +1342,17 @@ fn handle_req(
         .iter()
         .map(|(_, raw)| event_frame(&sub_id, raw))
         .collect();
+    if let Some(after) = state.mid_answer.after.filter(|&n| frames.len() > n) {
+        // Send the first `after` events of the answer, then hang up (no EOSE).
+        state.mid_answer.after = None;
+        state.mid_answer.fired += 1;
+        frames.truncate(after);
+        let _ = conn.tx.send(HANG_UP.to_string());
+        return Handled {
+            frames,
+            delayed_eose: None,
+        };
+    }
 
     state.next_generation += 1;
     let generation = state.next_generation;
