@@ -1158,7 +1158,8 @@ fn first_value(e: &Event, name: &str) -> Option<String> {
 fn engine_config(world: &World) -> Config {
     let mut config = Config::new(url(world.own()))
         .batch_window(Duration::from_millis(100))
-        .eose_timeout(Duration::from_secs(3));
+        .eose_timeout(Duration::from_secs(3))
+        .allow_private_relays(true);
     config.backoff.base = Duration::from_millis(100);
     config.backoff.max = Duration::from_secs(1);
     config.rate_limit_cooldown = Duration::from_secs(1);
