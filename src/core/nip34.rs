@@ -3,7 +3,7 @@
 //! Everything here is tolerant: malformed tags and coordinates are skipped with a `debug!`
 //! line, never a panic, because the input comes from anyone who can publish to a relay.
 
-use log::{debug, warn};
+use log::debug;
 use nostr::event::{Event, EventId, Kind};
 
 use crate::net::url::RelayUrl;
@@ -79,6 +79,8 @@ pub struct Announcement {
     pub relays: Vec<RelayUrl>,
     /// The announcement's `created_at` (seconds), to keep only the newest one per repository.
     pub created_at: u64,
+    /// Relays it names beyond the per-announcement cap, ignored.
+    pub dropped_relays: usize,
 }
 
 /// Parses a kind-30617 announcement with the default cap of
@@ -107,7 +109,7 @@ pub fn parse_announcement_with(
     let repo_ref = repo_ref_of_announcement(event);
     let mut relays: Vec<RelayUrl> = Vec::new();
     let mut counted = 0usize;
-    let mut truncated = false;
+    let mut dropped = 0usize;
     for tag in event.tags.iter() {
         if tag.kind() != "relays" {
             continue;
@@ -123,7 +125,7 @@ pub fn parse_announcement_with(
                         if own.contains(&url) {
                             relays.push(url);
                         } else if counted >= max_relays {
-                            truncated = true;
+                            dropped += 1;
                         } else {
                             counted += 1;
                             relays.push(url);
@@ -137,8 +139,10 @@ pub fn parse_announcement_with(
             }
         }
     }
-    if truncated {
-        warn!(
+    if dropped > 0 {
+        // Counted by the machine (SyncCounters::announcement_relays_dropped); junk
+        // announcements must not flood the log.
+        debug!(
             "announcement {} ({}) names more than {max_relays} relays; using the first {max_relays}",
             event.id, repo_ref
         );
@@ -147,6 +151,7 @@ pub fn parse_announcement_with(
         repo_ref,
         relays,
         created_at: event.created_at.as_secs(),
+        dropped_relays: dropped,
     })
 }
 
@@ -337,6 +342,11 @@ mod tests {
         let a = parse_announcement(&ev).unwrap();
         assert_eq!(a.relays.len(), MAX_RELAYS_PER_ANNOUNCEMENT);
         assert_eq!(a.relays[0].as_str(), "wss://r0.example");
+        assert_eq!(
+            a.dropped_relays,
+            100 - MAX_RELAYS_PER_ANNOUNCEMENT,
+            "counted"
+        );
     }
 
     #[test]

@@ -356,6 +356,11 @@ pub fn prometheus(status: &Status) -> String {
             c.relays_refused,
         ),
         (
+            "announcement_relays_dropped_total",
+            "Relays named by announcements beyond the per-announcement cap, ignored.",
+            c.announcement_relays_dropped,
+        ),
+        (
             "forward_resent_total",
             "Events the forwarder sent to the own relay again.",
             status.forward_resent,
@@ -468,6 +473,7 @@ pub fn status_json(status: &Status) -> Value {
             "queries_resumed": c.queries_resumed,
             "rate_limited": c.rate_limited,
             "relays_refused": c.relays_refused,
+            "announcement_relays_dropped": c.announcement_relays_dropped,
             "closed_by_relay": c.closed_by_relay,
             "consolidations": c.consolidations,
             "daily_resyncs": c.daily_resyncs,

@@ -514,6 +514,8 @@ pub struct SyncCounters {
     pub notices_other: u64,
     /// History queries continued after a quick reconnect.
     pub queries_resumed: u64,
+    /// Relays named by announcements beyond the per-announcement cap, ignored.
+    pub announcement_relays_dropped: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.

@@ -235,6 +235,15 @@ impl SyncMachine {
                         // New or newer (the same one read again changes nothing).
                         changed.insert(a.repo_ref.clone());
                     }
+                    if a.dropped_relays > 0 {
+                        if self.counters.announcement_relays_dropped == 0 {
+                            warn!(
+                                "announcement of {} names more relays than --max-relays-per-announcement; the rest are ignored (counted in announcement_relays_dropped, further cases at debug level)",
+                                a.repo_ref
+                            );
+                        }
+                        self.counters.announcement_relays_dropped += a.dropped_relays as u64;
+                    }
                     needs.announced_at = Some(a.created_at);
                     needs.relays = a.relays.into_iter().collect();
                     announcements += 1;

@@ -1368,3 +1368,14 @@ fn rejected_events_are_retried_only_for_what_a_batch_changed() {
     let cmds = s.advance(Duration::from_secs(5));
     assert!(retries(&cmds).is_empty());
 }
+
+#[test]
+fn relays_beyond_the_announcement_cap_are_counted() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    let many: Vec<String> = (0..40).map(|i| format!("wss://r{i}.example")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    s.self_event(&announcement("r", &refs, 10));
+    s.advance(Duration::from_secs(5));
+    assert_eq!(s.m.counters().announcement_relays_dropped, 8);
+}
