@@ -1172,12 +1172,14 @@ fn engine_config(world: &World) -> Config {
     config
 }
 
-/// True when every remote relay is connected and none has a query loading or waiting.
+/// True when every remote relay is connected and none has a query loading, waiting in its
+/// queue or waiting to be reopened after a CLOSED.
 fn live_everywhere(handle: &grasp_sync::SyncHandle) -> bool {
     handle.status().relays.iter().all(|r| {
         r.connection_status == grasp_sync::core::ConnectionStatus::Connected
             && r.loading_queries == 0
             && r.queued_queries == 0
+            && r.reopen_pending == 0
     })
 }
 

@@ -112,6 +112,8 @@ pub struct RelayStatus {
     pub polled_queries: usize,
     /// Queries sent and still waiting for their EOSE.
     pub loading_queries: usize,
+    /// Queries the relay closed, waiting for their delay to be opened again.
+    pub reopen_pending: usize,
     /// Consecutive failed connection attempts.
     pub failures: u32,
     /// Times this relay's thread ended unexpectedly (a panic) and was started again.
@@ -381,6 +383,7 @@ impl SyncHandle {
                     queued_queries: s.queued_queries,
                     polled_queries: s.polled_queries,
                     loading_queries: s.loading_queries,
+                    reopen_pending: s.reopen_pending,
                     failures: s.failures,
                 }
             })

@@ -51,6 +51,7 @@ fn relay_done(r: &RelayStatus) -> bool {
         && r.pending_batches == 0
         && r.loading_queries == 0
         && r.queued_queries == 0
+        && r.reopen_pending == 0
         && r.confirmed_repos >= r.target_repos
         && r.confirmed_root_events >= r.target_root_events
 }

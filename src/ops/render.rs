@@ -415,6 +415,7 @@ pub fn status_json(status: &Status) -> Value {
                 "open_subscriptions": r.open_subscriptions,
                 "queued_queries": r.queued_queries,
                 "polled_queries": r.polled_queries,
+                "reopen_pending": r.reopen_pending,
                 "target": {"repositories": r.target_repos, "root_events": r.target_root_events},
                 "confirmed": {"repositories": r.confirmed_repos, "root_events": r.confirmed_root_events},
                 "pending": {"batches": r.pending_batches, "repositories": r.pending_repos, "root_events": r.pending_root_events},

@@ -565,6 +565,8 @@ pub struct RelaySyncStatus {
     pub polled_queries: usize,
     /// Queries sent and still waiting for their EOSE.
     pub loading_queries: usize,
+    /// Queries the relay closed, waiting for their delay to be opened again.
+    pub reopen_pending: usize,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -1044,6 +1046,7 @@ impl SyncMachine {
                     queued_queries: link.map_or(0, |l| l.queue.len()),
                     polled_queries: link.map_or(0, |l| l.polled.len()),
                     loading_queries: link.map_or(0, |l| l.loading.len()),
+                    reopen_pending: link.map_or(0, |l| l.reopen.len()),
                 }
             })
             .collect()
