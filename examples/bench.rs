@@ -30,6 +30,9 @@ use nostr::key::Keys;
 use nostr::types::Timestamp;
 use serde_json::{json, Value};
 
+/// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
+/// quota of 64 relays per pubkey.
+const REPOS_PER_OWNER: usize = 10;
 const SHUTDOWN: Duration = Duration::from_secs(10);
 const SYNC_DEADLINE: Duration = Duration::from_secs(900);
 const SETTLE_DEADLINE: Duration = Duration::from_secs(300);
@@ -51,9 +54,12 @@ struct Args {
     /// remote relays of the historic sync (default 10)
     #[argh(option)]
     relays: Option<usize>,
-    /// seconds of the idle-CPU window with 1,000 relays (default 60, 10 with --quick)
+    /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
     #[argh(option)]
     idle_secs: Option<u64>,
+    /// run only these sections (comma-separated: historic, live, memory, planning)
+    #[argh(option)]
+    only: Option<String>,
     /// internal: run one memory probe in this process and print its JSON
     /// (`engine:N` or `clients:N`)
     #[argh(option)]
@@ -85,8 +91,12 @@ impl Sizes {
             repos: 30 * relays,
             live_relays: 100,
             live_samples: if quick { 100 } else { 500 },
-            memory_relays: [0, 100, 1_000],
-            idle: Duration::from_secs(args.idle_secs.unwrap_or(if quick { 10 } else { 60 })),
+            memory_relays: if quick {
+                [0, 100, 200]
+            } else {
+                [0, 100, 1_000]
+            },
+            idle: Duration::from_secs(args.idle_secs.unwrap_or(if quick { 5 } else { 60 })),
             plan_repos: [1_000, 10_000, 100_000],
             plan_relays: 1_000,
             plan_roots: if quick { 100_000 } else { 1_000_000 },
@@ -199,7 +209,9 @@ fn print_table(figures: &[Figure]) {
                 format!("{} {}", number(f.value), f.unit),
                 f.budget_text(),
                 f.ratio().map_or("—".into(), |r| format!("{r:.2}")),
-                f.ok().map_or("—", |ok| if ok { "yes" } else { "NO" }).into(),
+                f.ok()
+                    .map_or("—", |ok| if ok { "yes" } else { "NO" })
+                    .into(),
             ]
         })
         .collect();
@@ -234,13 +246,13 @@ fn print_table(figures: &[Figure]) {
         .enumerate()
         .map(|(i, w)| {
             if i == 0 {
-                "-".repeat(*w)
+                "-".repeat(w + 2)
             } else {
-                format!("{}:", "-".repeat(w - 1))
+                format!("{}:", "-".repeat(w + 1))
             }
         })
         .collect();
-    println!("|-{}-|", rule.join("-|-"));
+    println!("|{}|", rule.join("|"));
     for r in &rows {
         line(r);
     }
@@ -290,7 +302,10 @@ fn engine_cpu() -> (f64, Vec<String>) {
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
         let comm = comm.trim();
         if !is_engine_thread(comm) {
-            if !comm.starts_with("test-relay-") && comm != "bench" && !unknown.contains(&comm.to_string()) {
+            if !comm.starts_with("test-relay-")
+                && comm != "bench"
+                && !unknown.contains(&comm.to_string())
+            {
                 unknown.push(comm.to_string());
             }
             continue;
@@ -342,35 +357,49 @@ fn comment(keys: &Keys, root: &Event, repo: &str, i: usize) -> Event {
     )
 }
 
-/// Repositories (one owner), one root issue each, and comments spread over the roots.
+/// Repositories (one owner per [`REPOS_PER_OWNER`], so no owner reaches the engine's
+/// per-pubkey relay quota), one root issue each, and comments spread over the roots.
 struct History {
-    owner: Keys,
+    owners: Vec<Keys>,
     roots: Vec<Event>,
     comments: Vec<Event>,
 }
 
 impl History {
     fn generate(repos: usize, comments: usize) -> History {
-        let owner = Keys::generate();
+        let owners: Vec<Keys> = (0..repos.div_ceil(REPOS_PER_OWNER))
+            .map(|_| Keys::generate())
+            .collect();
         let roots: Vec<Event> = (0..repos)
             .map(|r| {
-                let repo = coord(&owner, &format!("repo-{r}"));
-                sign(&owner, 1621, &format!("issue {r}"), &[&["a", &repo]])
+                let owner = &owners[r / REPOS_PER_OWNER];
+                let repo = coord(owner, &format!("repo-{r}"));
+                sign(owner, 1621, &format!("issue {r}"), &[&["a", &repo]])
             })
             .collect();
         let repliers: Vec<Keys> = (0..16).map(|_| Keys::generate()).collect();
-        let comments = (0..comments)
-            .map(|i| {
-                let r = i % repos;
-                let repo = coord(&owner, &format!("repo-{r}"));
-                comment(&repliers[i % repliers.len()], &roots[r], &repo, i)
-            })
-            .collect();
-        History {
-            owner,
+        let mut history = History {
+            owners,
             roots,
-            comments,
-        }
+            comments: Vec::new(),
+        };
+        history.comments = (0..comments)
+            .map(|i| history.comment(&repliers[i % repliers.len()], i % repos, i))
+            .collect();
+        history
+    }
+
+    fn owner(&self, repo: usize) -> &Keys {
+        &self.owners[repo / REPOS_PER_OWNER]
+    }
+
+    fn repo(&self, repo: usize) -> String {
+        coord(self.owner(repo), &format!("repo-{repo}"))
+    }
+
+    /// Comment number `i` (by `keys`) on the root of repository `repo`.
+    fn comment(&self, keys: &Keys, repo: usize, i: usize) -> Event {
+        comment(keys, &self.roots[repo], &self.repo(repo), i)
     }
 
     fn repo_of(&self, event: usize) -> usize {
@@ -393,7 +422,7 @@ impl World {
         let listed = |r: usize| (0..per_repo.min(relays)).map(move |k| (r + k) % relays);
         for (r, root) in history.roots.iter().enumerate() {
             let urls: Vec<String> = listed(r).map(|i| remotes[i].url()).collect();
-            let ann = announcement(&history.owner, &format!("repo-{r}"), &urls);
+            let ann = announcement(history.owner(r), &format!("repo-{r}"), &urls);
             own.insert(&ann);
             own.insert(root);
             for i in listed(r) {
@@ -414,6 +443,10 @@ impl World {
         let mut config = Config::new(RelayUrl::parse(&self.own.url()).expect("url"))
             .allow_private_relays(true)
             .batch_window(Duration::from_millis(200));
+        // The embedded relays return everything in one answer; say so (as NIP-11 would).
+        config.assumed_page_size = 1_000_000;
+        // Every repository of the own relay is meant (no --public-url).
+        config.archive = true;
         configure(&mut config);
         grasp_sync::start(config).expect("engine starts")
     }
@@ -424,7 +457,11 @@ impl World {
             let s = handle.status();
             s.relays.len() >= self.remotes.len() && s.is_settled()
         });
-        assert!(settled, "the engine did not settle on {} relays", self.remotes.len());
+        assert!(
+            settled,
+            "the engine did not settle on {} relays",
+            self.remotes.len()
+        );
     }
 }
 
@@ -442,8 +479,7 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
     let before = world.own.len();
     let expected = before + history.comments.len();
     let started = Instant::now();
-    // The embedded relays return everything in one answer; say so (as NIP-11 would).
-    let handle = world.engine(|c| c.assumed_page_size = 1_000_000);
+    let handle = world.engine(|_| {});
     let complete = wait_until(SYNC_DEADLINE, || world.own.len() >= expected);
     let seconds = started.elapsed().as_secs_f64();
     let (engine_cpu, unknown_threads) = engine_cpu();
@@ -473,14 +509,25 @@ fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
     let history = History::generate(sizes.repos, sizes.events);
     let verify = verify_cost(&history.comments);
     let mut figures = vec![
-        Figure::new("verify floor: Event::verify, one thread", 1.0 / verify, "ev/s", Budget::None),
-        Figure::new("verify floor: CPU per 1k events", verify * 1e6, "ms", Budget::None),
+        Figure::new(
+            "verify floor: Event::verify, one thread",
+            1.0 / verify,
+            "ev/s",
+            Budget::None,
+        ),
+        Figure::new(
+            "verify floor: CPU per 1k events",
+            verify * 1e6,
+            "ms",
+            Budget::None,
+        ),
     ];
     for per_repo in [1, 3] {
         let h = historic(&history, sizes.relays, per_repo);
         let label = format!(
             "historic, {} ev, {} relays, repo on {per_repo}",
-            h.unique, sizes.relays
+            number(h.unique as f64),
+            sizes.relays
         );
         let cpu_per_event = h.engine_cpu / h.unique as f64;
         figures.push(Figure::new(
@@ -539,8 +586,7 @@ fn live_latency(sizes: &Sizes) -> Vec<Figure> {
     let events: Vec<(usize, Event)> = (0..sizes.live_samples)
         .map(|i| {
             let r = (i * 37) % sizes.live_relays;
-            let repo = coord(&history.owner, &format!("repo-{r}"));
-            (r, comment(&keys, &history.roots[r], &repo, i))
+            (r, history.comment(&keys, r, i))
         })
         .collect();
     let mut samples = Vec::with_capacity(events.len());
@@ -557,11 +603,36 @@ fn live_latency(sizes: &Sizes) -> Vec<Figure> {
     samples.sort();
     let label = format!("live latency, {} relays", sizes.live_relays);
     vec![
-        Figure::new(format!("{label}: p50"), percentile(&samples, 0.5), "ms", Budget::None),
-        Figure::new(format!("{label}: p99"), percentile(&samples, 0.99), "ms", Budget::AtMost(20.0)),
-        Figure::new(format!("{label}: max"), percentile(&samples, 1.0), "ms", Budget::None),
-        Figure::new("TestRelay's own delivery (raw client): p50", percentile(&floor, 0.5), "ms", Budget::None),
-        Figure::new("TestRelay's own delivery (raw client): p99", percentile(&floor, 0.99), "ms", Budget::None),
+        Figure::new(
+            format!("{label}: p50"),
+            percentile(&samples, 0.5),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            format!("{label}: p99"),
+            percentile(&samples, 0.99),
+            "ms",
+            Budget::AtMost(20.0),
+        ),
+        Figure::new(
+            format!("{label}: max"),
+            percentile(&samples, 1.0),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            "TestRelay's own delivery (raw client): p50",
+            percentile(&floor, 0.5),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            "TestRelay's own delivery (raw client): p99",
+            percentile(&floor, 0.99),
+            "ms",
+            Budget::None,
+        ),
     ]
 }
 
@@ -580,10 +651,7 @@ fn relay_floor(relay: &TestRelay, history: &History, n: usize) -> Vec<Duration> 
     };
     read_until("EOSE");
     let keys = Keys::generate();
-    let repo = coord(&history.owner, "repo-0");
-    let events: Vec<Event> = (0..n)
-        .map(|i| comment(&keys, &history.roots[0], &repo, i))
-        .collect();
+    let events: Vec<Event> = (0..n).map(|i| history.comment(&keys, 0, i)).collect();
     let mut samples = Vec::with_capacity(n);
     for e in &events {
         jitter_pause();
@@ -626,7 +694,11 @@ fn probe_engine(n: usize, idle: Duration) -> Value {
     world.settle(&handle);
     std::thread::sleep(SETTLE_PAUSE);
     let with_engine = rss_kib();
-    let subscriptions: usize = world.remotes.iter().map(TestRelay::open_subscriptions).sum();
+    let subscriptions: usize = world
+        .remotes
+        .iter()
+        .map(TestRelay::open_subscriptions)
+        .sum();
     let (cpu0, _) = engine_cpu();
     let started = Instant::now();
     std::thread::sleep(idle);
@@ -651,12 +723,19 @@ fn probe_clients(n: usize) -> Value {
     let config = tungstenite::protocol::WebSocketConfig::default().read_buffer_size(4096);
     let mut clients = Vec::with_capacity(n);
     for (r, relay) in world.remotes.iter().enumerate() {
-        let (mut ws, _) =
-            tungstenite::client::connect_with_config(relay.url(), Some(config), 0).expect("connect");
-        let repo = coord(&history.owner, &format!("repo-{r}"));
+        let (mut ws, _) = tungstenite::client::connect_with_config(relay.url(), Some(config), 0)
+            .expect("connect");
+        let repo = history.repo(r);
         let root = history.roots[r].id.to_hex();
         let mut filters = vec![r#"{"kinds":[30617,30618]}"#.to_string()];
-        for (tag, value) in [("a", &repo), ("A", &repo), ("q", &repo), ("e", &root), ("E", &root), ("q", &root)] {
+        for (tag, value) in [
+            ("a", &repo),
+            ("A", &repo),
+            ("q", &repo),
+            ("e", &root),
+            ("E", &root),
+            ("q", &root),
+        ] {
             filters.push(format!(r##"{{"#{tag}":["{value}"]}}"##));
         }
         for (i, f) in filters.iter().enumerate() {
@@ -701,7 +780,11 @@ fn memory_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
         Budget::None,
     ));
     for &n in &sizes.memory_relays[1..] {
-        let idle = if n == sizes.memory_relays[2] { sizes.idle } else { Duration::ZERO };
+        let idle = if n == sizes.memory_relays[2] {
+            sizes.idle
+        } else {
+            Duration::ZERO
+        };
         let engine = probe(&format!("engine:{n}"), idle);
         let clients = probe(&format!("clients:{n}"), Duration::ZERO);
         let relay_side = kib(&clients, "with_clients_kib") - kib(&clients, "relays_only_kib");
@@ -745,6 +828,10 @@ fn memory_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
 // ----- planning (sans-IO machine) -----
 
 const PLAN_OWN: &str = "ws://own.example";
+/// One-event batches: up to `Sizes::plan_samples`, at least this many, sampling stops after
+/// [`PLAN_SAMPLING`].
+const MIN_PLAN_SAMPLES: usize = 3;
+const PLAN_SAMPLING: Duration = Duration::from_secs(10);
 
 /// An unsigned event with a made-up id: the machine never verifies (the relay threads do).
 fn fake_event(n: u64, pubkey: nostr::key::PublicKey, kind: u16, tags: Vec<Tag>) -> Event {
@@ -803,13 +890,17 @@ impl Planner {
         std::iter::from_fn(|| self.m.poll_command()).collect()
     }
 
-    /// Connects every relay asked for and answers every query with an empty EOSE, until the
-    /// machine asks for nothing more.
-    fn answer(&mut self, mut cmds: Vec<Command>) {
+    /// Connects the relays of `connect` when asked to and answers every query with an empty
+    /// EOSE, until the machine asks for nothing more. Other relays stay connecting: every
+    /// `Connected` report re-derives the targets of the whole index, so connecting all 1,000
+    /// relays at 100k repositories would take many minutes.
+    fn answer(&mut self, mut cmds: Vec<Command>, connect: &[RelayUrl]) {
         while !cmds.is_empty() {
             for cmd in cmds {
                 let report = match cmd {
-                    Command::Connect { relay, generation } => Report::Connected { relay, generation },
+                    Command::Connect { relay, generation } if connect.contains(&relay) => {
+                        Report::Connected { relay, generation }
+                    }
                     Command::Subscribe {
                         relay,
                         generation,
@@ -831,7 +922,7 @@ impl Planner {
 
     fn answer_all(&mut self) {
         let cmds = self.drain();
-        self.answer(cmds);
+        self.answer(cmds, &[]);
     }
 
     fn self_event(&mut self, event: Event) {
@@ -843,7 +934,7 @@ impl Planner {
     }
 
     fn repo(&self, r: usize) -> String {
-        let owner = self.owners[r % self.owners.len()];
+        let owner = self.owners[r / REPOS_PER_OWNER];
         format!("30617:{}:repo-{r}", owner.to_hex())
     }
 
@@ -853,22 +944,26 @@ impl Planner {
         fake_event(self.next_id, self.owners[0], 1621, vec![tag])
     }
 
-    /// Feeds `repos` announcements (2 relays each, 10 repositories per owner) and `roots`
-    /// root events into one batch.
+    /// The two relays repository `r` lists.
+    fn relays_of(r: usize, relays: usize) -> [RelayUrl; 2] {
+        [r % relays, (r * 7 + 3) % relays]
+            .map(|i| RelayUrl::parse(&format!("ws://r{i}.example")).expect("url"))
+    }
+
+    /// Feeds `repos` announcements (2 relays each, [`REPOS_PER_OWNER`] repositories per
+    /// owner) and `roots` root events into one batch.
     fn feed_world(&mut self, repos: usize, relays: usize, roots: usize) {
-        self.owners = (0..repos.div_ceil(10)).map(|_| Keys::generate().public_key()).collect();
+        self.owners = (0..repos.div_ceil(REPOS_PER_OWNER))
+            .map(|_| Keys::generate().public_key())
+            .collect();
         for r in 0..repos {
             self.next_id += 1;
+            let [a, b] = Self::relays_of(r, relays);
             let tags = vec![
                 Tag::parse(["d", &format!("repo-{r}")]).expect("tag"),
-                Tag::parse([
-                    "relays",
-                    &format!("ws://r{}.example", r % relays),
-                    &format!("ws://r{}.example", (r * 7 + 3) % relays),
-                ])
-                .expect("tag"),
+                Tag::parse(["relays", a.as_str(), b.as_str()]).expect("tag"),
             ];
-            let e = fake_event(self.next_id, self.owners[r % self.owners.len()], 30617, tags);
+            let e = fake_event(self.next_id, self.owners[r / REPOS_PER_OWNER], 30617, tags);
             self.self_event(e);
         }
         for i in 0..roots {
@@ -877,14 +972,32 @@ impl Planner {
         }
     }
 
-    /// One batch tick (index update, targets, compute_actions): its wall time.
-    fn tick(&mut self) -> Duration {
+    /// One batch tick (index update, targets, compute_actions): its wall time. The
+    /// connects it asks for are left unanswered, except for `connect` (answered as in
+    /// [`Planner::answer`]).
+    fn tick(&mut self, connect: &[RelayUrl]) -> Duration {
         self.now = self.now.plus(self.window);
         let started = Instant::now();
         self.m.handle_timeout(self.now);
         let cmds = self.drain();
         let took = started.elapsed();
-        self.answer(cmds);
+        self.answer(cmds, connect);
+        took
+    }
+
+    /// The wall time of the `Connected` report of `relay` (its subscriptions are then
+    /// answered, untimed).
+    fn connect(&mut self, relay: &RelayUrl) -> Duration {
+        let generation = self.m.relay_index()[relay].generation;
+        let report = Report::Connected {
+            relay: relay.clone(),
+            generation,
+        };
+        let started = Instant::now();
+        self.m.handle_report(report, self.now);
+        let cmds = self.drain();
+        let took = started.elapsed();
+        self.answer(cmds, &[]);
         took
     }
 }
@@ -898,21 +1011,44 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
     for &repos in &sizes.plan_repos {
         let mut p = Planner::new();
         p.feed_world(repos, sizes.plan_relays, sizes.plan_roots);
-        let full = p.tick();
-        let mut one: Vec<Duration> = (0..sizes.plan_samples)
-            .map(|i| {
-                let e = p.root(i * 7919 % repos);
-                p.self_event(e);
-                p.tick()
-            })
-            .collect();
+        // Repository 0's relays connect (and get their subscriptions); the others stay
+        // connecting, so a new root of repository 0 changes subscriptions on 2 relays.
+        let connected = Planner::relays_of(0, sizes.plan_relays);
+        let full = p.tick(&[]);
+        let connect: Vec<Duration> = connected.iter().map(|r| p.connect(r)).collect();
+        let sampling = Instant::now();
+        let mut one: Vec<Duration> = Vec::new();
+        while one.len() < sizes.plan_samples
+            && (one.len() < MIN_PLAN_SAMPLES || sampling.elapsed() < PLAN_SAMPLING)
+        {
+            let e = p.root(0);
+            p.self_event(e);
+            one.push(p.tick(&connected));
+        }
         one.sort();
         let label = format!(
-            "planning, {repos} repos, {} relays, {} roots",
-            sizes.plan_relays, sizes.plan_roots
+            "planning, {} repos, {} relays, {} roots",
+            number(repos as f64),
+            number(sizes.plan_relays as f64),
+            number(sizes.plan_roots as f64)
         );
-        let full_budget = if repos == 100_000 { Budget::AtMost(200.0) } else { Budget::None };
-        figures.push(Figure::new(format!("{label}: full rebuild"), ms(full), "ms", full_budget));
+        let full_budget = if repos == 100_000 {
+            Budget::AtMost(200.0)
+        } else {
+            Budget::None
+        };
+        figures.push(Figure::new(
+            format!("{label}: full rebuild"),
+            ms(full),
+            "ms",
+            full_budget,
+        ));
+        figures.push(Figure::new(
+            format!("{label}: one relay's Connected report"),
+            ms(connect.iter().copied().max().unwrap_or_default()),
+            "ms",
+            Budget::None,
+        ));
         figures.push(Figure::new(
             format!("{label}: one-event batch (median of {})", one.len()),
             ms(one[one.len() / 2]),
@@ -939,7 +1075,15 @@ fn main() {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut notes = Vec::new();
     let mut figures = Vec::new();
+    let wanted = |name: &str| {
+        args.only
+            .as_deref()
+            .is_none_or(|only| only.split(',').any(|s| name.starts_with(s.trim())))
+    };
     let mut section = |name: &str, f: &mut dyn FnMut(&mut Vec<String>) -> Vec<Figure>| {
+        if !wanted(name) {
+            return;
+        }
         let t = Instant::now();
         eprint!("{name}… ");
         let _ = std::io::stderr().flush();
@@ -955,8 +1099,16 @@ fn main() {
     notes.push(format!(
         "run took {total:.0} s on {} cores; load average before {}, after {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        load_before.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-        load_after.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        load_before
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        load_after
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
     ));
     if args.json {
         let out = json!({
