@@ -33,6 +33,8 @@ use serde_json::{json, Value};
 /// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
 /// quota of 64 relays per pubkey.
 const REPOS_PER_OWNER: usize = 10;
+/// The most TestRelay listeners of a memory probe; more relays share them by URL path.
+const PROBE_LISTENERS: usize = 20;
 const SHUTDOWN: Duration = Duration::from_secs(10);
 const SYNC_DEADLINE: Duration = Duration::from_secs(900);
 const SETTLE_DEADLINE: Duration = Duration::from_secs(300);
@@ -407,36 +409,79 @@ impl History {
     }
 }
 
-/// An own relay holding every announcement and root, and remote relays where repository
-/// `r` is listed on `per_repo` consecutive relays starting at `r % relays`; each comment is
-/// stored on every relay of its repository.
+/// An own relay holding every announcement and root, and `relays` remote relays where
+/// repository `r` is listed on `per_repo` consecutive relays starting at `r % relays`; each
+/// comment is stored on every relay of its repository.
+///
+/// The remote relays are served by `listeners` TestRelays: with fewer listeners than relays,
+/// relay `i` is `ws://127.0.0.1:PORT/r{i}` on listener `i % listeners` (a distinct relay for
+/// the engine, one store for the listener). 1,000 TestRelays in one process on 2 cores
+/// (1,000 acceptors polling every 10 ms) overload the machine before the engine settles.
 struct World {
     own: TestRelay,
-    remotes: Vec<TestRelay>,
+    listeners: Vec<TestRelay>,
+    urls: Vec<String>,
 }
 
 impl World {
     fn start(history: &History, relays: usize, per_repo: usize, with_comments: bool) -> World {
+        World::start_on(history, relays, relays, per_repo, with_comments)
+    }
+
+    fn start_on(
+        history: &History,
+        relays: usize,
+        listeners: usize,
+        per_repo: usize,
+        with_comments: bool,
+    ) -> World {
         let own = TestRelay::start();
-        let remotes: Vec<TestRelay> = (0..relays).map(|_| TestRelay::start()).collect();
+        let listeners: Vec<TestRelay> = (0..listeners).map(|_| TestRelay::start()).collect();
+        let urls: Vec<String> = (0..relays)
+            .map(|i| {
+                let base = listeners[i % listeners.len()].url();
+                if listeners.len() == relays {
+                    base
+                } else {
+                    format!("{base}/r{i}")
+                }
+            })
+            .collect();
+        let world = World {
+            own,
+            listeners,
+            urls,
+        };
         let listed = |r: usize| (0..per_repo.min(relays)).map(move |k| (r + k) % relays);
         for (r, root) in history.roots.iter().enumerate() {
-            let urls: Vec<String> = listed(r).map(|i| remotes[i].url()).collect();
+            let urls: Vec<String> = listed(r).map(|i| world.urls[i].clone()).collect();
             let ann = announcement(history.owner(r), &format!("repo-{r}"), &urls);
-            own.insert(&ann);
-            own.insert(root);
+            world.own.insert(&ann);
+            world.own.insert(root);
             for i in listed(r) {
-                remotes[i].insert(&ann);
+                world.relay(i).insert(&ann);
             }
         }
         if with_comments {
             for (i, c) in history.comments.iter().enumerate() {
                 for k in listed(history.repo_of(i)) {
-                    remotes[k].insert(c);
+                    world.relay(k).insert(c);
                 }
             }
         }
-        World { own, remotes }
+        world
+    }
+
+    /// The TestRelay serving relay `i`.
+    fn relay(&self, i: usize) -> &TestRelay {
+        &self.listeners[i % self.listeners.len()]
+    }
+
+    fn open_subscriptions(&self) -> usize {
+        self.listeners
+            .iter()
+            .map(TestRelay::open_subscriptions)
+            .sum()
     }
 
     fn engine(&self, configure: impl FnOnce(&mut Config)) -> SyncHandle {
@@ -455,12 +500,12 @@ impl World {
     fn settle(&self, handle: &SyncHandle) {
         let settled = wait_until(SETTLE_DEADLINE, || {
             let s = handle.status();
-            s.relays.len() >= self.remotes.len() && s.is_settled()
+            s.relays.len() >= self.urls.len() && s.is_settled()
         });
         assert!(
             settled,
             "the engine did not settle on {} relays",
-            self.remotes.len()
+            self.urls.len()
         );
     }
 }
@@ -593,13 +638,13 @@ fn live_latency(sizes: &Sizes) -> Vec<Figure> {
     for (r, e) in &events {
         jitter_pause();
         let started = Instant::now();
-        world.remotes[*r].insert(e);
+        world.relay(*r).insert(e);
         let stored = wait_until(Duration::from_secs(10), || world.own.contains(&e.id));
         assert!(stored, "live event not stored within 10 s");
         samples.push(started.elapsed());
     }
     handle.shutdown(SHUTDOWN).expect("engine stops");
-    let floor = relay_floor(&world.remotes[0], &history, sizes.live_samples.min(200));
+    let floor = relay_floor(world.relay(0), &history, sizes.live_samples.min(200));
     samples.sort();
     let label = format!("live latency, {} relays", sizes.live_relays);
     vec![
@@ -688,17 +733,13 @@ fn probe(what: &str, idle: Duration) -> Value {
 /// engine connected; then the engine's CPU over `idle`.
 fn probe_engine(n: usize, idle: Duration) -> Value {
     let history = History::generate(n.max(1), 0);
-    let world = World::start(&history, n, 1, false);
+    let world = World::start_on(&history, n, listeners(n), 1, false);
     let relays_only = rss_kib();
     let handle = world.engine(|_| {});
     world.settle(&handle);
     std::thread::sleep(SETTLE_PAUSE);
     let with_engine = rss_kib();
-    let subscriptions: usize = world
-        .remotes
-        .iter()
-        .map(TestRelay::open_subscriptions)
-        .sum();
+    let subscriptions = world.open_subscriptions();
     let (cpu0, _) = engine_cpu();
     let started = Instant::now();
     std::thread::sleep(idle);
@@ -718,12 +759,12 @@ fn probe_engine(n: usize, idle: Duration) -> Value {
 /// buffer. Subtracted from the engine's figure, it leaves the engine's side.
 fn probe_clients(n: usize) -> Value {
     let history = History::generate(n.max(1), 0);
-    let world = World::start(&history, n, 1, false);
+    let world = World::start_on(&history, n, listeners(n), 1, false);
     let relays_only = rss_kib();
     let config = tungstenite::protocol::WebSocketConfig::default().read_buffer_size(4096);
     let mut clients = Vec::with_capacity(n);
-    for (r, relay) in world.remotes.iter().enumerate() {
-        let (mut ws, _) = tungstenite::client::connect_with_config(relay.url(), Some(config), 0)
+    for (r, url) in world.urls.iter().enumerate() {
+        let (mut ws, _) = tungstenite::client::connect_with_config(url.as_str(), Some(config), 0)
             .expect("connect");
         let repo = history.repo(r);
         let root = history.roots[r].id.to_hex();
@@ -744,14 +785,17 @@ fn probe_clients(n: usize) -> Value {
         }
         clients.push(ws);
     }
-    let opened = wait_until(SETTLE_DEADLINE, || {
-        world.remotes.iter().all(|r| r.open_subscriptions() >= 7)
-    });
+    let opened = wait_until(SETTLE_DEADLINE, || world.open_subscriptions() >= 7 * n);
     assert!(opened, "the clients' subscriptions did not open");
     std::thread::sleep(SETTLE_PAUSE);
     let with_clients = rss_kib();
     drop(clients);
     json!({ "relays_only_kib": relays_only, "with_clients_kib": with_clients })
+}
+
+/// TestRelay listeners serving `n` probe relays (see [`World`]).
+fn listeners(n: usize) -> usize {
+    n.min(PROBE_LISTENERS)
 }
 
 fn run_probe(what: &str, idle: Duration) -> Value {
