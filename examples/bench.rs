@@ -15,7 +15,7 @@
 //! * memory per connected relay and idle CPU (each in a child process of its own);
 //! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::process::Command as Process;
 use std::time::{Duration, Instant};
@@ -290,42 +290,70 @@ fn clock_ticks_per_sec() -> f64 {
 /// Threads the engine names itself (`src/engine`, `src/net`); the comm is cut at 15 bytes,
 /// so relay threads ("relay ws://…") show as "relay ws://127.". TestRelay threads are
 /// "test-relay-accept-…" / "test-relay-conn-…", the benchmark's own main thread "bench".
-fn is_engine_thread(comm: &str) -> bool {
-    matches!(comm, "coordinator" | "forwarder" | "dns") || comm.starts_with("relay ")
+fn engine_thread_kind(comm: &str) -> Option<&'static str> {
+    match comm {
+        "coordinator" => Some("coordinator"),
+        "forwarder" => Some("forwarder"),
+        "dns" => Some("dns"),
+        _ if comm.starts_with("relay ") => Some("relay"),
+        _ => None,
+    }
 }
 
-/// CPU seconds (utime + stime) of the engine's live threads, and the names of threads that
-/// are neither engine nor TestRelay nor main (to spot a thread the filter misses).
-fn engine_cpu() -> (f64, Vec<String>) {
+/// CPU seconds (utime + stime) of the engine's live threads, per thread kind.
+struct Cpu {
+    /// Seconds per kind: "coordinator", "forwarder", "dns", "relay".
+    by_kind: BTreeMap<&'static str, f64>,
+    /// Threads that are neither engine nor TestRelay nor main (to spot one the filter misses).
+    unknown: Vec<String>,
+}
+
+impl Cpu {
+    fn total(&self) -> f64 {
+        self.by_kind.values().sum()
+    }
+
+    /// The CPU spent per kind since `earlier`.
+    fn since(&self, earlier: &Cpu) -> BTreeMap<&'static str, f64> {
+        self.by_kind
+            .iter()
+            .map(|(k, v)| (*k, v - earlier.by_kind.get(k).copied().unwrap_or(0.0)))
+            .collect()
+    }
+}
+
+fn engine_cpu() -> Cpu {
     let tick = clock_ticks_per_sec();
-    let mut ticks = 0u64;
-    let mut unknown = Vec::new();
+    let mut cpu = Cpu {
+        by_kind: BTreeMap::new(),
+        unknown: Vec::new(),
+    };
     for entry in std::fs::read_dir("/proc/self/task").into_iter().flatten() {
         let Ok(entry) = entry else { continue };
         let dir = entry.path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
         let comm = comm.trim();
-        if !is_engine_thread(comm) {
+        let Some(kind) = engine_thread_kind(comm) else {
             if !comm.starts_with("test-relay-")
                 && comm != "bench"
-                && !unknown.contains(&comm.to_string())
+                && !cpu.unknown.iter().any(|u| u == comm)
             {
-                unknown.push(comm.to_string());
+                cpu.unknown.push(comm.to_string());
             }
             continue;
-        }
+        };
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
         // Fields after the ")" that ends the name: state is field 3, utime 14, stime 15.
         let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let fields: Vec<u64> = rest
+        let ticks: u64 = rest
             .split_whitespace()
             .skip(11)
             .take(2)
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        ticks += fields.iter().sum::<u64>();
+            .filter_map(|f| f.parse::<u64>().ok())
+            .sum();
+        *cpu.by_kind.entry(kind).or_default() += ticks as f64 / tick;
     }
-    (ticks as f64 / tick, unknown)
+    cpu
 }
 
 // ----- events -----
@@ -529,7 +557,7 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
     let handle = world.engine(|_| {});
     let complete = wait_until(SYNC_DEADLINE, || world.own.len() >= expected);
     let seconds = started.elapsed().as_secs_f64();
-    let (engine_cpu, unknown_threads) = engine_cpu();
+    let cpu = engine_cpu();
     assert!(complete, "historic sync did not complete");
     let want: HashSet<EventId> = history.comments.iter().map(|e| e.id).collect();
     let have = world.own.event_ids();
@@ -538,8 +566,8 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
     Historic {
         seconds,
         unique: expected - before,
-        engine_cpu,
-        unknown_threads,
+        engine_cpu: cpu.total(),
+        unknown_threads: cpu.unknown,
     }
 }
 
@@ -754,17 +782,24 @@ fn probe_engine(n: usize, idle: Duration) -> Value {
     std::thread::sleep(SETTLE_PAUSE);
     let with_engine = rss_kib();
     let subscriptions = world.open_subscriptions();
-    let (cpu0, _) = engine_cpu();
+    let cpu0 = engine_cpu();
     let started = Instant::now();
     std::thread::sleep(idle);
-    let (cpu1, _) = engine_cpu();
-    let idle_pct = (cpu1 - cpu0) / started.elapsed().as_secs_f64() * 100.0;
+    let cpu1 = engine_cpu();
+    let secs = started.elapsed().as_secs_f64();
+    let idle_pct = (cpu1.total() - cpu0.total()) / secs * 100.0;
+    let idle_by_kind: BTreeMap<&str, f64> = cpu1
+        .since(&cpu0)
+        .into_iter()
+        .map(|(k, v)| (k, v / secs * 100.0))
+        .collect();
     handle.shutdown(SHUTDOWN).expect("engine stops");
     json!({
         "relays_only_kib": relays_only,
         "with_engine_kib": with_engine,
         "subscriptions": subscriptions,
         "idle_cpu_pct": idle_pct,
+        "idle_cpu_pct_by_thread": idle_by_kind,
     })
 }
 
@@ -877,6 +912,10 @@ fn memory_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
                 engine["idle_cpu_pct"].as_f64().unwrap_or(f64::NAN),
                 "% core",
                 Budget::AtMost(1.0),
+            ));
+            notes.push(format!(
+                "idle CPU at {n} relays by thread kind (% of a core): {}",
+                engine["idle_cpu_pct_by_thread"]
             ));
         }
     }
