@@ -1,125 +1,1224 @@
-//! Throughput and memory benchmark: how long a full sync of N events from remote relays into
-//! the own relay takes, and how much memory the process needs, on embedded relays.
+//! The performance benchmark (issue 10): every figure of `docs/performance.md` with its
+//! budget, measured on embedded relays over loopback and on the sans-IO sync machine.
 //!
 //! ```sh
-//! cargo run --release --features testing --example bench
+//! cargo run --release --features testing --example bench            # full run
+//! cargo run --release --features testing --example bench -- --quick # small sizes, < 60 s
+//! cargo run --release --features testing --example bench -- --json  # JSON instead of the table
 //! ```
 //!
-//! Prints one row per size: events, remote relays, repositories, seconds to a complete own
-//! relay, events/s, peak resident memory (VmHWM) and threads. Numbers depend on the machine;
-//! the signature check (~30k events/s per core) bounds ingest.
+//! Figures (method in `docs/performance.md`):
+//! * historic sync into an empty own relay, repositories listed on 1 and on 3 relays: unique
+//!   events/s and the engine's own CPU (its threads only) per 1,000 unique events;
+//! * the floor: `Event::verify` on one thread over the same events, and engine CPU ÷ verify;
+//! * live latency from a publish on a remote relay to the event stored on the own relay;
+//! * memory per connected relay and idle CPU (each in a child process of its own);
+//! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
+use argh::FromArgs;
+use grasp_sync::core::paging::PageStats;
+use grasp_sync::core::{Command, Report, SyncConfig, SyncMachine, Time};
 use grasp_sync::testing::{wait_until, TestRelay};
-use grasp_sync::{Config, RelayUrl};
-use nostr::event::{EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use grasp_sync::{Config, RelayUrl, SyncHandle};
+use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Signature, Tag};
 use nostr::key::Keys;
+use nostr::types::Timestamp;
+use serde_json::{json, Value};
 
-struct Row {
+/// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
+/// quota of 64 relays per pubkey.
+const REPOS_PER_OWNER: usize = 10;
+/// The most TestRelay listeners of a memory probe; more relays share them by URL path.
+const PROBE_LISTENERS: usize = 20;
+/// How often the live-latency check looks at the own relay.
+const LATENCY_POLL: Duration = Duration::from_micros(100);
+const SHUTDOWN: Duration = Duration::from_secs(10);
+const SYNC_DEADLINE: Duration = Duration::from_secs(900);
+const SETTLE_DEADLINE: Duration = Duration::from_secs(300);
+/// Time for a settled engine's last frames and allocations before memory is read.
+const SETTLE_PAUSE: Duration = Duration::from_secs(2);
+
+/// Benchmark of grasp-sync: one table of figures with their budgets.
+#[derive(FromArgs)]
+struct Args {
+    /// small sizes (finishes in under a minute)
+    #[argh(switch)]
+    quick: bool,
+    /// print JSON instead of the table
+    #[argh(switch)]
+    json: bool,
+    /// related events held by the remote relays in the historic sync (default 50,000)
+    #[argh(option)]
+    events: Option<usize>,
+    /// remote relays of the historic sync (default 10)
+    #[argh(option)]
+    relays: Option<usize>,
+    /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
+    #[argh(option)]
+    idle_secs: Option<u64>,
+    /// run only these sections (comma-separated: historic, live, memory, planning)
+    #[argh(option)]
+    only: Option<String>,
+    /// internal: run one memory probe in this process and print its JSON
+    /// (`engine:N` or `clients:N`)
+    #[argh(option)]
+    probe: Option<String>,
+}
+
+/// The sizes of one run.
+struct Sizes {
     events: usize,
     relays: usize,
     repos: usize,
-    seconds: f64,
-    rss_mib: f64,
-    threads: usize,
+    live_relays: usize,
+    live_samples: usize,
+    memory_relays: [usize; 3],
+    idle: Duration,
+    plan_repos: [usize; 3],
+    plan_relays: usize,
+    plan_roots: usize,
+    plan_samples: usize,
 }
 
-fn proc_status(field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+impl Sizes {
+    fn of(args: &Args) -> Sizes {
+        let quick = args.quick;
+        let relays = args.relays.unwrap_or(if quick { 5 } else { 10 });
+        Sizes {
+            events: args.events.unwrap_or(if quick { 5_000 } else { 50_000 }),
+            relays,
+            repos: 30 * relays,
+            live_relays: 100,
+            live_samples: if quick { 100 } else { 500 },
+            memory_relays: if quick {
+                [0, 100, 200]
+            } else {
+                [0, 100, 1_000]
+            },
+            idle: Duration::from_secs(args.idle_secs.unwrap_or(if quick { 5 } else { 60 })),
+            plan_repos: [1_000, 10_000, 100_000],
+            plan_relays: 1_000,
+            plan_roots: if quick { 100_000 } else { 1_000_000 },
+            plan_samples: 21,
+        }
+    }
+}
+
+// ----- the table -----
+
+/// What a figure must stay under (or above).
+#[derive(Clone, Copy)]
+enum Budget {
+    None,
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+struct Figure {
+    name: String,
+    value: f64,
+    unit: &'static str,
+    budget: Budget,
+}
+
+impl Figure {
+    fn new(name: impl Into<String>, value: f64, unit: &'static str, budget: Budget) -> Figure {
+        Figure {
+            name: name.into(),
+            value,
+            unit,
+            budget,
+        }
+    }
+
+    fn limit(&self) -> Option<f64> {
+        match self.budget {
+            Budget::None => None,
+            Budget::AtMost(b) | Budget::AtLeast(b) => Some(b),
+        }
+    }
+
+    fn ratio(&self) -> Option<f64> {
+        self.limit().map(|b| self.value / b)
+    }
+
+    fn ok(&self) -> Option<bool> {
+        match self.budget {
+            Budget::None => None,
+            Budget::AtMost(b) => Some(self.value <= b),
+            Budget::AtLeast(b) => Some(self.value >= b),
+        }
+    }
+
+    fn budget_text(&self) -> String {
+        match self.budget {
+            Budget::None => "—".into(),
+            Budget::AtMost(b) => format!("≤ {}", number(b)),
+            Budget::AtLeast(b) => format!("≥ {}", number(b)),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "figure": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "budget": self.limit(),
+            "budget_kind": match self.budget {
+                Budget::None => "none",
+                Budget::AtMost(_) => "at_most",
+                Budget::AtLeast(_) => "at_least",
+            },
+            "ratio": self.ratio(),
+            "ok": self.ok(),
+        })
+    }
+}
+
+/// A number with three significant digits (at least), thousands separated.
+fn number(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        let s = format!("{:.0}", v);
+        let (sign, digits) = s.split_at(usize::from(s.starts_with('-')));
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        format!("{sign}{out}")
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn print_table(figures: &[Figure]) {
+    let rows: Vec<[String; 5]> = figures
+        .iter()
+        .map(|f| {
+            [
+                f.name.clone(),
+                format!("{} {}", number(f.value), f.unit),
+                f.budget_text(),
+                f.ratio().map_or("—".into(), |r| format!("{r:.2}")),
+                f.ok()
+                    .map_or("—", |ok| if ok { "yes" } else { "NO" })
+                    .into(),
+            ]
+        })
+        .collect();
+    let header = ["figure", "value", "budget", "ratio", "ok?"];
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([header[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..5).map(width).collect();
+    let line = |cells: &[String]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                let pad = " ".repeat(w - c.chars().count());
+                if i == 0 {
+                    format!("{c}{pad}")
+                } else {
+                    format!("{pad}{c}")
+                }
+            })
+            .collect();
+        println!("| {} |", padded.join(" | "));
+    };
+    line(&header.map(String::from));
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                "-".repeat(w + 2)
+            } else {
+                format!("{}:", "-".repeat(w + 1))
+            }
+        })
+        .collect();
+    println!("|{}|", rule.join("|"));
+    for r in &rows {
+        line(r);
+    }
+}
+
+// ----- /proc -----
+
+fn proc_status_kib(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
-fn run(events: usize, relays: usize, repos: usize) -> Row {
-    let own = TestRelay::start();
-    let remotes: Vec<TestRelay> = (0..relays).map(|_| TestRelay::start()).collect();
-    let keys = Keys::generate();
-    let mut expected: HashSet<EventId> = HashSet::new();
-    let mut roots = Vec::new();
-    for r in 0..repos {
-        let relay = &remotes[r % relays];
-        let d = format!("repo-{r}");
-        let ann = EventBuilder::new(Kind::Custom(30617), "")
-            .tag(Tag::parse(["d", &d]).unwrap())
-            .tag(Tag::parse(["relays", &relay.url()]).unwrap())
-            .finalize(&keys)
-            .unwrap();
-        let coord = format!("30617:{}:{d}", keys.public_key().to_hex());
-        let issue = EventBuilder::new(Kind::Custom(1621), format!("issue of {d}"))
-            .tag(Tag::parse(["a", &coord]).unwrap())
-            .finalize(&keys)
-            .unwrap();
-        own.insert(&ann);
-        own.insert(&issue);
-        relay.insert(&ann);
-        expected.insert(ann.id);
-        expected.insert(issue.id);
-        roots.push((r % relays, issue.id));
-    }
-    let repliers: Vec<Keys> = (0..16).map(|_| Keys::generate()).collect();
-    for i in 0..events {
-        let (relay, root) = roots[i % roots.len()];
-        let reply = EventBuilder::new(
-            Kind::Custom(1111),
-            format!("comment {i} {}", "x".repeat(200)),
-        )
-        .tag(Tag::parse(["E", &root.to_hex()]).unwrap())
-        .finalize(&repliers[i % repliers.len()])
-        .unwrap();
-        remotes[relay].insert(&reply);
-        expected.insert(reply.id);
-    }
-    let mut config = Config::new(RelayUrl::parse(&own.url()).unwrap())
-        .allow_private_relays(true)
-        .batch_window(Duration::from_millis(200));
-    // The embedded relays return everything in one answer; say so (as NIP-11 would).
-    config.assumed_page_size = 1_000_000;
-    let started = Instant::now();
-    let handle = grasp_sync::start(config).expect("engine starts");
-    let complete = wait_until(Duration::from_secs(600), || {
-        own.len() >= expected.len() && own.event_ids() == expected
-    });
-    let seconds = started.elapsed().as_secs_f64();
-    assert!(complete, "sync of {events} events did not complete");
-    let threads = proc_status("Threads:").unwrap_or(0) as usize;
-    handle
-        .shutdown(Duration::from_secs(10))
-        .expect("engine stops");
-    Row {
-        events,
-        relays,
-        repos,
-        seconds,
-        rss_mib: proc_status("VmHWM:").unwrap_or(0) as f64 / 1024.0,
-        threads,
+fn rss_kib() -> u64 {
+    proc_status_kib("VmRSS:")
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    Process::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Threads the engine names itself (`src/engine`, `src/net`); the comm is cut at 15 bytes,
+/// so relay threads ("relay ws://…") show as "relay ws://127.". TestRelay threads are
+/// "test-relay-accept-…" / "test-relay-conn-…", the benchmark's own main thread "bench".
+fn engine_thread_kind(comm: &str) -> Option<&'static str> {
+    match comm {
+        "coordinator" => Some("coordinator"),
+        "forwarder" => Some("forwarder"),
+        "dns" => Some("dns"),
+        _ if comm.starts_with("relay ") => Some("relay"),
+        _ => None,
     }
 }
+
+/// CPU seconds (utime + stime) of the engine's live threads, per thread kind.
+struct Cpu {
+    /// Seconds per kind: "coordinator", "forwarder", "dns", "relay".
+    by_kind: BTreeMap<&'static str, f64>,
+    /// Threads that are neither engine nor TestRelay nor main (to spot one the filter misses).
+    unknown: Vec<String>,
+}
+
+impl Cpu {
+    fn total(&self) -> f64 {
+        self.by_kind.values().sum()
+    }
+
+    /// The CPU spent per kind since `earlier`.
+    fn since(&self, earlier: &Cpu) -> BTreeMap<&'static str, f64> {
+        self.by_kind
+            .iter()
+            .map(|(k, v)| (*k, v - earlier.by_kind.get(k).copied().unwrap_or(0.0)))
+            .collect()
+    }
+}
+
+fn engine_cpu() -> Cpu {
+    let tick = clock_ticks_per_sec();
+    let mut cpu = Cpu {
+        by_kind: BTreeMap::new(),
+        unknown: Vec::new(),
+    };
+    for entry in std::fs::read_dir("/proc/self/task").into_iter().flatten() {
+        let Ok(entry) = entry else { continue };
+        let dir = entry.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        let Some(kind) = engine_thread_kind(comm) else {
+            if !comm.starts_with("test-relay-")
+                && comm != "bench"
+                && !cpu.unknown.iter().any(|u| u == comm)
+            {
+                cpu.unknown.push(comm.to_string());
+            }
+            continue;
+        };
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Fields after the ")" that ends the name: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let ticks: u64 = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|f| f.parse::<u64>().ok())
+            .sum();
+        *cpu.by_kind.entry(kind).or_default() += ticks as f64 / tick;
+    }
+    cpu
+}
+
+// ----- events -----
+
+fn sign(keys: &Keys, kind: u16, content: &str, tags: &[&[&str]]) -> Event {
+    let mut b = EventBuilder::new(Kind::Custom(kind), content);
+    for t in tags {
+        b = b.tag(Tag::parse(t.iter().copied()).expect("tag"));
+    }
+    b.finalize(keys).expect("sign")
+}
+
+fn coord(keys: &Keys, d: &str) -> String {
+    format!("30617:{}:{d}", keys.public_key().to_hex())
+}
+
+/// A repository announcement naming `relays`.
+fn announcement(keys: &Keys, d: &str, relays: &[String]) -> Event {
+    let mut tag = vec!["relays"];
+    tag.extend(relays.iter().map(String::as_str));
+    sign(keys, 30617, "", &[&["d", d], &tag])
+}
+
+/// A NIP-22 comment on `root` of repository `repo`: matches a Layer 3 (`#E`) and a Layer 2
+/// (`#A`) filter.
+fn comment(keys: &Keys, root: &Event, repo: &str, i: usize) -> Event {
+    let text = format!("comment {i} {}", "x".repeat(200));
+    sign(
+        keys,
+        1111,
+        &text,
+        &[&["E", &root.id.to_hex()], &["A", repo], &["K", "1621"]],
+    )
+}
+
+/// Repositories (one owner per [`REPOS_PER_OWNER`], so no owner reaches the engine's
+/// per-pubkey relay quota), one root issue each, and comments spread over the roots.
+struct History {
+    owners: Vec<Keys>,
+    roots: Vec<Event>,
+    comments: Vec<Event>,
+}
+
+impl History {
+    fn generate(repos: usize, comments: usize) -> History {
+        let owners: Vec<Keys> = (0..repos.div_ceil(REPOS_PER_OWNER))
+            .map(|_| Keys::generate())
+            .collect();
+        let roots: Vec<Event> = (0..repos)
+            .map(|r| {
+                let owner = &owners[r / REPOS_PER_OWNER];
+                let repo = coord(owner, &format!("repo-{r}"));
+                sign(owner, 1621, &format!("issue {r}"), &[&["a", &repo]])
+            })
+            .collect();
+        let repliers: Vec<Keys> = (0..16).map(|_| Keys::generate()).collect();
+        let mut history = History {
+            owners,
+            roots,
+            comments: Vec::new(),
+        };
+        history.comments = (0..comments)
+            .map(|i| history.comment(&repliers[i % repliers.len()], i % repos, i))
+            .collect();
+        history
+    }
+
+    fn owner(&self, repo: usize) -> &Keys {
+        &self.owners[repo / REPOS_PER_OWNER]
+    }
+
+    fn repo(&self, repo: usize) -> String {
+        coord(self.owner(repo), &format!("repo-{repo}"))
+    }
+
+    /// Comment number `i` (by `keys`) on the root of repository `repo`.
+    fn comment(&self, keys: &Keys, repo: usize, i: usize) -> Event {
+        comment(keys, &self.roots[repo], &self.repo(repo), i)
+    }
+
+    fn repo_of(&self, event: usize) -> usize {
+        event % self.roots.len()
+    }
+}
+
+/// An own relay holding every announcement and root, and `relays` remote relays where
+/// repository `r` is listed on `per_repo` consecutive relays starting at `r % relays`; each
+/// comment is stored on every relay of its repository.
+///
+/// The remote relays are served by `listeners` TestRelays: with fewer listeners than relays,
+/// relay `i` is `ws://127.0.0.1:PORT/r{i}` on listener `i % listeners` (a distinct relay for
+/// the engine, one store for the listener). 1,000 TestRelays in one process on 2 cores
+/// (1,000 acceptors polling every 10 ms) overload the machine before the engine settles.
+struct World {
+    own: TestRelay,
+    listeners: Vec<TestRelay>,
+    urls: Vec<String>,
+}
+
+impl World {
+    fn start(history: &History, relays: usize, per_repo: usize, with_comments: bool) -> World {
+        World::start_on(history, relays, relays, per_repo, with_comments)
+    }
+
+    fn start_on(
+        history: &History,
+        relays: usize,
+        listeners: usize,
+        per_repo: usize,
+        with_comments: bool,
+    ) -> World {
+        let own = TestRelay::start();
+        let listeners: Vec<TestRelay> = (0..listeners).map(|_| TestRelay::start()).collect();
+        let urls: Vec<String> = (0..relays)
+            .map(|i| {
+                let base = listeners[i % listeners.len()].url();
+                if listeners.len() == relays {
+                    base
+                } else {
+                    format!("{base}/r{i}")
+                }
+            })
+            .collect();
+        let world = World {
+            own,
+            listeners,
+            urls,
+        };
+        let listed = |r: usize| (0..per_repo.min(relays)).map(move |k| (r + k) % relays);
+        for (r, root) in history.roots.iter().enumerate() {
+            let urls: Vec<String> = listed(r).map(|i| world.urls[i].clone()).collect();
+            let ann = announcement(history.owner(r), &format!("repo-{r}"), &urls);
+            world.own.insert(&ann);
+            world.own.insert(root);
+            for i in listed(r) {
+                world.relay(i).insert(&ann);
+            }
+        }
+        if with_comments {
+            for (i, c) in history.comments.iter().enumerate() {
+                for k in listed(history.repo_of(i)) {
+                    world.relay(k).insert(c);
+                }
+            }
+        }
+        world
+    }
+
+    /// The TestRelay serving relay `i`.
+    fn relay(&self, i: usize) -> &TestRelay {
+        &self.listeners[i % self.listeners.len()]
+    }
+
+    fn open_subscriptions(&self) -> usize {
+        self.listeners
+            .iter()
+            .map(TestRelay::open_subscriptions)
+            .sum()
+    }
+
+    fn engine(&self, configure: impl FnOnce(&mut Config)) -> SyncHandle {
+        let mut config = Config::new(RelayUrl::parse(&self.own.url()).expect("url"))
+            .allow_private_relays(true)
+            .batch_window(Duration::from_millis(200));
+        // The embedded relays return everything in one answer; say so (as NIP-11 would).
+        config.assumed_page_size = 1_000_000;
+        // Every repository of the own relay is meant (no --public-url).
+        config.archive = true;
+        configure(&mut config);
+        grasp_sync::start(config).expect("engine starts")
+    }
+
+    /// Waits until the engine is settled on every remote relay.
+    fn settle(&self, handle: &SyncHandle) {
+        let settled = wait_until(SETTLE_DEADLINE, || {
+            let s = handle.status();
+            s.relays.len() >= self.urls.len() && s.is_settled()
+        });
+        assert!(
+            settled,
+            "the engine did not settle on {} relays",
+            self.urls.len()
+        );
+    }
+}
+
+// ----- historic sync and the verify floor -----
+
+struct Historic {
+    seconds: f64,
+    unique: usize,
+    engine_cpu: f64,
+    unknown_threads: Vec<String>,
+}
+
+fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
+    let world = World::start(history, relays, per_repo, true);
+    let before = world.own.len();
+    let expected = before + history.comments.len();
+    let started = Instant::now();
+    let handle = world.engine(|_| {});
+    let complete = wait_until(SYNC_DEADLINE, || world.own.len() >= expected);
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = engine_cpu();
+    assert!(complete, "historic sync did not complete");
+    let want: HashSet<EventId> = history.comments.iter().map(|e| e.id).collect();
+    let have = world.own.event_ids();
+    assert!(want.is_subset(&have), "the own relay misses events");
+    handle.shutdown(SHUTDOWN).expect("engine stops");
+    Historic {
+        seconds,
+        unique: expected - before,
+        engine_cpu: cpu.total(),
+        unknown_threads: cpu.unknown,
+    }
+}
+
+/// Seconds per event of `Event::verify` on this thread.
+fn verify_cost(events: &[Event]) -> f64 {
+    let started = Instant::now();
+    for e in events {
+        e.verify().expect("valid event");
+    }
+    started.elapsed().as_secs_f64() / events.len() as f64
+}
+
+fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
+    let history = History::generate(sizes.repos, sizes.events);
+    let verify = verify_cost(&history.comments);
+    let mut figures = vec![
+        Figure::new(
+            "verify floor: Event::verify, one thread",
+            1.0 / verify,
+            "ev/s",
+            Budget::None,
+        ),
+        Figure::new(
+            "verify floor: CPU per 1k events",
+            verify * 1e6,
+            "ms",
+            Budget::None,
+        ),
+    ];
+    for per_repo in [1, 3] {
+        let h = historic(&history, sizes.relays, per_repo);
+        let label = format!(
+            "historic, {} ev, {} relays, repo on {per_repo}",
+            number(h.unique as f64),
+            sizes.relays
+        );
+        let cpu_per_event = h.engine_cpu / h.unique as f64;
+        figures.push(Figure::new(
+            format!("{label}: unique ev/s"),
+            h.unique as f64 / h.seconds,
+            "ev/s",
+            // What one core gives at the CPU budget (1.5 × verify per event).
+            Budget::AtLeast(1.0 / (1.5 * verify)),
+        ));
+        figures.push(Figure::new(
+            format!("{label}: wall time"),
+            h.seconds,
+            "s",
+            Budget::None,
+        ));
+        figures.push(Figure::new(
+            format!("{label}: engine CPU per 1k unique"),
+            cpu_per_event * 1e6,
+            "ms",
+            Budget::AtMost(1.5 * verify * 1e6),
+        ));
+        figures.push(Figure::new(
+            format!("{label}: engine CPU ÷ verify"),
+            cpu_per_event / verify,
+            "×",
+            Budget::AtMost(1.5),
+        ));
+        if !h.unknown_threads.is_empty() {
+            notes.push(format!(
+                "threads neither engine nor TestRelay (not counted): {:?}",
+                h.unknown_threads
+            ));
+        }
+    }
+    figures
+}
+
+// ----- live latency -----
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e3
+}
+
+/// [`wait_until`] with a 100 µs poll (its 10 ms poll would round every latency up).
+fn poll_until(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    while !cond() {
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(LATENCY_POLL);
+    }
+    true
+}
+
+/// A short pause of 0–20 ms so that publishes do not lock onto the relays' 20 ms tick.
+fn jitter_pause() {
+    std::thread::sleep(Duration::from_micros(rand::random_range(0..20_000)));
+}
+
+fn live_latency(sizes: &Sizes) -> Vec<Figure> {
+    let history = History::generate(sizes.live_relays, 0);
+    let world = World::start(&history, sizes.live_relays, 1, false);
+    let handle = world.engine(|_| {});
+    world.settle(&handle);
+    let keys = Keys::generate();
+    let events: Vec<(usize, Event)> = (0..sizes.live_samples)
+        .map(|i| {
+            let r = (i * 37) % sizes.live_relays;
+            (r, history.comment(&keys, r, i))
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(events.len());
+    for (r, e) in &events {
+        jitter_pause();
+        let started = Instant::now();
+        world.relay(*r).insert(e);
+        let stored = poll_until(Duration::from_secs(10), || world.own.contains(&e.id));
+        assert!(stored, "live event not stored within 10 s");
+        samples.push(started.elapsed());
+    }
+    handle.shutdown(SHUTDOWN).expect("engine stops");
+    let floor = relay_floor(world.relay(0), &history, sizes.live_samples.min(200));
+    samples.sort();
+    let label = format!("live latency, {} relays", sizes.live_relays);
+    vec![
+        Figure::new(
+            format!("{label}: p50"),
+            percentile(&samples, 0.5),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            format!("{label}: p99"),
+            percentile(&samples, 0.99),
+            "ms",
+            Budget::AtMost(20.0),
+        ),
+        Figure::new(
+            format!("{label}: max"),
+            percentile(&samples, 1.0),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            "TestRelay's own delivery (raw client): p50",
+            percentile(&floor, 0.5),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            "TestRelay's own delivery (raw client): p99",
+            percentile(&floor, 0.99),
+            "ms",
+            Budget::None,
+        ),
+    ]
+}
+
+/// Publish → arrival at a plain websocket client subscribed on `relay`: what the TestRelay
+/// itself adds (its connection thread writes live events on a 20 ms tick).
+fn relay_floor(relay: &TestRelay, history: &History, n: usize) -> Vec<Duration> {
+    let (mut ws, _) = tungstenite::connect(relay.url()).expect("client connects");
+    let root = history.roots[0].id.to_hex();
+    let req = format!(r##"["REQ","floor",{{"#E":["{root}"],"limit":0}}]"##);
+    ws.send(tungstenite::Message::text(req)).expect("REQ");
+    let mut read_until = |needle: &str| loop {
+        let msg = ws.read().expect("read");
+        if msg.to_text().is_ok_and(|t| t.contains(needle)) {
+            break;
+        }
+    };
+    read_until("EOSE");
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..n).map(|i| history.comment(&keys, 0, i)).collect();
+    let mut samples = Vec::with_capacity(n);
+    for e in &events {
+        jitter_pause();
+        let started = Instant::now();
+        relay.insert(e);
+        read_until(&e.id.to_hex());
+        samples.push(started.elapsed());
+    }
+    samples.sort();
+    samples
+}
+
+// ----- memory and idle CPU (child processes) -----
+
+/// Runs `--probe what` in a fresh process (so earlier figures' heap does not hide growth)
+/// and returns its JSON.
+fn probe(what: &str, idle: Duration) -> Value {
+    let exe = std::env::current_exe().expect("current exe");
+    let out = Process::new(exe)
+        .args(["--probe", what, "--idle-secs", &idle.as_secs().to_string()])
+        .output()
+        .expect("probe runs");
+    assert!(
+        out.status.success(),
+        "probe {what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or("{}")).expect("probe JSON")
+}
+
+/// In the child: `n` idle relays, each named by one repository announcement with one root,
+/// so the engine holds Layer 1, 2 and 3 subscriptions on each. RSS before and after the
+/// engine connected; then the engine's CPU over `idle`.
+fn probe_engine(n: usize, idle: Duration) -> Value {
+    let history = History::generate(n.max(1), 0);
+    let world = World::start_on(&history, n, listeners(n), 1, false);
+    let relays_only = rss_kib();
+    let handle = world.engine(|_| {});
+    world.settle(&handle);
+    std::thread::sleep(SETTLE_PAUSE);
+    let with_engine = rss_kib();
+    let subscriptions = world.open_subscriptions();
+    let cpu0 = engine_cpu();
+    let started = Instant::now();
+    std::thread::sleep(idle);
+    let cpu1 = engine_cpu();
+    let secs = started.elapsed().as_secs_f64();
+    let idle_pct = (cpu1.total() - cpu0.total()) / secs * 100.0;
+    let idle_by_kind: BTreeMap<&str, f64> = cpu1
+        .since(&cpu0)
+        .into_iter()
+        .map(|(k, v)| (k, v / secs * 100.0))
+        .collect();
+    handle.shutdown(SHUTDOWN).expect("engine stops");
+    json!({
+        "relays_only_kib": relays_only,
+        "with_engine_kib": with_engine,
+        "subscriptions": subscriptions,
+        "idle_cpu_pct": idle_pct,
+        "idle_cpu_pct_by_thread": idle_by_kind,
+    })
+}
+
+/// In the child: what the TestRelays spend on `n` connections with the engine's 7 REQs each
+/// (Layer 1; Layer 2 `#a #A #q`; Layer 3 `#e #E #q`), held by plain clients with a 4 KiB read
+/// buffer. Subtracted from the engine's figure, it leaves the engine's side.
+fn probe_clients(n: usize) -> Value {
+    let history = History::generate(n.max(1), 0);
+    let world = World::start_on(&history, n, listeners(n), 1, false);
+    let relays_only = rss_kib();
+    let config = tungstenite::protocol::WebSocketConfig::default().read_buffer_size(4096);
+    let mut clients = Vec::with_capacity(n);
+    for (r, url) in world.urls.iter().enumerate() {
+        let (mut ws, _) = tungstenite::client::connect_with_config(url.as_str(), Some(config), 0)
+            .expect("connect");
+        let repo = history.repo(r);
+        let root = history.roots[r].id.to_hex();
+        let mut filters = vec![r#"{"kinds":[30617,30618]}"#.to_string()];
+        for (tag, value) in [
+            ("a", &repo),
+            ("A", &repo),
+            ("q", &repo),
+            ("e", &root),
+            ("E", &root),
+            ("q", &root),
+        ] {
+            filters.push(format!(r##"{{"#{tag}":["{value}"]}}"##));
+        }
+        for (i, f) in filters.iter().enumerate() {
+            ws.send(tungstenite::Message::text(format!(r#"["REQ","s{i}",{f}]"#)))
+                .expect("REQ");
+        }
+        clients.push(ws);
+    }
+    let opened = wait_until(SETTLE_DEADLINE, || world.open_subscriptions() >= 7 * n);
+    assert!(opened, "the clients' subscriptions did not open");
+    std::thread::sleep(SETTLE_PAUSE);
+    let with_clients = rss_kib();
+    drop(clients);
+    json!({ "relays_only_kib": relays_only, "with_clients_kib": with_clients })
+}
+
+/// TestRelay listeners serving `n` probe relays (see [`World`]).
+fn listeners(n: usize) -> usize {
+    n.min(PROBE_LISTENERS)
+}
+
+fn run_probe(what: &str, idle: Duration) -> Value {
+    let (mode, n) = what.split_once(':').expect("probe MODE:N");
+    let n: usize = n.parse().expect("probe count");
+    match mode {
+        "engine" => probe_engine(n, idle),
+        "clients" => probe_clients(n),
+        other => panic!("unknown probe {other}"),
+    }
+}
+
+fn kib(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
+}
+
+fn memory_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    let base = probe("engine:0", Duration::ZERO);
+    let engine_delta = |v: &Value| kib(v, "with_engine_kib") - kib(v, "relays_only_kib");
+    let base_delta = engine_delta(&base);
+    figures.push(Figure::new(
+        "memory: RSS, engine with 0 relays",
+        kib(&base, "with_engine_kib") / 1024.0,
+        "MiB",
+        Budget::None,
+    ));
+    for &n in &sizes.memory_relays[1..] {
+        let idle = if n == sizes.memory_relays[2] {
+            sizes.idle
+        } else {
+            Duration::ZERO
+        };
+        let engine = probe(&format!("engine:{n}"), idle);
+        let clients = probe(&format!("clients:{n}"), Duration::ZERO);
+        let relay_side = kib(&clients, "with_clients_kib") - kib(&clients, "relays_only_kib");
+        let raw = (engine_delta(&engine) - base_delta) / n as f64;
+        figures.push(Figure::new(
+            format!("memory: RSS, engine with {n} relays"),
+            kib(&engine, "with_engine_kib") / 1024.0,
+            "MiB",
+            Budget::None,
+        ));
+        figures.push(Figure::new(
+            format!("memory: per relay at {n}, relays' connection side included"),
+            raw,
+            "KiB",
+            Budget::None,
+        ));
+        figures.push(Figure::new(
+            format!("memory: per relay at {n}, engine only"),
+            raw - relay_side / n as f64,
+            "KiB",
+            Budget::AtMost(64.0),
+        ));
+        notes.push(format!(
+            "{n} relays: {} subscriptions open on the remotes; TestRelay side of one \
+             connection ≈ {:.0} KiB",
+            engine["subscriptions"],
+            relay_side / n as f64
+        ));
+        if idle > Duration::ZERO {
+            figures.push(Figure::new(
+                format!("idle CPU, {n} relays, {} s, engine threads", idle.as_secs()),
+                engine["idle_cpu_pct"].as_f64().unwrap_or(f64::NAN),
+                "% core",
+                Budget::AtMost(1.0),
+            ));
+            notes.push(format!(
+                "idle CPU at {n} relays by thread kind (% of a core): {}",
+                engine["idle_cpu_pct_by_thread"]
+            ));
+        }
+    }
+    figures
+}
+
+// ----- planning (sans-IO machine) -----
+
+const PLAN_OWN: &str = "ws://own.example";
+/// One-event batches: up to `Sizes::plan_samples`, at least this many, sampling stops after
+/// [`PLAN_SAMPLING`].
+const MIN_PLAN_SAMPLES: usize = 3;
+const PLAN_SAMPLING: Duration = Duration::from_secs(10);
+
+/// An unsigned event with a made-up id: the machine never verifies (the relay threads do).
+fn fake_event(n: u64, pubkey: nostr::key::PublicKey, kind: u16, tags: Vec<Tag>) -> Event {
+    let mut id = [0u8; 32];
+    id[..8].copy_from_slice(&n.to_le_bytes());
+    id[8] = kind as u8;
+    Event::new(
+        EventId::from_slice(&id).expect("id"),
+        pubkey,
+        Timestamp::from_secs(1_700_000_000),
+        Kind::Custom(kind),
+        tags,
+        "",
+        Signature::from_byte_array([0u8; 64]),
+    )
+}
+
+struct Planner {
+    m: SyncMachine,
+    now: Time,
+    own_gen: u64,
+    window: Duration,
+    owners: Vec<nostr::key::PublicKey>,
+    next_id: u64,
+}
+
+impl Planner {
+    fn new() -> Planner {
+        let mut c = SyncConfig::new(RelayUrl::parse(PLAN_OWN).expect("url"));
+        c.max_batch_events = usize::MAX;
+        let window = c.batch_window;
+        let mut m = SyncMachine::new(c);
+        let now = Time::from_secs(1_700_000_000);
+        m.start(now);
+        let mut p = Planner {
+            m,
+            now,
+            own_gen: 0,
+            window,
+            owners: Vec::new(),
+            next_id: 0,
+        };
+        for cmd in p.drain() {
+            if let Command::Connect { relay, generation } = cmd {
+                if relay.as_str() == PLAN_OWN {
+                    p.own_gen = generation;
+                    p.m.handle_report(Report::Connected { relay, generation }, now);
+                }
+            }
+        }
+        p.answer_all();
+        p
+    }
+
+    fn drain(&mut self) -> Vec<Command> {
+        std::iter::from_fn(|| self.m.poll_command()).collect()
+    }
+
+    /// Connects the relays of `connect` when asked to and answers every query with an empty
+    /// EOSE, until the machine asks for nothing more. Other relays stay connecting: every
+    /// `Connected` report re-derives the targets of the whole index, so connecting all 1,000
+    /// relays at 100k repositories would take many minutes.
+    fn answer(&mut self, mut cmds: Vec<Command>, connect: &[RelayUrl]) {
+        while !cmds.is_empty() {
+            for cmd in cmds {
+                let report = match cmd {
+                    Command::Connect { relay, generation } if connect.contains(&relay) => {
+                        Report::Connected { relay, generation }
+                    }
+                    Command::Subscribe {
+                        relay,
+                        generation,
+                        sub_id,
+                        ..
+                    } => Report::Eose {
+                        relay,
+                        generation,
+                        sub_id,
+                        stats: PageStats::default(),
+                    },
+                    _ => continue,
+                };
+                self.m.handle_report(report, self.now);
+            }
+            cmds = self.drain();
+        }
+    }
+
+    fn answer_all(&mut self) {
+        let cmds = self.drain();
+        self.answer(cmds, &[]);
+    }
+
+    fn self_event(&mut self, event: Event) {
+        let report = Report::SelfEvent {
+            generation: self.own_gen,
+            event: Box::new(event),
+        };
+        self.m.handle_report(report, self.now);
+    }
+
+    fn repo(&self, r: usize) -> String {
+        let owner = self.owners[r / REPOS_PER_OWNER];
+        format!("30617:{}:repo-{r}", owner.to_hex())
+    }
+
+    fn root(&mut self, repo: usize) -> Event {
+        self.next_id += 1;
+        let tag = Tag::parse(["a", &self.repo(repo)]).expect("tag");
+        fake_event(self.next_id, self.owners[0], 1621, vec![tag])
+    }
+
+    /// The two relays repository `r` lists.
+    fn relays_of(r: usize, relays: usize) -> [RelayUrl; 2] {
+        [r % relays, (r * 7 + 3) % relays]
+            .map(|i| RelayUrl::parse(&format!("ws://r{i}.example")).expect("url"))
+    }
+
+    /// Feeds `repos` announcements (2 relays each, [`REPOS_PER_OWNER`] repositories per
+    /// owner) and `roots` root events into one batch.
+    fn feed_world(&mut self, repos: usize, relays: usize, roots: usize) {
+        self.owners = (0..repos.div_ceil(REPOS_PER_OWNER))
+            .map(|_| Keys::generate().public_key())
+            .collect();
+        for r in 0..repos {
+            self.next_id += 1;
+            let [a, b] = Self::relays_of(r, relays);
+            let tags = vec![
+                Tag::parse(["d", &format!("repo-{r}")]).expect("tag"),
+                Tag::parse(["relays", a.as_str(), b.as_str()]).expect("tag"),
+            ];
+            let e = fake_event(self.next_id, self.owners[r / REPOS_PER_OWNER], 30617, tags);
+            self.self_event(e);
+        }
+        for i in 0..roots {
+            let e = self.root(i % repos);
+            self.self_event(e);
+        }
+    }
+
+    /// One batch tick (index update, targets, compute_actions): its wall time. The
+    /// connects it asks for are left unanswered, except for `connect` (answered as in
+    /// [`Planner::answer`]).
+    fn tick(&mut self, connect: &[RelayUrl]) -> Duration {
+        self.now = self.now.plus(self.window);
+        let started = Instant::now();
+        self.m.handle_timeout(self.now);
+        let cmds = self.drain();
+        let took = started.elapsed();
+        self.answer(cmds, connect);
+        took
+    }
+
+    /// The wall time of the `Connected` report of `relay` (its subscriptions are then
+    /// answered, untimed).
+    fn connect(&mut self, relay: &RelayUrl) -> Duration {
+        let generation = self.m.relay_index()[relay].generation;
+        let report = Report::Connected {
+            relay: relay.clone(),
+            generation,
+        };
+        let started = Instant::now();
+        self.m.handle_report(report, self.now);
+        let cmds = self.drain();
+        let took = started.elapsed();
+        self.answer(cmds, &[]);
+        took
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for &repos in &sizes.plan_repos {
+        let mut p = Planner::new();
+        p.feed_world(repos, sizes.plan_relays, sizes.plan_roots);
+        // Repository 0's relays connect (and get their subscriptions); the others stay
+        // connecting, so a new root of repository 0 changes subscriptions on 2 relays.
+        let connected = Planner::relays_of(0, sizes.plan_relays);
+        let full = p.tick(&[]);
+        let connect: Vec<Duration> = connected.iter().map(|r| p.connect(r)).collect();
+        let sampling = Instant::now();
+        let mut one: Vec<Duration> = Vec::new();
+        while one.len() < sizes.plan_samples
+            && (one.len() < MIN_PLAN_SAMPLES || sampling.elapsed() < PLAN_SAMPLING)
+        {
+            let e = p.root(0);
+            p.self_event(e);
+            one.push(p.tick(&connected));
+        }
+        one.sort();
+        let label = format!(
+            "planning, {} repos, {} relays, {} roots",
+            number(repos as f64),
+            number(sizes.plan_relays as f64),
+            number(sizes.plan_roots as f64)
+        );
+        let full_budget = if repos == 100_000 {
+            Budget::AtMost(200.0)
+        } else {
+            Budget::None
+        };
+        figures.push(Figure::new(
+            format!("{label}: full rebuild"),
+            ms(full),
+            "ms",
+            full_budget,
+        ));
+        figures.push(Figure::new(
+            format!("{label}: one relay's Connected report"),
+            ms(connect.iter().copied().max().unwrap_or_default()),
+            "ms",
+            Budget::None,
+        ));
+        figures.push(Figure::new(
+            format!("{label}: one-event batch (median of {})", one.len()),
+            ms(one[one.len() / 2]),
+            "ms",
+            Budget::AtMost(1.0),
+        ));
+    }
+    figures
+}
+
+// ----- main -----
 
 fn main() {
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .try_init();
-    println!(
-        "{:>8} {:>7} {:>6} {:>9} {:>10} {:>12} {:>8}",
-        "events", "relays", "repos", "seconds", "events/s", "peak RSS MiB", "threads"
-    );
-    for (events, relays, repos) in [(1_000, 3, 30), (10_000, 5, 100), (30_000, 10, 300)] {
-        let r = run(events, relays, repos);
-        println!(
-            "{:>8} {:>7} {:>6} {:>9.2} {:>10.0} {:>12.1} {:>8}",
-            r.events,
-            r.relays,
-            r.repos,
-            r.seconds,
-            r.events as f64 / r.seconds,
-            r.rss_mib,
-            r.threads
-        );
+    let args: Args = argh::from_env();
+    if let Some(what) = &args.probe {
+        let idle = Duration::from_secs(args.idle_secs.unwrap_or(0));
+        println!("{}", run_probe(what, idle));
+        return;
     }
-    println!("(peak RSS includes the embedded relays and the generated events; it never falls)");
+    let sizes = Sizes::of(&args);
+    let started = Instant::now();
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut notes = Vec::new();
+    let mut figures = Vec::new();
+    let wanted = |name: &str| {
+        args.only
+            .as_deref()
+            .is_none_or(|only| only.split(',').any(|s| name.starts_with(s.trim())))
+    };
+    let mut section = |name: &str, f: &mut dyn FnMut(&mut Vec<String>) -> Vec<Figure>| {
+        if !wanted(name) {
+            return;
+        }
+        let t = Instant::now();
+        eprint!("{name}… ");
+        let _ = std::io::stderr().flush();
+        figures.extend(f(&mut notes));
+        eprintln!("{:.1} s", t.elapsed().as_secs_f64());
+    };
+    section("historic sync", &mut |n| historic_figures(&sizes, n));
+    section("live latency", &mut |_| live_latency(&sizes));
+    section("memory and idle CPU", &mut |n| memory_figures(&sizes, n));
+    section("planning", &mut |_| planning_figures(&sizes));
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let total = started.elapsed().as_secs_f64();
+    notes.push(format!(
+        "run took {total:.0} s on {} cores; load average before {}, after {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_before
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        load_after
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    ));
+    if args.json {
+        let out = json!({
+            "quick": args.quick,
+            "seconds": total,
+            "figures": figures.iter().map(Figure::json).collect::<Vec<_>>(),
+            "notes": notes,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+    } else {
+        print_table(&figures);
+        for n in &notes {
+            println!("note: {n}");
+        }
+    }
 }
