@@ -117,9 +117,12 @@ pub struct WsOptions {
     pub max_message_size: usize,
     /// Hard cap on one frame (as `max_message_size`).
     pub max_frame_size: usize,
-    /// Read buffer per connection (tungstenite's default is 128 KiB).
+    /// Read buffer per connection (tungstenite's default is 128 KiB), and the most one socket
+    /// read takes. tungstenite zero-fills it before every read, so all of it stays resident in
+    /// every connection, busy or idle; a frame larger than it grows the buffer to the frame.
     pub read_buffer_size: usize,
-    /// Write buffer per connection before a flush.
+    /// Bytes of outgoing frames buffered before `write` starts writing them to the socket
+    /// (a threshold: nothing is allocated up front).
     pub write_buffer_size: usize,
 }
 
@@ -132,7 +135,7 @@ impl Default for WsOptions {
             max_event_size: 1 << 20,
             max_message_size: 16 << 20,
             max_frame_size: 16 << 20,
-            read_buffer_size: 16 * 1024,
+            read_buffer_size: 4 * 1024,
             write_buffer_size: 16 * 1024,
         }
     }
