@@ -245,8 +245,8 @@ fn main() {
             _ => {}
         }
     }
-    // Quiet for a while: the tick grows after 1 s.
-    std::thread::sleep(Duration::from_secs(3));
+    // Quiet for a while: the tick grows after `idle_tick` without a frame.
+    std::thread::sleep(ws.idle_tick.max(Duration::from_secs(1)) * 2);
     let after = rss_kib();
     let cpu0 = relay_cpu_ns();
     let t0 = Instant::now();

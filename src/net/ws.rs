@@ -131,7 +131,7 @@ impl Default for WsOptions {
         WsOptions {
             connect_timeout: Duration::from_secs(10),
             tick: Duration::from_millis(50),
-            idle_tick: Duration::from_secs(1),
+            idle_tick: Duration::from_secs(2),
             max_event_size: 1 << 20,
             max_message_size: 16 << 20,
             max_frame_size: 16 << 20,
