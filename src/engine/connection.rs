@@ -2,9 +2,11 @@
 //!
 //! The thread waits for a `Connect` from the coordinator, connects (with a deadline), reports
 //! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
-//! read one frame with a short read timeout, ping when due. Every event is checked (id,
-//! signature, matches the subscription's filter) and handed on: to the forwarder for a remote
-//! relay, to the coordinator for the own relay's self-subscription. After a disconnect the
+//! read one frame with a read timeout (`WsOptions::tick` while busy, `WsOptions::idle_tick`
+//! once quiet: [`read_timeout`]), ping when due. Every event is checked (id, signature,
+//! matches the subscription's filter; a copy whose signature was verified before, by any relay
+//! thread, has only its id checked: [`Metrics::verified`]) and handed on: to the forwarder for
+//! a remote relay, to the coordinator for the own relay's self-subscription. After a disconnect the
 //! thread goes back to waiting; the coordinator decides when to reconnect.
 //!
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
