@@ -159,7 +159,8 @@ fn the_own_relay_under_another_spelling_is_never_a_target() {
     for (url, reason) in refused(&handle) {
         assert!(reason.contains("own relay"), "{url}: {reason}");
     }
-    assert!(handle.with_machine(|m| m.relay_index().is_empty()));
+    // The refusal is counted before its report reaches the machine: wait for the machine.
+    assert!(wait_until(WAIT, || handle.with_machine(|m| m.relay_index().is_empty())));
     // Only the self-subscription and the forwarder hold websockets to the own relay.
     assert!(wait_until(WAIT, || handle.status().is_settled()));
     assert_eq!(own.connections_accepted(), 2);

@@ -62,9 +62,84 @@ impl Keepalive {
     }
 }
 
+impl Keepalive {
+    /// The earliest time [`Keepalive::poll`] has something to do: the next ping, or the pong
+    /// deadline of the last one.
+    pub fn poll_timeout(&self) -> Time {
+        let ping = self.last_ping.plus(self.interval);
+        match self.awaiting_since {
+            Some(since) => ping.min(since.plus(self.pong_timeout)),
+            None => ping,
+        }
+    }
+}
+
+/// How long a connection loop may block in one socket read (its tick).
+///
+/// A frame from the peer ends the read at once whatever the timeout; the timeout only bounds
+/// how late the loop notices what does not come from the socket: commands on its control
+/// channel, its own deadlines (`deadline`: pings, pong and AUTH deadlines) and the engine
+/// stopping. So the loop ticks every `busy` while the connection is busy (a frame or a
+/// command within the last `idle`) and every `idle` once it has been quiet that long, never
+/// past `deadline` (and never shorter than `busy`).
+///
+/// ```
+/// use std::time::Duration;
+/// use grasp_sync::core::keepalive::read_timeout;
+/// use grasp_sync::core::time::Time;
+/// let (busy, idle) = (Duration::from_millis(50), Duration::from_secs(1));
+/// let t = |ms| Time::from_millis(ms);
+/// assert_eq!(read_timeout(t(1_500), t(1_000), busy, idle, None), busy);
+/// assert_eq!(read_timeout(t(5_000), t(1_000), busy, idle, None), idle);
+/// assert_eq!(read_timeout(t(5_000), t(1_000), busy, idle, Some(t(5_300))), Duration::from_millis(300));
+/// assert_eq!(read_timeout(t(5_000), t(1_000), busy, idle, Some(t(4_000))), busy);
+/// ```
+pub fn read_timeout(
+    now: Time,
+    last_busy: Time,
+    busy: Duration,
+    idle: Duration,
+    deadline: Option<Time>,
+) -> Duration {
+    if idle <= busy || now.since(last_busy) < idle {
+        return busy;
+    }
+    let left = deadline.map_or(idle, |d| d.since(now));
+    left.clamp(busy, idle)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn poll_timeout_is_the_next_ping_or_the_pong_deadline() {
+        let t = Time::from_secs;
+        let mut k = Keepalive::new(t(0), Duration::from_secs(30), Duration::from_secs(20));
+        assert_eq!(k.poll_timeout(), t(30));
+        assert_eq!(k.poll(t(30)), KeepaliveAction::SendPing);
+        assert_eq!(k.poll_timeout(), t(50), "the pong deadline comes first");
+        k.on_activity();
+        assert_eq!(k.poll_timeout(), t(60));
+    }
+
+    #[test]
+    fn the_read_timeout_grows_only_while_quiet() {
+        let (busy, idle) = (Duration::from_millis(50), Duration::from_secs(1));
+        let t = Time::from_millis;
+        assert_eq!(read_timeout(t(900), t(0), busy, idle, None), busy);
+        assert_eq!(read_timeout(t(1_000), t(0), busy, idle, None), idle);
+        assert_eq!(
+            read_timeout(t(1_000), t(0), busy, idle, Some(t(1_010))),
+            busy
+        );
+        assert_eq!(
+            read_timeout(t(1_000), t(0), busy, idle, Some(t(9_000))),
+            idle
+        );
+        // An idle tick at or below the busy one disables the growth.
+        assert_eq!(read_timeout(t(9_000), t(0), busy, busy, None), busy);
+    }
 
     #[test]
     fn pings_on_interval_and_detects_silence() {

@@ -2,9 +2,11 @@
 //!
 //! The thread waits for a `Connect` from the coordinator, connects (with a deadline), reports
 //! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
-//! read one frame with a short read timeout, ping when due. Every event is checked (id,
-//! signature, matches the subscription's filter) and handed on: to the forwarder for a remote
-//! relay, to the coordinator for the own relay's self-subscription. After a disconnect the
+//! read one frame with a read timeout (`WsOptions::tick` while busy, `WsOptions::idle_tick`
+//! once quiet: [`read_timeout`]), ping when due. Every event is checked (id, signature,
+//! matches the subscription's filter; a copy whose signature was verified before, by any relay
+//! thread, has only its id checked: [`Metrics::verified`]) and handed on: to the forwarder for
+//! a remote relay, to the coordinator for the own relay's self-subscription. After a disconnect the
 //! thread goes back to waiting; the coordinator decides when to reconnect.
 //!
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
@@ -29,9 +31,10 @@ use tungstenite::Message;
 
 use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, OnChallenge};
 use crate::core::forward::ForwardLimits;
-use crate::core::keepalive::{Keepalive, KeepaliveAction};
+use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction};
 use crate::core::message::{
-    check_parsed, escape_for_log, parse_event, parse_relay_frame, EventRejection, Incoming,
+    check_parsed_cached, escape_for_log, parse_event, parse_relay_frame, EventRejection, Incoming,
+    SignatureCheck,
 };
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
@@ -262,7 +265,9 @@ impl ConnectionThread {
             if self.stopping() {
                 return None;
             }
-            match self.control.recv_timeout(Duration::from_millis(200)) {
+            // A command wakes the wait at once; the timeout only notices a stopping engine
+            // (which also sends `Shutdown`), so it can be long: few wake-ups while idle.
+            match self.control.recv_timeout(Duration::from_secs(1)) {
                 Ok(Control::Connect { generation }) => return Some(generation),
                 Ok(Control::Shutdown) => return None,
                 #[cfg(feature = "testing")]
@@ -330,6 +335,9 @@ impl ConnectionThread {
         let mut subs: HashMap<String, Sub> = HashMap::new();
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
+        // The read timeout in force, and when a frame or a command last arrived.
+        let mut tick = self.ws.tick;
+        let mut last_busy = self.clock.now();
         let end = loop {
             if self.stopping() {
                 break SessionEnd::Stop;
@@ -337,6 +345,7 @@ impl ConnectionThread {
             // 1. Commands.
             let mut failed = None;
             while let Ok(c) = self.control.try_recv() {
+                last_busy = self.clock.now();
                 match c {
                     Control::Connect { generation: g } => {
                         let _ = socket.close(None);
@@ -396,9 +405,25 @@ impl ConnectionThread {
                     break SessionEnd::Lost;
                 }
             }
-            // 2. One frame (or a tick of silence).
+            // 2. One frame (or a tick of silence). A quiet connection ticks less often
+            // (idle CPU), never past its own deadlines.
+            let now = self.clock.now();
+            let deadline = auth.poll_timeout().map_or(keepalive.poll_timeout(), |t| {
+                t.min(keepalive.poll_timeout())
+            });
+            let want = read_timeout(
+                now,
+                last_busy,
+                self.ws.tick,
+                self.ws.idle_tick,
+                Some(deadline),
+            );
+            if want != tick && ws::set_tick(&socket, want).is_ok() {
+                tick = want;
+            }
             match socket.read() {
                 Ok(msg) => {
+                    last_busy = self.clock.now();
                     keepalive.on_activity();
                     match msg {
                         Message::Text(text) if text.len() > self.ws.max_event_size => {
@@ -663,7 +688,16 @@ impl ConnectionThread {
                         return true;
                     }
                 };
-                let checked = check_parsed(&event, &sub.filter);
+                // A copy (from another relay, another filter, or the own relay reading back
+                // what the forwarder stored) has its id checked but not its signature again.
+                let checked = check_parsed_cached(&event, &sub.filter, &self.metrics.verified);
+                if matches!(
+                    checked,
+                    Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
+                ) {
+                    RelayCounters::inc(&self.counters.signature_checks);
+                }
+                let checked = checked.map(|_| ());
                 if !sub.eose {
                     // Paging trusts only checked events inside the window.
                     match checked {

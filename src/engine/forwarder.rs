@@ -312,7 +312,7 @@ impl Forwarder {
                 let Some((_, raw)) = queue.poll_send(now) else {
                     break;
                 };
-                if let Err(e) = write_text(socket, format!("[\"EVENT\",{raw}]")) {
+                if let Err(e) = write_text(socket, event_frame(&raw)) {
                     warn!("forwarder: write to the own relay failed: {e}");
                     return false;
                 }
@@ -454,7 +454,8 @@ impl Forwarder {
     }
 
     fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
-        let message = escape_for_log(message, MAX_RELAY_TEXT);
+        // Escaped only for the answers that log it (not once per stored event).
+        let message = || escape_for_log(message, MAX_RELAY_TEXT);
         if matches!(
             outcome,
             OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)
@@ -473,10 +474,13 @@ impl Forwarder {
                 debug!("own relay already had {event_id}")
             }
             OkOutcome::RateLimited => {
-                info!("own relay rate-limits writes ({message}); slowing down")
+                info!("own relay rate-limits writes ({}); slowing down", message())
             }
             OkOutcome::RelayError => {
-                info!("own relay failed to store {event_id} ({message}); sending it again shortly")
+                info!(
+                    "own relay failed to store {event_id} ({}); sending it again shortly",
+                    message()
+                )
             }
             OkOutcome::AuthRequired => {
                 debug!("own relay wants NIP-42 AUTH for {event_id}; sent again once authenticated")
@@ -497,5 +501,25 @@ impl Forwarder {
             }
             OkOutcome::Unexpected => debug!("unexpected OK for {event_id}"),
         }
+    }
+}
+
+/// `["EVENT",<raw>]` in one allocation of the exact size.
+fn event_frame(raw: &str) -> String {
+    let mut frame = String::with_capacity(raw.len() + 10);
+    frame.push_str("[\"EVENT\",");
+    frame.push_str(raw);
+    frame.push(']');
+    frame
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn event_frame_wraps_the_raw_json_exactly() {
+        let raw = r#"{"id":"ab","content":"x"}"#;
+        let frame = super::event_frame(raw);
+        assert_eq!(frame, format!("[\"EVENT\",{raw}]"));
+        assert_eq!(frame.capacity(), frame.len());
     }
 }

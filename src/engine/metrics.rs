@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use crate::core::dedup::VerifiedSet;
 use crate::core::forward::{admits, ForwardLimits};
 use crate::net::url::RelayUrl;
 
@@ -39,6 +40,9 @@ pub struct RelayCounters {
     /// Frames above the soft size cap, dropped with the connection kept (each distinct event
     /// counted once).
     pub oversized_frames: AtomicU64,
+    /// Schnorr signature checks done (events whose `(id, signature)` pair was verified before,
+    /// by any relay thread, skip it: see [`crate::core::dedup::VerifiedSet`]).
+    pub signature_checks: AtomicU64,
     /// Gauge: JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: AtomicU64,
     /// Times this relay's thread had to wait because the forward pipeline's byte bound (or
@@ -57,7 +61,7 @@ impl RelayCounters {
         c.load(Ordering::Relaxed)
     }
 
-    fn fields(&self) -> [&AtomicU64; 13] {
+    fn fields(&self) -> [&AtomicU64; 14] {
         [
             &self.events_received,
             &self.events_accepted,
@@ -72,6 +76,7 @@ impl RelayCounters {
             &self.disconnects,
             &self.oversized_frames,
             &self.thread_restarts,
+            &self.signature_checks,
         ]
     }
 
@@ -256,6 +261,9 @@ pub struct Metrics {
     pub relays_refused: AtomicU64,
     /// The refused relays and why (at most [`MAX_REFUSED_SHOWN`] kept).
     refused: RwLock<std::collections::BTreeMap<RelayUrl, String>>,
+    /// Event signatures verified recently, shared by every relay thread so that a copy of an
+    /// event is not verified again.
+    pub verified: VerifiedSet,
 }
 
 /// Refused relays kept for the status (the counter goes on).

@@ -121,6 +121,9 @@ pub struct RelayStatus {
     /// Frames above the soft size cap (`WsOptions::max_event_size`), dropped with the
     /// connection kept; each distinct event is counted once.
     pub oversized_frames: u64,
+    /// Schnorr signature checks this relay's thread did (copies of events verified before,
+    /// by any relay thread, skip the check).
+    pub signature_checks: u64,
     /// JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: u64,
     /// Times this relay waited for the forward pipeline's byte bound.
@@ -361,6 +364,7 @@ impl SyncHandle {
                     disconnects: get(|c| &c.disconnects),
                     thread_restarts: get(|c| &c.thread_restarts),
                     oversized_frames: get(|c| &c.oversized_frames),
+                    signature_checks: get(|c| &c.signature_checks),
                     forward_bytes: get(|c| &c.forward_bytes),
                     forward_byte_waits: get(|c| &c.forward_byte_waits),
                     url: s.url,

@@ -103,8 +103,12 @@ impl io::Write for DeadlineStream {
 pub struct WsOptions {
     /// Deadline for TCP connect, TLS and websocket handshakes together.
     pub connect_timeout: Duration,
-    /// Read timeout after the handshake: the loop's tick.
+    /// Read timeout after the handshake while the connection is busy: the loop's tick.
     pub tick: Duration,
+    /// The longer tick of a connection that has been quiet (no frame, no command) this long
+    /// (see [`crate::core::keepalive::read_timeout`]); a command then waits up to this long.
+    /// At or below `tick`: no growth.
+    pub idle_tick: Duration,
     /// Soft cap: the largest text message handled. A larger one (below the hard cap) is
     /// dropped and counted, and the connection is kept, so one oversized stored event cannot
     /// make a relay flap for ever (it would be fetched again on every reconnect).
@@ -113,9 +117,12 @@ pub struct WsOptions {
     pub max_message_size: usize,
     /// Hard cap on one frame (as `max_message_size`).
     pub max_frame_size: usize,
-    /// Read buffer per connection (tungstenite's default is 128 KiB).
+    /// Read buffer per connection (tungstenite's default is 128 KiB), and the most one socket
+    /// read takes. tungstenite zero-fills it before every read, so all of it stays resident in
+    /// every connection, busy or idle; a frame larger than it grows the buffer to the frame.
     pub read_buffer_size: usize,
-    /// Write buffer per connection before a flush.
+    /// Bytes of outgoing frames buffered before `write` starts writing them to the socket
+    /// (a threshold: nothing is allocated up front).
     pub write_buffer_size: usize,
 }
 
@@ -124,10 +131,11 @@ impl Default for WsOptions {
         WsOptions {
             connect_timeout: Duration::from_secs(10),
             tick: Duration::from_millis(50),
+            idle_tick: Duration::from_secs(2),
             max_event_size: 1 << 20,
             max_message_size: 16 << 20,
             max_frame_size: 16 << 20,
-            read_buffer_size: 16 * 1024,
+            read_buffer_size: 4 * 1024,
             write_buffer_size: 16 * 1024,
         }
     }
@@ -413,6 +421,11 @@ pub fn tcp_of(socket: &Socket) -> &TcpStream {
         // MaybeTlsStream is non-exhaustive; only the variants above are enabled.
         _ => unreachable!("only plain and rustls streams are enabled"),
     }
+}
+
+/// Sets the socket's read timeout (the loop's tick).
+pub fn set_tick(socket: &Socket, tick: Duration) -> io::Result<()> {
+    tcp_of(socket).set_read_timeout(Some(tick))
 }
 
 /// True for the error a read timeout produces (the loop's tick).

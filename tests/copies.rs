@@ -1,0 +1,178 @@
+//! Copies of an event are verified once (issue 10): the same event from three relays, from
+//! two overlapping subscriptions and read back from the own relay costs one Schnorr
+//! signature check, over real sockets on 127.0.0.1.
+//!
+//! The relay threads are driven directly (no coordinator), one after the other, so that
+//! which thread sees an event first is fixed and every count is exact.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use grasp_sync::core::forward::ForwardLimits;
+use grasp_sync::core::time::SystemClock;
+use grasp_sync::engine::connection::{self, ConnectionThread, Control, ForwardItem, Role};
+use grasp_sync::engine::metrics::{Metrics, RelayCounters};
+use grasp_sync::engine::Input;
+use grasp_sync::net::ws::WsOptions;
+use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::{Config, RelayUrl};
+use nostr::event::Event;
+use nostr::filter::Filter;
+use nostr::key::Keys;
+use nostr::message::SubscriptionId;
+
+use common::WAIT;
+
+struct Thread {
+    control: Sender<Control>,
+    counters: Arc<RelayCounters>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+fn spawn(relay: &TestRelay, role: Role, metrics: &Arc<Metrics>, reports: &Sender<Input>) -> Thread {
+    let url = RelayUrl::parse(&relay.url()).unwrap();
+    let (control, rx) = unbounded();
+    let counters = metrics.relay(&url);
+    let policy = Config::new(url.clone())
+        .allow_private_relays(true)
+        .address_policy(vec![]);
+    let handle = connection::spawn(ConnectionThread {
+        url,
+        role,
+        control: rx,
+        reports: reports.clone(),
+        ws: WsOptions::default(),
+        tls: grasp_sync::net::ws::tls_config(),
+        ping_interval: Duration::from_secs(30),
+        pong_timeout: Duration::from_secs(30),
+        counters: counters.clone(),
+        metrics: metrics.clone(),
+        stopping: Arc::new(AtomicBool::new(false)),
+        clock: Arc::new(SystemClock),
+        nip11_timeout: Duration::ZERO,
+        auth_keys: None,
+        policy: Arc::new(policy),
+        forward_limits: ForwardLimits::default(),
+    })
+    .unwrap();
+    control.send(Control::Connect { generation: 1 }).unwrap();
+    Thread {
+        control,
+        counters,
+        handle,
+    }
+}
+
+fn subscribe(t: &Thread, sub: &str, filter: Filter) {
+    t.control
+        .send(Control::Subscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new(sub),
+            filter: Box::new(filter),
+        })
+        .unwrap();
+}
+
+fn accepted(t: &Thread) -> u64 {
+    RelayCounters::get(&t.counters.events_accepted)
+}
+
+fn checks(t: &Thread) -> u64 {
+    RelayCounters::get(&t.counters.signature_checks)
+}
+
+fn forwarded(rx: &Receiver<ForwardItem>, n: usize) -> Vec<ForwardItem> {
+    (0..n)
+        .map(|_| rx.recv_timeout(WAIT).expect("a forwarded event"))
+        .collect()
+}
+
+#[test]
+fn an_event_from_three_relays_and_read_back_is_verified_once() {
+    common::init_logging();
+    let keys = Keys::generate();
+    let issue: Event = common::root(&keys, 1621, &common::repo_ref(&keys, "r"), "issue", &[]);
+    let relays: Vec<TestRelay> = (0..3).map(|_| TestRelay::start()).collect();
+    let own = TestRelay::start();
+    for r in relays.iter().chain([&own]) {
+        r.insert(&issue);
+    }
+    let metrics = Arc::new(Metrics::default());
+    let (reports, reports_rx) = unbounded::<Input>();
+    let (forward, forward_rx) = unbounded::<ForwardItem>();
+    let by_kind = Filter::new().kind(issue.kind);
+    let by_author = Filter::new().author(keys.public_key());
+
+    // The first relay, on two overlapping subscriptions: one check.
+    let first = spawn(
+        &relays[0],
+        Role::Remote(forward.clone()),
+        &metrics,
+        &reports,
+    );
+    subscribe(&first, "a", by_kind.clone());
+    assert!(wait_until(WAIT, || accepted(&first) == 1));
+    subscribe(&first, "b", by_author.clone());
+    assert!(wait_until(WAIT, || accepted(&first) == 2));
+    assert_eq!(
+        checks(&first),
+        1,
+        "the copy on the second filter is not verified again"
+    );
+
+    // The other two relays: copies, no check.
+    let mut threads = vec![first];
+    for relay in &relays[1..] {
+        let t = spawn(relay, Role::Remote(forward.clone()), &metrics, &reports);
+        subscribe(&t, "a", by_kind.clone());
+        assert!(wait_until(WAIT, || accepted(&t) == 1));
+        assert_eq!(checks(&t), 0);
+        threads.push(t);
+    }
+    // Every copy is still handed on (the forwarder drops copies by id).
+    let items = forwarded(&forward_rx, 4);
+    assert!(items.iter().all(|i| i.id == issue.id));
+    assert!(items.iter().all(|i| *i.raw == *issue.as_json()));
+
+    // The own relay's self-subscription reads it back: a copy too.
+    let own_thread = spawn(&own, Role::Own, &metrics, &reports);
+    subscribe(&own_thread, "self", by_kind.clone());
+    assert!(wait_until(WAIT, || accepted(&own_thread) == 1));
+    assert_eq!(checks(&own_thread), 0);
+    let self_event = reports_rx.try_iter().find_map(|i| match i {
+        Input::Report(grasp_sync::core::sync::Report::SelfEvent { event, .. }) => Some(event),
+        _ => None,
+    });
+    assert_eq!(self_event.map(|e| e.id), Some(issue.id));
+
+    // A forged copy (same id and signature, other content) is still refused and counted.
+    let forged = common::forge_content(&issue, "forged");
+    relays[2].push_to_subscriptions(&forged);
+    let last = &threads[2];
+    assert!(wait_until(WAIT, || RelayCounters::get(
+        &last.counters.events_invalid
+    ) == 1));
+    assert_eq!(accepted(last), 1);
+    assert_eq!(
+        checks(last),
+        0,
+        "refused by its id, before any signature check"
+    );
+    threads.push(own_thread);
+    let total: u64 = threads.iter().map(checks).sum();
+    assert_eq!(total, 1, "one signature check for six copies");
+    assert_eq!(metrics.verified.len(), 1);
+
+    for t in threads {
+        t.control.send(Control::Shutdown).unwrap();
+        t.handle.join().unwrap();
+    }
+    assert!(
+        forward_rx.try_recv().is_err(),
+        "the forged copy was not handed on"
+    );
+}
