@@ -3,13 +3,44 @@
 use super::*;
 
 impl SyncMachine {
-    pub(super) fn targets(&self) -> HashMap<RelayUrl, RelaySyncNeeds> {
-        machine_targets(&self.repo_index, &self.excluded, &self.config).targets
+    /// Runs the selection again after a relay set or the excluded relays changed; the
+    /// relays whose target changed are planned at the next [`Self::run_compute_actions`].
+    pub(super) fn reselect(&mut self) {
+        let policy = machine_policy(&self.excluded, &self.config);
+        let changed = self
+            .plan
+            .reselect(&self.repo_index, &self.excluded, &policy);
+        self.replan.extend(changed);
+        self.check_plan();
     }
 
+    /// Debug builds: the cached targets equal a fresh derivation.
+    pub(super) fn check_plan(&self) {
+        #[cfg(debug_assertions)]
+        {
+            let fresh = crate::core::actions::machine_targets(
+                &self.repo_index,
+                &self.excluded,
+                &self.config,
+            );
+            debug_assert!(
+                fresh.targets == *self.plan.targets() && fresh.report == self.plan.report(),
+                "cached targets differ from a fresh derive_targets"
+            );
+        }
+    }
+
+    /// `compute_actions` for the relays whose target changed since the last planning (and
+    /// those marked for another try): every other relay's target is already pending,
+    /// confirmed, deferred, or waits for its own trigger (connect, retry timer).
     pub(super) fn run_compute_actions(&mut self, now: Time) {
-        let targets = self.targets();
-        let actions = compute_actions(&targets, &self.pending, &self.relays);
+        let replan = std::mem::take(&mut self.replan);
+        let targets = self.plan.targets();
+        let actions = compute_actions_for(
+            replan.iter().filter_map(|r| targets.get_key_value(r)),
+            &self.pending,
+            &self.relays,
+        );
         for a in actions {
             if self
                 .links
@@ -23,12 +54,12 @@ impl SyncMachine {
     }
 
     pub(super) fn recompute_actions_for_relay(&mut self, relay: &RelayUrl, now: Time) {
-        let mut targets = self.targets();
-        let Some(target) = targets.remove(relay) else {
-            return;
-        };
-        let single = HashMap::from([(relay.clone(), target)]);
-        for a in compute_actions(&single, &self.pending, &self.relays) {
+        let actions = compute_actions_for(
+            self.plan.targets().get_key_value(relay),
+            &self.pending,
+            &self.relays,
+        );
+        for a in actions {
             self.handle_add_filters(a, now);
         }
     }
@@ -45,6 +76,8 @@ impl SyncMachine {
         match self.relays.get(&relay_url) {
             None => {
                 if self.relays.len() >= self.config.max_relays {
+                    // Tried again at the next planning, when a slot may have freed up.
+                    self.replan.insert(relay_url.clone());
                     self.counters.relays_refused += 1;
                     if self.counters.relays_refused == 1 {
                         warn!(
