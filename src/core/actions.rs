@@ -904,4 +904,78 @@ mod tests {
         assert_eq!(t.targets.keys().collect::<Vec<_>>(), vec![&url("wss://a")]);
         assert_eq!(t.report.pubkeys_over_quota, 0);
     }
+
+    #[test]
+    fn fnv1a64_matches_the_published_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn shard_parse_is_zero_based_and_checked() {
+        assert_eq!(Shard::parse("0/2"), Ok(Shard { index: 0, count: 2 }));
+        assert_eq!(Shard::parse("2/3"), Ok(Shard { index: 2, count: 3 }));
+        assert_eq!(Shard::parse("0/1").unwrap().to_string(), "0/1");
+        for bad in ["2/2", "1/0", "x/2", "1", "", "-1/2"] {
+            assert!(Shard::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shards_partition_the_relays_by_the_normalised_url() {
+        let relays: Vec<RelayUrl> = (0..300)
+            .map(|i| url(&format!("wss://relay{i}.example")))
+            .collect();
+        for n in 1..=5u64 {
+            let shards: Vec<Shard> = (0..n).map(|index| Shard { index, count: n }).collect();
+            let mut sizes = vec![0usize; n as usize];
+            for r in &relays {
+                let owners: Vec<&Shard> = shards.iter().filter(|s| s.owns(r)).collect();
+                assert_eq!(
+                    owners.len(),
+                    1,
+                    "{r} must belong to exactly one of {n} shards"
+                );
+                sizes[owners[0].index as usize] += 1;
+            }
+            // Roughly even: no shard gets less than half its share.
+            for size in sizes {
+                assert!(size * 2 * n as usize >= relays.len(), "{n} shards: {size}");
+            }
+        }
+        // The hash is of the normalised URL: spellings of one relay land together.
+        let a = url("WSS://Relay7.Example:443/");
+        assert_eq!(a, url("wss://relay7.example"));
+        assert_eq!(Shard::of(&a, 7), Shard::of(&url("wss://relay7.example"), 7));
+        assert_eq!(Shard::of(&a, 7), fnv1a64(a.as_str().as_bytes()) % 7);
+    }
+
+    #[test]
+    fn sharded_targets_split_the_unsharded_ones_exactly() {
+        let relays: Vec<String> = (0..12).map(|i| format!("wss://s{i}.example")).collect();
+        let r: Vec<&str> = relays.iter().map(|s| s.as_str()).collect();
+        let idx = keyed_index(&[
+            (1, "x", &r[0..5], &[1]),
+            (2, "y", &r[3..9], &[2]),
+            (3, "z", &r[6..12], &[3]),
+        ]);
+        let base = policy(RepoScope::All, 4, 7);
+        let all = derive_targets(&idx, &[], &base);
+        let mut union: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+        for index in 0..3 {
+            let mut p = base.clone();
+            p.shard = Some(Shard { index, count: 3 });
+            let part = derive_targets(&idx, &[], &p);
+            assert_eq!(
+                part.report.relays_selected + part.report.relays_other_shards,
+                all.report.relays_selected
+            );
+            for (relay, t) in part.targets {
+                assert!(Shard { index, count: 3 }.owns(&relay));
+                assert!(union.insert(relay, t).is_none(), "shards overlap");
+            }
+        }
+        assert_eq!(union, all.targets);
+    }
 }
