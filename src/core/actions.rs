@@ -284,6 +284,26 @@ pub fn select_targets(
     excluded: &[RelayUrl],
     policy: &TargetPolicy,
 ) -> Selection {
+    let mut repo_relays: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
+    let report = select_each(repo_index, excluded, policy, |repo, mine| {
+        if !mine.is_empty() {
+            repo_relays.insert(repo.clone(), mine.iter().map(|r| (*r).clone()).collect());
+        }
+    });
+    Selection {
+        report,
+        repo_relays,
+    }
+}
+
+/// [`select_targets`] without collecting: `visit` gets every repository in scope with its
+/// target relays (sorted, possibly none), so [`Plan::reselect`] can compare in place.
+fn select_each(
+    repo_index: &RepoSyncIndex,
+    excluded: &[RelayUrl],
+    policy: &TargetPolicy,
+    mut visit: impl FnMut(&RepoRef, &[&RelayUrl]),
+) -> TargetReport {
     let mut report = TargetReport::default();
     // 1. Scope; group repositories by pubkey (sorted for determinism).
     let mut by_key: BTreeMap<&str, Vec<&RepoRef>> = BTreeMap::new();
@@ -368,8 +388,8 @@ pub fn select_targets(
         .count();
     // 4. Each repository's target relays: selected, within its pubkey's quota and (when
     //    sharded) of this instance's shard.
-    let mut repo_relays: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
     let mut other_shards: HashSet<&RelayUrl> = HashSet::new();
+    let mut mine: Vec<&RelayUrl> = Vec::new();
     for (key, relays) in &allowed {
         let quota: HashSet<&RelayUrl> = relays
             .iter()
@@ -377,7 +397,7 @@ pub fn select_targets(
             .filter(|r| selected.contains(*r))
             .collect();
         for repo in &by_key[key] {
-            let mut mine: Vec<RelayUrl> = Vec::new();
+            mine.clear();
             for relay in &repo_index[*repo].relays {
                 if !quota.contains(relay) {
                     continue;
@@ -386,19 +406,14 @@ pub fn select_targets(
                     other_shards.insert(relay);
                     continue;
                 }
-                mine.push(relay.clone());
+                mine.push(relay);
             }
-            if !mine.is_empty() {
-                mine.sort();
-                repo_relays.insert((*repo).clone(), mine);
-            }
+            mine.sort();
+            visit(repo, &mine);
         }
     }
     report.relays_other_shards = other_shards.len();
-    Selection {
-        report,
-        repo_relays,
-    }
+    report
 }
 
 /// [`derive_relay_targets`] within a [`TargetPolicy`]: [`select_targets`], then every
@@ -492,6 +507,31 @@ impl Plan {
         changed
     }
 
+    /// Moves `repo` from the relays `before` to the relays `now` in the per-relay targets.
+    fn move_repo(
+        &mut self,
+        repo_index: &RepoSyncIndex,
+        repo: &RepoRef,
+        before: &[RelayUrl],
+        now: &[RelayUrl],
+        changed: &mut BTreeSet<RelayUrl>,
+        shrunk: &mut BTreeSet<RelayUrl>,
+    ) {
+        let needs = &repo_index[repo];
+        for relay in now.iter().filter(|r| !before.contains(r)) {
+            let t = self.targets.entry(relay.clone()).or_default();
+            t.repos.insert(repo.clone());
+            t.root_events.extend(needs.root_events.iter().copied());
+            changed.insert(relay.clone());
+        }
+        for relay in before.iter().filter(|r| !now.contains(r)) {
+            if let Some(t) = self.targets.get_mut(relay) {
+                t.repos.remove(repo);
+            }
+            shrunk.insert(relay.clone());
+        }
+    }
+
     /// Runs the selection again after relay sets changed and moves the repositories whose
     /// target relays changed. Returns the relays whose target changed.
     pub fn reselect(
@@ -500,41 +540,47 @@ impl Plan {
         excluded: &[RelayUrl],
         policy: &TargetPolicy,
     ) -> BTreeSet<RelayUrl> {
-        let new = select_targets(repo_index, excluded, policy);
-        let old = std::mem::replace(&mut self.selection, new);
+        // Compare each repository's new target relays with the cached ones in place: only
+        // the repositories that moved are collected (no copy of the whole selection).
+        let mut moves: Vec<(RepoRef, Vec<RelayUrl>)> = Vec::new();
+        let mut selected_repos = 0usize;
+        let cached = &self.selection.repo_relays;
+        let report = select_each(repo_index, excluded, policy, |repo, mine| {
+            if !mine.is_empty() {
+                selected_repos += 1;
+            }
+            let before: &[RelayUrl] = cached.get(repo).map_or(&[], |v| v.as_slice());
+            if before.len() != mine.len() || before.iter().zip(mine).any(|(a, b)| a != *b) {
+                moves.push((repo.clone(), mine.iter().map(|r| (*r).clone()).collect()));
+            }
+        });
         let mut changed: BTreeSet<RelayUrl> = BTreeSet::new();
         let mut shrunk: BTreeSet<RelayUrl> = BTreeSet::new();
-        let none: Vec<RelayUrl> = Vec::new();
-        for (repo, now) in &self.selection.repo_relays {
-            let before = old.repo_relays.get(repo).unwrap_or(&none);
-            if before == now {
-                continue;
+        for (repo, now) in moves {
+            let before = if now.is_empty() {
+                self.selection.repo_relays.remove(&repo)
+            } else {
+                self.selection.repo_relays.insert(repo.clone(), now.clone())
             }
-            let needs = &repo_index[repo];
-            for relay in now.iter().filter(|r| !before.contains(r)) {
-                let t = self.targets.entry(relay.clone()).or_default();
-                t.repos.insert(repo.clone());
-                t.root_events.extend(needs.root_events.iter().copied());
-                changed.insert(relay.clone());
-            }
-            for relay in before.iter().filter(|r| !now.contains(r)) {
-                if let Some(t) = self.targets.get_mut(relay) {
-                    t.repos.remove(repo);
-                }
-                shrunk.insert(relay.clone());
+            .unwrap_or_default();
+            self.move_repo(repo_index, &repo, &before, &now, &mut changed, &mut shrunk);
+        }
+        if self.selection.repo_relays.len() != selected_repos {
+            // Some cached repositories left the scope (were not visited): drop them.
+            let fresh = select_targets(repo_index, excluded, policy);
+            let gone: Vec<RepoRef> = self
+                .selection
+                .repo_relays
+                .keys()
+                .filter(|r| !fresh.repo_relays.contains_key(*r))
+                .cloned()
+                .collect();
+            for repo in gone {
+                let before = self.selection.repo_relays.remove(&repo).unwrap_or_default();
+                self.move_repo(repo_index, &repo, &before, &[], &mut changed, &mut shrunk);
             }
         }
-        for (repo, before) in &old.repo_relays {
-            if self.selection.repo_relays.contains_key(repo) {
-                continue;
-            }
-            for relay in before {
-                if let Some(t) = self.targets.get_mut(relay) {
-                    t.repos.remove(repo);
-                }
-                shrunk.insert(relay.clone());
-            }
-        }
+        self.selection.report = report;
         // A relay that lost a repository may still carry some of its root events through
         // another repository: recompute its root events from what it keeps.
         for relay in shrunk {
