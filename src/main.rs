@@ -806,6 +806,15 @@ mod tests {
             (8 << 20, 2 << 20)
         );
         assert!(args(&["--own-relay", "ws://x", "--max-relays", "-1"]).is_err());
+        let a = args(&["--own-relay", "ws://x", "--shard", "1/3"]).unwrap();
+        assert_eq!(
+            build_config(&a).unwrap().shard,
+            Some(grasp_sync::core::actions::Shard { index: 1, count: 3 })
+        );
+        let a = args(&["--own-relay", "ws://x", "--shard", "3/3"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--shard"));
+        let a = args(&["--own-relay", "ws://x"]).unwrap();
+        assert_eq!(build_config(&a).unwrap().shard, None);
         let a = args(&["--own-relay", "ws://x", "--forward-relay-mib", "0"]).unwrap();
         assert!(build_config(&a)
             .unwrap_err()
