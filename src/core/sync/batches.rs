@@ -35,12 +35,34 @@ impl SyncMachine {
     /// confirmed, deferred, or waits for its own trigger (connect, retry timer).
     pub(super) fn run_compute_actions(&mut self, now: Time) {
         let replan = std::mem::take(&mut self.replan);
+        let grown = std::mem::take(&mut self.replan_roots);
         let targets = self.plan.targets();
-        let actions = compute_actions_for(
+        let mut actions = compute_actions_for(
             replan.iter().filter_map(|r| targets.get_key_value(r)),
             &self.pending,
             &self.relays,
         );
+        // Relays whose target only grew by root events: diff just those.
+        let deltas: Vec<(RelayUrl, RelaySyncNeeds)> = grown
+            .into_iter()
+            .filter(|(r, _)| !replan.contains(r))
+            .map(|(r, ids)| {
+                (
+                    r,
+                    RelaySyncNeeds {
+                        repos: HashSet::new(),
+                        root_events: ids,
+                    },
+                )
+            })
+            .collect();
+        self.check_deltas(&deltas);
+        actions.extend(compute_actions_for(
+            deltas.iter().map(|(r, n)| (r, n)),
+            &self.pending,
+            &self.relays,
+        ));
+        actions.sort_by(|a, b| a.relay_url.cmp(&b.relay_url));
         for a in actions {
             if self
                 .links
@@ -51,6 +73,44 @@ impl SyncMachine {
             }
             self.handle_add_filters(a, now);
         }
+    }
+
+    /// Debug builds: diffing only the new root events of a relay misses nothing a full diff
+    /// of its target would send (what else the full diff finds is deferred already).
+    fn check_deltas(&self, deltas: &[(RelayUrl, RelaySyncNeeds)]) {
+        #[cfg(debug_assertions)]
+        for (relay, delta) in deltas {
+            if self
+                .links
+                .get(relay)
+                .is_some_and(|l| l.retry_after.is_some())
+            {
+                continue;
+            }
+            let full = compute_actions_for(
+                self.plan.targets().get_key_value(relay),
+                &self.pending,
+                &self.relays,
+            );
+            let deferred = self.links.get(relay).map(|l| &l.deferred);
+            for a in full {
+                for r in &a.repos {
+                    debug_assert!(
+                        deferred.is_some_and(|d| d.repos.contains(r)),
+                        "{relay}: repo {r} would be missed by a delta diff"
+                    );
+                }
+                for id in &a.root_events {
+                    debug_assert!(
+                        delta.root_events.contains(id)
+                            || deferred.is_some_and(|d| d.root_events.contains(id)),
+                        "{relay}: root {id} would be missed by a delta diff"
+                    );
+                }
+            }
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = deltas;
     }
 
     pub(super) fn recompute_actions_for_relay(&mut self, relay: &RelayUrl, now: Time) {

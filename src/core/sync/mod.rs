@@ -41,7 +41,7 @@ use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
 use crate::core::paging::{bound_plan, plan_pages, PageLimits, PageStats, MAX_QUEUED_PAGES};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
-    RepoSyncIndex,
+    RelaySyncNeeds, RepoSyncIndex,
 };
 use crate::core::time::Time;
 use crate::net::nip11::RelayLimits;
@@ -582,6 +582,10 @@ pub struct SyncMachine {
     /// Relays whose actions must be computed at the next planning although their target did
     /// not change (one refused at `max_relays` is tried again).
     replan: HashSet<RelayUrl>,
+    /// Relays whose target only grew by these root events since the last planning: only
+    /// they are diffed (the rest of the target is pending, confirmed, deferred or waits for
+    /// the relay's own trigger).
+    replan_roots: HashMap<RelayUrl, HashSet<EventId>>,
     relays: RelaySyncIndex,
     pending: PendingSyncIndex,
     links: HashMap<RelayUrl, Link>,
@@ -623,6 +627,7 @@ impl SyncMachine {
             repo_index: RepoSyncIndex::new(),
             plan: Plan::default(),
             replan: HashSet::new(),
+            replan_roots: HashMap::new(),
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
             links: HashMap::new(),

@@ -288,8 +288,9 @@ impl SyncMachine {
             self.reselect();
         }
         for (repo, id) in new_links {
-            let grown = self.plan.add_root_event(&repo, id);
-            self.replan.extend(grown);
+            for relay in self.plan.add_root_event(&repo, id) {
+                self.replan_roots.entry(relay).or_default().insert(id);
+            }
         }
         self.check_plan();
         self.run_compute_actions(now);
