@@ -5,13 +5,14 @@ use super::*;
 impl SyncMachine {
     /// Runs the selection again after a relay set or the excluded relays changed; the
     /// relays whose target changed are planned at the next [`Self::run_compute_actions`].
+    /// Root-event links added in the same batch follow (`Plan::add_root_event`), so the
+    /// caller checks the plan after both.
     pub(super) fn reselect(&mut self) {
         let policy = machine_policy(&self.excluded, &self.config);
         let changed = self
             .plan
             .reselect(&self.repo_index, &self.excluded, &policy);
         self.replan.extend(changed);
-        self.check_plan();
     }
 
     /// Debug builds: the cached targets equal a fresh derivation.

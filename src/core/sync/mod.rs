@@ -937,6 +937,7 @@ impl SyncMachine {
                     if !self.excluded.contains(&relay) {
                         self.excluded.push(relay.clone());
                         self.reselect();
+                        self.check_plan();
                     }
                     self.relays.remove(&relay);
                     self.pending.remove(&relay);
