@@ -76,6 +76,11 @@ pub struct Config {
     pub max_relays_per_pubkey: usize,
     /// The most relays read from one announcement (default 32).
     pub max_relays_per_announcement: usize,
+    /// Sync only the relays of this shard (`--shard I/N`, 0-based): N instances beside the
+    /// same own relay, each with its own I, split the remote relays (bootstrap relays
+    /// included) by FNV-1a 64 of the normalised URL, with no overlap and no coordination.
+    /// `None` (default): every relay.
+    pub shard: Option<crate::core::actions::Shard>,
     /// Sync every repository the own relay holds, also those whose announcement does not
     /// list this service (default false). Without `public_urls` every repository is synced
     /// anyway (see [`Config::repo_scope`]).
@@ -252,6 +257,7 @@ impl Config {
             max_relays: 1000,
             max_relays_per_pubkey: crate::core::actions::MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+            shard: None,
             archive: false,
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
@@ -361,6 +367,7 @@ impl Config {
         c.daily_max = self.daily_resync.1;
         c.disconnect_check_interval = self.disconnect_check_interval;
         c.max_relays = self.max_relays;
+        c.shard = self.shard;
         c.target_limits = TargetLimits {
             scope: self.repo_scope(),
             max_relays_per_pubkey: self.max_relays_per_pubkey,

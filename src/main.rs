@@ -153,6 +153,12 @@ struct Args {
     #[argh(option, default = "1000")]
     max_relays: usize,
 
+    /// sync only shard I of N (0-based, e.g. 0/2): N instances beside the same own relay
+    /// split the remote relays by FNV-1a 64 of the normalised URL, bootstrap relays
+    /// included [env GRASP_SYNC_SHARD]
+    #[argh(option)]
+    shard: Option<String>,
+
     /// open subscriptions per relay when its NIP-11 document does not say (default 20)
     /// [env GRASP_SYNC_SUBSCRIPTION_BUDGET]
     #[argh(option, default = "20")]
@@ -277,6 +283,7 @@ const ENV_FLAGS: &[EnvFlag] = &[
     f("batch-window", "GRASP_SYNC_BATCH_WINDOW", Kind::Value),
     f("eose-timeout", "GRASP_SYNC_EOSE_TIMEOUT", Kind::Value),
     f("max-relays", "GRASP_SYNC_MAX_RELAYS", Kind::Value),
+    f("shard", "GRASP_SYNC_SHARD", Kind::Value),
     f("archive", "GRASP_SYNC_ARCHIVE", Kind::Switch),
     f(
         "max-relays-per-pubkey",
@@ -420,6 +427,10 @@ fn build_config(args: &Args) -> Result<Config, String> {
         .batch_window(Duration::from_millis(args.batch_window))
         .eose_timeout(secs("eose-timeout", args.eose_timeout)?);
     config.max_relays = at_least("max-relays", args.max_relays as u64, 1, "relay")? as usize;
+    config.shard = match &args.shard {
+        Some(s) => Some(grasp_sync::core::actions::Shard::parse(s).map_err(|e| format!("--{e}"))?),
+        None => None,
+    };
     config.default_subscription_budget = at_least(
         "subscription-budget",
         args.subscription_budget as u64,
@@ -795,6 +806,15 @@ mod tests {
             (8 << 20, 2 << 20)
         );
         assert!(args(&["--own-relay", "ws://x", "--max-relays", "-1"]).is_err());
+        let a = args(&["--own-relay", "ws://x", "--shard", "1/3"]).unwrap();
+        assert_eq!(
+            build_config(&a).unwrap().shard,
+            Some(grasp_sync::core::actions::Shard { index: 1, count: 3 })
+        );
+        let a = args(&["--own-relay", "ws://x", "--shard", "3/3"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--shard"));
+        let a = args(&["--own-relay", "ws://x"]).unwrap();
+        assert_eq!(build_config(&a).unwrap().shard, None);
         let a = args(&["--own-relay", "ws://x", "--forward-relay-mib", "0"]).unwrap();
         assert!(build_config(&a)
             .unwrap_err()

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use grasp_sync::core::actions::{
-    compute_actions, derive_relay_targets, derive_targets, RepoScope, TargetPolicy,
+    compute_actions, derive_relay_targets, derive_targets, Plan, RepoScope, Shard, TargetPolicy,
 };
 use grasp_sync::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
@@ -208,6 +208,7 @@ proptest! {
             n.announced_at = Some(1);
         }
         let policy = TargetPolicy {
+            shard: None,
             scope: if scoped { RepoScope::ListingService(vec![own.clone()]) } else { RepoScope::All },
             max_relays_per_pubkey: per_key,
             max_relays: max,
@@ -233,5 +234,101 @@ proptest! {
         // Unlimited and unscoped: the design's derive_relay_targets.
         let all = derive_targets(&idx, std::slice::from_ref(&own), &TargetPolicy::unlimited());
         prop_assert_eq!(all.targets, derive_relay_targets(&idx, std::slice::from_ref(&own)));
+    }
+}
+
+/// One change to the repository index: an announcement (repo, relays) or a root event
+/// (id, repos).
+#[derive(Debug, Clone)]
+enum Change {
+    Announce(u8, Vec<usize>),
+    Root(u8, Vec<u8>),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        (0u8..10, prop::collection::vec(0usize..8, 0..4)).prop_map(|(r, v)| Change::Announce(r, v)),
+        (0u8..40, prop::collection::vec(0u8..10, 0..3)).prop_map(|(i, v)| Change::Root(i, v)),
+    ]
+}
+
+fn many_relay(i: usize) -> RelayUrl {
+    RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()
+}
+fn keyed(i: u8) -> String {
+    // Three pubkeys, so the per-pubkey quota and the round-robin both bite.
+    format!("30617:{}:r{i}", format!("{:02x}", i % 3).repeat(32))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// The machine's incremental planning (issue 10): after any sequence of batches, the
+    /// cached targets equal a fresh `derive_targets`, under tight quotas, a cap and a shard.
+    #[test]
+    fn incremental_plan_equals_a_fresh_derivation(
+        batches in prop::collection::vec(prop::collection::vec(change(), 1..6), 1..12),
+        per_key in 1usize..4,
+        max in 1usize..7,
+        shard in prop::option::of(0u64..2),
+        excluded_own in any::<bool>(),
+    ) {
+        let excluded: Vec<RelayUrl> = if excluded_own { vec![many_relay(0)] } else { Vec::new() };
+        let policy = TargetPolicy {
+            scope: RepoScope::All,
+            max_relays_per_pubkey: per_key,
+            max_relays: max,
+            reserved: vec![many_relay(7)],
+            shard: shard.map(|index| Shard { index, count: 2 }),
+        };
+        let mut idx = RepoSyncIndex::new();
+        let mut plan = Plan::build(&idx, &excluded, &policy);
+        for batch in batches {
+            // As process_batch: apply the batch, reselect if a relay set changed, then
+            // add the new root-event links.
+            let mut relays_changed = false;
+            let mut links = Vec::new();
+            for c in batch {
+                match c {
+                    Change::Announce(r, relays) => {
+                        let n = idx.entry(keyed(r)).or_default();
+                        let set: HashSet<RelayUrl> = relays.into_iter().map(many_relay).collect();
+                        if n.relays != set {
+                            n.relays = set;
+                            relays_changed = true;
+                        }
+                    }
+                    Change::Root(i, repos) => {
+                        for r in repos {
+                            if idx.entry(keyed(r)).or_default().root_events.insert(id(i)) {
+                                links.push((keyed(r), id(i)));
+                            }
+                        }
+                    }
+                }
+            }
+            let mut changed: HashSet<RelayUrl> = HashSet::new();
+            let before = plan.targets().clone();
+            if relays_changed {
+                changed.extend(plan.reselect(&idx, &excluded, &policy));
+            }
+            for (r, i) in links {
+                changed.extend(plan.add_root_event(&r, i));
+            }
+            let fresh = derive_targets(&idx, &excluded, &policy);
+            prop_assert_eq!(plan.targets(), &fresh.targets);
+            prop_assert_eq!(plan.report(), fresh.report);
+            // Every relay whose target changed is reported as changed.
+            for (relay, t) in &fresh.targets {
+                if before.get(relay) != Some(t) {
+                    prop_assert!(changed.contains(relay), "{} changed unreported", relay);
+                }
+            }
+            for relay in before.keys() {
+                if !fresh.targets.contains_key(relay) {
+                    prop_assert!(changed.contains(relay), "{} dropped unreported", relay);
+                }
+            }
+        }
     }
 }

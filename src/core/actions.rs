@@ -98,6 +98,10 @@ pub struct TargetPolicy {
     /// Relays that always hold a slot (the bootstrap relays): they count against
     /// `max_relays` first and are never dropped.
     pub reserved: Vec<RelayUrl>,
+    /// Only relays of this shard become targets (`--shard I/N`). Applied after the
+    /// selection, so every instance of a sharded fleet selects the same relays and keeps
+    /// its own part of them.
+    pub shard: Option<Shard>,
 }
 
 impl TargetPolicy {
@@ -108,8 +112,69 @@ impl TargetPolicy {
             max_relays_per_pubkey: usize::MAX,
             max_relays: usize::MAX,
             reserved: Vec::new(),
+            shard: None,
         }
     }
+}
+
+/// One shard of a fleet of instances beside the same own relay (`--shard I/N`): the relays
+/// whose normalised URL hashes to `index` (0-based) of `count`, see [`Shard::owns`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This instance's shard, `0..count`.
+    pub index: u64,
+    /// How many instances split the relays.
+    pub count: u64,
+}
+
+impl Shard {
+    /// Parses `I/N` (0-based `I < N`, `N ≥ 1`).
+    pub fn parse(s: &str) -> Result<Shard, String> {
+        let (i, n) = s
+            .split_once('/')
+            .ok_or_else(|| format!("shard {s:?}: expected I/N, e.g. 0/2"))?;
+        let index: u64 = i
+            .trim()
+            .parse()
+            .map_err(|_| format!("shard {s:?}: I is not a number"))?;
+        let count: u64 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("shard {s:?}: N is not a number"))?;
+        if count == 0 || index >= count {
+            return Err(format!(
+                "shard {s:?}: need 0 <= I < N (shards are numbered from 0)"
+            ));
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// The shard of `relay`: FNV-1a 64 of its normalised URL string, modulo `count`.
+    pub fn of(relay: &RelayUrl, count: u64) -> u64 {
+        fnv1a64(relay.as_str().as_bytes()) % count.max(1)
+    }
+
+    /// True when this shard syncs `relay`.
+    pub fn owns(&self, relay: &RelayUrl) -> bool {
+        Shard::of(relay, self.count) == self.index
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// FNV-1a, 64 bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3): stable across
+/// builds, platforms and versions, unlike the standard library's hasher.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 /// What the scope and the quotas left out, at the time of one derivation.
@@ -129,6 +194,8 @@ pub struct TargetReport {
     pub relays_over_pubkey_quota: usize,
     /// Relays within a pubkey quota but dropped because `max_relays` was reached.
     pub relays_over_global_cap: usize,
+    /// Selected relays left to the other instances of a sharded fleet (`--shard`).
+    pub relays_other_shards: usize,
 }
 
 /// The result of [`derive_targets`].
@@ -172,7 +239,12 @@ pub fn machine_targets(
     excluded: &[RelayUrl],
     config: &crate::core::SyncConfig,
 ) -> Targets {
-    let policy = TargetPolicy {
+    derive_targets(repo_index, excluded, &machine_policy(excluded, config))
+}
+
+/// The policy of `config` as [`machine_targets`] applies it.
+pub fn machine_policy(excluded: &[RelayUrl], config: &crate::core::SyncConfig) -> TargetPolicy {
+    TargetPolicy {
         scope: config.target_limits.scope.clone(),
         max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
         max_relays: config.max_relays,
@@ -182,8 +254,8 @@ pub fn machine_targets(
             .filter(|b| !excluded.contains(b))
             .cloned()
             .collect(),
-    };
-    derive_targets(repo_index, excluded, &policy)
+        shard: config.shard,
+    }
 }
 
 /// The pubkey part of a `30617:<pubkey>:<d>` reference (the whole reference if malformed).
@@ -195,9 +267,9 @@ fn repo_pubkey(repo: &str) -> &str {
     }
 }
 
-/// [`derive_relay_targets`] within a [`TargetPolicy`]: repository scope, relays per
-/// announcing pubkey, and the global relay cap. Deterministic: the same index and policy
-/// always give the same targets, whatever the hash maps' iteration order.
+/// Which repositories are synced from which relays within a [`TargetPolicy`]: repository
+/// scope, relays per announcing pubkey, the global relay cap and the shard. Reads relay sets
+/// only (never root events), so its cost does not grow with the number of root events.
 ///
 /// 1. Repositories outside `policy.scope` are skipped (with their root events).
 /// 2. Per pubkey, its relays (minus `excluded`) are ranked by how many of its repositories
@@ -205,13 +277,33 @@ fn repo_pubkey(repo: &str) -> &str {
 /// 3. The reserved relays take their slots; the remaining `max_relays` slots are filled
 ///    round by round, each pubkey (fewest relays first, then by pubkey) taking its next
 ///    relay that is not selected yet.
-/// 4. A repository gets a relay as target when the relay is selected and within its
-///    pubkey's quota.
-pub fn derive_targets(
+/// 4. A repository gets a relay as target when the relay is selected, within its pubkey's
+///    quota and (with `policy.shard`) of this shard.
+pub fn select_targets(
     repo_index: &RepoSyncIndex,
     excluded: &[RelayUrl],
     policy: &TargetPolicy,
-) -> Targets {
+) -> Selection {
+    let mut repo_relays: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
+    let report = select_each(repo_index, excluded, policy, |repo, mine| {
+        if !mine.is_empty() {
+            repo_relays.insert(repo.clone(), mine.iter().map(|r| (*r).clone()).collect());
+        }
+    });
+    Selection {
+        report,
+        repo_relays,
+    }
+}
+
+/// [`select_targets`] without collecting: `visit` gets every repository in scope with its
+/// target relays (sorted, possibly none), so [`Plan::reselect`] can compare in place.
+fn select_each(
+    repo_index: &RepoSyncIndex,
+    excluded: &[RelayUrl],
+    policy: &TargetPolicy,
+    mut visit: impl FnMut(&RepoRef, &[&RelayUrl]),
+) -> TargetReport {
     let mut report = TargetReport::default();
     // 1. Scope; group repositories by pubkey (sorted for determinism).
     let mut by_key: BTreeMap<&str, Vec<&RepoRef>> = BTreeMap::new();
@@ -294,24 +386,222 @@ pub fn derive_targets(
         .iter()
         .filter(|r| !selected.contains(*r))
         .count();
-    // 4. Targets.
-    let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+    // 4. Each repository's target relays: selected, within its pubkey's quota and (when
+    //    sharded) of this instance's shard.
+    let mut other_shards: HashSet<&RelayUrl> = HashSet::new();
+    let mut mine: Vec<&RelayUrl> = Vec::new();
     for (key, relays) in &allowed {
-        let quota: HashSet<&RelayUrl> = relays.iter().copied().collect();
+        let quota: HashSet<&RelayUrl> = relays
+            .iter()
+            .copied()
+            .filter(|r| selected.contains(*r))
+            .collect();
         for repo in &by_key[key] {
-            let needs = &repo_index[*repo];
-            for relay in &needs.relays {
-                if !quota.contains(relay) || !selected.contains(relay) {
+            mine.clear();
+            for relay in &repo_index[*repo].relays {
+                if !quota.contains(relay) {
                     continue;
                 }
+                if policy.shard.is_some_and(|s| !s.owns(relay)) {
+                    other_shards.insert(relay);
+                    continue;
+                }
+                mine.push(relay);
+            }
+            mine.sort();
+            visit(repo, &mine);
+        }
+    }
+    report.relays_other_shards = other_shards.len();
+    report
+}
+
+/// [`derive_relay_targets`] within a [`TargetPolicy`]: [`select_targets`], then every
+/// repository (with its root events) added to its target relays. Deterministic: the same
+/// index and policy always give the same targets, whatever the hash maps' iteration order.
+pub fn derive_targets(
+    repo_index: &RepoSyncIndex,
+    excluded: &[RelayUrl],
+    policy: &TargetPolicy,
+) -> Targets {
+    Plan::build(repo_index, excluded, policy).into_targets()
+}
+
+/// Which relays each repository is synced from, as [`select_targets`] decides.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// What was left out (`relays_selected` is filled in by [`Plan`]).
+    pub report: TargetReport,
+    /// Per repository with at least one target relay: those relays, sorted.
+    pub repo_relays: HashMap<RepoRef, Vec<RelayUrl>>,
+}
+
+/// The machine's cached targets: a [`Selection`] and the per-relay targets it gives, kept
+/// up to date in proportion to a change (issue 10).
+///
+/// * A new root event of a repository is added to the targets of that repository's target
+///   relays ([`Plan::add_root_event`]): no selection runs, whatever the index size.
+/// * A changed relay set (an announcement, a relay refused) runs [`select_targets`] again
+///   (it reads relay sets only, never root events) and moves only the repositories whose
+///   target relays changed ([`Plan::reselect`]); a relay that lost a repository has its root
+///   events recomputed from its remaining repositories.
+///
+/// Both return the relays whose target changed, so `compute_actions` runs for those only.
+/// The result always equals a fresh [`derive_targets`] (checked in debug builds and by
+/// `tests/properties.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    selection: Selection,
+    targets: HashMap<RelayUrl, RelaySyncNeeds>,
+}
+
+impl Plan {
+    /// A plan from scratch.
+    pub fn build(repo_index: &RepoSyncIndex, excluded: &[RelayUrl], policy: &TargetPolicy) -> Plan {
+        let selection = select_targets(repo_index, excluded, policy);
+        let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+        for (repo, relays) in &selection.repo_relays {
+            let needs = &repo_index[repo];
+            for relay in relays {
                 let t = targets.entry(relay.clone()).or_default();
-                t.repos.insert((*repo).clone());
+                t.repos.insert(repo.clone());
                 t.root_events.extend(needs.root_events.iter().copied());
             }
         }
+        let mut plan = Plan { selection, targets };
+        plan.selection.report.relays_selected = plan.targets.len();
+        plan
     }
-    report.relays_selected = targets.len();
-    Targets { targets, report }
+
+    /// Per-relay targets.
+    pub fn targets(&self) -> &HashMap<RelayUrl, RelaySyncNeeds> {
+        &self.targets
+    }
+
+    /// What the policy left out.
+    pub fn report(&self) -> TargetReport {
+        self.selection.report
+    }
+
+    /// The targets and report, as [`derive_targets`] returns them.
+    pub fn into_targets(self) -> Targets {
+        Targets {
+            targets: self.targets,
+            report: self.selection.report,
+        }
+    }
+
+    /// Root event `id` now references `repo` (already in the index): adds it to the targets
+    /// of the repository's relays. Returns the relays whose target grew.
+    pub fn add_root_event(&mut self, repo: &str, id: EventId) -> Vec<RelayUrl> {
+        let mut changed = Vec::new();
+        if let Some(relays) = self.selection.repo_relays.get(repo) {
+            for relay in relays {
+                if let Some(t) = self.targets.get_mut(relay) {
+                    if t.root_events.insert(id) {
+                        changed.push(relay.clone());
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// Moves `repo` from the relays `before` to the relays `now` in the per-relay targets.
+    fn move_repo(
+        &mut self,
+        repo_index: &RepoSyncIndex,
+        repo: &RepoRef,
+        before: &[RelayUrl],
+        now: &[RelayUrl],
+        changed: &mut BTreeSet<RelayUrl>,
+        shrunk: &mut BTreeSet<RelayUrl>,
+    ) {
+        let needs = &repo_index[repo];
+        for relay in now.iter().filter(|r| !before.contains(r)) {
+            let t = self.targets.entry(relay.clone()).or_default();
+            t.repos.insert(repo.clone());
+            t.root_events.extend(needs.root_events.iter().copied());
+            changed.insert(relay.clone());
+        }
+        for relay in before.iter().filter(|r| !now.contains(r)) {
+            if let Some(t) = self.targets.get_mut(relay) {
+                t.repos.remove(repo);
+            }
+            shrunk.insert(relay.clone());
+        }
+    }
+
+    /// Runs the selection again after relay sets changed and moves the repositories whose
+    /// target relays changed. Returns the relays whose target changed.
+    pub fn reselect(
+        &mut self,
+        repo_index: &RepoSyncIndex,
+        excluded: &[RelayUrl],
+        policy: &TargetPolicy,
+    ) -> BTreeSet<RelayUrl> {
+        // Compare each repository's new target relays with the cached ones in place: only
+        // the repositories that moved are collected (no copy of the whole selection).
+        let mut moves: Vec<(RepoRef, Vec<RelayUrl>)> = Vec::new();
+        let mut selected_repos = 0usize;
+        let cached = &self.selection.repo_relays;
+        let report = select_each(repo_index, excluded, policy, |repo, mine| {
+            if !mine.is_empty() {
+                selected_repos += 1;
+            }
+            let before: &[RelayUrl] = cached.get(repo).map_or(&[], |v| v.as_slice());
+            if before.len() != mine.len() || before.iter().zip(mine).any(|(a, b)| a != *b) {
+                moves.push((repo.clone(), mine.iter().map(|r| (*r).clone()).collect()));
+            }
+        });
+        let mut changed: BTreeSet<RelayUrl> = BTreeSet::new();
+        let mut shrunk: BTreeSet<RelayUrl> = BTreeSet::new();
+        for (repo, now) in moves {
+            let before = if now.is_empty() {
+                self.selection.repo_relays.remove(&repo)
+            } else {
+                self.selection.repo_relays.insert(repo.clone(), now.clone())
+            }
+            .unwrap_or_default();
+            self.move_repo(repo_index, &repo, &before, &now, &mut changed, &mut shrunk);
+        }
+        if self.selection.repo_relays.len() != selected_repos {
+            // Some cached repositories left the scope (were not visited): drop them.
+            let fresh = select_targets(repo_index, excluded, policy);
+            let gone: Vec<RepoRef> = self
+                .selection
+                .repo_relays
+                .keys()
+                .filter(|r| !fresh.repo_relays.contains_key(*r))
+                .cloned()
+                .collect();
+            for repo in gone {
+                let before = self.selection.repo_relays.remove(&repo).unwrap_or_default();
+                self.move_repo(repo_index, &repo, &before, &[], &mut changed, &mut shrunk);
+            }
+        }
+        self.selection.report = report;
+        // A relay that lost a repository may still carry some of its root events through
+        // another repository: recompute its root events from what it keeps.
+        for relay in shrunk {
+            let Some(t) = self.targets.get_mut(&relay) else {
+                continue;
+            };
+            if t.repos.is_empty() {
+                self.targets.remove(&relay);
+            } else {
+                t.root_events = t
+                    .repos
+                    .iter()
+                    .filter_map(|r| repo_index.get(r))
+                    .flat_map(|n| n.root_events.iter().copied())
+                    .collect();
+            }
+            changed.insert(relay);
+        }
+        self.selection.report.relays_selected = self.targets.len();
+        changed
+    }
 }
 
 /// For every relay: the items in `targets` that are neither pending nor confirmed.
@@ -321,6 +611,15 @@ pub fn derive_targets(
 /// produce an action too; handling it spawns the connection. The result is sorted by relay.
 pub fn compute_actions(
     targets: &HashMap<RelayUrl, RelaySyncNeeds>,
+    pending: &PendingSyncIndex,
+    confirmed: &RelaySyncIndex,
+) -> Vec<AddFilters> {
+    compute_actions_for(targets.iter(), pending, confirmed)
+}
+
+/// [`compute_actions`] for some relays' targets only (the relays whose target changed).
+pub fn compute_actions_for<'a>(
+    targets: impl IntoIterator<Item = (&'a RelayUrl, &'a RelaySyncNeeds)>,
     pending: &PendingSyncIndex,
     confirmed: &RelaySyncIndex,
 ) -> Vec<AddFilters> {
@@ -542,6 +841,7 @@ mod tests {
             max_relays_per_pubkey: per_key,
             max_relays: max,
             reserved: Vec::new(),
+            shard: None,
         }
     }
 
@@ -649,5 +949,79 @@ mod tests {
         let t = derive_targets(&idx, &[url("wss://own")], &policy(RepoScope::All, 1, 1));
         assert_eq!(t.targets.keys().collect::<Vec<_>>(), vec![&url("wss://a")]);
         assert_eq!(t.report.pubkeys_over_quota, 0);
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_published_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn shard_parse_is_zero_based_and_checked() {
+        assert_eq!(Shard::parse("0/2"), Ok(Shard { index: 0, count: 2 }));
+        assert_eq!(Shard::parse("2/3"), Ok(Shard { index: 2, count: 3 }));
+        assert_eq!(Shard::parse("0/1").unwrap().to_string(), "0/1");
+        for bad in ["2/2", "1/0", "x/2", "1", "", "-1/2"] {
+            assert!(Shard::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shards_partition_the_relays_by_the_normalised_url() {
+        let relays: Vec<RelayUrl> = (0..300)
+            .map(|i| url(&format!("wss://relay{i}.example")))
+            .collect();
+        for n in 1..=5u64 {
+            let shards: Vec<Shard> = (0..n).map(|index| Shard { index, count: n }).collect();
+            let mut sizes = vec![0usize; n as usize];
+            for r in &relays {
+                let owners: Vec<&Shard> = shards.iter().filter(|s| s.owns(r)).collect();
+                assert_eq!(
+                    owners.len(),
+                    1,
+                    "{r} must belong to exactly one of {n} shards"
+                );
+                sizes[owners[0].index as usize] += 1;
+            }
+            // Roughly even: no shard gets less than half its share.
+            for size in sizes {
+                assert!(size * 2 * n as usize >= relays.len(), "{n} shards: {size}");
+            }
+        }
+        // The hash is of the normalised URL: spellings of one relay land together.
+        let a = url("WSS://Relay7.Example:443/");
+        assert_eq!(a, url("wss://relay7.example"));
+        assert_eq!(Shard::of(&a, 7), Shard::of(&url("wss://relay7.example"), 7));
+        assert_eq!(Shard::of(&a, 7), fnv1a64(a.as_str().as_bytes()) % 7);
+    }
+
+    #[test]
+    fn sharded_targets_split_the_unsharded_ones_exactly() {
+        let relays: Vec<String> = (0..12).map(|i| format!("wss://s{i}.example")).collect();
+        let r: Vec<&str> = relays.iter().map(|s| s.as_str()).collect();
+        let idx = keyed_index(&[
+            (1, "x", &r[0..5], &[1]),
+            (2, "y", &r[3..9], &[2]),
+            (3, "z", &r[6..12], &[3]),
+        ]);
+        let base = policy(RepoScope::All, 4, 7);
+        let all = derive_targets(&idx, &[], &base);
+        let mut union: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+        for index in 0..3 {
+            let mut p = base.clone();
+            p.shard = Some(Shard { index, count: 3 });
+            let part = derive_targets(&idx, &[], &p);
+            assert_eq!(
+                part.report.relays_selected + part.report.relays_other_shards,
+                all.report.relays_selected
+            );
+            for (relay, t) in part.targets {
+                assert!(Shard { index, count: 3 }.owns(&relay));
+                assert!(union.insert(relay, t).is_none(), "shards overlap");
+            }
+        }
+        assert_eq!(union, all.targets);
     }
 }

@@ -3,13 +3,67 @@
 use super::*;
 
 impl SyncMachine {
-    pub(super) fn targets(&self) -> HashMap<RelayUrl, RelaySyncNeeds> {
-        machine_targets(&self.repo_index, &self.excluded, &self.config).targets
+    /// Runs the selection again after a relay set or the excluded relays changed; the
+    /// relays whose target changed are planned at the next [`Self::run_compute_actions`].
+    /// Root-event links added in the same batch follow (`Plan::add_root_event`), so the
+    /// caller checks the plan after both.
+    pub(super) fn reselect(&mut self) {
+        let policy = machine_policy(&self.excluded, &self.config);
+        let changed = self
+            .plan
+            .reselect(&self.repo_index, &self.excluded, &policy);
+        self.replan.extend(changed);
     }
 
+    /// Debug builds: the cached targets equal a fresh derivation.
+    pub(super) fn check_plan(&self) {
+        #[cfg(debug_assertions)]
+        {
+            let fresh = crate::core::actions::machine_targets(
+                &self.repo_index,
+                &self.excluded,
+                &self.config,
+            );
+            debug_assert!(
+                fresh.targets == *self.plan.targets() && fresh.report == self.plan.report(),
+                "cached targets differ from a fresh derive_targets"
+            );
+        }
+    }
+
+    /// `compute_actions` for the relays whose target changed since the last planning (and
+    /// those marked for another try): every other relay's target is already pending,
+    /// confirmed, deferred, or waits for its own trigger (connect, retry timer).
     pub(super) fn run_compute_actions(&mut self, now: Time) {
-        let targets = self.targets();
-        let actions = compute_actions(&targets, &self.pending, &self.relays);
+        let replan = std::mem::take(&mut self.replan);
+        let grown = std::mem::take(&mut self.replan_roots);
+        let targets = self.plan.targets();
+        let mut actions = compute_actions_for(
+            replan.iter().filter_map(|r| targets.get_key_value(r)),
+            &self.pending,
+            &self.relays,
+        );
+        // Relays whose target only grew by root events: diff just those.
+        let deltas: Vec<(RelayUrl, RelaySyncNeeds)> = grown
+            .into_iter()
+            .filter(|(r, _)| !replan.contains(r))
+            .map(|(r, ids)| {
+                (
+                    r,
+                    RelaySyncNeeds {
+                        repos: HashSet::new(),
+                        root_events: ids,
+                    },
+                )
+            })
+            .collect();
+        self.check_deltas(&deltas);
+        actions.extend(compute_actions_for(
+            deltas.iter().map(|(r, n)| (r, n)),
+            &self.pending,
+            &self.relays,
+        ));
+        actions.sort_by(|a, b| a.relay_url.cmp(&b.relay_url));
         for a in actions {
             if self
                 .links
@@ -22,13 +76,51 @@ impl SyncMachine {
         }
     }
 
+    /// Debug builds: diffing only the new root events of a relay misses nothing a full diff
+    /// of its target would send (what else the full diff finds is deferred already).
+    fn check_deltas(&self, deltas: &[(RelayUrl, RelaySyncNeeds)]) {
+        #[cfg(debug_assertions)]
+        for (relay, delta) in deltas {
+            if self
+                .links
+                .get(relay)
+                .is_some_and(|l| l.retry_after.is_some())
+            {
+                continue;
+            }
+            let full = compute_actions_for(
+                self.plan.targets().get_key_value(relay),
+                &self.pending,
+                &self.relays,
+            );
+            let deferred = self.links.get(relay).map(|l| &l.deferred);
+            for a in full {
+                for r in &a.repos {
+                    debug_assert!(
+                        deferred.is_some_and(|d| d.repos.contains(r)),
+                        "{relay}: repo {r} would be missed by a delta diff"
+                    );
+                }
+                for id in &a.root_events {
+                    debug_assert!(
+                        delta.root_events.contains(id)
+                            || deferred.is_some_and(|d| d.root_events.contains(id)),
+                        "{relay}: root {id} would be missed by a delta diff"
+                    );
+                }
+            }
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = deltas;
+    }
+
     pub(super) fn recompute_actions_for_relay(&mut self, relay: &RelayUrl, now: Time) {
-        let mut targets = self.targets();
-        let Some(target) = targets.remove(relay) else {
-            return;
-        };
-        let single = HashMap::from([(relay.clone(), target)]);
-        for a in compute_actions(&single, &self.pending, &self.relays) {
+        let actions = compute_actions_for(
+            self.plan.targets().get_key_value(relay),
+            &self.pending,
+            &self.relays,
+        );
+        for a in actions {
             self.handle_add_filters(a, now);
         }
     }
@@ -45,6 +137,8 @@ impl SyncMachine {
         match self.relays.get(&relay_url) {
             None => {
                 if self.relays.len() >= self.config.max_relays {
+                    // Tried again at the next planning, when a slot may have freed up.
+                    self.replan.insert(relay_url.clone());
                     self.counters.relays_refused += 1;
                     if self.counters.relays_refused == 1 {
                         warn!(

@@ -137,7 +137,7 @@ impl SyncMachine {
     /// target items, no pending batch and is not bootstrap. A relay still in its first sync
     /// has targets, so it is never dropped.
     pub(super) fn check_disconnects(&mut self, _now: Time) {
-        let targets = self.targets();
+        let targets = self.plan.targets();
         let idle: Vec<RelayUrl> = self
             .relays
             .iter()

@@ -13,6 +13,8 @@ mod lifecycle;
 #[cfg(test)]
 mod loss_tests;
 mod own;
+#[cfg(test)]
+mod plan_tests;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -27,7 +29,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::actions::{compute_actions, machine_targets, AddFilters, TargetReport};
+use crate::core::actions::{compute_actions_for, machine_policy, AddFilters, Plan, TargetReport};
 use crate::core::complaints::{
     classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
 };
@@ -99,6 +101,9 @@ pub struct SyncConfig {
     pub assumed_page_size: usize,
     /// Seed of the jitter source.
     pub seed: u64,
+    /// Only relays of this shard are synced (`--shard I/N`, bootstrap relays included);
+    /// `None` syncs every relay.
+    pub shard: Option<crate::core::actions::Shard>,
 }
 
 impl SyncConfig {
@@ -126,6 +131,7 @@ impl SyncConfig {
             rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
             refused_retry: Duration::from_secs(600),
             seed: 1,
+            shard: None,
         }
     }
 }
@@ -575,6 +581,15 @@ pub struct SyncMachine {
     config: SyncConfig,
     excluded: Vec<RelayUrl>,
     repo_index: RepoSyncIndex,
+    /// The targets derived from `repo_index`, kept current by every change (issue 10).
+    plan: Plan,
+    /// Relays whose actions must be computed at the next planning although their target did
+    /// not change (one refused at `max_relays` is tried again).
+    replan: HashSet<RelayUrl>,
+    /// Relays whose target only grew by these root events since the last planning: only
+    /// they are diffed (the rest of the target is pending, confirmed, deferred or waits for
+    /// the relay's own trigger).
+    replan_roots: HashMap<RelayUrl, HashSet<EventId>>,
     relays: RelaySyncIndex,
     pending: PendingSyncIndex,
     links: HashMap<RelayUrl, Link>,
@@ -614,6 +629,9 @@ impl SyncMachine {
         SyncMachine {
             excluded,
             repo_index: RepoSyncIndex::new(),
+            plan: Plan::default(),
+            replan: HashSet::new(),
+            replan_roots: HashMap::new(),
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
             links: HashMap::new(),
@@ -651,6 +669,12 @@ impl SyncMachine {
         for b in self.config.bootstrap.clone() {
             if self.excluded.contains(&b) {
                 warn!("bootstrap relay {b} is the own relay; ignoring it as a sync source");
+                continue;
+            }
+            if let Some(shard) = self.config.shard.filter(|s| !s.owns(&b)) {
+                info!(
+                    "bootstrap relay {b} belongs to another shard than {shard}; not connecting it"
+                );
                 continue;
             }
             let mut s = RelayState::new(true);
@@ -916,6 +940,8 @@ impl SyncMachine {
                     info!("{relay}: refused ({reason}); never a sync target again");
                     if !self.excluded.contains(&relay) {
                         self.excluded.push(relay.clone());
+                        self.reselect();
+                        self.check_plan();
                     }
                     self.relays.remove(&relay);
                     self.pending.remove(&relay);
@@ -993,7 +1019,7 @@ impl SyncMachine {
 
     /// What the repository scope and the relay quotas leave out now.
     pub fn target_report(&self) -> TargetReport {
-        machine_targets(&self.repo_index, &self.excluded, &self.config).report
+        self.plan.report()
     }
 
     /// Counters.
@@ -1013,7 +1039,7 @@ impl SyncMachine {
 
     /// A status line per remote relay, sorted by URL.
     pub fn relay_statuses(&self, now: Time) -> Vec<RelaySyncStatus> {
-        let targets = self.targets();
+        let targets = self.plan.targets();
         let sorted: BTreeMap<&RelayUrl, &RelayState> = self.relays.iter().collect();
         sorted
             .into_iter()

@@ -223,6 +223,10 @@ impl SyncMachine {
         let mut announcements = 0usize;
         let mut roots = 0usize;
         let mut changed: std::collections::BTreeSet<String> = Default::default();
+        // Planning in proportion to the change: relay sets that changed rerun the
+        // selection; new root-event links only grow their repositories' relay targets.
+        let mut relays_changed = false;
+        let mut new_links: Vec<(String, EventId)> = Vec::new();
         for m in meanings {
             match m {
                 SelfEventMeaning::Announcement(a) => {
@@ -245,7 +249,11 @@ impl SyncMachine {
                         self.counters.announcement_relays_dropped += a.dropped_relays as u64;
                     }
                     needs.announced_at = Some(a.created_at);
-                    needs.relays = a.relays.into_iter().collect();
+                    let relays: HashSet<RelayUrl> = a.relays.into_iter().collect();
+                    if needs.relays != relays {
+                        relays_changed = true;
+                        needs.relays = relays;
+                    }
                     announcements += 1;
                 }
                 SelfEventMeaning::RootEvent { id, repos } => {
@@ -253,9 +261,16 @@ impl SyncMachine {
                         debug!("root event {id} names no repository; ignored");
                     }
                     for r in repos {
-                        if self.repo_index.entry(r).or_default().root_events.insert(id) {
+                        if self
+                            .repo_index
+                            .entry(r.clone())
+                            .or_default()
+                            .root_events
+                            .insert(id)
+                        {
                             roots += 1;
                             changed.insert(id.to_hex());
+                            new_links.push((r, id));
                         }
                     }
                 }
@@ -278,6 +293,15 @@ impl SyncMachine {
                 changed: changed.into_iter().collect(),
             });
         }
+        if relays_changed {
+            self.reselect();
+        }
+        for (repo, id) in new_links {
+            for relay in self.plan.add_root_event(&repo, id) {
+                self.replan_roots.entry(relay).or_default().insert(id);
+            }
+        }
+        self.check_plan();
         self.run_compute_actions(now);
     }
 }
