@@ -60,6 +60,7 @@ fn big_machine(repos: usize, relays: usize, roots_per_repo: usize) -> SyncMachin
                 .map(|k| urls[(r * 7 + k * 13) % relays].clone())
                 .collect(),
             created_at: 1,
+            dropped_relays: 0,
         }));
         for _ in 0..roots_per_repo {
             next_root += 1;
@@ -137,6 +138,7 @@ fn plan_timing() {
                     repo_ref: victim.clone(),
                     relays: vec![url("wss://relay1.example"), url(other)],
                     created_at: created,
+                    dropped_relays: 0,
                 })],
                 now,
             );
