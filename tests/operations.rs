@@ -26,12 +26,12 @@ fn engine_config(own: &TestRelay) -> Config {
         .allow_private_relays(true)
 }
 
-/// An own relay holding one repository announced on `remote`, whose issue and reply are on
-/// `remote`; the engine is started and has converged.
-fn synced() -> (
+/// An own relay holding one repository's announcement, and a remote relay holding the
+/// announcement, an issue and a reply; the set the own relay must end with.
+fn seeded() -> (
     TestRelay,
     TestRelay,
-    Arc<SyncHandle>,
+    OneRepo,
     HashSet<nostr::event::EventId>,
 ) {
     let own = TestRelay::start();
@@ -42,7 +42,19 @@ fn synced() -> (
     remote.insert(&r.issue);
     let reply = r.reply("a reply");
     remote.insert(&reply);
-    let want: HashSet<_> = [r.ann.id, r.issue.id, reply.id].into_iter().collect();
+    let want = [r.ann.id, r.issue.id, reply.id].into_iter().collect();
+    (own, remote, r, want)
+}
+
+/// An own relay holding one repository announced on `remote`, whose issue and reply are on
+/// `remote`; the engine is started and has converged.
+fn synced() -> (
+    TestRelay,
+    TestRelay,
+    Arc<SyncHandle>,
+    HashSet<nostr::event::EventId>,
+) {
+    let (own, remote, _, want) = seeded();
     let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
     assert!(
         wait_until(WAIT, || own.event_ids() == want
@@ -224,14 +236,7 @@ fn finish(mut child: Child, deadline: Duration) -> (Option<i32>, String) {
 
 #[test]
 fn once_exits_0_with_the_exact_set_when_every_relay_completes() {
-    let own = TestRelay::start();
-    let remote = TestRelay::start();
-    let r = OneRepo::new(&remote);
-    own.insert(&r.ann);
-    remote.insert(&r.ann);
-    remote.insert(&r.issue);
-    let reply = r.reply("reply");
-    remote.insert(&reply);
+    let (own, remote, r, want) = seeded();
     let noise = note(&r.keys, "unrelated");
     remote.insert(&noise);
     let child = spawn(
@@ -240,7 +245,6 @@ fn once_exits_0_with_the_exact_set_when_every_relay_completes() {
     );
     let (code, err) = finish(child, Duration::from_secs(150));
     assert_eq!(code, Some(0), "{err}");
-    let want: HashSet<_> = [r.ann.id, r.issue.id, reply.id].into_iter().collect();
     assert_eq!(own.event_ids(), want, "exactly the related set");
     assert!(
         err.contains("complete") && err.contains(&remote.url()),
