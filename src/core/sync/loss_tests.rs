@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
-use nostr::key::Keys;
 use nostr::types::Timestamp;
 
-use super::world::World;
+use super::world::{announcement, keys, repo, World};
 use crate::core::sync::Report;
 use crate::core::sync::MAX_WARNED;
 use crate::core::time::Time;
@@ -18,27 +17,8 @@ use crate::net::url::RelayUrl;
 const OWN: &str = "ws://own.example";
 const A: &str = "ws://a.example";
 
-fn keys() -> Keys {
-    Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e").unwrap()
-}
-
 fn at(secs: u64) -> Timestamp {
     Timestamp::from_secs(secs)
-}
-
-fn announcement(d: &str, relays: &[&str], created_at: u64) -> Event {
-    let mut t = vec!["relays".to_string()];
-    t.extend(relays.iter().map(|s| s.to_string()));
-    EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", d]).unwrap())
-        .tag(Tag::parse(t).unwrap())
-        .custom_created_at(at(created_at))
-        .finalize(&keys())
-        .unwrap()
-}
-
-fn repo(d: &str) -> String {
-    format!("30617:{}:{d}", keys().public_key().to_hex())
 }
 
 fn issue(d: &str, text: &str, created_at: u64) -> Event {

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
-use nostr::key::Keys;
 use nostr::message::SubscriptionId;
 
 use crate::core::paging::PageStats;
 use crate::core::state::ConnectionStatus;
+use crate::core::sync::world::{announcement, keys, repo};
 use crate::core::sync::{Command, Report, SubPurpose, SyncConfig, SyncMachine};
 use crate::core::time::Time;
 use crate::net::url::RelayUrl;
@@ -18,25 +18,6 @@ const OWN: &str = "ws://own.example";
 
 fn url(s: &str) -> RelayUrl {
     RelayUrl::parse(s).unwrap()
-}
-
-fn keys() -> Keys {
-    Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e").unwrap()
-}
-
-fn announcement(d: &str, relays: &[&str], created_at: u64) -> Event {
-    let mut t = vec!["relays".to_string()];
-    t.extend(relays.iter().map(|s| s.to_string()));
-    EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", d]).unwrap())
-        .tag(Tag::parse(t).unwrap())
-        .custom_created_at(nostr::types::Timestamp::from_secs(created_at))
-        .finalize(&keys())
-        .unwrap()
-}
-
-fn repo(d: &str) -> String {
-    format!("30617:{}:{d}", keys().public_key().to_hex())
 }
 
 fn issue(d: &str, text: &str) -> Event {

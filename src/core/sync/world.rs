@@ -480,3 +480,27 @@ impl World {
         );
     }
 }
+
+/// The key of every event the simulated tests sign.
+pub(crate) fn keys() -> nostr::key::Keys {
+    nostr::key::Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e")
+        .expect("test key")
+}
+
+/// A repository announcement (kind 30617) of `d` listing `relays`.
+pub(crate) fn announcement(d: &str, relays: &[&str], created_at: u64) -> Event {
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    let mut t = vec!["relays".to_string()];
+    t.extend(relays.iter().map(|s| s.to_string()));
+    EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", d]).expect("d tag"))
+        .tag(Tag::parse(t).expect("relays tag"))
+        .custom_created_at(nostr::types::Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .expect("signed")
+}
+
+/// The coordinate `30617:<pubkey>:<d>` of the repository `d`.
+pub(crate) fn repo(d: &str) -> String {
+    format!("30617:{}:{d}", keys().public_key().to_hex())
+}
