@@ -227,8 +227,17 @@ pub fn resolve_with(
     timeout: Duration,
     lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
 ) -> Result<Vec<SocketAddr>, ConnectError> {
+    resolve_in(dns_slots(), timeout, lookup)
+}
+
+/// [`resolve_with`] taking its slot from `slots` (the process-wide pool, or a test's own).
+fn resolve_in(
+    slots: &'static Slots,
+    timeout: Duration,
+    lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> Result<Vec<SocketAddr>, ConnectError> {
     let deadline = Instant::now() + timeout;
-    if !dns_slots().acquire(deadline) {
+    if !slots.acquire(deadline) {
         return Err(ConnectError::Resolve(io::Error::new(
             io::ErrorKind::TimedOut,
             "DNS look-up deadline passed waiting for a free resolver slot",
@@ -240,10 +249,10 @@ pub fn resolve_with(
         .stack_size(64 * 1024)
         .spawn(move || {
             let _ = tx.send(lookup());
-            dns_slots().release();
+            slots.release();
         });
     if let Err(e) = spawned {
-        dns_slots().release();
+        slots.release();
         return Err(ConnectError::Resolve(e));
     }
     let addrs = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -301,11 +310,17 @@ impl Slots {
     }
 }
 
+impl Slots {
+    const fn new() -> Slots {
+        Slots {
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+}
+
 fn dns_slots() -> &'static Slots {
-    static SLOTS: Slots = Slots {
-        used: Mutex::new(0),
-        freed: Condvar::new(),
-    };
+    static SLOTS: Slots = Slots::new();
     &SLOTS
 }
 
@@ -545,27 +560,29 @@ mod tests {
 
     #[test]
     fn dns_lookups_beyond_the_limit_wait_for_a_slot_within_their_deadline() {
+        // A pool of its own: other tests resolve names through the process-wide one.
+        static POOL: Slots = Slots::new();
         // Fill every slot with look-ups that block until released.
         let (release, blocked) = crossbeam_channel::unbounded::<()>();
         let mut waiting = Vec::new();
         for _ in 0..MAX_DNS_IN_FLIGHT {
             let blocked = blocked.clone();
             waiting.push(std::thread::spawn(move || {
-                resolve_with(Duration::from_secs(30), move || {
+                resolve_in(&POOL, Duration::from_secs(30), move || {
                     let _ = blocked.recv();
                     Ok(vec!["127.0.0.1:1".parse().unwrap()])
                 })
             }));
         }
         let end = Instant::now() + Duration::from_secs(30);
-        while *dns_slots().used.lock().unwrap() < MAX_DNS_IN_FLIGHT {
+        while *POOL.used.lock().unwrap() < MAX_DNS_IN_FLIGHT {
             assert!(Instant::now() < end, "the look-ups did not start");
             std::thread::sleep(Duration::from_millis(10));
         }
         // No slot: the deadline passes without a look-up being started.
         let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s2 = started.clone();
-        let err = resolve_with(Duration::from_millis(50), move || {
+        let err = resolve_in(&POOL, Duration::from_millis(50), move || {
             s2.store(true, Ordering::SeqCst);
             Ok(vec![])
         })
@@ -574,7 +591,7 @@ mod tests {
         assert!(!started.load(Ordering::SeqCst));
         // A slot frees up: a waiting look-up goes ahead.
         let late = std::thread::spawn(|| {
-            resolve_with(Duration::from_secs(30), || {
+            resolve_in(&POOL, Duration::from_secs(30), || {
                 Ok(vec!["127.0.0.1:2".parse().unwrap()])
             })
         });
