@@ -60,10 +60,7 @@ fn one_oversized_stored_event_does_not_stop_a_relay() {
     let own = TestRelay::start();
     let remote = TestRelay::start();
     let r = common::OneRepo::new(&remote);
-    own.insert(&r.ann);
-    remote.insert(&r.ann);
-    remote.insert(&r.issue);
-    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    let mut expected = r.seed(&own, &remote);
     for i in 0..3 {
         let e = r.reply(&format!("normal reply {i}"));
         remote.insert(&e);
@@ -100,10 +97,7 @@ fn a_panicking_thread_is_restarted_and_sync_continues() {
     let own = TestRelay::start();
     let remote = TestRelay::start();
     let r = common::OneRepo::new(&remote);
-    own.insert(&r.ann);
-    remote.insert(&r.ann);
-    remote.insert(&r.issue);
-    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    let mut expected = r.seed(&own, &remote);
     let handle = grasp_sync::start(config(&own)).unwrap();
     let converged = |expected: &HashSet<EventId>| {
         wait_until(WAIT, || {
@@ -149,10 +143,7 @@ fn shutdown_with_a_full_input_channel_still_stops() {
     let own = TestRelay::start();
     let remote = TestRelay::start();
     let r = common::OneRepo::new(&remote);
-    own.insert(&r.ann);
-    remote.insert(&r.ann);
-    remote.insert(&r.issue);
-    let expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    let expected = r.seed(&own, &remote);
     let mut c = config(&own);
     c.input_channel = 1;
     let handle = grasp_sync::start(c).unwrap();

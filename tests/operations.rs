@@ -37,12 +37,10 @@ fn seeded() -> (
     let own = TestRelay::start();
     let remote = TestRelay::start();
     let r = OneRepo::new(&remote);
-    own.insert(&r.ann);
-    remote.insert(&r.ann);
-    remote.insert(&r.issue);
+    let mut want = r.seed(&own, &remote);
     let reply = r.reply("a reply");
     remote.insert(&reply);
-    let want = [r.ann.id, r.issue.id, reply.id].into_iter().collect();
+    want.insert(reply.id);
     (own, remote, r, want)
 }
 

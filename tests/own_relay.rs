@@ -131,9 +131,13 @@ fn own_relay_rejection_is_counted_and_retried_when_the_index_changes() {
         .finalize(&other)
         .unwrap();
     own.insert(&unrelated);
-    std::thread::sleep(Duration::from_millis(500));
+    // Once the engine has applied that announcement, the replies must not come in.
+    assert!(wait_until(Duration::from_secs(30), || handle
+        .with_machine(|m| m.repo_index().len() == 2)));
     assert!(
-        !own.event_ids().is_superset(&expected),
+        !wait_until(Duration::from_secs(2), || own
+            .event_ids()
+            .is_superset(&expected)),
         "replies retried for an unrelated change"
     );
     // ... a newer announcement of the replies' repository retries them.

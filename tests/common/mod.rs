@@ -403,6 +403,15 @@ impl OneRepo {
         }
     }
 
+    /// Stores the announcement on `own` and `remote` and the issue on `remote`, the start of
+    /// most socket tests; returns their ids (what the own relay must end with so far).
+    pub fn seed(&self, own: &TestRelay, remote: &TestRelay) -> HashSet<EventId> {
+        own.insert(&self.ann);
+        remote.insert(&self.ann);
+        remote.insert(&self.issue);
+        [self.ann.id, self.issue.id].into()
+    }
+
     /// A NIP-22 comment on the issue (`E`, `K`, `e` tags).
     pub fn reply(&self, text: &str) -> Event {
         comment(&self.keys, &self.issue, text)
