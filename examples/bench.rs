@@ -293,7 +293,7 @@ fn clock_ticks_per_sec() -> f64 {
 fn engine_thread_kind(comm: &str) -> Option<&'static str> {
     match comm {
         "coordinator" => Some("coordinator"),
-        "forwarder" => Some("forwarder"),
+        "forwarder" | "forwarder-read" => Some("forwarder"),
         "dns" => Some("dns"),
         _ if comm.starts_with("relay ") => Some("relay"),
         _ => None,
