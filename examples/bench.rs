@@ -659,7 +659,8 @@ fn poll_until(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
     true
 }
 
-/// A short pause of 0–20 ms so that publishes do not lock onto the relays' 20 ms tick.
+/// A short pause of 0–20 ms between publishes, so that they do not lock onto any periodic
+/// wake-up (the TestRelay used to write live events on a 20 ms tick).
 fn jitter_pause() {
     std::thread::sleep(Duration::from_micros(rand::random_range(0..20_000)));
 }
@@ -724,7 +725,7 @@ fn live_latency(sizes: &Sizes) -> Vec<Figure> {
 }
 
 /// Publish → arrival at a plain websocket client subscribed on `relay`: what the TestRelay
-/// itself adds (its connection thread writes live events on a 20 ms tick).
+/// itself adds (its connection thread wakes when an event is published).
 fn relay_floor(relay: &TestRelay, history: &History, n: usize) -> Vec<Duration> {
     let (mut ws, _) = tungstenite::connect(relay.url()).expect("client connects");
     let root = history.roots[0].id.to_hex();
