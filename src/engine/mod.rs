@@ -268,12 +268,17 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
                 config.clock.now(),
                 &metrics.state,
             );
-            Some(state_file::StateWriter::new(
-                dir.clone(),
-                own,
-                key,
-                config.state_save_interval,
-            ))
+            Some(
+                state_file::StateWriter::new(
+                    dir.clone(),
+                    own,
+                    key,
+                    config.state_save_interval,
+                    metrics.clone(),
+                    config.clock.clone(),
+                )
+                .map_err(Error::Spawn)?,
+            )
         }
         None => None,
     };
