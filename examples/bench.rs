@@ -13,7 +13,8 @@
 //! * the floor: `Event::verify` on one thread over the same events, and engine CPU ÷ verify;
 //! * live latency from a publish on a remote relay to the event stored on the own relay;
 //! * memory per connected relay and idle CPU (each in a child process of its own);
-//! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch).
+//! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch);
+//! * the state file of `--state-dir` at its caps: size, write, read and restore.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -61,7 +62,7 @@ struct Args {
     /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
     #[argh(option)]
     idle_secs: Option<u64>,
-    /// run only these sections (comma-separated: historic, live, memory, planning)
+    /// run only these sections (comma-separated: historic, live, memory, planning, state)
     #[argh(option)]
     only: Option<String>,
     /// internal: run one memory probe in this process and print its JSON
@@ -1157,6 +1158,100 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
     figures
 }
 
+// ----- persisted state (issue 11) -----
+
+/// The state file at its caps: 1,000 relays sharing 100,000 confirmed items (coordinates of
+/// typical length and root ids), rendered, written atomically, read back and restored.
+fn state_figures() -> Vec<Figure> {
+    use grasp_sync::core::sync::{RelaySnapshot, SyncSnapshot, MAX_STATE_ITEMS};
+    use grasp_sync::engine::state_file;
+    let relays = 1_000;
+    let per_relay = MAX_STATE_ITEMS / relays;
+    let now = Time::from_millis(SystemTimeMs::now());
+    let mut snap = SyncSnapshot {
+        taken_at_ms: now.wall_millis(),
+        ..Default::default()
+    };
+    let pk = Keys::generate().public_key().to_hex();
+    for r in 0..relays {
+        let mut e = RelaySnapshot {
+            connected: true,
+            catch_up_since: now.timestamp().as_secs() - 3_600,
+            next_daily_ms: Some(now.wall_millis() + 20 * 3_600_000),
+            ..Default::default()
+        };
+        for i in 0..per_relay {
+            if i % 4 == 0 {
+                e.repos.push(format!("30617:{pk}:repository-{r}-{i}"));
+            } else {
+                let mut b = [0u8; 32];
+                b[..8].copy_from_slice(&((r * per_relay + i) as u64).to_be_bytes());
+                e.root_events.push(EventId::from_byte_array(b).to_hex());
+            }
+        }
+        snap.relays.insert(format!("wss://relay{r}.example.com"), e);
+    }
+    let dir = std::env::temp_dir().join(format!("grasp-sync-bench-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let t = Instant::now();
+    let text = state_file::render(&snap, "ws://127.0.0.1:7777", "k");
+    let render = t.elapsed();
+    let t = Instant::now();
+    let bytes = state_file::write_atomically(&dir, &text).expect("write");
+    let write = t.elapsed();
+    let t = Instant::now();
+    let loaded = state_file::load(&dir, "ws://127.0.0.1:7777", "k");
+    let load = t.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    let state_file::Loaded::Snapshot(loaded) = loaded else {
+        panic!("the written file did not load: {loaded:?}");
+    };
+    let mut m = SyncMachine::new(SyncConfig::new(
+        RelayUrl::parse("ws://127.0.0.1:7777").unwrap(),
+    ));
+    let t = Instant::now();
+    let report = m.restore(loaded, now.plus(Duration::from_secs(60)));
+    let restore = t.elapsed();
+    assert_eq!(report.relays_restored, relays, "{report:?}");
+    let label = format!(
+        "state file, {relays} relays, {} items",
+        number(MAX_STATE_ITEMS as f64)
+    );
+    vec![
+        Figure::new(
+            format!("{label}: size"),
+            bytes as f64 / 1e6,
+            "MB",
+            Budget::AtMost(32.0),
+        ),
+        Figure::new(format!("{label}: render"), ms(render), "ms", Budget::None),
+        Figure::new(
+            format!("{label}: atomic write (fsync)"),
+            ms(write),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            format!("{label}: read and parse"),
+            ms(load),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(format!("{label}: restore"), ms(restore), "ms", Budget::None),
+    ]
+}
+
+/// Wall clock in Unix milliseconds.
+struct SystemTimeMs;
+
+impl SystemTimeMs {
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
 // ----- main -----
 
 fn main() {
@@ -1192,6 +1287,7 @@ fn main() {
     section("live latency", &mut |_| live_latency(&sizes));
     section("memory and idle CPU", &mut |n| memory_figures(&sizes, n));
     section("planning", &mut |_| planning_figures(&sizes));
+    section("state file", &mut |_| state_figures());
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let total = started.elapsed().as_secs_f64();
     notes.push(format!(
