@@ -114,6 +114,10 @@ pub struct RelayStatus {
     pub loading_queries: usize,
     /// Queries the relay closed, waiting for their delay to be opened again.
     pub reopen_pending: usize,
+    /// NIP-77 support as known (`docs/nip77.md`).
+    pub nip77: crate::core::sync::Nip77Support,
+    /// Reconciliations running or waiting on this relay.
+    pub reconciliations_pending: usize,
     /// Consecutive failed connection attempts.
     pub failures: u32,
     /// Times this relay's thread ended unexpectedly (a panic) and was started again.
@@ -388,6 +392,8 @@ impl SyncHandle {
                     polled_queries: s.polled_queries,
                     loading_queries: s.loading_queries,
                     reopen_pending: s.reopen_pending,
+                    nip77: s.nip77,
+                    reconciliations_pending: s.reconciliations_pending,
                     failures: s.failures,
                 }
             })

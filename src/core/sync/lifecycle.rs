@@ -75,14 +75,7 @@ impl SyncMachine {
                 }
                 self.open_live_set(relay, since, true, now);
             }
-            None => {
-                self.open_sub(
-                    relay,
-                    generation,
-                    SubPurpose::Announcements,
-                    build_announcement_filter(None),
-                );
-            }
+            None => self.open_announcements(relay, generation),
         }
         self.recompute_actions_for_relay(relay, now);
     }
@@ -106,6 +99,8 @@ impl SyncMachine {
         if was_connected {
             link.keep_unfinished_history();
         }
+        self.drop_jobs_of(relay, was_connected);
+        let link = self.links.entry(relay.clone()).or_default();
         link.forget_subscriptions();
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
@@ -156,6 +151,8 @@ impl SyncMachine {
             self.limits.remove(&url);
             self.budgets.remove(&url);
             self.max_message.remove(&url);
+            self.drop_jobs_of(&url, false);
+            self.recon.support.remove(&url);
             self.commands.push_back(Command::Forget { relay: url });
         }
     }
