@@ -214,8 +214,8 @@ impl Status {
     }
 
     /// True when the own relay is connected and its history read and applied, every known
-    /// relay is connected with nothing pending and everything it should carry confirmed, and
-    /// the forward queue is empty.
+    /// relay is connected with nothing pending (no batch, no NIP-77 reconciliation) and
+    /// everything it should carry confirmed, and the forward queue is empty.
     pub fn is_settled(&self) -> bool {
         self.own_relay == ConnectionStatus::Connected
             && !self.self_sync_pending
@@ -223,6 +223,7 @@ impl Status {
             && self.relays.iter().all(|r| {
                 r.connection_status == ConnectionStatus::Connected
                     && r.pending_batches == 0
+                    && r.reconciliations_pending == 0
                     && r.confirmed_repos >= r.target_repos
                     && r.confirmed_root_events >= r.target_root_events
             })
