@@ -22,9 +22,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod nip11;
+mod nip77;
 mod relay;
 pub mod tls;
 
+pub use self::nip77::{Nip77Mode, RecordedNegOpen};
 pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions};
 
 /// Polls `cond` every 10 ms until it returns `true` (then returns `true`) or

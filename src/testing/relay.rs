@@ -43,6 +43,7 @@ use tungstenite::{Message, WebSocket};
 
 use super::nip11;
 use crate::net::inbound::Inbound;
+use super::nip77::{self, Nip77Mode, RecordedNegOpen, Session};
 
 /// Largest websocket message (and frame) the relay accepts.
 const MAX_MESSAGE_SIZE: usize = 16 << 20;
@@ -136,6 +137,13 @@ pub struct TestRelayOptions {
     /// A relay that lies about its history window: serve stored events as if each filter had
     /// no `since` and `until` (so every page returns the newest events again).
     pub ignore_time_window: bool,
+    /// How NIP-77 (negentropy) messages are answered ([`Nip77Mode::Off`] by default: like
+    /// nostr-rs-relay, with a NOTICE).
+    pub nip77: Nip77Mode,
+    /// The most stored events one `NEG-OPEN` may reconcile; a filter matching more is answered
+    /// `["NEG-ERR", sub_id, "blocked: too many query results"]` (strfry's `maxSyncEvents`).
+    /// `None`: no cap.
+    pub nip77_max_records: Option<usize>,
 }
 
 impl Default for TestRelayOptions {
@@ -152,6 +160,8 @@ impl Default for TestRelayOptions {
             refuse_connections: false,
             require_auth: false,
             ignore_time_window: false,
+            nip77: Nip77Mode::Off,
+            nip77_max_records: None,
         }
     }
 }
@@ -305,6 +315,10 @@ struct Conn {
     challenge_sent: bool,
     /// Whether the connection authenticated (NIP-42).
     authed: bool,
+    /// Open negentropy sessions by subscription id.
+    neg_sessions: HashMap<String, Session>,
+    /// `NEG-MSG` replies sent on this connection ([`Nip77Mode::DropAfter`]).
+    neg_replies: u64,
 }
 
 impl Conn {
@@ -335,6 +349,8 @@ struct State {
     authenticated: Vec<PublicKey>,
     /// One-shot mid-answer drop ([`TestRelay::set_drop_mid_answer`]).
     mid_answer: MidAnswerDrop,
+    /// Every `NEG-OPEN` received (NIP-77 not `Off`).
+    neg_opens: Vec<RecordedNegOpen>,
 }
 
 impl State {
@@ -381,6 +397,10 @@ struct Shared {
     pings_received: AtomicU64,
     /// [`TestRelay::set_idle_wait`] in milliseconds; 0: [`IDLE_WAIT`].
     idle_wait_ms: AtomicU64,
+    /// Payload bytes of the websocket messages written to clients.
+    bytes_sent: AtomicU64,
+    /// Connections hung up by [`Nip77Mode::DropAfter`].
+    nip77_drops: AtomicU64,
 }
 
 impl Shared {
@@ -690,6 +710,18 @@ impl TestRelay {
         self.shared.state.lock().opts.require_auth = require;
     }
 
+    /// Sets how NIP-77 (negentropy) messages are answered (see [`Nip77Mode`]). Sessions
+    /// already open stay open (and are served unless the mode is `Off` or `Silent`).
+    pub fn set_nip77(&self, mode: Nip77Mode) {
+        self.shared.state.lock().opts.nip77 = mode;
+    }
+
+    /// Caps the stored events one later `NEG-OPEN` may reconcile (see
+    /// [`TestRelayOptions::nip77_max_records`]).
+    pub fn set_nip77_max_records(&self, max: Option<usize>) {
+        self.shared.state.lock().opts.nip77_max_records = max;
+    }
+
     /// A copy of the current options.
     pub fn options(&self) -> TestRelayOptions {
         self.shared.state.lock().opts.clone()
@@ -827,6 +859,29 @@ impl TestRelay {
     pub fn set_idle_wait(&self, wait: Duration) {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
         self.shared.idle_wait_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Every `NEG-OPEN` received so far (NIP-77 not `Off`), in arrival order.
+    pub fn neg_opens(&self) -> Vec<RecordedNegOpen> {
+        self.shared.state.lock().neg_opens.clone()
+    }
+
+    /// Number of negentropy sessions open now, over all connections.
+    pub fn open_neg_sessions(&self) -> usize {
+        let state = self.shared.state.lock();
+        state.conns.values().map(|c| c.neg_sessions.len()).sum()
+    }
+
+    /// Connections hung up by [`Nip77Mode::DropAfter`] so far.
+    pub fn nip77_drops(&self) -> u64 {
+        self.shared.nip77_drops.load(Ordering::SeqCst)
+    }
+
+    /// Payload bytes of every websocket message sent to clients so far (events, EOSE,
+    /// NEG-MSG, NOTICE, …; neither websocket framing nor HTTP answers). Restarts at 0 with
+    /// [`restart`](Self::restart).
+    pub fn bytes_sent(&self) -> u64 {
+        self.shared.bytes_sent.load(Ordering::Relaxed)
     }
 
     /// Number of subscriptions open now, over all connections.
@@ -1041,7 +1096,11 @@ fn serve_connection(shared: &Arc<Shared>, mut stream: TcpStream, conn_id: u64) {
     }
     let response = if head.wants_nip11() {
         shared.nip11_requests.fetch_add(1, Ordering::SeqCst);
-        match &shared.state.lock().opts.nip11 {
+        let state = shared.state.lock();
+        match &state.opts.nip11 {
+            Some(doc) if state.opts.nip77.advertised() => {
+                nip11::nip11_document(&nip77::advertise(doc))
+            }
             Some(doc) => nip11::nip11_document(doc),
             None => nip11::error_response(404, "Not Found"),
         }
@@ -1110,6 +1169,8 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
                 challenge,
                 challenge_sent,
                 authed: false,
+                neg_sessions: HashMap::new(),
+                neg_replies: 0,
             },
         );
     }
@@ -1120,8 +1181,12 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
     debug!("test relay: connection {conn_id}: closed");
 }
 
-/// Writes `frame`; returns `false` if the connection is broken.
-fn write_frame(ws: &mut WebSocket<RelayStream>, frame: String) -> bool {
+/// Writes `frame` (counted in [`TestRelay::bytes_sent`]); returns `false` if the connection
+/// is broken.
+fn write_frame(shared: &Shared, ws: &mut WebSocket<RelayStream>, frame: String) -> bool {
+    shared
+        .bytes_sent
+        .fetch_add(frame.len() as u64, Ordering::Relaxed);
     match ws.write(Message::text(frame)) {
         Ok(()) => true,
         // The frame stays buffered and goes out with a later flush.
@@ -1157,7 +1222,7 @@ fn connection_loop(
                 }
                 Ok(frame) if frame == WAKE => {}
                 Ok(frame) => {
-                    if !write_frame(ws, frame) {
+                    if !write_frame(shared, ws, frame) {
                         return;
                     }
                 }
@@ -1178,7 +1243,7 @@ fn connection_loop(
                     .get(&conn_id)
                     .and_then(|c| c.subs.get(&eose.sub_id))
                     .is_some_and(|s| s.generation == eose.generation);
-                if still_open && !write_frame(ws, eose_frame(&eose.sub_id)) {
+                if still_open && !write_frame(shared, ws, eose_frame(&eose.sub_id)) {
                     return;
                 }
             }
@@ -1196,14 +1261,14 @@ fn connection_loop(
                 trace!("test relay: connection {conn_id} <- {}", text.as_str());
                 let handled = handle_message(shared, conn_id, text.as_str());
                 for frame in handled.frames {
-                    if !write_frame(ws, frame) {
+                    if !write_frame(shared, ws, frame) {
                         return;
                     }
                 }
                 pending.extend(handled.delayed_eose);
             }
             Ok(Message::Binary(_)) => {
-                if !write_frame(ws, notice_frame(PARSE_ERROR)) {
+                if !write_frame(shared, ws, notice_frame(PARSE_ERROR)) {
                     return;
                 }
             }
@@ -1272,8 +1337,172 @@ fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
             Ok(event) => handle_auth(shared, conn_id, &event),
             Err(_) => parse_error(),
         },
+        ("NEG-OPEN" | "NEG-MSG" | "NEG-CLOSE", _)
+            if shared.state.lock().opts.nip77 == Nip77Mode::Off =>
+        {
+            parse_error()
+        }
+        ("NEG-OPEN", 4) => {
+            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                return parse_error();
+            };
+            handle_neg_open(shared, conn_id, sub_id, parts[2].get(), parts[3].get())
+        }
+        ("NEG-MSG", 3) => {
+            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                return parse_error();
+            };
+            handle_neg_msg(shared, conn_id, sub_id, parts[2].get())
+        }
+        ("NEG-CLOSE", 2) => {
+            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                return parse_error();
+            };
+            if let Some(conn) = shared.state.lock().conns.get_mut(&conn_id) {
+                conn.neg_sessions.remove(&sub_id);
+            }
+            Handled::default()
+        }
         _ => parse_error(),
     }
+}
+
+fn neg_msg_frame(sub_id: &str, msg: &[u8]) -> String {
+    format!(
+        "[\"NEG-MSG\",{},\"{}\"]",
+        json_str(sub_id),
+        nip77::hex_encode(msg)
+    )
+}
+
+fn neg_err_frame(sub_id: &str, msg: &str) -> String {
+    format!("[\"NEG-ERR\",{},{}]", json_str(sub_id), json_str(msg))
+}
+
+/// The hex negentropy message of a `NEG-OPEN` or `NEG-MSG` (a JSON string), decoded.
+fn neg_payload(raw: &str) -> Result<Vec<u8>, String> {
+    let text = serde_json::from_str::<String>(raw)
+        .map_err(|_| nip77::invalid("the negentropy message is not a string"))?;
+    nip77::hex_decode(&text).ok_or_else(|| nip77::invalid("the negentropy message is not hex"))
+}
+
+/// `["NEG-OPEN", sub_id, filter, initial_message]` (NIP-77 not `Off`).
+fn handle_neg_open(
+    shared: &Shared,
+    conn_id: u64,
+    sub_id: String,
+    raw_filter: &str,
+    raw_msg: &str,
+) -> Handled {
+    let Ok(filter) = Filter::from_json(raw_filter) else {
+        return Handled::frame(neg_err_frame(&sub_id, &nip77::invalid("bad filter")));
+    };
+    let mut guard = shared.state.lock();
+    let state = &mut *guard;
+    state.neg_opens.push(RecordedNegOpen {
+        conn: conn_id,
+        sub_id: sub_id.clone(),
+        filter: filter.clone(),
+        at: Instant::now(),
+    });
+    let Some(conn) = state.conns.get_mut(&conn_id) else {
+        return Handled::default();
+    };
+    // A NEG-OPEN reusing an id replaces that session, whatever happens next.
+    conn.neg_sessions.remove(&sub_id);
+    let opts = &state.opts;
+    if opts.require_auth && !conn.authed {
+        return conn.refused(neg_err_frame(&sub_id, AUTH_REQUIRED));
+    }
+    match &opts.nip77 {
+        Nip77Mode::Off | Nip77Mode::Silent => return Handled::default(),
+        Nip77Mode::NegErr(msg) => return Handled::frame(neg_err_frame(&sub_id, msg)),
+        Nip77Mode::Closed(msg) => return Handled::frame(closed_frame(&sub_id, msg)),
+        Nip77Mode::DropAfter(0) => {
+            shared.nip77_drops.fetch_add(1, Ordering::SeqCst);
+            let _ = conn.tx.send(HANG_UP.to_string());
+            return Handled::default();
+        }
+        Nip77Mode::On | Nip77Mode::DropAfter(_) => {}
+    }
+    let initial = match neg_payload(raw_msg) {
+        Ok(bytes) => bytes,
+        Err(why) => return Handled::frame(neg_err_frame(&sub_id, &why)),
+    };
+    if conn.neg_sessions.len() >= nip77::MAX_SESSIONS_PER_CONN {
+        return Handled::frame(neg_err_frame(
+            &sub_id,
+            "blocked: too many open negentropy sessions",
+        ));
+    }
+    let limit = filter.limit.unwrap_or(usize::MAX);
+    let records: Vec<(Timestamp, EventId)> = state
+        .store
+        .iter()
+        .filter(|s| filter.match_event(&s.event, MatchEventOptions::new()))
+        .take(limit)
+        .map(|s| (s.event.created_at, s.event.id))
+        .collect();
+    if opts
+        .nip77_max_records
+        .is_some_and(|max| records.len() > max)
+    {
+        return Handled::frame(neg_err_frame(&sub_id, nip77::TOO_MANY_RECORDS));
+    }
+    match nip77::open(records.into_iter(), &initial) {
+        Ok((session, reply)) => {
+            conn.neg_sessions.insert(sub_id.clone(), session);
+            neg_reply(shared, opts, conn, &sub_id, &reply)
+        }
+        Err(e) => Handled::frame(neg_err_frame(&sub_id, &nip77::invalid(&e.to_string()))),
+    }
+}
+
+/// `["NEG-MSG", sub_id, message]` (NIP-77 not `Off`).
+fn handle_neg_msg(shared: &Shared, conn_id: u64, sub_id: String, raw_msg: &str) -> Handled {
+    let mut guard = shared.state.lock();
+    let state = &mut *guard;
+    let Some(conn) = state.conns.get_mut(&conn_id) else {
+        return Handled::default();
+    };
+    if state.opts.nip77 == Nip77Mode::Silent {
+        return Handled::default();
+    }
+    let Some(session) = conn.neg_sessions.get_mut(&sub_id) else {
+        return Handled::frame(neg_err_frame(&sub_id, nip77::NO_SESSION));
+    };
+    let reply = neg_payload(raw_msg).and_then(|msg| {
+        session
+            .reconcile(&msg)
+            .map_err(|e| nip77::invalid(&e.to_string()))
+    });
+    match reply {
+        Ok(reply) => neg_reply(shared, &state.opts, conn, &sub_id, &reply),
+        Err(why) => {
+            // As strfry: a session that failed is gone.
+            conn.neg_sessions.remove(&sub_id);
+            Handled::frame(neg_err_frame(&sub_id, &why))
+        }
+    }
+}
+
+/// The `NEG-MSG` carrying `reply`; under [`Nip77Mode::DropAfter`] the connection hangs up
+/// after its n-th reply.
+fn neg_reply(
+    shared: &Shared,
+    opts: &TestRelayOptions,
+    conn: &mut Conn,
+    sub_id: &str,
+    reply: &[u8],
+) -> Handled {
+    conn.neg_replies += 1;
+    if let Nip77Mode::DropAfter(n) = opts.nip77 {
+        if conn.neg_replies >= u64::from(n) {
+            shared.nip77_drops.fetch_add(1, Ordering::SeqCst);
+            let _ = conn.tx.send(HANG_UP.to_string());
+        }
+    }
+    Handled::frame(neg_msg_frame(sub_id, reply))
 }
 
 /// NIP-42: a valid kind-22242 event whose `challenge` tag is this connection's challenge and
