@@ -4,9 +4,10 @@
 //! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
 //! read one frame with a read timeout (`WsOptions::tick` while busy, `WsOptions::idle_tick`
 //! once quiet: [`read_timeout`]), ping when due. Every event is checked (id, signature,
-//! matches the subscription's filter; a copy whose signature was verified before, by any relay
-//! thread, has only its id checked: [`Metrics::verified`]) and handed on: to the forwarder for
-//! a remote relay, to the coordinator for the own relay's self-subscription. After a disconnect the
+//! matches the subscription's filter; a copy of JSON verified before, by any relay thread, is
+//! recognised by the SHA-256 of its bytes, a copy with other bytes has only its id checked:
+//! [`Metrics::verified`]) and handed on: to the forwarder for a remote relay (one copy per
+//! event), to the coordinator for the own relay's self-subscription. After a disconnect the
 //! thread goes back to waiting; the coordinator decides when to reconnect.
 //!
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
@@ -690,7 +691,8 @@ impl ConnectionThread {
                 };
                 // A copy (from another relay, another filter, or the own relay reading back
                 // what the forwarder stored) has its id checked but not its signature again.
-                let checked = check_parsed_cached(&event, &sub.filter, &self.metrics.verified);
+                let checked =
+                    check_parsed_cached(&event, raw.get(), &sub.filter, &self.metrics.verified);
                 if matches!(
                     checked,
                     Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
@@ -710,6 +712,18 @@ impl ConnectionThread {
                         RelayCounters::inc(&self.counters.events_accepted);
                         match &self.role {
                             Role::Remote(forward) => {
+                                // Only one copy per forwarder: it would drop the others.
+                                let forwarder =
+                                    self.metrics.forwarder_restarts.load(Ordering::Relaxed);
+                                if !self.metrics.verified.claim_forward(&event.id, forwarder) {
+                                    RelayCounters::inc(&self.counters.copies_not_forwarded);
+                                    trace!(
+                                        "{}: {} already handed to the forwarder",
+                                        self.url,
+                                        event.id
+                                    );
+                                    return true;
+                                }
                                 let item = ForwardItem {
                                     id: event.id,
                                     raw: Arc::from(raw.get()),
