@@ -53,6 +53,14 @@ pub const MAX_RELAY_TEXT: usize = 300;
 /// Ids of oversized events one relay thread remembers (so each is counted and logged once).
 pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
 
+/// Stack of a relay thread. It handles frames and checks events; connects and the NIP-11
+/// request run on a helper thread ([`HELPER_STACK`]).
+pub const RELAY_STACK: usize = 256 * 1024;
+
+/// Stack of the short-lived helper thread that runs a relay's connect (DNS wait, TCP, TLS and
+/// websocket handshakes) and its NIP-11 request.
+pub const HELPER_STACK: usize = 256 * 1024;
+
 /// Commands from the coordinator to a relay thread.
 #[derive(Debug, Clone)]
 pub enum Control {
@@ -181,7 +189,16 @@ impl ConnectionThread {
                 continue;
             }
             if !limits_known {
-                match self.fetch_limits(&verdict) {
+                let fetched = self
+                    .on_helper(|| self.fetch_limits(&verdict))
+                    .unwrap_or_else(|e| {
+                        debug!(
+                            "{}: no thread for the NIP-11 request ({e}); using defaults",
+                            self.url
+                        );
+                        Ok(false)
+                    });
+                match fetched {
                     Ok(known) => limits_known = known,
                     Err(reason) => {
                         self.refused(generation, reason);
@@ -257,6 +274,25 @@ impl ConnectionThread {
         }
     }
 
+    /// Runs `f` (a connect or the NIP-11 request) on a short-lived helper thread and waits
+    /// for it. The TCP, TLS, websocket and HTTP handshakes touch tens of KiB of stack that the
+    /// relay thread would keep resident for the rest of its life (an idle connection needs
+    /// far less); a helper's stack pages are given back when it ends. A panic in `f` is
+    /// resumed here, so the relay thread fails as it would have. `Err` when no thread could
+    /// be started.
+    fn on_helper<T: Send>(&self, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
+        std::thread::scope(|scope| {
+            let handle = std::thread::Builder::new()
+                .name(format!("relay {}", self.url))
+                .stack_size(HELPER_STACK)
+                .spawn_scoped(scope, f)?;
+            match handle.join() {
+                Ok(v) => Ok(v),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Relaxed)
     }
@@ -315,7 +351,16 @@ impl ConnectionThread {
     ) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
         let check = |addr| self.check_addr(verdict, addr);
-        let mut socket = match ws::connect_checked(&self.url, &self.ws, &self.tls, &check) {
+        let connected =
+            self.on_helper(|| ws::connect_checked(&self.url, &self.ws, &self.tls, &check));
+        let connected = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                self.disconnected(generation, format!("cannot start a connect thread: {e}"));
+                return SessionEnd::Lost;
+            }
+        };
+        let mut socket = match connected {
             Ok(s) => s,
             Err(ws::ConnectError::Refused(reason)) => {
                 self.refused(generation, reason);
@@ -901,7 +946,7 @@ pub fn spawn(t: ConnectionThread) -> std::io::Result<std::thread::JoinHandle<()>
     let name = format!("relay {}", t.url);
     std::thread::Builder::new()
         .name(name)
-        .stack_size(256 * 1024)
+        .stack_size(RELAY_STACK)
         .spawn(move || t.run())
 }
 
