@@ -594,6 +594,8 @@ impl Forwarder {
             }
             OkOutcome::Rejected(reason) => {
                 self.resolved();
+                // Given up: the next copy from a remote relay is handed over again.
+                self.metrics.verified.release_forward(&event_id);
                 let slot = crate::engine::metrics::reject_reason_slot(&reason);
                 let n =
                     self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);

@@ -42,8 +42,8 @@ use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
 use super::nip11;
-use crate::net::inbound::Inbound;
 use super::nip77::{self, Nip77Mode, RecordedNegOpen, Session};
+use crate::net::inbound::Inbound;
 
 /// Largest websocket message (and frame) the relay accepts.
 const MAX_MESSAGE_SIZE: usize = 16 << 20;
