@@ -297,6 +297,10 @@ pub fn select_targets(
     }
 }
 
+/// One pubkey's repositories in [`select_each`], each with the range of its relays' ids in
+/// the pass's flat id list.
+type KeyRepos<'a> = Vec<(&'a RepoRef, usize, usize)>;
+
 /// [`select_targets`] without collecting: `visit` gets every repository in scope with its
 /// target relays (sorted, possibly none), so [`Plan::reselect`] can compare in place.
 fn select_each<'a>(
@@ -313,7 +317,7 @@ fn select_each<'a>(
     // 1. Scope; group repositories by pubkey, each with its relays (minus `excluded`) as
     //    ids in one flat list.
     let mut key_ids: HashMap<&'a str, usize> = HashMap::new();
-    let mut keys: Vec<(&'a str, Vec<(&'a RepoRef, usize, usize)>)> = Vec::new();
+    let mut keys: Vec<(&'a str, KeyRepos<'a>)> = Vec::new();
     let mut flat: Vec<u32> = Vec::new();
     for (repo, needs) in repo_index {
         if needs.relays.is_empty() {
@@ -741,8 +745,10 @@ pub fn compute_actions_for<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
-    use crate::core::state::{PendingBatch, PendingItems, RelayState, RepoSyncNeeds};
+    use crate::core::state::{PendingBatch, PendingItems, RelayState};
     use crate::core::time::Time;
 
     fn url(s: &str) -> RelayUrl {
@@ -1092,5 +1098,175 @@ mod tests {
             }
         }
         assert_eq!(union, all.targets);
+    }
+
+    /// The selection as it was written before relay URLs were interned (issue 10): a
+    /// reference for [`select_each`], with the same visit order contract ignored (the
+    /// results are compared as maps).
+    fn reference_select(
+        repo_index: &RepoSyncIndex,
+        excluded: &[RelayUrl],
+        policy: &TargetPolicy,
+        mut visit: impl FnMut(&RepoRef, &[&RelayUrl]),
+    ) -> TargetReport {
+        let mut report = TargetReport::default();
+        // 1. Scope; group repositories by pubkey (sorted for determinism).
+        let mut by_key: BTreeMap<&str, Vec<&RepoRef>> = BTreeMap::new();
+        for (repo, needs) in repo_index {
+            if needs.relays.is_empty() {
+                continue;
+            }
+            if !policy.scope.admits(needs.relays.iter()) {
+                report.repos_out_of_scope += 1;
+                continue;
+            }
+            report.repos_in_scope += 1;
+            by_key.entry(repo_pubkey(repo)).or_default().push(repo);
+        }
+        // 2. Per-pubkey quota.
+        let mut allowed: Vec<(&str, Vec<&RelayUrl>)> = Vec::new();
+        let mut wanted: BTreeSet<&RelayUrl> = BTreeSet::new();
+        let mut over_quota: BTreeSet<&RelayUrl> = BTreeSet::new();
+        for (key, repos) in &by_key {
+            let mut count: BTreeMap<&RelayUrl, usize> = BTreeMap::new();
+            for repo in repos {
+                for relay in &repo_index[*repo].relays {
+                    if !excluded.contains(relay) {
+                        *count.entry(relay).or_default() += 1;
+                    }
+                }
+            }
+            let mut ranked: Vec<(&RelayUrl, usize)> = count.into_iter().collect();
+            ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            wanted.extend(ranked.iter().map(|(r, _)| *r));
+            if ranked.len() > policy.max_relays_per_pubkey {
+                report.pubkeys_over_quota += 1;
+                over_quota.extend(
+                    ranked[policy.max_relays_per_pubkey..]
+                        .iter()
+                        .map(|(r, _)| *r),
+                );
+                ranked.truncate(policy.max_relays_per_pubkey);
+            }
+            allowed.push((key, ranked.into_iter().map(|(r, _)| r).collect()));
+        }
+        // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys.
+        let mut selected: HashSet<&RelayUrl> = HashSet::new();
+        let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
+        for r in &policy.reserved {
+            if wanted.contains(r) {
+                selected.insert(r);
+            }
+        }
+        allowed.sort_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| a.0.cmp(b.0)));
+        let mut cursors = vec![0usize; allowed.len()];
+        let mut progress = true;
+        while slots > 0 && progress {
+            progress = false;
+            for (i, (_, relays)) in allowed.iter().enumerate() {
+                if slots == 0 {
+                    break;
+                }
+                while cursors[i] < relays.len() && selected.contains(relays[cursors[i]]) {
+                    cursors[i] += 1;
+                }
+                if let Some(r) = relays.get(cursors[i]) {
+                    selected.insert(r);
+                    cursors[i] += 1;
+                    slots -= 1;
+                    progress = true;
+                }
+            }
+        }
+        let within_quota: HashSet<&RelayUrl> = allowed
+            .iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .collect();
+        report.relays_wanted = wanted.len();
+        report.relays_over_pubkey_quota = over_quota
+            .iter()
+            .filter(|r| !within_quota.contains(*r))
+            .count();
+        report.relays_over_global_cap = within_quota
+            .iter()
+            .filter(|r| !selected.contains(*r))
+            .count();
+        // 4. Each repository's target relays: selected, within its pubkey's quota and (when
+        //    sharded) of this instance's shard.
+        let mut other_shards: HashSet<&RelayUrl> = HashSet::new();
+        let mut mine: Vec<&RelayUrl> = Vec::new();
+        for (key, relays) in &allowed {
+            let quota: HashSet<&RelayUrl> = relays
+                .iter()
+                .copied()
+                .filter(|r| selected.contains(*r))
+                .collect();
+            for repo in &by_key[key] {
+                mine.clear();
+                for relay in &repo_index[*repo].relays {
+                    if !quota.contains(relay) {
+                        continue;
+                    }
+                    if policy.shard.is_some_and(|s| !s.owns(relay)) {
+                        other_shards.insert(relay);
+                        continue;
+                    }
+                    mine.push(relay);
+                }
+                mine.sort();
+                visit(repo, &mine);
+            }
+        }
+        report.relays_other_shards = other_shards.len();
+        report
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// `select_targets` (ids, `Vec`-indexed sets) selects exactly what the straightforward
+        /// version with `BTreeMap`s of URLs selects, report included, under every quota, cap,
+        /// reserved relay, shard, scope and excluded own relay.
+        #[test]
+        fn interned_selection_equals_the_reference(
+            repos in proptest::collection::vec(
+                (0u8..4, proptest::collection::vec(0usize..10, 0..5)), 0..14),
+            per_key in 0usize..5,
+            max in 0usize..9,
+            reserved in proptest::option::of(0usize..10),
+            shard in proptest::option::of(0u64..3),
+            listing in proptest::option::of(0usize..10),
+            excluded_own in proptest::bool::ANY,
+        ) {
+            let relay = |i: usize| url(&format!("wss://p{i}.example"));
+            let mut idx = RepoSyncIndex::new();
+            for (n, (key, relays)) in repos.iter().enumerate() {
+                idx.insert(
+                    keyed_repo(*key, &format!("r{n}")),
+                    RepoSyncNeeds {
+                        relays: relays.iter().map(|i| relay(*i)).collect(),
+                        root_events: HashSet::new(),
+                        announced_at: Some(1),
+                    },
+                );
+            }
+            let excluded: Vec<RelayUrl> = if excluded_own { vec![relay(0)] } else { Vec::new() };
+            let p = TargetPolicy {
+                scope: listing.map_or(RepoScope::All, |i| RepoScope::ListingService(vec![relay(i)])),
+                max_relays_per_pubkey: per_key,
+                max_relays: max,
+                reserved: reserved.into_iter().map(relay).collect(),
+                shard: shard.map(|index| Shard { index, count: 3 }),
+            };
+            let got = select_targets(&idx, &excluded, &p);
+            let mut want: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
+            let report = reference_select(&idx, &excluded, &p, |repo, mine| {
+                if !mine.is_empty() {
+                    want.insert(repo.clone(), mine.iter().map(|r| (*r).clone()).collect());
+                }
+            });
+            proptest::prop_assert_eq!(got.report, report);
+            proptest::prop_assert_eq!(got.repo_relays, want);
+        }
     }
 }
