@@ -988,9 +988,8 @@ impl Planner {
     }
 
     /// Connects the relays of `connect` when asked to and answers every query with an empty
-    /// EOSE, until the machine asks for nothing more. Other relays stay connecting: every
-    /// `Connected` report re-derives the targets of the whole index, so connecting all 1,000
-    /// relays at 100k repositories would take many minutes.
+    /// EOSE, until the machine asks for nothing more. Other relays stay connecting, to keep
+    /// the run short (each `Connected` diffs and subscribes that relay's whole target).
     fn answer(&mut self, mut cmds: Vec<Command>, connect: &[RelayUrl]) {
         while !cmds.is_empty() {
             for cmd in cmds {
