@@ -85,6 +85,9 @@ pub struct Config {
     /// list this service (default false). Without `public_urls` every repository is synced
     /// anyway (see [`Config::repo_scope`]).
     pub archive: bool,
+    /// NIP-77 reconciliation of history queries (default: on where a relay's NIP-11 lists
+    /// 77; unadvertised relays are not tried). See `docs/nip77.md`.
+    pub nip77: crate::core::sync::Nip77Config,
     /// Open subscriptions per relay when its NIP-11 document does not say (default 20).
     pub default_subscription_budget: usize,
     /// How often queries that do not fit a relay's subscription budget are re-run with
@@ -270,6 +273,7 @@ impl Config {
             state_dir: None,
             state_save_interval: Duration::from_secs(30),
             archive: false,
+            nip77: crate::core::sync::Nip77Config::default(),
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: Duration::from_secs(65),
@@ -403,6 +407,7 @@ impl Config {
         c.rate_limit_cooldown = self.rate_limit_cooldown;
         c.refused_retry = self.refused_retry;
         c.seed = self.seed;
+        c.nip77 = self.nip77.clone();
         c
     }
 }

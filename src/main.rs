@@ -47,6 +47,17 @@ struct Args {
     #[argh(switch)]
     archive: bool,
 
+    /// never use NIP-77 reconciliation: read all history with paged REQs, as before NIP-77
+    /// [env GRASP_SYNC_NO_NIP77]
+    #[argh(switch)]
+    no_nip77: bool,
+
+    /// also try NIP-77 once on relays whose NIP-11 does not list it, and remember the
+    /// outcome (a relay that ignores unknown messages then delays its history by 30 s)
+    /// [env GRASP_SYNC_NIP77_PROBE]
+    #[argh(switch)]
+    nip77_probe: bool,
+
     /// the most relays the repositories of one announcing pubkey can make us sync from
     /// (default 64) [env GRASP_SYNC_MAX_RELAYS_PER_PUBKEY]
     #[argh(option, default = "64")]
@@ -292,6 +303,8 @@ const ENV_FLAGS: &[EnvFlag] = &[
     f("max-relays", "GRASP_SYNC_MAX_RELAYS", Kind::Value),
     f("shard", "GRASP_SYNC_SHARD", Kind::Value),
     f("archive", "GRASP_SYNC_ARCHIVE", Kind::Switch),
+    f("no-nip77", "GRASP_SYNC_NO_NIP77", Kind::Switch),
+    f("nip77-probe", "GRASP_SYNC_NIP77_PROBE", Kind::Switch),
     f(
         "max-relays-per-pubkey",
         "GRASP_SYNC_MAX_RELAYS_PER_PUBKEY",
@@ -423,6 +436,11 @@ fn build_config(args: &Args) -> Result<Config, String> {
     }
     at_least("batch-window", args.batch_window, 1, "millisecond")?;
     config.archive = args.archive;
+    if args.no_nip77 && args.nip77_probe {
+        return Err("--no-nip77 and --nip77-probe contradict each other: give one".into());
+    }
+    config.nip77.enabled = !args.no_nip77;
+    config.nip77.probe_unadvertised = args.nip77_probe;
     config.max_relays_per_pubkey = args.max_relays_per_pubkey;
     config.max_relays_per_announcement = args.max_relays_per_announcement;
     if args.forward_max_mib == 0 || args.forward_relay_mib == 0 {
@@ -827,6 +845,22 @@ mod tests {
         assert!(build_config(&a)
             .unwrap_err()
             .contains("--forward-relay-mib"));
+    }
+
+    #[test]
+    fn nip77_flags() {
+        let a = args(&["--own-relay", "ws://x"]).unwrap();
+        let c = build_config(&a).unwrap();
+        assert!(c.nip77.enabled && !c.nip77.probe_unadvertised);
+        let a = args(&["--own-relay", "ws://x", "--no-nip77"]).unwrap();
+        assert!(!build_config(&a).unwrap().nip77.enabled);
+        let a = args(&["--own-relay", "ws://x", "--nip77-probe"]).unwrap();
+        let c = build_config(&a).unwrap();
+        assert!(c.nip77.enabled && c.nip77.probe_unadvertised);
+        let a = args(&["--own-relay", "ws://x", "--no-nip77", "--nip77-probe"]).unwrap();
+        assert!(build_config(&a).unwrap_err().contains("--nip77-probe"));
+        let a = args(&["--own-relay", "ws://x", "--no-nip77"]).unwrap();
+        assert!(!build_config(&a).unwrap().sync_config().nip77.enabled);
     }
 
     #[test]
