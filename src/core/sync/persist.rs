@@ -93,10 +93,25 @@ pub(crate) struct Restored {
     next_daily: Option<Time>,
 }
 
+/// Restored confirmations of a relay that were not in its targets at its first connect
+/// (the own relay's read was still in progress, as for a bootstrap relay connected at
+/// once): an item that joins its targets later on that same connection, within the
+/// quick-reconnect window of the connect, is confirmed with a catch-up from the restored
+/// `since` instead of a batch with full history.
+#[derive(Debug, Clone)]
+pub(crate) struct Late {
+    generation: u64,
+    connected_at: Time,
+    since: nostr::types::Timestamp,
+    repos: HashSet<crate::core::nip34::RepoRef>,
+    root_events: HashSet<EventId>,
+}
+
 /// The machine's persistence bookkeeping.
 #[derive(Debug, Default)]
 pub(crate) struct Persisted {
     restored: HashMap<RelayUrl, Restored>,
+    late: HashMap<RelayUrl, Late>,
     /// NIP-77 support per relay, as far as known (restored or set by the reconciliation).
     nip77: HashMap<RelayUrl, bool>,
 }
@@ -212,12 +227,20 @@ impl SyncMachine {
                     Some(Ok(Some(floor))) => since = since.min(floor),
                     _ => {}
                 }
+                // Restored items still waiting to join the targets stay saved, with their
+                // `since`.
+                let late = self.late_for(url, state.generation, now);
+                if let Some(l) = late {
+                    since = since.min(l.since.as_secs());
+                }
+                let late_repos = late.into_iter().flat_map(|l| l.repos.iter());
+                let late_roots = late.into_iter().flat_map(|l| l.root_events.iter());
                 RelaySnapshot {
                     connected: disconnected_at_ms.is_none(),
                     disconnected_at_ms,
                     catch_up_since: since,
-                    repos: sorted_refs(state.repos.iter()),
-                    root_events: sorted_ids(state.root_events.iter()),
+                    repos: sorted_refs(state.repos.iter().chain(late_repos)),
+                    root_events: sorted_ids(state.root_events.iter().chain(late_roots)),
                     next_daily_ms: self.daily.get(url).map(|t| wall_of(t, now)),
                     nip77: None,
                 }
@@ -377,10 +400,22 @@ impl SyncMachine {
         let left_out = r.repos.len() + r.root_events.len() - repos.len() - roots.len();
         let state = self.relays.get_mut(relay)?;
         info!(
-            "{relay}: restored state: {} repos and {} root events confirmed before the restart ({left_out} saved items not in its targets now are synced in full if they become targets)",
+            "{relay}: restored state: {} repos and {} root events confirmed before the restart ({left_out} saved items not in its targets yet are confirmed with a catch-up if they join them within {window:?})",
             repos.len(),
             roots.len()
         );
+        if left_out > 0 {
+            let late = Late {
+                generation: state.generation,
+                connected_at: now,
+                since: r.since,
+                repos: r.repos.difference(&repos).cloned().collect(),
+                root_events: r.root_events.difference(&roots).copied().collect(),
+            };
+            self.persist.late.insert(relay.clone(), late);
+        } else {
+            self.persist.late.remove(relay);
+        }
         state.repos = repos;
         state.root_events = roots;
         state.last_connected = Some(r.until);
@@ -394,6 +429,86 @@ impl SyncMachine {
     /// Drops the restored state of `relay` (it is forgotten, or its state is cleared).
     pub(super) fn restored_forget(&mut self, relay: &RelayUrl) {
         self.persist.restored.remove(relay);
+        self.persist.late.remove(relay);
+    }
+
+    /// The restored items of `relay` still waiting to join its targets, if they still count
+    /// (same connection, within the quick-reconnect window of its connect).
+    fn late_for(&self, relay: &RelayUrl, generation: u64, now: Time) -> Option<&Late> {
+        self.persist.late.get(relay).filter(|l| {
+            l.generation == generation
+                && now.since(l.connected_at) <= self.config.quick_reconnect_window
+        })
+    }
+
+    /// Called with the new items of a connected relay before they become a batch: those
+    /// that were restored (see [`Late`]) are confirmed at once and caught up from the
+    /// restored `since` (their live coverage comes with the next rebuild); the rest is
+    /// returned for the batch.
+    pub(super) fn take_late_restored(
+        &mut self,
+        relay: &RelayUrl,
+        repos: &mut HashSet<crate::core::nip34::RepoRef>,
+        root_events: &mut HashSet<EventId>,
+        now: Time,
+    ) -> bool {
+        if !self.persist.late.contains_key(relay) {
+            return false;
+        }
+        let Some(generation) = self.relays.get(relay).map(|s| s.generation) else {
+            self.persist.late.remove(relay);
+            return false;
+        };
+        if self.late_for(relay, generation, now).is_none() {
+            self.persist.late.remove(relay);
+            return false;
+        }
+        let Some(late) = self.persist.late.get_mut(relay) else {
+            return false;
+        };
+        let got_repos: HashSet<_> = repos
+            .iter()
+            .filter(|r| late.repos.remove(*r))
+            .cloned()
+            .collect();
+        let got_roots: HashSet<EventId> = root_events
+            .iter()
+            .filter(|e| late.root_events.remove(*e))
+            .copied()
+            .collect();
+        let since = late.since;
+        if late.repos.is_empty() && late.root_events.is_empty() {
+            self.persist.late.remove(relay);
+        }
+        if got_repos.is_empty() && got_roots.is_empty() {
+            return false;
+        }
+        repos.retain(|r| !got_repos.contains(r));
+        root_events.retain(|e| !got_roots.contains(e));
+        info!(
+            "{relay}: {} repos and {} root events joined its targets and were confirmed before the restart: catch-up since {}",
+            got_repos.len(),
+            got_roots.len(),
+            since.as_secs()
+        );
+        let filters = build_layer2_and_layer3_filters(&got_repos, &got_roots, None);
+        if let Some(state) = self.relays.get_mut(relay) {
+            state.repos.extend(got_repos);
+            state.root_events.extend(got_roots);
+        }
+        for f in self.fit_filters(relay, filters) {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(&f, since),
+            );
+        }
+        // Live from now on once the live set is rebuilt (its catch-up covers the gap).
+        let l = self.link(relay);
+        l.uncovered_since = Some(l.uncovered_since.map_or(now, |u| u.min(now)));
+        self.need_rebuild(relay, now);
+        true
     }
 }
 
