@@ -386,6 +386,12 @@ pub struct StateWriter {
     jobs: Option<Sender<SyncSnapshot>>,
     done: Receiver<(BTreeMap<String, RelaySnapshot>, Time)>,
     thread: Option<JoinHandle<()>>,
+    /// `Metrics::forwarder_restarts` when this writer last looked.
+    forwarder_restarts: u64,
+    /// A forwarder thread was lost (with the events in its queue, while confirmations of
+    /// their batches stay in the machine): from then on no relay is saved, so that a restart
+    /// is a fresh sync, as it would be without `--state-dir`.
+    tainted: bool,
 }
 
 impl StateWriter {
@@ -419,7 +425,33 @@ impl StateWriter {
             jobs: Some(jobs),
             done,
             thread: Some(thread),
+            forwarder_restarts: 0,
+            tainted: false,
         })
+    }
+
+    /// Takes the snapshot to save: without any relay once a forwarder thread was lost.
+    fn snapshot(
+        &mut self,
+        machine: &RwLock<SyncMachine>,
+        now: Time,
+        metrics: &Metrics,
+    ) -> SyncSnapshot {
+        let restarts = metrics.forwarder_restarts.load(Ordering::SeqCst);
+        if restarts != self.forwarder_restarts {
+            self.forwarder_restarts = restarts;
+            if !self.tainted {
+                warn!(
+                    "the forwarder thread was lost with events not yet stored in the own relay; the state file no longer saves any relay (the next start is a fresh sync)"
+                );
+            }
+            self.tainted = true;
+        }
+        let mut snap = machine.read().snapshot(now);
+        if self.tainted {
+            snap.relays.clear();
+        }
+        snap
     }
 
     /// Called on every coordinator turn.
@@ -430,7 +462,7 @@ impl StateWriter {
         }
         if self.next_snapshot.is_none_or(|t| now >= t) {
             self.next_snapshot = Some(now.plus(self.interval));
-            let snap = machine.read().snapshot(now);
+            let snap = self.snapshot(machine, now, metrics);
             let refresh = self.last_write.is_none_or(|t| now.since(t) >= REFRESH);
             if refresh || self.last_written.as_ref() != Some(&snap.relays) {
                 self.pending = Some(snap);
@@ -438,7 +470,11 @@ impl StateWriter {
         }
         // Read after the snapshot: every event of a batch it counts as confirmed was counted
         // here before the batch's EOSE reached the coordinator.
-        if self.pending.is_some() && metrics.forward.unresolved.load(Ordering::SeqCst) == 0 {
+        // A snapshot without relays confirms nothing: it need not wait (a lost forwarder).
+        let empty = self.pending.as_ref().is_some_and(|s| s.relays.is_empty());
+        if self.pending.is_some()
+            && (empty || metrics.forward.unresolved.load(Ordering::SeqCst) == 0)
+        {
             if let (Some(snap), Some(jobs)) = (self.pending.take(), &self.jobs) {
                 match jobs.try_send(snap) {
                     Ok(()) => {}
@@ -465,10 +501,10 @@ impl StateWriter {
         metrics: &Metrics,
         deadline: std::time::Instant,
     ) -> Option<JoinHandle<()>> {
-        let snap = machine.read().snapshot(now);
+        let snap = self.snapshot(machine, now, metrics);
         let unresolved = metrics.forward.unresolved.load(Ordering::SeqCst);
         if let Some(jobs) = self.jobs.take() {
-            if unresolved > 0 {
+            if unresolved > 0 && !snap.relays.is_empty() {
                 warn!(
                     "state file not saved at shutdown: {unresolved} events are not yet stored in the own relay; the file of the last save stays"
                 );
@@ -629,6 +665,62 @@ mod tests {
         assert_eq!(reason(&wrong_type), Some(IgnoredReason::Corrupt));
         let unknown = good.replace("\"connected\":true", "\"connected\":true,\"zzz\":1");
         assert_eq!(reason(&unknown), Some(IgnoredReason::Corrupt));
+    }
+
+    #[test]
+    fn after_a_lost_forwarder_no_relay_is_saved() {
+        use crate::core::sync::SyncConfig;
+        use crate::core::time::ManualClock;
+        use crate::net::url::RelayUrl;
+        let d = dir("forwarder");
+        let now = Time::from_millis(snapshot().taken_at_ms + 60_000);
+        let clock = Arc::new(ManualClock::new(now));
+        let mut m = SyncMachine::new(SyncConfig::new(RelayUrl::parse("ws://own").unwrap()));
+        let report = m.restore(snapshot(), now);
+        assert_eq!(report.relays_restored, 1, "{report:?}");
+        let machine = RwLock::new(m);
+        let metrics = Arc::new(Metrics::default());
+        let wait_for_file = |want: usize| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Loaded::Snapshot(s) = load(&d, "ws://own", "c") {
+                    if s.relays.len() == want {
+                        return;
+                    }
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no file with {want} relays"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let mut w = StateWriter::new(
+            d.clone(),
+            "ws://own".into(),
+            "c".into(),
+            Duration::from_secs(1),
+            metrics.clone(),
+            clock.clone(),
+        )
+        .unwrap();
+        w.tick(&machine, now, &metrics);
+        wait_for_file(1);
+        // The forwarder thread dies with an event of a confirmed batch in its queue; the
+        // coordinator restarts it and resets the unresolved count.
+        metrics.forwarder_restarts.fetch_add(1, Ordering::SeqCst);
+        metrics.forward.unresolved.store(0, Ordering::SeqCst);
+        let later = now.plus(Duration::from_secs(2));
+        w.tick(&machine, later, &metrics);
+        wait_for_file(0);
+        let end = later.plus(Duration::from_secs(2));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        assert!(w.finish(&machine, end, &metrics, deadline).is_none());
+        match load(&d, "ws://own", "c") {
+            Loaded::Snapshot(s) => assert!(s.relays.is_empty(), "{s:?}"),
+            other => panic!("{other:?}"),
+        }
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
