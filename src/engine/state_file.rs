@@ -154,7 +154,7 @@ pub fn load(dir: &Path, own_relay: &str, config: &str) -> Loaded {
 /// Checks the envelope of `text` and takes the snapshot out of it.
 pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
     let corrupt = |what: String| Loaded::Ignored(IgnoredReason::Corrupt, what);
-    let doc: Value = match serde_json::from_str(text) {
+    let mut doc: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => return corrupt(format!("not JSON: {e}")),
     };
@@ -196,7 +196,12 @@ pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
     let Some(saved_at_ms) = doc.get("saved_at_ms").and_then(Value::as_u64) else {
         return corrupt("no numeric saved_at_ms".into());
     };
-    let relays = match doc.get("relays").cloned().map(serde_json::from_value) {
+    // Taken out, not cloned: a file near the size cap is held once.
+    let relays = match doc
+        .get_mut("relays")
+        .map(Value::take)
+        .map(serde_json::from_value)
+    {
         Some(Ok(r)) => r,
         Some(Err(e)) => return corrupt(format!("relays: {e}")),
         None => return corrupt("no relays".into()),
@@ -247,6 +252,30 @@ pub fn write_atomically(dir: &Path, text: &str) -> std::io::Result<u64> {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Removes temporary files that an earlier process left when it died during a write (they
+/// carry its process id, so no later write replaces them).
+fn remove_stale_temporaries(dir: &Path) {
+    let prefix = format!("{FILE_NAME}.tmp-");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if name.starts_with(&prefix) && e.file_type().is_ok_and(|t| t.is_file()) {
+            match fs::remove_file(e.path()) {
+                Ok(()) => info!(
+                    "removed {}, left by a write that did not finish",
+                    e.path().display()
+                ),
+                Err(err) => warn!("cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
 }
 
 /// Counters of the state file, shared with status readers.
@@ -344,6 +373,7 @@ pub fn load_into(
     counters: &StateCounters,
 ) {
     counters.enabled.store(1, Ordering::Relaxed);
+    remove_stale_temporaries(dir);
     match load(dir, own_relay, config) {
         Loaded::Snapshot(s) => {
             let report = machine.restore(s, now);
@@ -720,6 +750,23 @@ mod tests {
             Loaded::Snapshot(s) => assert!(s.relays.is_empty(), "{s:?}"),
             other => panic!("{other:?}"),
         }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temporary_files_of_an_interrupted_write_are_removed_at_start() {
+        let d = dir("stale");
+        let stale = d.join(format!("{FILE_NAME}.tmp-999999"));
+        fs::write(&stale, "{\"half").unwrap();
+        let other = d.join("unrelated");
+        fs::write(&other, "x").unwrap();
+        let mut m = SyncMachine::new(crate::core::sync::SyncConfig::new(
+            crate::net::url::RelayUrl::parse("ws://own").unwrap(),
+        ));
+        let counters = StateCounters::default();
+        load_into(&d, "ws://own", "c", &mut m, Time::from_secs(1), &counters);
+        assert!(!stale.exists(), "stale temporary file removed");
+        assert!(other.exists(), "other files kept");
         fs::remove_dir_all(&d).unwrap();
     }
 
