@@ -366,6 +366,7 @@ impl SyncMachine {
                 batch.items.root_events.len()
             );
         }
+        self.note_confirmed(relay, &batch.items, batch.incomplete);
         if let Some(state) = self.relays.get_mut(relay) {
             debug!(
                 "{relay}: batch {} confirmed ({} repos, {} root events)",

@@ -112,6 +112,10 @@ pub(crate) struct Late {
 pub(crate) struct Persisted {
     restored: HashMap<RelayUrl, Restored>,
     late: HashMap<RelayUrl, Late>,
+    /// Items each relay confirmed with an incomplete batch (`incomplete_batches`): in
+    /// memory they count as confirmed until the daily resync, but they are not saved, so
+    /// that a restart reads their history in full again, as it would without the file.
+    incomplete: HashMap<RelayUrl, crate::core::state::PendingItems>,
     /// NIP-77 support per relay, as far as known (restored or set by the reconciliation).
     nip77: HashMap<RelayUrl, bool>,
 }
@@ -235,12 +239,21 @@ impl SyncMachine {
                 }
                 let late_repos = late.into_iter().flat_map(|l| l.repos.iter());
                 let late_roots = late.into_iter().flat_map(|l| l.root_events.iter());
+                let incomplete = self.persist.incomplete.get(url);
+                let repos = state
+                    .repos
+                    .iter()
+                    .filter(|r| !incomplete.is_some_and(|i| i.repos.contains(*r)));
+                let roots = state
+                    .root_events
+                    .iter()
+                    .filter(|e| !incomplete.is_some_and(|i| i.root_events.contains(*e)));
                 RelaySnapshot {
                     connected: disconnected_at_ms.is_none(),
                     disconnected_at_ms,
                     catch_up_since: since,
-                    repos: sorted_refs(state.repos.iter().chain(late_repos)),
-                    root_events: sorted_ids(state.root_events.iter().chain(late_roots)),
+                    repos: sorted_refs(repos.chain(late_repos)),
+                    root_events: sorted_ids(roots.chain(late_roots)),
                     next_daily_ms: self.daily.get(url).map(|t| wall_of(t, now)),
                     nip77: None,
                 }
@@ -430,6 +443,28 @@ impl SyncMachine {
     pub(super) fn restored_forget(&mut self, relay: &RelayUrl) {
         self.persist.restored.remove(relay);
         self.persist.late.remove(relay);
+        self.persist.incomplete.remove(relay);
+    }
+
+    /// A batch of `relay` confirmed `items`: remembers whether their history is complete
+    /// (only complete ones are saved as confirmed).
+    pub(super) fn note_confirmed(
+        &mut self,
+        relay: &RelayUrl,
+        items: &crate::core::state::PendingItems,
+        incomplete: bool,
+    ) {
+        if incomplete {
+            let i = self.persist.incomplete.entry(relay.clone()).or_default();
+            i.repos.extend(items.repos.iter().cloned());
+            i.root_events.extend(items.root_events.iter().copied());
+        } else if let Some(i) = self.persist.incomplete.get_mut(relay) {
+            i.repos.retain(|r| !items.repos.contains(r));
+            i.root_events.retain(|e| !items.root_events.contains(e));
+            if i.repos.is_empty() && i.root_events.is_empty() {
+                self.persist.incomplete.remove(relay);
+            }
+        }
     }
 
     /// The restored items of `relay` still waiting to join its targets, if they still count

@@ -415,3 +415,32 @@ fn a_bootstrap_relay_connected_before_the_own_read_is_still_a_quick_reconnect() 
     w.advance(Duration::from_secs(10));
     w.assert_own_holds(&[&ann, &root, &late, &live]);
 }
+
+#[test]
+fn items_of_an_incomplete_batch_are_not_saved_as_confirmed() {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    // More issues in one second than A returns for one REQ, all of one kind and author: the
+    // history of `r` cannot be read completely.
+    for i in 0..4 {
+        let e = issue("r", &format!("issue {i}"), t - 9 * DAY);
+        w.relay(A).store.push(e);
+    }
+    w.relay(A).max_limit = Some(2);
+    w.relay(A).publish_nip11 = true;
+    w.start();
+    w.advance(Duration::from_secs(60));
+    let url = RelayUrl::parse(A).unwrap();
+    let st = &w.m.relay_index()[&url];
+    assert!(st.incomplete_batches >= 1, "the batch is incomplete");
+    assert!(st.repos.contains(&repo("r")), "confirmed in memory");
+    let snap = w.m.snapshot(w.now);
+    let saved = &snap.relays[A];
+    assert!(
+        !saved.repos.contains(&repo("r")),
+        "an incomplete item is synced in full after a restart, as without the file: {saved:?}"
+    );
+}
