@@ -96,12 +96,14 @@ pub(crate) struct Restored {
 /// Restored confirmations of a relay that were not in its targets at its first connect
 /// (the own relay's read was still in progress, as for a bootstrap relay connected at
 /// once): an item that joins its targets later on that same connection, within the
-/// quick-reconnect window of the connect, is confirmed with a catch-up from the restored
+/// quick-reconnect window of the moment the relay was last known connected before the
+/// restart (as for the first connect itself), is confirmed with a catch-up from the restored
 /// `since` instead of a batch with full history.
 #[derive(Debug, Clone)]
 pub(crate) struct Late {
     generation: u64,
-    connected_at: Time,
+    /// The moment it was last known connected before the restart.
+    until: Time,
     since: nostr::types::Timestamp,
     repos: HashSet<crate::core::nip34::RepoRef>,
     root_events: HashSet<EventId>,
@@ -231,14 +233,8 @@ impl SyncMachine {
                     Some(Ok(Some(floor))) => since = since.min(floor),
                     _ => {}
                 }
-                // Restored items still waiting to join the targets stay saved, with their
-                // `since`.
-                let late = self.late_for(url, state.generation, now);
-                if let Some(l) = late {
-                    since = since.min(l.since.as_secs());
-                }
-                let late_repos = late.into_iter().flat_map(|l| l.repos.iter());
-                let late_roots = late.into_iter().flat_map(|l| l.root_events.iter());
+                // Restored items still waiting to join the targets (`Late`) are not saved
+                // again: they have had no live coverage since the restart.
                 let incomplete = self.persist.incomplete.get(url);
                 let repos = state
                     .repos
@@ -252,8 +248,8 @@ impl SyncMachine {
                     connected: disconnected_at_ms.is_none(),
                     disconnected_at_ms,
                     catch_up_since: since,
-                    repos: sorted_refs(repos.chain(late_repos)),
-                    root_events: sorted_ids(roots.chain(late_roots)),
+                    repos: sorted_refs(repos),
+                    root_events: sorted_ids(roots),
                     next_daily_ms: self.daily.get(url).map(|t| wall_of(t, now)),
                     nip77: None,
                 }
@@ -420,7 +416,7 @@ impl SyncMachine {
         if left_out > 0 {
             let late = Late {
                 generation: state.generation,
-                connected_at: now,
+                until: r.until,
                 since: r.since,
                 repos: r.repos.difference(&repos).cloned().collect(),
                 root_events: r.root_events.difference(&roots).copied().collect(),
@@ -468,11 +464,10 @@ impl SyncMachine {
     }
 
     /// The restored items of `relay` still waiting to join its targets, if they still count
-    /// (same connection, within the quick-reconnect window of its connect).
+    /// (same connection, within the quick-reconnect window of the saved moment).
     fn late_for(&self, relay: &RelayUrl, generation: u64, now: Time) -> Option<&Late> {
         self.persist.late.get(relay).filter(|l| {
-            l.generation == generation
-                && now.since(l.connected_at) <= self.config.quick_reconnect_window
+            l.generation == generation && now.since(l.until) <= self.config.quick_reconnect_window
         })
     }
 
