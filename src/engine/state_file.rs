@@ -27,9 +27,12 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 
 use log::{debug, info, warn};
 use parking_lot::{Mutex, RwLock};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::core::sync::{RelaySnapshot, SyncMachine, SyncSnapshot};
+use crate::core::sync::{
+    with_item_budget, RelaySnapshot, SyncMachine, SyncSnapshot, MAX_STATE_ITEMS, MAX_STATE_RELAYS,
+};
 use crate::core::time::{Clock, Time};
 use crate::engine::metrics::Metrics;
 
@@ -151,20 +154,73 @@ pub fn load(dir: &Path, own_relay: &str, config: &str) -> Loaded {
     parse(&text, own_relay, config)
 }
 
+/// The envelope's fields, undecoded (borrowed from the text: no document tree is built, so
+/// a file near the size cap is held once).
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    format: Option<&'a RawValue>,
+    #[serde(borrow)]
+    version: Option<&'a RawValue>,
+    #[serde(borrow)]
+    own_relay: Option<&'a RawValue>,
+    #[serde(borrow)]
+    config: Option<&'a RawValue>,
+    #[serde(borrow)]
+    saved_at_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    relays: Option<&'a RawValue>,
+}
+
+/// At most [`MAX_STATE_RELAYS`] relays are decoded; the rest is skipped unread.
+struct CappedRelays(BTreeMap<String, RelaySnapshot>);
+
+impl<'de> serde::Deserialize<'de> for CappedRelays {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = CappedRelays;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of relays")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<CappedRelays, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(url) = map.next_key::<String>()? {
+                    if out.len() < MAX_STATE_RELAYS {
+                        let r = map.next_value::<RelaySnapshot>()?;
+                        out.insert(url, r);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(CappedRelays(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// Checks the envelope of `text` and takes the snapshot out of it.
 pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
     let corrupt = |what: String| Loaded::Ignored(IgnoredReason::Corrupt, what);
-    let mut doc: Value = match serde_json::from_str(text) {
+    let doc: Envelope = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => return corrupt(format!("not JSON: {e}")),
     };
-    if doc.get("format").and_then(Value::as_str) != Some(FORMAT) {
+    let string =
+        |f: Option<&RawValue>| f.and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+    let number = |f: Option<&RawValue>| f.and_then(|r| serde_json::from_str::<u64>(r.get()).ok());
+    let format = string(doc.format);
+    if format.as_deref() != Some(FORMAT) {
         return Loaded::Ignored(
             IgnoredReason::ForeignFormat,
-            format!("format is {:?}, not {FORMAT:?}", doc.get("format")),
+            format!("format is {format:?}, not {FORMAT:?}"),
         );
     }
-    let Some(version) = doc.get("version").and_then(Value::as_u64) else {
+    let Some(version) = number(doc.version) else {
         return corrupt("no numeric version".into());
     };
     if version < VERSION {
@@ -179,37 +235,36 @@ pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
             format!("version {version} is newer than {VERSION} (written by a newer grasp-sync)"),
         );
     }
-    let file_own = doc.get("own_relay").and_then(Value::as_str).unwrap_or("");
+    let file_own = string(doc.own_relay).unwrap_or_default();
     if file_own != own_relay {
         return Loaded::Ignored(
             IgnoredReason::OtherOwnRelay,
             format!("written for the own relay {file_own:?}, not {own_relay:?}"),
         );
     }
-    let file_config = doc.get("config").and_then(Value::as_str).unwrap_or("");
+    let file_config = string(doc.config).unwrap_or_default();
     if file_config != config {
         return Loaded::Ignored(
             IgnoredReason::OtherConfig,
             format!("written with {file_config:?}, now {config:?}"),
         );
     }
-    let Some(saved_at_ms) = doc.get("saved_at_ms").and_then(Value::as_u64) else {
+    let Some(saved_at_ms) = number(doc.saved_at_ms) else {
         return corrupt("no numeric saved_at_ms".into());
     };
-    // Taken out, not cloned: a file near the size cap is held once.
-    let relays = match doc
-        .get_mut("relays")
-        .map(Value::take)
-        .map(serde_json::from_value)
-    {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => return corrupt(format!("relays: {e}")),
-        None => return corrupt("no relays".into()),
+    let Some(raw) = doc.relays else {
+        return corrupt("no relays".into());
     };
-    Loaded::Snapshot(SyncSnapshot {
-        taken_at_ms: saved_at_ms,
-        relays,
-    })
+    let relays = with_item_budget(MAX_STATE_ITEMS, || {
+        serde_json::from_str::<CappedRelays>(raw.get())
+    });
+    match relays {
+        Ok(CappedRelays(relays)) => Loaded::Snapshot(SyncSnapshot {
+            taken_at_ms: saved_at_ms,
+            relays,
+        }),
+        Err(e) => corrupt(format!("relays: {e}")),
+    }
 }
 
 /// The envelope of `snapshot` as written.
@@ -768,6 +823,49 @@ mod tests {
         assert!(!stale.exists(), "stale temporary file removed");
         assert!(other.exists(), "other files kept");
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_beyond_the_caps_is_decoded_only_up_to_them() {
+        use crate::core::sync::{MAX_RELAY_ITEMS, MAX_STATE_ITEMS, MAX_STATE_RELAYS};
+        // Millions of tiny items and thousands of relays fit in a file below the size cap;
+        // decoding keeps what the caps allow and skips the rest unstored.
+        let mut text = String::from(
+            "{\"format\":\"grasp-sync-state\",\"version\":1,\"own_relay\":\"ws://own\",\"config\":\"c\",\"saved_at_ms\":1,\"relays\":{",
+        );
+        let relays = MAX_STATE_RELAYS + 10;
+        let per_relay = 2 * MAX_STATE_ITEMS / relays + MAX_RELAY_ITEMS / 1000;
+        for i in 0..relays {
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(&format!("\"wss://r{i}.example/\":{{\"root_events\":["));
+            text.push_str(&vec!["\"\""; per_relay].join(","));
+            text.push_str("]}");
+        }
+        text.push_str("}}");
+        assert!((text.len() as u64) < MAX_FILE_BYTES);
+        let Loaded::Snapshot(s) = parse(&text, "ws://own", "c") else {
+            panic!("usable");
+        };
+        assert_eq!(s.relays.len(), MAX_STATE_RELAYS);
+        let items: usize = s.relays.values().map(|r| r.root_events.len()).sum();
+        assert_eq!(items, MAX_STATE_ITEMS);
+        // One relay's list alone is capped too.
+        let one = format!(
+            "{{\"format\":\"grasp-sync-state\",\"version\":1,\"own_relay\":\"ws://own\",\"config\":\"c\",\"saved_at_ms\":1,\"relays\":{{\"wss://a.example/\":{{\"repos\":[{}]}}}}}}",
+            vec!["\"\""; MAX_RELAY_ITEMS + 5].join(",")
+        );
+        let Loaded::Snapshot(s) = parse(&one, "ws://own", "c") else {
+            panic!("usable");
+        };
+        assert_eq!(s.relays["wss://a.example/"].repos.len(), MAX_RELAY_ITEMS);
+        // A huge value where a string belongs is not decoded into a tree either.
+        let foreign = format!("{{\"format\":[{}]}}", vec!["[]"; 100_000].join(","));
+        assert!(matches!(
+            parse(&foreign, "ws://own", "c"),
+            Loaded::Ignored(IgnoredReason::ForeignFormat, _)
+        ));
     }
 
     #[test]

@@ -56,8 +56,10 @@ pub struct RelaySnapshot {
     /// last connection was established, or earlier for interrupted history queries.
     pub catch_up_since: u64,
     /// Repositories (`30617:<pubkey>:<d>`) whose history the relay delivered completely.
+    #[serde(deserialize_with = "capped_items")]
     pub repos: Vec<String>,
     /// Root event ids (hex) whose history the relay delivered completely.
+    #[serde(deserialize_with = "capped_items")]
     pub root_events: Vec<String>,
     /// The relay's next daily resync (Unix milliseconds).
     pub next_daily_ms: Option<u64>,
@@ -540,6 +542,56 @@ impl SyncMachine {
         self.need_rebuild(relay, now);
         true
     }
+}
+
+thread_local! {
+    /// Items the relay lists being decoded on this thread may still keep in all
+    /// ([`with_item_budget`]); `None`: only the per-list cap.
+    static ITEM_BUDGET: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` (decoding [`RelaySnapshot`]s) with at most `budget` items kept over all their
+/// lists: a hostile file of millions of tiny items costs no more memory than one at the
+/// caps. Items beyond are skipped while decoding (they are synced in full after a restart).
+pub fn with_item_budget<T>(budget: usize, f: impl FnOnce() -> T) -> T {
+    let before = ITEM_BUDGET.with(|b| b.replace(Some(budget)));
+    let out = f();
+    ITEM_BUDGET.with(|b| b.set(before));
+    out
+}
+
+/// Decodes a list of strings keeping at most [`MAX_RELAY_ITEMS`] (and the thread's
+/// [`with_item_budget`]); the rest is skipped without being stored.
+fn capped_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Capped;
+    impl<'de> serde::de::Visitor<'de> for Capped {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of strings")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Vec<String>, A::Error> {
+            let mut out = Vec::new();
+            loop {
+                let room = out.len() < MAX_RELAY_ITEMS
+                    && ITEM_BUDGET.with(|b| b.get().is_none_or(|n| n > 0));
+                if room {
+                    match seq.next_element::<String>()? {
+                        Some(s) => {
+                            ITEM_BUDGET.with(|b| b.set(b.get().map(|n| n - 1)));
+                            out.push(s);
+                        }
+                        None => return Ok(out),
+                    }
+                } else if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+    d.deserialize_seq(Capped)
 }
 
 fn sorted_refs<'a>(it: impl Iterator<Item = &'a String>) -> Vec<String> {
