@@ -172,8 +172,8 @@ struct Envelope<'a> {
     relays: Option<&'a RawValue>,
 }
 
-/// At most [`MAX_STATE_RELAYS`] relays are decoded; the rest is skipped unread.
-struct CappedRelays(BTreeMap<String, RelaySnapshot>);
+/// At most [`MAX_STATE_RELAYS`] relays are decoded; the rest is skipped unread (counted).
+struct CappedRelays(BTreeMap<String, RelaySnapshot>, usize);
 
 impl<'de> serde::Deserialize<'de> for CappedRelays {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -188,15 +188,17 @@ impl<'de> serde::Deserialize<'de> for CappedRelays {
                 mut map: A,
             ) -> Result<CappedRelays, A::Error> {
                 let mut out = BTreeMap::new();
+                let mut skipped = 0;
                 while let Some(url) = map.next_key::<String>()? {
                     if out.len() < MAX_STATE_RELAYS {
                         let r = map.next_value::<RelaySnapshot>()?;
                         out.insert(url, r);
                     } else {
                         map.next_value::<serde::de::IgnoredAny>()?;
+                        skipped += 1;
                     }
                 }
-                Ok(CappedRelays(out))
+                Ok(CappedRelays(out, skipped))
             }
         }
         d.deserialize_map(V)
@@ -255,14 +257,21 @@ pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
     let Some(raw) = doc.relays else {
         return corrupt("no relays".into());
     };
-    let relays = with_item_budget(MAX_STATE_ITEMS, || {
+    let (relays, items_skipped) = with_item_budget(MAX_STATE_ITEMS, || {
         serde_json::from_str::<CappedRelays>(raw.get())
     });
     match relays {
-        Ok(CappedRelays(relays)) => Loaded::Snapshot(SyncSnapshot {
-            taken_at_ms: saved_at_ms,
-            relays,
-        }),
+        Ok(CappedRelays(relays, relays_skipped)) => {
+            if relays_skipped + items_skipped > 0 {
+                warn!(
+                    "state file beyond its caps: {relays_skipped} relays and {items_skipped} items skipped (synced in full)"
+                );
+            }
+            Loaded::Snapshot(SyncSnapshot {
+                taken_at_ms: saved_at_ms,
+                relays,
+            })
+        }
         Err(e) => corrupt(format!("relays: {e}")),
     }
 }

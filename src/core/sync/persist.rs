@@ -548,16 +548,21 @@ thread_local! {
     /// Items the relay lists being decoded on this thread may still keep in all
     /// ([`with_item_budget`]); `None`: only the per-list cap.
     static ITEM_BUDGET: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// Items skipped by [`capped_items`] on this thread (for the log).
+    static ITEMS_SKIPPED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Runs `f` (decoding [`RelaySnapshot`]s) with at most `budget` items kept over all their
 /// lists: a hostile file of millions of tiny items costs no more memory than one at the
 /// caps. Items beyond are skipped while decoding (they are synced in full after a restart).
-pub fn with_item_budget<T>(budget: usize, f: impl FnOnce() -> T) -> T {
+/// Returns what `f` returned and how many items were skipped.
+pub fn with_item_budget<T>(budget: usize, f: impl FnOnce() -> T) -> (T, usize) {
     let before = ITEM_BUDGET.with(|b| b.replace(Some(budget)));
+    let skipped_before = ITEMS_SKIPPED.with(|s| s.replace(0));
     let out = f();
     ITEM_BUDGET.with(|b| b.set(before));
-    out
+    let skipped = ITEMS_SKIPPED.with(|s| s.replace(skipped_before));
+    (out, skipped)
 }
 
 /// Decodes a list of strings keeping at most [`MAX_RELAY_ITEMS`] (and the thread's
@@ -587,6 +592,8 @@ fn capped_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D
                     }
                 } else if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
                     return Ok(out);
+                } else {
+                    ITEMS_SKIPPED.with(|s| s.set(s.get() + 1));
                 }
             }
         }
