@@ -27,9 +27,12 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 
 use log::{debug, info, warn};
 use parking_lot::{Mutex, RwLock};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::core::sync::{RelaySnapshot, SyncMachine, SyncSnapshot};
+use crate::core::sync::{
+    with_item_budget, RelaySnapshot, SyncMachine, SyncSnapshot, MAX_STATE_ITEMS, MAX_STATE_RELAYS,
+};
 use crate::core::time::{Clock, Time};
 use crate::engine::metrics::Metrics;
 
@@ -151,20 +154,75 @@ pub fn load(dir: &Path, own_relay: &str, config: &str) -> Loaded {
     parse(&text, own_relay, config)
 }
 
+/// The envelope's fields, undecoded (borrowed from the text: no document tree is built, so
+/// a file near the size cap is held once).
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    format: Option<&'a RawValue>,
+    #[serde(borrow)]
+    version: Option<&'a RawValue>,
+    #[serde(borrow)]
+    own_relay: Option<&'a RawValue>,
+    #[serde(borrow)]
+    config: Option<&'a RawValue>,
+    #[serde(borrow)]
+    saved_at_ms: Option<&'a RawValue>,
+    #[serde(borrow)]
+    relays: Option<&'a RawValue>,
+}
+
+/// At most [`MAX_STATE_RELAYS`] relays are decoded; the rest is skipped unread (counted).
+struct CappedRelays(BTreeMap<String, RelaySnapshot>, usize);
+
+impl<'de> serde::Deserialize<'de> for CappedRelays {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = CappedRelays;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of relays")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<CappedRelays, A::Error> {
+                let mut out = BTreeMap::new();
+                let mut skipped = 0;
+                while let Some(url) = map.next_key::<String>()? {
+                    if out.len() < MAX_STATE_RELAYS {
+                        let r = map.next_value::<RelaySnapshot>()?;
+                        out.insert(url, r);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        skipped += 1;
+                    }
+                }
+                Ok(CappedRelays(out, skipped))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// Checks the envelope of `text` and takes the snapshot out of it.
 pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
     let corrupt = |what: String| Loaded::Ignored(IgnoredReason::Corrupt, what);
-    let doc: Value = match serde_json::from_str(text) {
+    let doc: Envelope = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => return corrupt(format!("not JSON: {e}")),
     };
-    if doc.get("format").and_then(Value::as_str) != Some(FORMAT) {
+    let string =
+        |f: Option<&RawValue>| f.and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+    let number = |f: Option<&RawValue>| f.and_then(|r| serde_json::from_str::<u64>(r.get()).ok());
+    let format = string(doc.format);
+    if format.as_deref() != Some(FORMAT) {
         return Loaded::Ignored(
             IgnoredReason::ForeignFormat,
-            format!("format is {:?}, not {FORMAT:?}", doc.get("format")),
+            format!("format is {format:?}, not {FORMAT:?}"),
         );
     }
-    let Some(version) = doc.get("version").and_then(Value::as_u64) else {
+    let Some(version) = number(doc.version) else {
         return corrupt("no numeric version".into());
     };
     if version < VERSION {
@@ -179,32 +237,43 @@ pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
             format!("version {version} is newer than {VERSION} (written by a newer grasp-sync)"),
         );
     }
-    let file_own = doc.get("own_relay").and_then(Value::as_str).unwrap_or("");
+    let file_own = string(doc.own_relay).unwrap_or_default();
     if file_own != own_relay {
         return Loaded::Ignored(
             IgnoredReason::OtherOwnRelay,
             format!("written for the own relay {file_own:?}, not {own_relay:?}"),
         );
     }
-    let file_config = doc.get("config").and_then(Value::as_str).unwrap_or("");
+    let file_config = string(doc.config).unwrap_or_default();
     if file_config != config {
         return Loaded::Ignored(
             IgnoredReason::OtherConfig,
             format!("written with {file_config:?}, now {config:?}"),
         );
     }
-    let Some(saved_at_ms) = doc.get("saved_at_ms").and_then(Value::as_u64) else {
+    let Some(saved_at_ms) = number(doc.saved_at_ms) else {
         return corrupt("no numeric saved_at_ms".into());
     };
-    let relays = match doc.get("relays").cloned().map(serde_json::from_value) {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => return corrupt(format!("relays: {e}")),
-        None => return corrupt("no relays".into()),
+    let Some(raw) = doc.relays else {
+        return corrupt("no relays".into());
     };
-    Loaded::Snapshot(SyncSnapshot {
-        taken_at_ms: saved_at_ms,
-        relays,
-    })
+    let (relays, items_skipped) = with_item_budget(MAX_STATE_ITEMS, || {
+        serde_json::from_str::<CappedRelays>(raw.get())
+    });
+    match relays {
+        Ok(CappedRelays(relays, relays_skipped)) => {
+            if relays_skipped + items_skipped > 0 {
+                warn!(
+                    "state file beyond its caps: {relays_skipped} relays and {items_skipped} items skipped (synced in full)"
+                );
+            }
+            Loaded::Snapshot(SyncSnapshot {
+                taken_at_ms: saved_at_ms,
+                relays,
+            })
+        }
+        Err(e) => corrupt(format!("relays: {e}")),
+    }
 }
 
 /// The envelope of `snapshot` as written.
@@ -247,6 +316,30 @@ pub fn write_atomically(dir: &Path, text: &str) -> std::io::Result<u64> {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Removes temporary files that an earlier process left when it died during a write (they
+/// carry its process id, so no later write replaces them).
+fn remove_stale_temporaries(dir: &Path) {
+    let prefix = format!("{FILE_NAME}.tmp-");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if name.starts_with(&prefix) && e.file_type().is_ok_and(|t| t.is_file()) {
+            match fs::remove_file(e.path()) {
+                Ok(()) => info!(
+                    "removed {}, left by a write that did not finish",
+                    e.path().display()
+                ),
+                Err(err) => warn!("cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
 }
 
 /// Counters of the state file, shared with status readers.
@@ -344,6 +437,7 @@ pub fn load_into(
     counters: &StateCounters,
 ) {
     counters.enabled.store(1, Ordering::Relaxed);
+    remove_stale_temporaries(dir);
     match load(dir, own_relay, config) {
         Loaded::Snapshot(s) => {
             let report = machine.restore(s, now);
@@ -386,6 +480,12 @@ pub struct StateWriter {
     jobs: Option<Sender<SyncSnapshot>>,
     done: Receiver<(BTreeMap<String, RelaySnapshot>, Time)>,
     thread: Option<JoinHandle<()>>,
+    /// `Metrics::forwarder_restarts` when this writer last looked.
+    forwarder_restarts: u64,
+    /// A forwarder thread was lost (with the events in its queue, while confirmations of
+    /// their batches stay in the machine): from then on no relay is saved, so that a restart
+    /// is a fresh sync, as it would be without `--state-dir`.
+    tainted: bool,
 }
 
 impl StateWriter {
@@ -419,7 +519,33 @@ impl StateWriter {
             jobs: Some(jobs),
             done,
             thread: Some(thread),
+            forwarder_restarts: 0,
+            tainted: false,
         })
+    }
+
+    /// Takes the snapshot to save: without any relay once a forwarder thread was lost.
+    fn snapshot(
+        &mut self,
+        machine: &RwLock<SyncMachine>,
+        now: Time,
+        metrics: &Metrics,
+    ) -> SyncSnapshot {
+        let restarts = metrics.forwarder_restarts.load(Ordering::SeqCst);
+        if restarts != self.forwarder_restarts {
+            self.forwarder_restarts = restarts;
+            if !self.tainted {
+                warn!(
+                    "the forwarder thread was lost with events not yet stored in the own relay; the state file no longer saves any relay (the next start is a fresh sync)"
+                );
+            }
+            self.tainted = true;
+        }
+        let mut snap = machine.read().snapshot(now);
+        if self.tainted {
+            snap.relays.clear();
+        }
+        snap
     }
 
     /// Called on every coordinator turn.
@@ -430,7 +556,7 @@ impl StateWriter {
         }
         if self.next_snapshot.is_none_or(|t| now >= t) {
             self.next_snapshot = Some(now.plus(self.interval));
-            let snap = machine.read().snapshot(now);
+            let snap = self.snapshot(machine, now, metrics);
             let refresh = self.last_write.is_none_or(|t| now.since(t) >= REFRESH);
             if refresh || self.last_written.as_ref() != Some(&snap.relays) {
                 self.pending = Some(snap);
@@ -438,7 +564,11 @@ impl StateWriter {
         }
         // Read after the snapshot: every event of a batch it counts as confirmed was counted
         // here before the batch's EOSE reached the coordinator.
-        if self.pending.is_some() && metrics.forward.unresolved.load(Ordering::SeqCst) == 0 {
+        // A snapshot without relays confirms nothing: it need not wait (a lost forwarder).
+        let empty = self.pending.as_ref().is_some_and(|s| s.relays.is_empty());
+        if self.pending.is_some()
+            && (empty || metrics.forward.unresolved.load(Ordering::SeqCst) == 0)
+        {
             if let (Some(snap), Some(jobs)) = (self.pending.take(), &self.jobs) {
                 match jobs.try_send(snap) {
                     Ok(()) => {}
@@ -465,10 +595,10 @@ impl StateWriter {
         metrics: &Metrics,
         deadline: std::time::Instant,
     ) -> Option<JoinHandle<()>> {
-        let snap = machine.read().snapshot(now);
+        let snap = self.snapshot(machine, now, metrics);
         let unresolved = metrics.forward.unresolved.load(Ordering::SeqCst);
         if let Some(jobs) = self.jobs.take() {
-            if unresolved > 0 {
+            if unresolved > 0 && !snap.relays.is_empty() {
                 warn!(
                     "state file not saved at shutdown: {unresolved} events are not yet stored in the own relay; the file of the last save stays"
                 );
@@ -629,6 +759,122 @@ mod tests {
         assert_eq!(reason(&wrong_type), Some(IgnoredReason::Corrupt));
         let unknown = good.replace("\"connected\":true", "\"connected\":true,\"zzz\":1");
         assert_eq!(reason(&unknown), Some(IgnoredReason::Corrupt));
+    }
+
+    #[test]
+    fn after_a_lost_forwarder_no_relay_is_saved() {
+        use crate::core::sync::SyncConfig;
+        use crate::core::time::ManualClock;
+        use crate::net::url::RelayUrl;
+        let d = dir("forwarder");
+        let now = Time::from_millis(snapshot().taken_at_ms + 60_000);
+        let clock = Arc::new(ManualClock::new(now));
+        let mut m = SyncMachine::new(SyncConfig::new(RelayUrl::parse("ws://own").unwrap()));
+        let report = m.restore(snapshot(), now);
+        assert_eq!(report.relays_restored, 1, "{report:?}");
+        let machine = RwLock::new(m);
+        let metrics = Arc::new(Metrics::default());
+        let wait_for_file = |want: usize| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Loaded::Snapshot(s) = load(&d, "ws://own", "c") {
+                    if s.relays.len() == want {
+                        return;
+                    }
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no file with {want} relays"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let mut w = StateWriter::new(
+            d.clone(),
+            "ws://own".into(),
+            "c".into(),
+            Duration::from_secs(1),
+            metrics.clone(),
+            clock.clone(),
+        )
+        .unwrap();
+        w.tick(&machine, now, &metrics);
+        wait_for_file(1);
+        // The forwarder thread dies with an event of a confirmed batch in its queue; the
+        // coordinator restarts it and resets the unresolved count.
+        metrics.forwarder_restarts.fetch_add(1, Ordering::SeqCst);
+        metrics.forward.unresolved.store(0, Ordering::SeqCst);
+        let later = now.plus(Duration::from_secs(2));
+        w.tick(&machine, later, &metrics);
+        wait_for_file(0);
+        let end = later.plus(Duration::from_secs(2));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        assert!(w.finish(&machine, end, &metrics, deadline).is_none());
+        match load(&d, "ws://own", "c") {
+            Loaded::Snapshot(s) => assert!(s.relays.is_empty(), "{s:?}"),
+            other => panic!("{other:?}"),
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temporary_files_of_an_interrupted_write_are_removed_at_start() {
+        let d = dir("stale");
+        let stale = d.join(format!("{FILE_NAME}.tmp-999999"));
+        fs::write(&stale, "{\"half").unwrap();
+        let other = d.join("unrelated");
+        fs::write(&other, "x").unwrap();
+        let mut m = SyncMachine::new(crate::core::sync::SyncConfig::new(
+            crate::net::url::RelayUrl::parse("ws://own").unwrap(),
+        ));
+        let counters = StateCounters::default();
+        load_into(&d, "ws://own", "c", &mut m, Time::from_secs(1), &counters);
+        assert!(!stale.exists(), "stale temporary file removed");
+        assert!(other.exists(), "other files kept");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_beyond_the_caps_is_decoded_only_up_to_them() {
+        use crate::core::sync::{MAX_RELAY_ITEMS, MAX_STATE_ITEMS, MAX_STATE_RELAYS};
+        // Millions of tiny items and thousands of relays fit in a file below the size cap;
+        // decoding keeps what the caps allow and skips the rest unstored.
+        let mut text = String::from(
+            "{\"format\":\"grasp-sync-state\",\"version\":1,\"own_relay\":\"ws://own\",\"config\":\"c\",\"saved_at_ms\":1,\"relays\":{",
+        );
+        let relays = MAX_STATE_RELAYS + 10;
+        let per_relay = 2 * MAX_STATE_ITEMS / relays + MAX_RELAY_ITEMS / 1000;
+        for i in 0..relays {
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(&format!("\"wss://r{i}.example/\":{{\"root_events\":["));
+            text.push_str(&vec!["\"\""; per_relay].join(","));
+            text.push_str("]}");
+        }
+        text.push_str("}}");
+        assert!((text.len() as u64) < MAX_FILE_BYTES);
+        let Loaded::Snapshot(s) = parse(&text, "ws://own", "c") else {
+            panic!("usable");
+        };
+        assert_eq!(s.relays.len(), MAX_STATE_RELAYS);
+        let items: usize = s.relays.values().map(|r| r.root_events.len()).sum();
+        assert_eq!(items, MAX_STATE_ITEMS);
+        // One relay's list alone is capped too.
+        let one = format!(
+            "{{\"format\":\"grasp-sync-state\",\"version\":1,\"own_relay\":\"ws://own\",\"config\":\"c\",\"saved_at_ms\":1,\"relays\":{{\"wss://a.example/\":{{\"repos\":[{}]}}}}}}",
+            vec!["\"\""; MAX_RELAY_ITEMS + 5].join(",")
+        );
+        let Loaded::Snapshot(s) = parse(&one, "ws://own", "c") else {
+            panic!("usable");
+        };
+        assert_eq!(s.relays["wss://a.example/"].repos.len(), MAX_RELAY_ITEMS);
+        // A huge value where a string belongs is not decoded into a tree either.
+        let foreign = format!("{{\"format\":[{}]}}", vec!["[]"; 100_000].join(","));
+        assert!(matches!(
+            parse(&foreign, "ws://own", "c"),
+            Loaded::Ignored(IgnoredReason::ForeignFormat, _)
+        ));
     }
 
     #[test]

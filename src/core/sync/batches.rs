@@ -187,6 +187,14 @@ impl SyncMachine {
             Some(s) if s.connection_status != ConnectionStatus::Connected => return,
             Some(_) => {}
         }
+        // Items restored from a state file that join the targets only now (issue 11).
+        let (mut repos, mut root_events, mut filters) = (repos, root_events, filters);
+        if self.take_late_restored(&relay_url, &mut repos, &mut root_events, now) {
+            if repos.is_empty() && root_events.is_empty() {
+                return;
+            }
+            filters = build_layer2_and_layer3_filters(&repos, &root_events, None);
+        }
         // maybe_consolidate: checked BEFORE the new filters are added.
         let open = self.links.get(&relay_url).map_or(0, |l| l.subs.len());
         let deferring = self
@@ -409,6 +417,7 @@ impl SyncMachine {
                 batch.items.root_events.len()
             );
         }
+        self.note_confirmed(relay, &batch.items, batch.incomplete);
         if let Some(state) = self.relays.get_mut(relay) {
             debug!(
                 "{relay}: batch {} confirmed ({} repos, {} root events)",

@@ -57,8 +57,8 @@ use crate::net::nip11::RelayLimits;
 use crate::net::url::RelayUrl;
 
 pub use persist::{
-    RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS, MAX_STATE_RELAYS,
-    MAX_STORED_REF_LEN,
+    with_item_budget, RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS,
+    MAX_STATE_RELAYS, MAX_STORED_REF_LEN,
 };
 
 /// Settings of the sync logic.

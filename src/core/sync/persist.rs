@@ -56,8 +56,10 @@ pub struct RelaySnapshot {
     /// last connection was established, or earlier for interrupted history queries.
     pub catch_up_since: u64,
     /// Repositories (`30617:<pubkey>:<d>`) whose history the relay delivered completely.
+    #[serde(deserialize_with = "capped_items")]
     pub repos: Vec<String>,
     /// Root event ids (hex) whose history the relay delivered completely.
+    #[serde(deserialize_with = "capped_items")]
     pub root_events: Vec<String>,
     /// The relay's next daily resync (Unix milliseconds).
     pub next_daily_ms: Option<u64>,
@@ -95,10 +97,31 @@ pub(crate) struct Restored {
     next_daily: Option<Time>,
 }
 
+/// Restored confirmations of a relay that were not in its targets at its first connect
+/// (the own relay's read was still in progress, as for a bootstrap relay connected at
+/// once): an item that joins its targets later on that same connection, within the
+/// quick-reconnect window of the moment the relay was last known connected before the
+/// restart (as for the first connect itself), is confirmed with a catch-up from the restored
+/// `since` instead of a batch with full history.
+#[derive(Debug, Clone)]
+pub(crate) struct Late {
+    generation: u64,
+    /// The moment it was last known connected before the restart.
+    until: Time,
+    since: nostr::types::Timestamp,
+    repos: HashSet<crate::core::nip34::RepoRef>,
+    root_events: HashSet<EventId>,
+}
+
 /// The machine's persistence bookkeeping.
 #[derive(Debug, Default)]
 pub(crate) struct Persisted {
     restored: HashMap<RelayUrl, Restored>,
+    late: HashMap<RelayUrl, Late>,
+    /// Items each relay confirmed with an incomplete batch (`incomplete_batches`): in
+    /// memory they count as confirmed until the daily resync, but they are not saved, so
+    /// that a restart reads their history in full again, as it would without the file.
+    incomplete: HashMap<RelayUrl, crate::core::state::PendingItems>,
 }
 
 /// The wall reading (Unix ms) of `t`, seen from `now` (forwards or backwards).
@@ -212,12 +235,23 @@ impl SyncMachine {
                     Some(Ok(Some(floor))) => since = since.min(floor),
                     _ => {}
                 }
+                // Restored items still waiting to join the targets (`Late`) are not saved
+                // again: they have had no live coverage since the restart.
+                let incomplete = self.persist.incomplete.get(url);
+                let repos = state
+                    .repos
+                    .iter()
+                    .filter(|r| !incomplete.is_some_and(|i| i.repos.contains(*r)));
+                let roots = state
+                    .root_events
+                    .iter()
+                    .filter(|e| !incomplete.is_some_and(|i| i.root_events.contains(*e)));
                 RelaySnapshot {
                     connected: disconnected_at_ms.is_none(),
                     disconnected_at_ms,
                     catch_up_since: since,
-                    repos: sorted_refs(state.repos.iter()),
-                    root_events: sorted_ids(state.root_events.iter()),
+                    repos: sorted_refs(repos),
+                    root_events: sorted_ids(roots),
                     next_daily_ms: self.daily.get(url).map(|t| wall_of(t, now)),
                     nip77: None,
                 }
@@ -376,10 +410,22 @@ impl SyncMachine {
         let left_out = r.repos.len() + r.root_events.len() - repos.len() - roots.len();
         let state = self.relays.get_mut(relay)?;
         info!(
-            "{relay}: restored state: {} repos and {} root events confirmed before the restart ({left_out} saved items not in its targets now are synced in full if they become targets)",
+            "{relay}: restored state: {} repos and {} root events confirmed before the restart ({left_out} saved items not in its targets yet are confirmed with a catch-up if they join them within {window:?})",
             repos.len(),
             roots.len()
         );
+        if left_out > 0 {
+            let late = Late {
+                generation: state.generation,
+                until: r.until,
+                since: r.since,
+                repos: r.repos.difference(&repos).cloned().collect(),
+                root_events: r.root_events.difference(&roots).copied().collect(),
+            };
+            self.persist.late.insert(relay.clone(), late);
+        } else {
+            self.persist.late.remove(relay);
+        }
         state.repos = repos;
         state.root_events = roots;
         state.last_connected = Some(r.until);
@@ -393,7 +439,165 @@ impl SyncMachine {
     /// Drops the restored state of `relay` (it is forgotten, or its state is cleared).
     pub(super) fn restored_forget(&mut self, relay: &RelayUrl) {
         self.persist.restored.remove(relay);
+        self.persist.late.remove(relay);
+        self.persist.incomplete.remove(relay);
     }
+
+    /// A batch of `relay` confirmed `items`: remembers whether their history is complete
+    /// (only complete ones are saved as confirmed).
+    pub(super) fn note_confirmed(
+        &mut self,
+        relay: &RelayUrl,
+        items: &crate::core::state::PendingItems,
+        incomplete: bool,
+    ) {
+        if incomplete {
+            let i = self.persist.incomplete.entry(relay.clone()).or_default();
+            i.repos.extend(items.repos.iter().cloned());
+            i.root_events.extend(items.root_events.iter().copied());
+        } else if let Some(i) = self.persist.incomplete.get_mut(relay) {
+            i.repos.retain(|r| !items.repos.contains(r));
+            i.root_events.retain(|e| !items.root_events.contains(e));
+            if i.repos.is_empty() && i.root_events.is_empty() {
+                self.persist.incomplete.remove(relay);
+            }
+        }
+    }
+
+    /// The restored items of `relay` still waiting to join its targets, if they still count
+    /// (same connection, within the quick-reconnect window of the saved moment).
+    fn late_for(&self, relay: &RelayUrl, generation: u64, now: Time) -> Option<&Late> {
+        self.persist.late.get(relay).filter(|l| {
+            l.generation == generation && now.since(l.until) <= self.config.quick_reconnect_window
+        })
+    }
+
+    /// Called with the new items of a connected relay before they become a batch: those
+    /// that were restored (see [`Late`]) are confirmed at once and caught up from the
+    /// restored `since` (their live coverage comes with the next rebuild); the rest is
+    /// returned for the batch.
+    pub(super) fn take_late_restored(
+        &mut self,
+        relay: &RelayUrl,
+        repos: &mut HashSet<crate::core::nip34::RepoRef>,
+        root_events: &mut HashSet<EventId>,
+        now: Time,
+    ) -> bool {
+        if !self.persist.late.contains_key(relay) {
+            return false;
+        }
+        let Some(generation) = self.relays.get(relay).map(|s| s.generation) else {
+            self.persist.late.remove(relay);
+            return false;
+        };
+        if self.late_for(relay, generation, now).is_none() {
+            self.persist.late.remove(relay);
+            return false;
+        }
+        let Some(late) = self.persist.late.get_mut(relay) else {
+            return false;
+        };
+        let got_repos: HashSet<_> = repos
+            .iter()
+            .filter(|r| late.repos.remove(*r))
+            .cloned()
+            .collect();
+        let got_roots: HashSet<EventId> = root_events
+            .iter()
+            .filter(|e| late.root_events.remove(*e))
+            .copied()
+            .collect();
+        let since = late.since;
+        if late.repos.is_empty() && late.root_events.is_empty() {
+            self.persist.late.remove(relay);
+        }
+        if got_repos.is_empty() && got_roots.is_empty() {
+            return false;
+        }
+        repos.retain(|r| !got_repos.contains(r));
+        root_events.retain(|e| !got_roots.contains(e));
+        info!(
+            "{relay}: {} repos and {} root events joined its targets and were confirmed before the restart: catch-up since {}",
+            got_repos.len(),
+            got_roots.len(),
+            since.as_secs()
+        );
+        let filters = build_layer2_and_layer3_filters(&got_repos, &got_roots, None);
+        if let Some(state) = self.relays.get_mut(relay) {
+            state.repos.extend(got_repos);
+            state.root_events.extend(got_roots);
+        }
+        for f in self.fit_filters(relay, filters) {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(&f, since),
+            );
+        }
+        // Live from now on once the live set is rebuilt (its catch-up covers the gap).
+        let l = self.link(relay);
+        l.uncovered_since = Some(l.uncovered_since.map_or(now, |u| u.min(now)));
+        self.need_rebuild(relay, now);
+        true
+    }
+}
+
+thread_local! {
+    /// Items the relay lists being decoded on this thread may still keep in all
+    /// ([`with_item_budget`]); `None`: only the per-list cap.
+    static ITEM_BUDGET: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// Items skipped by [`capped_items`] on this thread (for the log).
+    static ITEMS_SKIPPED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` (decoding [`RelaySnapshot`]s) with at most `budget` items kept over all their
+/// lists: a hostile file of millions of tiny items costs no more memory than one at the
+/// caps. Items beyond are skipped while decoding (they are synced in full after a restart).
+/// Returns what `f` returned and how many items were skipped.
+pub fn with_item_budget<T>(budget: usize, f: impl FnOnce() -> T) -> (T, usize) {
+    let before = ITEM_BUDGET.with(|b| b.replace(Some(budget)));
+    let skipped_before = ITEMS_SKIPPED.with(|s| s.replace(0));
+    let out = f();
+    ITEM_BUDGET.with(|b| b.set(before));
+    let skipped = ITEMS_SKIPPED.with(|s| s.replace(skipped_before));
+    (out, skipped)
+}
+
+/// Decodes a list of strings keeping at most [`MAX_RELAY_ITEMS`] (and the thread's
+/// [`with_item_budget`]); the rest is skipped without being stored.
+fn capped_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Capped;
+    impl<'de> serde::de::Visitor<'de> for Capped {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of strings")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Vec<String>, A::Error> {
+            let mut out = Vec::new();
+            loop {
+                let room = out.len() < MAX_RELAY_ITEMS
+                    && ITEM_BUDGET.with(|b| b.get().is_none_or(|n| n > 0));
+                if room {
+                    match seq.next_element::<String>()? {
+                        Some(s) => {
+                            ITEM_BUDGET.with(|b| b.set(b.get().map(|n| n - 1)));
+                            out.push(s);
+                        }
+                        None => return Ok(out),
+                    }
+                } else if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
+                    return Ok(out);
+                } else {
+                    ITEMS_SKIPPED.with(|s| s.set(s.get() + 1));
+                }
+            }
+        }
+    }
+    d.deserialize_seq(Capped)
 }
 
 fn sorted_refs<'a>(it: impl Iterator<Item = &'a String>) -> Vec<String> {

@@ -377,3 +377,70 @@ fn the_saved_since_covers_a_catch_up_interrupted_by_the_restart() {
         "{catch_ups:?}"
     );
 }
+
+#[test]
+fn a_bootstrap_relay_connected_before_the_own_read_is_still_a_quick_reconnect() {
+    let mut w = World::new(OWN, |c| c.bootstrap = vec![RelayUrl::parse(A).unwrap()]);
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    let root = issue("r", "old issue", t - 9 * DAY);
+    w.own.store.push(ann.clone());
+    for e in [&ann, &root] {
+        w.relay(A).store.push(e.clone());
+    }
+    w.start();
+    w.advance(Duration::from_secs(30));
+    w.assert_own_holds(&[&ann, &root]);
+    let snap = through_json(w.m.snapshot(w.now));
+    let before = w.relays[&RelayUrl::parse(A).unwrap()].reqs.len();
+    // While down, A gets a reply to the old issue: the catch-up must bring it.
+    let late = reply(&root, "reply while down", w.secs() + 2 * MIN);
+    w.relay(A).store.push(late.clone());
+    let report = w.restart(Duration::from_secs(5 * MIN), 0, Some(snap));
+    assert_eq!(report.relays_restored, 1, "{report:?}");
+    w.advance(Duration::from_secs(60));
+    let sent = reqs_since(&w, A, before);
+    let full: Vec<_> = sent
+        .iter()
+        .filter(|f| !is_l1(f) && full_history(f))
+        .collect();
+    assert!(full.is_empty(), "history REQs without since: {full:?}");
+    w.assert_own_holds(&[&ann, &root, &late]);
+    let st = &w.m.relay_index()[&RelayUrl::parse(A).unwrap()];
+    assert_eq!((st.repos.len(), st.root_events.len()), (1, 1), "confirmed");
+    // Live again after the rebuild: a reply published now arrives.
+    w.advance(Duration::from_secs(5 * MIN));
+    let live = reply(&root, "reply after the restart", w.secs());
+    w.publish(A, &live);
+    w.advance(Duration::from_secs(10));
+    w.assert_own_holds(&[&ann, &root, &late, &live]);
+}
+
+#[test]
+fn items_of_an_incomplete_batch_are_not_saved_as_confirmed() {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    // More issues in one second than A returns for one REQ, all of one kind and author: the
+    // history of `r` cannot be read completely.
+    for i in 0..4 {
+        let e = issue("r", &format!("issue {i}"), t - 9 * DAY);
+        w.relay(A).store.push(e);
+    }
+    w.relay(A).max_limit = Some(2);
+    w.relay(A).publish_nip11 = true;
+    w.start();
+    w.advance(Duration::from_secs(60));
+    let url = RelayUrl::parse(A).unwrap();
+    let st = &w.m.relay_index()[&url];
+    assert!(st.incomplete_batches >= 1, "the batch is incomplete");
+    assert!(st.repos.contains(&repo("r")), "confirmed in memory");
+    let snap = w.m.snapshot(w.now);
+    let saved = &snap.relays[A];
+    assert!(
+        !saved.repos.contains(&repo("r")),
+        "an incomplete item is synced in full after a restart, as without the file: {saved:?}"
+    );
+}
