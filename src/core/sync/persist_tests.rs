@@ -444,3 +444,23 @@ fn items_of_an_incomplete_batch_are_not_saved_as_confirmed() {
         "an incomplete item is synced in full after a restart, as without the file: {saved:?}"
     );
 }
+
+#[test]
+fn what_a_try_taught_about_nip77_survives_a_restart_and_nothing_else_is_saved() {
+    use super::Nip77Support;
+    let a = RelayUrl::parse(A).unwrap();
+    for (learnt, saved) in [
+        (Nip77Support::Works, Some(true)),
+        (Nip77Support::Unsupported, Some(false)),
+        // NIP-11 is read again at every connect: an advertisement is not saved.
+        (Nip77Support::Advertised, None),
+    ] {
+        let (mut w, _) = synced();
+        w.m.recon.support.insert(a.clone(), learnt);
+        let snap = through_json(w.m.snapshot(w.now));
+        assert_eq!(snap.relays[A].nip77, saved, "{learnt:?}");
+        w.restart(Duration::from_secs(MIN), 0, Some(snap));
+        let want = saved.map_or(Nip77Support::Unknown, |_| learnt);
+        assert_eq!(w.m.nip77_support(&a), want, "{learnt:?} after the restart");
+    }
+}
