@@ -113,6 +113,14 @@ pub struct Config {
     pub deny_relays: Vec<RelayPattern>,
     /// Relays exempt from the address check (`--allow-relay`; same patterns).
     pub allow_relays: Vec<RelayPattern>,
+    /// Directory of the persisted sync state (`--state-dir`; default none: nothing is
+    /// saved and every start is a fresh sync). A restart within the quick-reconnect window
+    /// (15 min) then continues every relay as a quick reconnect; see
+    /// `docs/operations.md#persisted-state---state-dir`.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// The most often the state file is written (default 30 s; only when it changed, at
+    /// least every 5 min, and at shutdown).
+    pub state_save_interval: Duration,
 }
 
 /// Environment variable holding the NIP-42 AUTH key when no `--nsec-file` is given.
@@ -219,6 +227,7 @@ impl std::fmt::Debug for Config {
             .field("allow_private_relays", &self.allow_private_relays)
             .field("deny_relays", &self.deny_relays)
             .field("allow_relays", &self.allow_relays)
+            .field("state_dir", &self.state_dir)
             .finish_non_exhaustive()
     }
 }
@@ -258,6 +267,8 @@ impl Config {
             max_relays_per_pubkey: crate::core::actions::MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
             shard: None,
+            state_dir: None,
+            state_save_interval: Duration::from_secs(30),
             archive: false,
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
@@ -350,6 +361,20 @@ impl Config {
             }
         }
         RepoScope::ListingService(urls)
+    }
+
+    /// What a state file must have been written with to be used (besides the own relay):
+    /// the repository scope and the shard. A file of another configuration is ignored.
+    pub fn state_key(&self) -> String {
+        let mut urls: Vec<String> = self.public_urls.iter().map(|u| u.to_string()).collect();
+        urls.sort();
+        urls.dedup();
+        format!(
+            "public={};archive={};shard={}",
+            urls.join(","),
+            self.archive,
+            self.shard.map_or("all".to_string(), |s| s.to_string())
+        )
     }
 
     /// The pure core's part of this configuration.

@@ -120,6 +120,12 @@ struct Args {
     #[argh(option)]
     metrics_addr: Option<String>,
 
+    /// keep the sync state in this directory (created if missing) so that a restart within
+    /// 15 minutes continues every relay with a catch-up instead of a fresh sync (default:
+    /// off) [env GRASP_SYNC_STATE_DIR]
+    #[argh(option)]
+    state_dir: Option<PathBuf>,
+
     /// run the historic sync of everything discovered, then exit: 0 when every relay
     /// completed, 1 when any failed or stayed incomplete; a summary table goes to stderr
     /// [env GRASP_SYNC_ONCE]
@@ -277,6 +283,7 @@ const ENV_FLAGS: &[EnvFlag] = &[
     f("ca-file", "GRASP_SYNC_CA_FILE", Kind::Repeated),
     f("system-roots", "GRASP_SYNC_SYSTEM_ROOTS", Kind::Switch),
     f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value),
+    f("state-dir", "GRASP_SYNC_STATE_DIR", Kind::Value),
     f("once", "GRASP_SYNC_ONCE", Kind::Switch),
     f("deadline", "GRASP_SYNC_DEADLINE", Kind::Value),
     f("stop-timeout", "GRASP_SYNC_STOP_TIMEOUT", Kind::Value),
@@ -453,6 +460,7 @@ fn build_config(args: &Args) -> Result<Config, String> {
     config.ping_interval = secs("ping-interval", args.ping_interval)?;
     config.pong_timeout = secs("pong-timeout", args.pong_timeout)?;
     config.summary_interval = secs("summary-interval", args.summary_interval)?;
+    config.state_dir = args.state_dir.clone();
     secs("stop-timeout", args.stop_timeout)?;
     secs("deadline", args.deadline)?;
     if !matches!(args.log_format.as_str(), "text" | "json") {

@@ -76,6 +76,8 @@ pub struct Coordinator {
     pub stop_deadline: Arc<Mutex<Option<Instant>>>,
     /// The address policy handed to every relay thread.
     pub policy: Arc<AddressPolicy>,
+    /// Writes the state file (`--state-dir`).
+    pub state: Option<crate::engine::state_file::StateWriter>,
 }
 
 impl Coordinator {
@@ -133,6 +135,9 @@ impl Coordinator {
             if !self.stopping.load(Ordering::SeqCst) {
                 self.watch(&mut threads);
                 self.execute(&mut threads, &mut retired);
+            }
+            if let Some(w) = &mut self.state {
+                w.tick(&self.machine, now, &self.metrics);
             }
             if now >= next_summary {
                 next_summary = now.plus(self.config.summary_interval);
@@ -445,6 +450,11 @@ impl Coordinator {
                 std::thread::sleep(Duration::from_millis(10));
             }
             retired.push(("forwarder".to_string(), h));
+        }
+        // After the drain: what the machine confirmed is in the own relay now (unless the
+        // deadline cut the drain short; then the last saved file stays).
+        if let Some(mut w) = self.state.take() {
+            w.finish(&self.machine, self.config.clock.now(), &self.metrics);
         }
         let mut running = Vec::new();
         for (name, h) in retired {

@@ -264,6 +264,8 @@ pub struct Metrics {
     /// Event signatures verified recently, shared by every relay thread so that a copy of an
     /// event is not verified again.
     pub verified: VerifiedSet,
+    /// The state file of `--state-dir` (loaded, ignored, saves).
+    pub state: crate::engine::state_file::StateCounters,
 }
 
 /// Refused relays kept for the status (the counter goes on).

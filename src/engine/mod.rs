@@ -5,6 +5,7 @@ pub mod connection;
 pub mod coordinator;
 pub mod forwarder;
 pub mod metrics;
+pub mod state_file;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -201,6 +202,8 @@ pub struct Status {
     pub repo_scope: RepoScope,
     /// What the repository scope and the relay quotas leave out now.
     pub targets: TargetReport,
+    /// The state file of `--state-dir`.
+    pub state_file: state_file::StateFileStatus,
 }
 
 impl Status {
@@ -246,8 +249,35 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         ));
     }
     log_scope(&config);
-    let machine = Arc::new(RwLock::new(SyncMachine::new(config.sync_config())));
+    let mut sync_machine = SyncMachine::new(config.sync_config());
     let metrics = Arc::new(Metrics::default());
+    let state = match &config.state_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::Config(format!(
+                    "--state-dir {}: cannot create the directory: {e}",
+                    dir.display()
+                ))
+            })?;
+            let (own, key) = (config.own_relay.to_string(), config.state_key());
+            state_file::load_into(
+                dir,
+                &own,
+                &key,
+                &mut sync_machine,
+                config.clock.now(),
+                &metrics.state,
+            );
+            Some(state_file::StateWriter::new(
+                dir.clone(),
+                own,
+                key,
+                config.state_save_interval,
+            ))
+        }
+        None => None,
+    };
+    let machine = Arc::new(RwLock::new(sync_machine));
     let stopping = Arc::new(AtomicBool::new(false));
     let stop_deadline = Arc::new(Mutex::new(None));
     let (inputs_tx, inputs_rx) = bounded(config.input_channel.max(1));
@@ -289,6 +319,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         stopping: stopping.clone(),
         stop_deadline: stop_deadline.clone(),
         policy: Arc::new(config.address_policy(own_addresses(&config))),
+        state,
     };
     let coordinator = std::thread::Builder::new()
         .name("coordinator".into())
@@ -437,6 +468,7 @@ impl SyncHandle {
             forward_bytes_peak: f.bytes_peak.load(Ordering::Relaxed),
             repo_scope: self.config.repo_scope(),
             targets: m.target_report(),
+            state_file: self.metrics.state.status(),
         }
     }
 

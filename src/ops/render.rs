@@ -380,6 +380,45 @@ pub fn prometheus(status: &Status) -> String {
         "Events handed to the forwarder and not yet answered by the own relay.",
         status.forward_backlog,
     );
+    let st = &status.state_file;
+    p.single(
+        "state_file_loaded",
+        "gauge",
+        "1 when the state file (--state-dir) read at start was used.",
+        u8::from(st.loaded),
+    );
+    p.family(
+        "state_file_ignored_total",
+        "counter",
+        "State files not used at start, by reason.",
+    );
+    for (reason, n) in &st.ignored_by_reason {
+        p.sample("state_file_ignored_total", &[("reason", reason)], n);
+    }
+    p.single(
+        "state_relays_restored",
+        "gauge",
+        "Relays restored from the state file for a quick reconnect at start.",
+        st.relays_restored,
+    );
+    p.single(
+        "state_saves_total",
+        "counter",
+        "State files written.",
+        st.saves,
+    );
+    p.single(
+        "state_save_failures_total",
+        "counter",
+        "State file writes that failed.",
+        st.save_failures,
+    );
+    p.single(
+        "state_last_save_timestamp_seconds",
+        "gauge",
+        "Unix time of the last state file written (0: none).",
+        st.last_save_ms.unwrap_or(0) as f64 / 1000.0,
+    );
     let l = &status.ok_latency;
     p.family(
         "ok_latency_seconds",
@@ -465,6 +504,16 @@ pub fn status_json(status: &Status) -> Value {
         },
         "invalid": status.invalid,
         "unmatched": status.unmatched,
+        "state_file": {
+            "enabled": status.state_file.enabled,
+            "loaded": status.state_file.loaded,
+            "ignored": status.state_file.ignored.as_ref().map(|(r, d)| json!({"reason": r, "detail": d})),
+            "relays_restored": status.state_file.relays_restored,
+            "saves": status.state_file.saves,
+            "save_failures": status.state_file.save_failures,
+            "last_save_ms": status.state_file.last_save_ms,
+            "last_error": status.state_file.last_error,
+        },
         "sync": {
             "batches_confirmed": c.batches_confirmed,
             "batches_failed": c.batches_failed,

@@ -1,4 +1,4 @@
-//! Scenario 4 (consolidation, never blocking) and Scenario 5 (the daily resync).
+//! Scenario 4 (consolidation, never blocking); Scenario 5 (the daily resync) is in `daily.rs`.
 
 use super::*;
 
@@ -122,61 +122,6 @@ impl SyncMachine {
         self.drain_queue(relay);
         let after = self.links.get(relay).map_or(0, |l| l.subs.len());
         info!("{relay}: consolidated {before} subscriptions (plus the new items) into {after}");
-    }
-
-    pub(super) fn schedule_daily(&mut self, now: Time) {
-        let (lo, hi) = (
-            self.config.daily_min,
-            self.config.daily_max.max(self.config.daily_min),
-        );
-        let delay = lo + (hi - lo).mul_f64(self.jitter.unit());
-        self.next_daily = Some(now.plus(delay));
-        debug!("next daily resync in {:.1} h", delay.as_secs_f64() / 3600.0);
-    }
-
-    /// Scenario 5: the daily full resync of every relay (close all, clear pending and
-    /// confirmed, Layer 1 without since, compute_actions for everything).
-    pub(super) fn daily_resync(&mut self, now: Time) {
-        let urls: Vec<RelayUrl> = self.relays.keys().cloned().collect();
-        self.counters.daily_resyncs += 1;
-        info!("daily resync of {} relays", urls.len());
-        for url in urls {
-            if let Some(batches) = self.pending.remove(&url) {
-                self.counters.batches_failed += batches.len() as u64;
-            }
-            let Some(state) = self.relays.get_mut(&url) else {
-                continue;
-            };
-            state.clear_sync_state();
-            let generation = state.generation;
-            let connected = state.connection_status == ConnectionStatus::Connected;
-            if !connected {
-                // Not connected: the next connect is a fresh sync.
-                state.last_connected = None;
-                state.disconnected_at = None;
-                continue;
-            }
-            let link = self.links.entry(url.clone()).or_default();
-            let mut old: Vec<SubscriptionId> = link.subs.keys().cloned().collect();
-            link.forget_subscriptions();
-            link.resume.clear();
-            link.resume_overflow = false;
-            old.sort();
-            for sub_id in old {
-                self.commands.push_back(Command::Unsubscribe {
-                    relay: url.clone(),
-                    generation,
-                    sub_id,
-                });
-            }
-            self.open_sub(
-                &url,
-                generation,
-                SubPurpose::Announcements,
-                build_announcement_filter(None),
-            );
-            self.recompute_actions_for_relay(&url, now);
-        }
     }
 }
 

@@ -20,16 +20,22 @@ impl SyncMachine {
     /// The design's `handle_connect_or_reconnect`: fresh, quick or stale.
     pub(super) fn handle_connect_or_reconnect(&mut self, relay: &RelayUrl, now: Time) {
         let window = self.config.quick_reconnect_window;
+        // The first connect of a relay restored from a snapshot (issue 11) may be a quick
+        // reconnect across the restart.
+        let restored = self.take_restored(relay, now);
         let Some(state) = self.relays.get_mut(relay) else {
             return;
         };
         let link = self.links.entry(relay.clone()).or_default();
         let overflow = std::mem::take(&mut link.resume_overflow);
         let resume = std::mem::take(&mut link.resume);
-        let stale =
-            state.last_connected.is_some() && (overflow || state.should_clear_state(now, window));
-        let fresh = state.last_connected.is_none() || stale;
-        let since = if fresh {
+        let stale = restored.is_none()
+            && state.last_connected.is_some()
+            && (overflow || state.should_clear_state(now, window));
+        let fresh = restored.is_none() && (state.last_connected.is_none() || stale);
+        let since = if let Some(since) = restored {
+            Some(since)
+        } else if fresh {
             None
         } else {
             state
@@ -82,6 +88,8 @@ impl SyncMachine {
                     SubPurpose::Announcements,
                     build_announcement_filter(None),
                 );
+                // A full sync starts now: the relay's daily resync is due 23–25 h later.
+                self.schedule_daily(relay, now);
             }
         }
         self.recompute_actions_for_relay(relay, now);
@@ -156,6 +164,8 @@ impl SyncMachine {
             self.limits.remove(&url);
             self.budgets.remove(&url);
             self.max_message.remove(&url);
+            self.daily.remove(&url);
+            self.restored_forget(&url);
             self.commands.push_back(Command::Forget { relay: url });
         }
     }

@@ -9,10 +9,14 @@
 mod batches;
 mod complaints;
 mod consolidation;
+mod daily;
 mod lifecycle;
 #[cfg(test)]
 mod loss_tests;
 mod own;
+mod persist;
+#[cfg(test)]
+mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
 mod subscriptions;
@@ -46,6 +50,11 @@ use crate::core::state::{
 use crate::core::time::Time;
 use crate::net::nip11::RelayLimits;
 use crate::net::url::RelayUrl;
+
+pub use persist::{
+    RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS, MAX_STATE_RELAYS,
+    MAX_STORED_REF_LEN,
+};
 
 /// Settings of the sync logic.
 #[derive(Debug, Clone)]
@@ -606,7 +615,10 @@ pub struct SyncMachine {
     /// One counter for every connection generation (own relay and remote relays), so a
     /// relay forgotten and discovered again never reuses a retired thread's generation.
     next_generation: u64,
-    next_daily: Option<Time>,
+    /// Each relay's next daily resync (issue 11: per relay, not one timer for all).
+    daily: daily::DailyTimers,
+    /// State restored from a snapshot, and what else is persisted (issue 11).
+    persist: persist::Persisted,
     /// The `now` of the latest input (for bookkeeping inside helpers that take no time).
     last_now: Time,
     /// Since when the forward queue has been full (remote EOSE deadlines are suspended).
@@ -649,7 +661,8 @@ impl SyncMachine {
             next_batch: 0,
             next_disconnect_check: None,
             next_generation: 0,
-            next_daily: None,
+            daily: daily::DailyTimers::default(),
+            persist: persist::Persisted::default(),
             last_now: Time::default(),
             forward_paused_since: None,
             jitter,
@@ -684,7 +697,6 @@ impl SyncMachine {
             self.connect_remote(&b, now);
         }
         self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
-        self.schedule_daily(now);
     }
 
     /// The next command to carry out.
@@ -702,7 +714,7 @@ impl SyncMachine {
         };
         consider(self.batch.started.map(|s| s.plus(self.config.batch_window)));
         consider(self.next_disconnect_check);
-        consider(self.next_daily);
+        consider(self.daily.next());
         consider(self.own_link.next_attempt);
         consider(self.own_link.reopen.iter().map(|r| r.0).min());
         consider(
@@ -835,10 +847,7 @@ impl SyncMachine {
         for url in consolidate {
             self.run_deferred(&url, now);
         }
-        if self.next_daily.is_some_and(|t| t <= now) {
-            self.daily_resync(now);
-            self.schedule_daily(now);
-        }
+        self.run_daily(now);
         if self.next_disconnect_check.is_some_and(|t| t <= now) {
             self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
             self.check_disconnects(now);
@@ -946,6 +955,8 @@ impl SyncMachine {
                     self.relays.remove(&relay);
                     self.pending.remove(&relay);
                     self.links.remove(&relay);
+                    self.daily.remove(&relay);
+                    self.restored_forget(&relay);
                     self.commands.push_back(Command::Forget { relay });
                 }
             }

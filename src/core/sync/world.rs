@@ -179,6 +179,35 @@ impl World {
         self.pump();
     }
 
+    /// The process restarts: every connection is gone, `down` passes (on both clocks; then
+    /// the wall clock is stepped by `wall_step_ms`), and a new machine with the same settings
+    /// starts, restored from `state` when given (issue 11). The relays keep their stores.
+    pub fn restart(
+        &mut self,
+        down: Duration,
+        wall_step_ms: i64,
+        state: Option<super::SyncSnapshot>,
+    ) -> super::RestoreReport {
+        let own = std::iter::once(&mut self.own);
+        for f in self.relays.values_mut().chain(own) {
+            f.conn = None;
+            f.subs.clear();
+            f.held.clear();
+        }
+        self.reports.clear();
+        self.nip11_sent.clear();
+        let now = self.now.plus(down);
+        let wall = (now.wall_millis() as i64)
+            .saturating_add(wall_step_ms)
+            .max(0) as u64;
+        self.now = Time::from_readings(now.as_millis(), wall);
+        let mut m = SyncMachine::new(self.m.config.clone());
+        let report = state.map(|s| m.restore(s, self.now)).unwrap_or_default();
+        self.m = m;
+        self.start();
+        report
+    }
+
     /// Advances in steps of `step` for `total`, so that periodic work runs as it would.
     pub fn run_for(&mut self, total: Duration, step: Duration) {
         let mut t = Duration::ZERO;

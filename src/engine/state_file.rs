@@ -1,0 +1,584 @@
+//! The state file of `--state-dir` (issue 11): the machine's [`SyncSnapshot`] in a
+//! versioned JSON envelope, written atomically, read once at start.
+//!
+//! ```json
+//! {"format":"grasp-sync-state","version":1,"own_relay":"ws://127.0.0.1:7777",
+//!  "config":"scope=…;shard=all","saved_at_ms":1764620000000,
+//!  "relays":{"wss://relay.example/":{"connected":true,"catch_up_since":1764500000,
+//!            "repos":["30617:<pubkey>:<d>"],"root_events":["<id>"],
+//!            "next_daily_ms":1764700000000,"nip77":null}}}
+//! ```
+//!
+//! A file that cannot be used (unreadable, larger than [`MAX_FILE_BYTES`], not JSON, another
+//! format or version, written for another own relay or another configuration) is reported
+//! and ignored: the engine starts with a fresh sync, never fails because of it.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use parking_lot::{Mutex, RwLock};
+use serde_json::{json, Value};
+
+use crate::core::sync::{RelaySnapshot, SyncMachine, SyncSnapshot};
+use crate::core::time::Time;
+use crate::engine::metrics::Metrics;
+
+/// The `format` field.
+pub const FORMAT: &str = "grasp-sync-state";
+/// The `version` this build writes and reads.
+pub const VERSION: u64 = 1;
+/// The file's name inside the state directory.
+pub const FILE_NAME: &str = "sync-state.json";
+/// A larger file is not read. The snapshot's own caps keep a written file far below it
+/// (at most [`crate::core::sync::MAX_STATE_ITEMS`] items of at most
+/// [`crate::core::sync::MAX_STORED_REF_LEN`] bytes).
+pub const MAX_FILE_BYTES: u64 = 32 << 20;
+
+/// Why a state file was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IgnoredReason {
+    /// No file yet (first start with this directory).
+    Missing,
+    /// It could not be read (permissions, I/O error).
+    Unreadable,
+    /// Larger than [`MAX_FILE_BYTES`].
+    TooLarge,
+    /// Not valid JSON, or fields of the wrong type.
+    Corrupt,
+    /// Not a grasp-sync state file (`format`).
+    ForeignFormat,
+    /// Written by an older format version.
+    OlderVersion,
+    /// Written by a newer format version.
+    NewerVersion,
+    /// Written for another own relay.
+    OtherOwnRelay,
+    /// Written with another repository scope or shard.
+    OtherConfig,
+}
+
+impl IgnoredReason {
+    /// Every reason, for the metrics.
+    pub const ALL: [IgnoredReason; 9] = [
+        IgnoredReason::Missing,
+        IgnoredReason::Unreadable,
+        IgnoredReason::TooLarge,
+        IgnoredReason::Corrupt,
+        IgnoredReason::ForeignFormat,
+        IgnoredReason::OlderVersion,
+        IgnoredReason::NewerVersion,
+        IgnoredReason::OtherOwnRelay,
+        IgnoredReason::OtherConfig,
+    ];
+
+    /// The label used in logs, `/status` and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IgnoredReason::Missing => "missing",
+            IgnoredReason::Unreadable => "unreadable",
+            IgnoredReason::TooLarge => "too_large",
+            IgnoredReason::Corrupt => "corrupt",
+            IgnoredReason::ForeignFormat => "foreign_format",
+            IgnoredReason::OlderVersion => "older_version",
+            IgnoredReason::NewerVersion => "newer_version",
+            IgnoredReason::OtherOwnRelay => "other_own_relay",
+            IgnoredReason::OtherConfig => "other_config",
+        }
+    }
+}
+
+/// What [`load`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Loaded {
+    /// A usable snapshot.
+    Snapshot(SyncSnapshot),
+    /// The file was not used, why, and what exactly was wrong (for the log).
+    Ignored(IgnoredReason, String),
+}
+
+/// The path of the state file in `dir`.
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+/// Reads the state file of `dir`, written for `own_relay` with configuration `config`.
+pub fn load(dir: &Path, own_relay: &str, config: &str) -> Loaded {
+    let p = path(dir);
+    let file = match File::open(&p) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Loaded::Ignored(IgnoredReason::Missing, format!("no {}", p.display()))
+        }
+        Err(e) => {
+            return Loaded::Ignored(
+                IgnoredReason::Unreadable,
+                format!("cannot open {}: {e}", p.display()),
+            )
+        }
+    };
+    if file.metadata().is_ok_and(|m| m.len() > MAX_FILE_BYTES) {
+        return Loaded::Ignored(
+            IgnoredReason::TooLarge,
+            format!("{} is larger than {MAX_FILE_BYTES} bytes", p.display()),
+        );
+    }
+    let mut text = String::new();
+    if let Err(e) = file.take(MAX_FILE_BYTES + 1).read_to_string(&mut text) {
+        let reason = if e.kind() == std::io::ErrorKind::InvalidData {
+            IgnoredReason::Corrupt
+        } else {
+            IgnoredReason::Unreadable
+        };
+        return Loaded::Ignored(reason, format!("cannot read {}: {e}", p.display()));
+    }
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Loaded::Ignored(
+            IgnoredReason::TooLarge,
+            format!("{} is larger than {MAX_FILE_BYTES} bytes", p.display()),
+        );
+    }
+    parse(&text, own_relay, config)
+}
+
+/// Checks the envelope of `text` and takes the snapshot out of it.
+pub fn parse(text: &str, own_relay: &str, config: &str) -> Loaded {
+    let corrupt = |what: String| Loaded::Ignored(IgnoredReason::Corrupt, what);
+    let doc: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return corrupt(format!("not JSON: {e}")),
+    };
+    if doc.get("format").and_then(Value::as_str) != Some(FORMAT) {
+        return Loaded::Ignored(
+            IgnoredReason::ForeignFormat,
+            format!("format is {:?}, not {FORMAT:?}", doc.get("format")),
+        );
+    }
+    let Some(version) = doc.get("version").and_then(Value::as_u64) else {
+        return corrupt("no numeric version".into());
+    };
+    if version < VERSION {
+        return Loaded::Ignored(
+            IgnoredReason::OlderVersion,
+            format!("version {version} is older than {VERSION}"),
+        );
+    }
+    if version > VERSION {
+        return Loaded::Ignored(
+            IgnoredReason::NewerVersion,
+            format!("version {version} is newer than {VERSION} (written by a newer grasp-sync)"),
+        );
+    }
+    let file_own = doc.get("own_relay").and_then(Value::as_str).unwrap_or("");
+    if file_own != own_relay {
+        return Loaded::Ignored(
+            IgnoredReason::OtherOwnRelay,
+            format!("written for the own relay {file_own:?}, not {own_relay:?}"),
+        );
+    }
+    let file_config = doc.get("config").and_then(Value::as_str).unwrap_or("");
+    if file_config != config {
+        return Loaded::Ignored(
+            IgnoredReason::OtherConfig,
+            format!("written with {file_config:?}, now {config:?}"),
+        );
+    }
+    let Some(saved_at_ms) = doc.get("saved_at_ms").and_then(Value::as_u64) else {
+        return corrupt("no numeric saved_at_ms".into());
+    };
+    let relays = match doc.get("relays").cloned().map(serde_json::from_value) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return corrupt(format!("relays: {e}")),
+        None => return corrupt("no relays".into()),
+    };
+    Loaded::Snapshot(SyncSnapshot {
+        taken_at_ms: saved_at_ms,
+        relays,
+    })
+}
+
+/// The envelope of `snapshot` as written.
+pub fn render(snapshot: &SyncSnapshot, own_relay: &str, config: &str) -> String {
+    let relays: serde_json::Map<String, Value> = snapshot
+        .relays
+        .iter()
+        .map(|(url, r): (&String, &RelaySnapshot)| {
+            (url.clone(), serde_json::to_value(r).unwrap_or(Value::Null))
+        })
+        .collect();
+    json!({
+        "format": FORMAT,
+        "version": VERSION,
+        "own_relay": own_relay,
+        "config": config,
+        "saved_at_ms": snapshot.taken_at_ms,
+        "relays": relays,
+    })
+    .to_string()
+}
+
+/// Writes `text` as the state file of `dir` atomically: a temporary file in the same
+/// directory, written and fsynced, renamed over the old file, then the directory fsynced.
+/// A crash at any point leaves either the old file or the new one, never a mix. Returns the
+/// bytes written.
+pub fn write_atomically(dir: &Path, text: &str) -> std::io::Result<u64> {
+    let tmp = dir.join(format!("{FILE_NAME}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path(dir))?;
+        // The rename itself is durable only once the directory is.
+        File::open(dir)?.sync_all()?;
+        Ok(text.len() as u64)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Counters of the state file, shared with status readers.
+#[derive(Debug, Default)]
+pub struct StateCounters {
+    /// 1 when `--state-dir` is set.
+    pub enabled: AtomicU64,
+    /// 1 when the file read at start was used.
+    pub loaded: AtomicU64,
+    /// Files not used at start, by reason ([`IgnoredReason::ALL`] order).
+    pub ignored: [AtomicU64; IgnoredReason::ALL.len()],
+    /// What was wrong with the ignored file (for `/status`).
+    pub ignored_detail: Mutex<Option<(IgnoredReason, String)>>,
+    /// Relays restored for a quick reconnect at start.
+    pub relays_restored: AtomicU64,
+    /// Files written.
+    pub saves: AtomicU64,
+    /// Writes that failed.
+    pub save_failures: AtomicU64,
+    /// Wall clock (Unix ms) of the last successful write; 0: none yet.
+    pub last_save_ms: AtomicU64,
+    /// Why the last write failed, if the last write failed.
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl StateCounters {
+    /// Records why the file was not used.
+    pub fn ignored(&self, reason: IgnoredReason, detail: String) {
+        if let Some(i) = IgnoredReason::ALL.iter().position(|r| *r == reason) {
+            self.ignored[i].fetch_add(1, Ordering::Relaxed);
+        }
+        *self.ignored_detail.lock() = Some((reason, detail));
+    }
+
+    /// The plain view for [`crate::Status`].
+    pub fn status(&self) -> StateFileStatus {
+        let last = self.last_save_ms.load(Ordering::Relaxed);
+        StateFileStatus {
+            enabled: self.enabled.load(Ordering::Relaxed) == 1,
+            loaded: self.loaded.load(Ordering::Relaxed) == 1,
+            ignored: self
+                .ignored_detail
+                .lock()
+                .as_ref()
+                .map(|(r, d)| (r.as_str(), d.clone())),
+            ignored_by_reason: IgnoredReason::ALL
+                .iter()
+                .zip(&self.ignored)
+                .map(|(r, n)| (r.as_str(), n.load(Ordering::Relaxed)))
+                .collect(),
+            relays_restored: self.relays_restored.load(Ordering::Relaxed),
+            saves: self.saves.load(Ordering::Relaxed),
+            save_failures: self.save_failures.load(Ordering::Relaxed),
+            last_save_ms: (last > 0).then_some(last),
+            last_error: self.last_error.lock().clone(),
+        }
+    }
+}
+
+/// The state file in a [`crate::Status`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StateFileStatus {
+    /// `--state-dir` is set.
+    pub enabled: bool,
+    /// The file read at start was used.
+    pub loaded: bool,
+    /// Why the file read at start was not used (reason label, details).
+    pub ignored: Option<(&'static str, String)>,
+    /// Files not used at start, by reason label.
+    pub ignored_by_reason: Vec<(&'static str, u64)>,
+    /// Relays restored for a quick reconnect at start.
+    pub relays_restored: u64,
+    /// Files written.
+    pub saves: u64,
+    /// Writes that failed.
+    pub save_failures: u64,
+    /// Wall clock (Unix ms) of the last successful write.
+    pub last_save_ms: Option<u64>,
+    /// Why the last write failed, while it is the latest attempt.
+    pub last_error: Option<String>,
+}
+
+/// A snapshot is written again after this long even when nothing changed, so that the
+/// saved moment stays within the quick-reconnect window of a crash.
+pub const REFRESH: Duration = Duration::from_secs(5 * 60);
+
+/// Reads the state file at start and restores it into `machine`; every outcome is logged
+/// and counted.
+pub fn load_into(
+    dir: &Path,
+    own_relay: &str,
+    config: &str,
+    machine: &mut SyncMachine,
+    now: Time,
+    counters: &StateCounters,
+) {
+    counters.enabled.store(1, Ordering::Relaxed);
+    match load(dir, own_relay, config) {
+        Loaded::Snapshot(s) => {
+            let report = machine.restore(s, now);
+            counters.loaded.store(1, Ordering::Relaxed);
+            counters
+                .relays_restored
+                .store(report.relays_restored as u64, Ordering::Relaxed);
+            info!(
+                "state file {} loaded: {} relays restored for a quick reconnect",
+                path(dir).display(),
+                report.relays_restored
+            );
+        }
+        Loaded::Ignored(IgnoredReason::Missing, detail) => {
+            info!("no state file yet ({detail}); fresh sync of every relay");
+            counters.ignored(IgnoredReason::Missing, detail);
+        }
+        Loaded::Ignored(reason, detail) => {
+            warn!(
+                "state file {} ignored ({}): {detail}; fresh sync of every relay (the file is replaced at the next save)",
+                path(dir).display(),
+                reason.as_str()
+            );
+            counters.ignored(reason, detail);
+        }
+    }
+}
+
+/// Takes snapshots of the machine and writes them (see the module docs): at most every
+/// `interval`, only when they changed (or [`REFRESH`] passed), and only once every event
+/// handed to the forwarder before the snapshot was answered by the own relay, so that no
+/// saved confirmation is ahead of what the own relay holds.
+pub struct StateWriter {
+    dir: PathBuf,
+    own_relay: String,
+    config: String,
+    interval: Duration,
+    next_snapshot: Option<Time>,
+    last_written: Option<BTreeMap<String, RelaySnapshot>>,
+    last_write: Option<Time>,
+    pending: Option<SyncSnapshot>,
+}
+
+impl StateWriter {
+    /// A writer for `dir`.
+    pub fn new(dir: PathBuf, own_relay: String, config: String, interval: Duration) -> Self {
+        StateWriter {
+            dir,
+            own_relay,
+            config,
+            interval: interval.max(Duration::from_millis(100)),
+            next_snapshot: None,
+            last_written: None,
+            last_write: None,
+            pending: None,
+        }
+    }
+
+    /// Called on every coordinator turn.
+    pub fn tick(&mut self, machine: &RwLock<SyncMachine>, now: Time, metrics: &Metrics) {
+        if self.next_snapshot.is_none_or(|t| now >= t) {
+            self.next_snapshot = Some(now.plus(self.interval));
+            let snap = machine.read().snapshot(now);
+            let refresh = self.last_write.is_none_or(|t| now.since(t) >= REFRESH);
+            if refresh || self.last_written.as_ref() != Some(&snap.relays) {
+                self.pending = Some(snap);
+            }
+        }
+        // Read after the snapshot: every event of a batch it counts as confirmed was counted
+        // here before the batch's EOSE reached the coordinator.
+        if self.pending.is_some() && metrics.forward.unresolved.load(Ordering::SeqCst) == 0 {
+            if let Some(snap) = self.pending.take() {
+                self.write(snap, now, &metrics.state);
+            }
+        }
+    }
+
+    /// At shutdown, after the forwarder drained: saves the machine as it is now, unless
+    /// events are still unanswered (then the last file stays).
+    pub fn finish(&mut self, machine: &RwLock<SyncMachine>, now: Time, metrics: &Metrics) {
+        let snap = machine.read().snapshot(now);
+        let unresolved = metrics.forward.unresolved.load(Ordering::SeqCst);
+        if unresolved > 0 {
+            warn!(
+                "state file not saved at shutdown: {unresolved} events are not yet stored in the own relay; the file of the last save stays"
+            );
+            return;
+        }
+        self.write(snap, now, &metrics.state);
+    }
+
+    fn write(&mut self, snap: SyncSnapshot, now: Time, counters: &StateCounters) {
+        let text = render(&snap, &self.own_relay, &self.config);
+        match write_atomically(&self.dir, &text) {
+            Ok(n) => {
+                debug!(
+                    "state file {} saved ({} relays, {n} bytes)",
+                    path(&self.dir).display(),
+                    snap.relays.len()
+                );
+                counters.saves.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .last_save_ms
+                    .store(now.wall_millis().max(1), Ordering::Relaxed);
+                *counters.last_error.lock() = None;
+                self.last_written = Some(snap.relays);
+                self.last_write = Some(now);
+            }
+            Err(e) => {
+                let n = counters.save_failures.fetch_add(1, Ordering::Relaxed);
+                let line = format!(
+                    "cannot save the state file {}: {e}",
+                    path(&self.dir).display()
+                );
+                if n == 0 || counters.last_error.lock().is_none() {
+                    warn!("{line} (tried again at the next save)");
+                } else {
+                    debug!("{line}");
+                }
+                *counters.last_error.lock() = Some(line);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> SyncSnapshot {
+        let mut s = SyncSnapshot {
+            taken_at_ms: 1_764_620_000_000,
+            ..Default::default()
+        };
+        s.relays.insert(
+            "wss://a.example".into(),
+            RelaySnapshot {
+                connected: true,
+                catch_up_since: 1_764_500_000,
+                repos: vec!["30617:ab:r".into()],
+                ..Default::default()
+            },
+        );
+        s
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "grasp-sync-state-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_written_file_reads_back_and_leaves_no_temporary_file() {
+        let d = dir("roundtrip");
+        let text = render(&snapshot(), "ws://own", "c");
+        write_atomically(&d, &text).unwrap();
+        write_atomically(&d, &text).unwrap();
+        assert_eq!(load(&d, "ws://own", "c"), Loaded::Snapshot(snapshot()));
+        let names: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec![FILE_NAME.to_string()]);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let d = dir("failed");
+        let text = render(&snapshot(), "ws://own", "c");
+        write_atomically(&d, &text).unwrap();
+        // The rename target is a non-empty directory now: the rename fails.
+        fs::remove_file(path(&d)).unwrap();
+        fs::create_dir(path(&d)).unwrap();
+        fs::write(path(&d).join("x"), "x").unwrap();
+        assert!(write_atomically(&d, &text).is_err());
+        let names: Vec<_> = fs::read_dir(&d).unwrap().collect();
+        assert_eq!(names.len(), 1, "temporary file removed");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn unusable_files_are_ignored_with_their_reason() {
+        let good = render(&snapshot(), "ws://own", "c");
+        let reason = |text: &str| match parse(text, "ws://own", "c") {
+            Loaded::Ignored(r, _) => Some(r),
+            Loaded::Snapshot(_) => None,
+        };
+        assert_eq!(reason(&good), None);
+        assert_eq!(
+            reason(&good[..good.len() / 2]),
+            Some(IgnoredReason::Corrupt)
+        );
+        assert_eq!(
+            reason("{\"format\":\"x\"}"),
+            Some(IgnoredReason::ForeignFormat)
+        );
+        let older = good.replace("\"version\":1", "\"version\":0");
+        assert_eq!(reason(&older), Some(IgnoredReason::OlderVersion));
+        let newer = good.replace("\"version\":1", "\"version\":2");
+        assert_eq!(reason(&newer), Some(IgnoredReason::NewerVersion));
+        assert_eq!(
+            match parse(&good, "ws://other", "c") {
+                Loaded::Ignored(r, _) => Some(r),
+                _ => None,
+            },
+            Some(IgnoredReason::OtherOwnRelay)
+        );
+        assert_eq!(
+            match parse(&good, "ws://own", "other") {
+                Loaded::Ignored(r, _) => Some(r),
+                _ => None,
+            },
+            Some(IgnoredReason::OtherConfig)
+        );
+        let wrong_type = good.replace("\"connected\":true", "\"connected\":\"yes\"");
+        assert_eq!(reason(&wrong_type), Some(IgnoredReason::Corrupt));
+        let unknown = good.replace("\"connected\":true", "\"connected\":true,\"zzz\":1");
+        assert_eq!(reason(&unknown), Some(IgnoredReason::Corrupt));
+    }
+
+    #[test]
+    fn a_missing_or_oversized_file_is_ignored() {
+        let d = dir("size");
+        assert!(matches!(
+            load(&d, "ws://own", "c"),
+            Loaded::Ignored(IgnoredReason::Missing, _)
+        ));
+        let f = File::create(path(&d)).unwrap();
+        f.set_len(MAX_FILE_BYTES + 10).unwrap();
+        assert!(matches!(
+            load(&d, "ws://own", "c"),
+            Loaded::Ignored(IgnoredReason::TooLarge, _)
+        ));
+        fs::remove_dir_all(&d).unwrap();
+    }
+}
