@@ -13,7 +13,9 @@
 //! * the floor: `Event::verify` on one thread over the same events, and engine CPU ÷ verify;
 //! * live latency from a publish on a remote relay to the event stored on the own relay;
 //! * memory per connected relay and idle CPU (each in a child process of its own);
-//! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch).
+//! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch);
+//! * NIP-77: the own side of a reconciliation (parse, keep `(created_at, id)`), the
+//!   negentropy work, rounds and bytes exchanged against the REQ path's bytes.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -61,7 +63,8 @@ struct Args {
     /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
     #[argh(option)]
     idle_secs: Option<u64>,
-    /// run only these sections (comma-separated: historic, live, memory, planning, resync)
+    /// run only these sections (comma-separated: historic, live, memory, planning, nip77,
+    /// resync)
     #[argh(option)]
     only: Option<String>,
     /// related events held by the remote relays in the resync section (default 20,000;
@@ -92,6 +95,7 @@ struct Sizes {
     plan_samples: usize,
     resync_events: usize,
     resync_relays: usize,
+    nip77_sizes: [usize; 2],
 }
 
 impl Sizes {
@@ -118,6 +122,11 @@ impl Sizes {
                 .resync_events
                 .unwrap_or(if quick { 2_000 } else { 20_000 }),
             resync_relays: args.resync_relays.unwrap_or(5),
+            nip77_sizes: if quick {
+                [1_000, 10_000]
+            } else {
+                [10_000, 100_000]
+            },
         }
     }
 }
@@ -1459,6 +1468,138 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
     figures
 }
 
+// ----- NIP-77 -----
+
+/// `n` event JSONs like a NIP-34 reply (~1 KB), each with its own id and `created_at`
+/// (`Event::from_json` does not check ids or signatures, and the own side checks neither).
+fn nip77_events(n: usize) -> (Vec<String>, Vec<(u64, EventId)>) {
+    let keys = Keys::generate();
+    let template = EventBuilder::new(Kind::Custom(1111), "x".repeat(700))
+        .tag(Tag::parse(["E", &"ab".repeat(32)]).expect("tag"))
+        .custom_created_at(Timestamp::from_secs(1_700_000_000))
+        .finalize(&keys)
+        .expect("signed")
+        .as_json();
+    let id = serde_json::from_str::<Value>(&template).expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let mut jsons = Vec::with_capacity(n);
+    let mut pairs = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut bytes = [0u8; 32];
+        bytes[..8].copy_from_slice(&(i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_be_bytes());
+        bytes[8..16].copy_from_slice(&(i as u64).to_be_bytes());
+        let eid = EventId::from_byte_array(bytes);
+        let t = 1_600_000_000 + i as u64;
+        jsons.push(
+            template
+                .replace(&id, &eid.to_hex())
+                .replace("1700000000", &t.to_string()),
+        );
+        pairs.push((t, eid));
+    }
+    (jsons, pairs)
+}
+
+fn neg_storage(pairs: &[(u64, EventId)]) -> negentropy::NegentropyStorageVector {
+    let mut s = negentropy::NegentropyStorageVector::with_capacity(pairs.len());
+    for (t, id) in pairs {
+        s.insert(*t, negentropy::Id::from_byte_array(id.to_bytes()))
+            .expect("insert");
+    }
+    s.seal().expect("seal");
+    s
+}
+
+/// The own side of one reconciliation of `n` events, and reconciliations with 0 %, 1 % and
+/// 50 % of them missing on the own relay: client and server work, rounds, bytes.
+fn nip77_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for &n in &sizes.nip77_sizes {
+        let (jsons, pairs) = nip77_events(n);
+        let req_bytes: usize = jsons.iter().map(|j| j.len() + 20).sum();
+        let t = Instant::now();
+        let mut own: Vec<(u64, EventId)> = Vec::with_capacity(n);
+        for j in &jsons {
+            let e = Event::from_json(j).expect("event");
+            own.push((e.created_at.as_secs(), e.id));
+        }
+        let parse = t.elapsed();
+        assert_eq!(own.len(), n);
+        figures.push(Figure::new(
+            format!(
+                "nip77: own side of {} events (parse, keep pairs)",
+                number(n as f64)
+            ),
+            parse.as_secs_f64() * 1000.0,
+            "ms",
+            Budget::None,
+        ));
+        for missing_pct in [0usize, 1, 50] {
+            let own_pairs: Vec<(u64, EventId)> = pairs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 100 >= missing_pct)
+                .map(|(_, p)| *p)
+                .collect();
+            let k = n - own_pairs.len();
+            let t = Instant::now();
+            let mut client =
+                negentropy::Negentropy::owned(neg_storage(&own_pairs), 60_000).expect("client");
+            let mut server = negentropy::Negentropy::owned(neg_storage(&pairs), 0).expect("server");
+            let mut msg = client.initiate().expect("initiate");
+            let (mut rounds, mut bytes, mut need_total) = (0usize, 0usize, 0usize);
+            loop {
+                bytes += 2 * msg.len();
+                let reply = server.reconcile(&msg).expect("server");
+                bytes += 2 * reply.len();
+                rounds += 1;
+                let (mut have, mut need) = (Vec::new(), Vec::new());
+                let next = client
+                    .reconcile_with_ids(&reply, &mut have, &mut need)
+                    .expect("client");
+                need_total += need.len();
+                match next {
+                    Some(m) => msg = m,
+                    None => break,
+                }
+            }
+            let work = t.elapsed();
+            assert_eq!(need_total, k, "every missing id found");
+            let label = format!(
+                "nip77: {} events, {}% missing",
+                number(n as f64),
+                missing_pct
+            );
+            figures.push(Figure::new(
+                format!("{label}: negentropy CPU (both sides)"),
+                work.as_secs_f64() * 1000.0,
+                "ms",
+                Budget::None,
+            ));
+            figures.push(Figure::new(
+                format!("{label}: rounds"),
+                rounds as f64,
+                "",
+                Budget::None,
+            ));
+            figures.push(Figure::new(
+                format!("{label}: NEG bytes + fetched events"),
+                (bytes + k * (req_bytes / n.max(1))) as f64 / 1024.0,
+                "KiB",
+                Budget::None,
+            ));
+        }
+        notes.push(format!(
+            "nip77: the REQ path moves {:.0} KiB for {} events (and checks as many signatures)",
+            req_bytes as f64 / 1024.0,
+            number(n as f64)
+        ));
+    }
+    figures
+}
+
 // ----- main -----
 
 fn main() {
@@ -1495,6 +1636,7 @@ fn main() {
     section("memory and idle CPU", &mut |n| memory_figures(&sizes, n));
     section("planning", &mut |_| planning_figures(&sizes));
     section("resync", &mut |n| resync_figures(&sizes, n));
+    section("nip77", &mut |n| nip77_figures(&sizes, n));
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let total = started.elapsed().as_secs_f64();
     notes.push(format!(

@@ -81,6 +81,7 @@ fn fetches_limits_from_test_relay() {
             max_message_length: None,
             auth_required: false,
             restricted_writes: false,
+            supports_nip77: None,
         }
     );
     assert_eq!(limits.page_size(1000), 50);

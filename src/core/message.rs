@@ -42,6 +42,20 @@ pub enum Incoming<'a> {
     },
     /// `["AUTH", challenge]` (NIP-42).
     Auth(String),
+    /// `["NEG-MSG", sub_id, hex]` (NIP-77); the hex is checked by the sync machine.
+    NegMsg {
+        /// Negentropy subscription id.
+        sub_id: String,
+        /// The message (hex, as received).
+        message: String,
+    },
+    /// `["NEG-ERR", sub_id, reason]` (NIP-77).
+    NegErr {
+        /// Negentropy subscription id.
+        sub_id: String,
+        /// The relay's reason.
+        message: String,
+    },
     /// A well-formed message of a type we do not use (e.g. `COUNT`).
     Other(String),
 }
@@ -107,6 +121,14 @@ pub fn parse_relay_frame(text: &str) -> Result<Incoming<'_>, FrameError> {
         "AUTH" => Ok(Incoming::Auth(
             string(parts.get(1)).ok_or(FrameError::Malformed("AUTH"))?,
         )),
+        "NEG-MSG" => Ok(Incoming::NegMsg {
+            sub_id: string(parts.get(1)).ok_or(FrameError::Malformed("NEG-MSG"))?,
+            message: string(parts.get(2)).ok_or(FrameError::Malformed("NEG-MSG"))?,
+        }),
+        "NEG-ERR" => Ok(Incoming::NegErr {
+            sub_id: string(parts.get(1)).ok_or(FrameError::Malformed("NEG-ERR"))?,
+            message: string(parts.get(2)).unwrap_or_default(),
+        }),
         _ => Ok(Incoming::Other(kind)),
     }
 }

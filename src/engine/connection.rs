@@ -49,6 +49,10 @@ use crate::net::ws::{self, Socket, WsOptions};
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;
 
+/// `(created_at, id)` pairs one own-relay query collects at most (`Control::CollectIds`);
+/// beyond, the report says `truncated` and the reconciliation falls back.
+pub const MAX_COLLECTED_IDS: usize = 200_000;
+
 /// Ids of oversized events one relay thread remembers (so each is counted and logged once).
 pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
 
@@ -74,6 +78,43 @@ pub enum Control {
         /// Generation the command belongs to.
         generation: u64,
         /// Subscription id.
+        sub_id: SubscriptionId,
+    },
+    /// Send a REQ whose events are only counted as `(created_at, id)` (the own relay's side
+    /// of a NIP-77 reconciliation): reported as `Report::OwnIds` at EOSE.
+    CollectIds {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// Filter.
+        filter: Box<Filter>,
+    },
+    /// Send `NEG-OPEN` (NIP-77).
+    NegOpen {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+        /// Filter.
+        filter: Box<Filter>,
+        /// Initial message, hex.
+        message: String,
+    },
+    /// Send `NEG-MSG`.
+    NegMsg {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+        /// Message, hex.
+        message: String,
+    },
+    /// Send `NEG-CLOSE`.
+    NegClose {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Negentropy subscription id.
         sub_id: SubscriptionId,
     },
     /// Close and end the thread.
@@ -146,6 +187,8 @@ struct Sub {
     /// What arrived before EOSE (for paging decisions).
     stats: PageStats,
     eose: bool,
+    /// A `CollectIds` query: `(created_at, id)` of its events, and whether the bound cut it.
+    ids: Option<(Vec<(u64, EventId)>, bool)>,
 }
 
 enum SessionEnd {
@@ -333,6 +376,8 @@ impl ConnectionThread {
             return SessionEnd::Stop;
         }
         let mut subs: HashMap<String, Sub> = HashMap::new();
+        // Open NIP-77 sessions (NEG-OPEN sent, no NEG-ERR/CLOSED/NEG-CLOSE yet).
+        let mut negs: HashSet<String> = HashSet::new();
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
         // The read timeout in force, and when a frame or a command last arrived.
@@ -371,11 +416,78 @@ impl ConnectionThread {
                                 filter: *filter,
                                 stats: PageStats::default(),
                                 eose: false,
+                                ids: None,
                             },
                         );
                         if let Err(e) = socket.write(Message::text(text)) {
                             failed = Some(format!("write failed: {e}"));
                             break;
+                        }
+                    }
+                    Control::CollectIds {
+                        generation: g,
+                        sub_id,
+                        filter,
+                    } if g == generation => {
+                        let text =
+                            ClientMessage::req(sub_id.clone(), vec![(*filter).clone()]).as_json();
+                        trace!("{} <- {text}", self.url);
+                        subs.insert(
+                            sub_id.to_string(),
+                            Sub {
+                                filter: *filter,
+                                stats: PageStats::default(),
+                                eose: false,
+                                ids: Some((Vec::new(), false)),
+                            },
+                        );
+                        if let Err(e) = socket.write(Message::text(text)) {
+                            failed = Some(format!("write failed: {e}"));
+                            break;
+                        }
+                    }
+                    Control::NegOpen {
+                        generation: g,
+                        sub_id,
+                        filter,
+                        message,
+                    } if g == generation => {
+                        negs.insert(sub_id.to_string());
+                        let text = ClientMessage::neg_open(sub_id, *filter, message).as_json();
+                        trace!("{} <- {}", self.url, escape_for_log(&text, 200));
+                        if let Err(e) = socket.write(Message::text(text)) {
+                            failed = Some(format!("write failed: {e}"));
+                            break;
+                        }
+                    }
+                    Control::NegMsg {
+                        generation: g,
+                        sub_id,
+                        message,
+                    } if g == generation => {
+                        let text = ClientMessage::NegMsg {
+                            subscription_id: std::borrow::Cow::Owned(sub_id),
+                            message: std::borrow::Cow::Owned(message),
+                        }
+                        .as_json();
+                        if let Err(e) = socket.write(Message::text(text)) {
+                            failed = Some(format!("write failed: {e}"));
+                            break;
+                        }
+                    }
+                    Control::NegClose {
+                        generation: g,
+                        sub_id,
+                    } if g == generation => {
+                        if negs.remove(sub_id.as_str()) {
+                            let text = ClientMessage::NegClose {
+                                subscription_id: std::borrow::Cow::Owned(sub_id),
+                            }
+                            .as_json();
+                            if let Err(e) = socket.write(Message::text(text)) {
+                                failed = Some(format!("write failed: {e}"));
+                                break;
+                            }
                         }
                     }
                     Control::Unsubscribe {
@@ -433,6 +545,7 @@ impl ConnectionThread {
                             let mut ctx = Session {
                                 generation,
                                 subs: &mut subs,
+                                negs: &mut negs,
                                 auth: &mut auth,
                                 socket: &mut socket,
                             };
@@ -615,6 +728,9 @@ impl ConnectionThread {
                     };
                     sub.stats = PageStats::default();
                     sub.eose = false;
+                    if let Some(ids) = sub.ids.as_mut() {
+                        *ids = (Vec::new(), false);
+                    }
                     let text =
                         ClientMessage::req(SubscriptionId::new(sub_id), vec![sub.filter.clone()])
                             .as_json();
@@ -688,6 +804,27 @@ impl ConnectionThread {
                         return true;
                     }
                 };
+                if let Some((items, truncated)) = sub.ids.as_mut() {
+                    // The own relay's side of a reconciliation: only (created_at, id) of
+                    // what it holds for the filter; no signature check, nothing forwarded.
+                    if sub.eose {
+                        return true;
+                    }
+                    if !sub
+                        .filter
+                        .match_event(&event, nostr::filter::MatchEventOptions::new())
+                    {
+                        sub.stats.record_rejected();
+                        return true;
+                    }
+                    sub.stats.record_event(&event);
+                    if items.len() < MAX_COLLECTED_IDS {
+                        items.push((event.created_at.as_secs(), event.id));
+                    } else {
+                        *truncated = true;
+                    }
+                    return true;
+                }
                 // A copy (from another relay, another filter, or the own relay reading back
                 // what the forwarder stored) has its id checked but not its signature again.
                 let checked = check_parsed_cached(&event, &sub.filter, &self.metrics.verified);
@@ -742,6 +879,15 @@ impl ConnectionThread {
                         return true;
                     }
                     sub.eose = true;
+                    if let Some((items, truncated)) = sub.ids.take() {
+                        return self.report(Report::OwnIds {
+                            generation,
+                            sub_id: SubscriptionId::new(sub_id),
+                            stats: sub.stats.clone(),
+                            items,
+                            truncated,
+                        });
+                    }
                     return self.report(Report::Eose {
                         relay: self.url.clone(),
                         generation,
@@ -761,6 +907,15 @@ impl ConnectionThread {
                 let message = escape_for_log(&message, MAX_RELAY_TEXT);
                 let sub_id = sub_id.as_str();
                 let shown = escape_for_log(sub_id, 64);
+                if ctx.negs.remove(sub_id) {
+                    return self.report(Report::NegErr {
+                        relay: self.url.clone(),
+                        generation,
+                        sub_id: SubscriptionId::new(sub_id),
+                        message,
+                        closed: true,
+                    });
+                }
                 if ctx.subs.contains_key(sub_id)
                     && ctx.auth.on_closed(sub_id, &message, self.clock.now()) == ClosedAction::Hold
                 {
@@ -807,6 +962,41 @@ impl ConnectionThread {
                 Some(outcome) => return self.on_auth_outcome(ctx, outcome),
                 None => debug!("{}: unexpected OK for {event_id}", self.url),
             },
+            Incoming::NegMsg { sub_id, message } => {
+                if !ctx.negs.contains(&sub_id) {
+                    RelayCounters::inc(&self.counters.garbage_frames);
+                    debug!(
+                        "{}: NEG-MSG for unknown session {}; dropped",
+                        self.url,
+                        escape_for_log(&sub_id, 64)
+                    );
+                    return true;
+                }
+                return self.report(Report::NegMsg {
+                    relay: self.url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(sub_id),
+                    message,
+                });
+            }
+            Incoming::NegErr { sub_id, message } => {
+                if !ctx.negs.remove(&sub_id) {
+                    RelayCounters::inc(&self.counters.garbage_frames);
+                    debug!(
+                        "{}: NEG-ERR for unknown session {}; dropped",
+                        self.url,
+                        escape_for_log(&sub_id, 64)
+                    );
+                    return true;
+                }
+                return self.report(Report::NegErr {
+                    relay: self.url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(sub_id),
+                    message: escape_for_log(&message, MAX_RELAY_TEXT),
+                    closed: false,
+                });
+            }
             Incoming::Other(kind) => {
                 RelayCounters::inc(&self.counters.garbage_frames);
                 debug!("{}: ignoring {kind:?} message", self.url);
@@ -895,6 +1085,7 @@ pub fn spawn(t: ConnectionThread) -> std::io::Result<std::thread::JoinHandle<()>
 struct Session<'a> {
     generation: u64,
     subs: &'a mut HashMap<String, Sub>,
+    negs: &'a mut HashSet<String>,
     auth: &'a mut AuthState,
     socket: &'a mut Socket,
 }

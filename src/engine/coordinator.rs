@@ -350,6 +350,57 @@ impl Coordinator {
                     generation,
                     sub_id,
                 } => self.send(threads, &relay, Control::Unsubscribe { generation, sub_id }),
+                Command::CollectIds {
+                    generation,
+                    sub_id,
+                    filter,
+                } => {
+                    let own = self.config.own_relay.clone();
+                    self.send(
+                        threads,
+                        &own,
+                        Control::CollectIds {
+                            generation,
+                            sub_id,
+                            filter: Box::new(filter),
+                        },
+                    )
+                }
+                Command::NegOpen {
+                    relay,
+                    generation,
+                    sub_id,
+                    filter,
+                    message,
+                } => self.send(
+                    threads,
+                    &relay,
+                    Control::NegOpen {
+                        generation,
+                        sub_id,
+                        filter: Box::new(filter),
+                        message,
+                    },
+                ),
+                Command::NegMsg {
+                    relay,
+                    generation,
+                    sub_id,
+                    message,
+                } => self.send(
+                    threads,
+                    &relay,
+                    Control::NegMsg {
+                        generation,
+                        sub_id,
+                        message,
+                    },
+                ),
+                Command::NegClose {
+                    relay,
+                    generation,
+                    sub_id,
+                } => self.send(threads, &relay, Control::NegClose { generation, sub_id }),
                 Command::Forget { relay } => {
                     if let Some(t) = threads.remove(&relay) {
                         let _ = t.control.send(Control::Shutdown);

@@ -115,6 +115,10 @@ pub struct RelayStatus {
     pub loading_queries: usize,
     /// Queries the relay closed, waiting for their delay to be opened again.
     pub reopen_pending: usize,
+    /// NIP-77 support as known (`docs/nip77.md`).
+    pub nip77: crate::core::sync::Nip77Support,
+    /// Reconciliations running or waiting on this relay.
+    pub reconciliations_pending: usize,
     /// Consecutive failed connection attempts.
     pub failures: u32,
     /// Times this relay's thread ended unexpectedly (a panic) and was started again.
@@ -213,8 +217,8 @@ impl Status {
     }
 
     /// True when the own relay is connected and its history read and applied, every known
-    /// relay is connected with nothing pending and everything it should carry confirmed, and
-    /// the forward queue is empty.
+    /// relay is connected with nothing pending (no batch, no NIP-77 reconciliation) and
+    /// everything it should carry confirmed, and the forward queue is empty.
     pub fn is_settled(&self) -> bool {
         self.own_relay == ConnectionStatus::Connected
             && !self.self_sync_pending
@@ -222,6 +226,7 @@ impl Status {
             && self.relays.iter().all(|r| {
                 r.connection_status == ConnectionStatus::Connected
                     && r.pending_batches == 0
+                    && r.reconciliations_pending == 0
                     && r.confirmed_repos >= r.target_repos
                     && r.confirmed_root_events >= r.target_root_events
             })
@@ -419,6 +424,8 @@ impl SyncHandle {
                     polled_queries: s.polled_queries,
                     loading_queries: s.loading_queries,
                     reopen_pending: s.reopen_pending,
+                    nip77: s.nip77,
+                    reconciliations_pending: s.reconciliations_pending,
                     failures: s.failures,
                 }
             })

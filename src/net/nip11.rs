@@ -49,6 +49,9 @@ pub struct RelayLimits {
     /// The relay accepts writes only from some users (`restricted_writes`). Parsed, not acted
     /// on: the engine only reads from remote relays.
     pub restricted_writes: bool,
+    /// `supported_nips` lists 77 (`Some(true)`), is a list without it (`Some(false)`), or is
+    /// missing or not a list (`None`). Steers NIP-77 reconciliation (`docs/nip77.md`).
+    pub supports_nip77: Option<bool>,
 }
 
 impl RelayLimits {
@@ -137,12 +140,23 @@ pub fn parse_limits(body: &[u8]) -> Result<RelayLimits, Nip11Error> {
             "body is JSON but not an object".to_string(),
         ));
     };
+    let supports_nip77 = match doc.get("supported_nips") {
+        Some(Value::Array(nips)) => Some(
+            nips.iter()
+                .any(|n| n.as_u64() == Some(77) || n.as_str().is_some_and(|s| s.trim() == "77")),
+        ),
+        _ => None,
+    };
+    let nothing = RelayLimits {
+        supports_nip77,
+        ..RelayLimits::default()
+    };
     let limitation = match doc.get("limitation") {
-        None | Some(Value::Null) => return Ok(RelayLimits::default()),
+        None | Some(Value::Null) => return Ok(nothing),
         Some(Value::Object(l)) => l,
         Some(other) => {
             debug!("NIP-11: `limitation` is not an object ({other}); ignored");
-            return Ok(RelayLimits::default());
+            return Ok(nothing);
         }
     };
     Ok(RelayLimits {
@@ -152,6 +166,7 @@ pub fn parse_limits(body: &[u8]) -> Result<RelayLimits, Nip11Error> {
         max_message_length: count_field(limitation, "max_message_length"),
         auth_required: bool_field(limitation, "auth_required"),
         restricted_writes: bool_field(limitation, "restricted_writes"),
+        supports_nip77,
     })
 }
 
@@ -581,8 +596,26 @@ mod tests {
                 max_message_length: Some(131072),
                 auth_required: true,
                 restricted_writes: true,
+                supports_nip77: None,
             }
         );
+    }
+
+    #[test]
+    fn reads_nip77_from_supported_nips() {
+        let yes = limits(r#"{"supported_nips":[1,11,"77"],"limitation":{"max_limit":5}}"#);
+        assert_eq!(yes.supports_nip77, Some(true));
+        assert_eq!(yes.max_limit, Some(5));
+        assert_eq!(
+            limits(r#"{"supported_nips":[1,77]}"#).supports_nip77,
+            Some(true)
+        );
+        assert_eq!(
+            limits(r#"{"supported_nips":[1,11,42]}"#).supports_nip77,
+            Some(false)
+        );
+        assert_eq!(limits(r#"{"supported_nips":"77"}"#).supports_nip77, None);
+        assert_eq!(limits(r#"{"name":"x"}"#).supports_nip77, None);
     }
 
     #[test]

@@ -52,6 +52,7 @@ fn relay_done(r: &RelayStatus) -> bool {
         && r.loading_queries == 0
         && r.queued_queries == 0
         && r.reopen_pending == 0
+        && r.reconciliations_pending == 0
         && r.confirmed_repos >= r.target_repos
         && r.confirmed_root_events >= r.target_root_events
 }

@@ -158,6 +158,13 @@ pub fn prometheus(status: &Status) -> String {
         "Queries waiting for room in the relay's subscription budget.",
         |r| r.queued_queries as u64,
     );
+    p.per_relay(
+        status,
+        "relay_nip77",
+        "gauge",
+        "1 while history from the relay is reconciled by NIP-77 (advertised or worked).",
+        |r| u64::from(r.nip77.in_use()),
+    );
     for (name, help, repos, roots) in [
         (
             "relay_target_items",
@@ -314,6 +321,18 @@ pub fn prometheus(status: &Status) -> String {
         c.notices_rate_limit,
     );
     p.sample("notices_total", &[("kind", "other")], c.notices_other);
+    p.family(
+        "reconcile_fallbacks_total",
+        "counter",
+        "NIP-77 reconciliations that gave way to paged REQs, by reason.",
+    );
+    for r in crate::core::sync::FallbackReason::ALL {
+        p.sample(
+            "reconcile_fallbacks_total",
+            &[("reason", r.word())],
+            c.fallbacks(r),
+        );
+    }
     for (name, help, v) in [
         (
             "batches_confirmed_total",
@@ -359,6 +378,21 @@ pub fn prometheus(status: &Status) -> String {
             "announcement_relays_dropped_total",
             "Relays named by announcements beyond the per-announcement cap, ignored.",
             c.announcement_relays_dropped,
+        ),
+        (
+            "reconciliations_total",
+            "NIP-77 reconciliations completed.",
+            c.reconciliations,
+        ),
+        (
+            "reconcile_ids_fetched_total",
+            "Events asked for by id because a reconciliation found the own relay lacks them.",
+            c.reconcile_ids_fetched,
+        ),
+        (
+            "neg_unknown_total",
+            "NIP-77 messages for no running negentropy session, dropped.",
+            c.neg_unknown,
         ),
         (
             "forward_resent_total",
@@ -455,6 +489,8 @@ pub fn status_json(status: &Status) -> Value {
                 "queued_queries": r.queued_queries,
                 "polled_queries": r.polled_queries,
                 "reopen_pending": r.reopen_pending,
+                "nip77": r.nip77.word(),
+                "reconciliations_pending": r.reconciliations_pending,
                 "target": {"repositories": r.target_repos, "root_events": r.target_root_events},
                 "confirmed": {"repositories": r.confirmed_repos, "root_events": r.confirmed_root_events},
                 "pending": {"batches": r.pending_batches, "repositories": r.pending_repos, "root_events": r.pending_root_events},
@@ -529,6 +565,13 @@ pub fn status_json(status: &Status) -> Value {
             "daily_resyncs": c.daily_resyncs,
             "self_events": c.self_events,
             "self_batches": c.self_batches,
+            "reconciliations": c.reconciliations,
+            "reconcile_ids_fetched": c.reconcile_ids_fetched,
+            "reconcile_fallbacks": crate::core::sync::FallbackReason::ALL
+                .iter()
+                .map(|r| (r.word().to_string(), json!(c.fallbacks(*r))))
+                .collect::<serde_json::Map<String, Value>>(),
+            "neg_unknown": c.neg_unknown,
         },
         "relays": relays,
     })

@@ -203,28 +203,40 @@ impl SyncMachine {
         let generation = self.relays[&relay_url].generation;
         self.next_batch += 1;
         let batch_id = self.next_batch;
-        let mut outstanding = HashSet::new();
-        for filter in filters {
-            let sub_id = self.open_sub(&relay_url, generation, SubPurpose::Batch(batch_id), filter);
-            outstanding.insert(sub_id);
-        }
-        debug!(
-            "{relay_url}: batch {batch_id} with {} repos, {} root events, {} subscriptions",
-            repos.len(),
-            root_events.len(),
-            outstanding.len()
-        );
+        // The PendingBatch exists before its queries open: a reconciliation may need it.
         self.pending
-            .entry(relay_url)
+            .entry(relay_url.clone())
             .or_default()
             .push(PendingBatch {
                 batch_id,
                 items: PendingItems { repos, root_events },
-                outstanding_subs: outstanding,
+                outstanding_subs: HashSet::new(),
                 started_at: now,
                 incomplete: false,
                 uncovered_from: None,
             });
+        for filter in filters {
+            self.open_history(
+                &relay_url,
+                generation,
+                SubPurpose::Batch(batch_id),
+                filter,
+                Some(batch_id),
+            );
+        }
+        let Some(batch) = self
+            .pending
+            .get(&relay_url)
+            .and_then(|bs| bs.iter().find(|b| b.batch_id == batch_id))
+        else {
+            return;
+        };
+        debug!(
+            "{relay_url}: batch {batch_id} with {} repos, {} root events, {} subscriptions",
+            batch.items.repos.len(),
+            batch.items.root_events.len(),
+            batch.outstanding_subs.len()
+        );
     }
 
     pub(super) fn handle_eose(
@@ -342,7 +354,19 @@ impl SyncMachine {
         if plan.incomplete.is_some() {
             batch.incomplete = true;
         }
-        if !batch.outstanding_subs.is_empty() {
+        self.confirm_if_done(relay, batch_id, now);
+    }
+
+    /// Confirms the batch when nothing of it is outstanding any more (every query reached
+    /// EOSE, every reconciliation fetched what it found missing).
+    pub(super) fn confirm_if_done(&mut self, relay: &RelayUrl, batch_id: u64, now: Time) {
+        let Some(batches) = self.pending.get_mut(relay) else {
+            return;
+        };
+        let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
+            return;
+        };
+        if !batches[pos].outstanding_subs.is_empty() {
             return;
         }
         let batch = batches.remove(pos);
@@ -407,6 +431,7 @@ impl SyncMachine {
         }
         self.counters.batches_failed += 1;
         self.link(relay).failed_batches += 1;
+        self.drop_batch_jobs(relay, batch_id);
         let generation = self.relays.get(relay).map_or(0, |s| s.generation);
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
@@ -480,12 +505,15 @@ impl SyncMachine {
         }
         let timeout = self.config.eose_timeout;
         let links = &self.links;
+        let recon = &self.recon;
         let expired: Vec<(RelayUrl, u64)> = self
             .pending
             .iter()
             .flat_map(|(u, bs)| {
                 bs.iter()
                     .filter(|b| now.since(b.started_at) >= timeout)
+                    // A running reconciliation has deadlines of its own.
+                    .filter(move |b| !recon.has_batch_job(u, b.batch_id))
                     .filter(move |b| batch_has_sent_query(links.get(u), b))
                     .map(|b| (u.clone(), b.batch_id))
             })

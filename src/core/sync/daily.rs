@@ -134,12 +134,8 @@ impl SyncMachine {
                 sub_id,
             });
         }
-        self.open_sub(
-            url,
-            generation,
-            SubPurpose::Announcements,
-            build_announcement_filter(None),
-        );
+        self.drop_jobs_of(url, false);
+        self.open_announcements(url, generation);
         self.recompute_actions_for_relay(url, now);
         self.schedule_daily(url, now);
     }

@@ -82,12 +82,7 @@ impl SyncMachine {
                 self.open_live_set(relay, since, true, now);
             }
             None => {
-                self.open_sub(
-                    relay,
-                    generation,
-                    SubPurpose::Announcements,
-                    build_announcement_filter(None),
-                );
+                self.open_announcements(relay, generation);
                 // A full sync starts now: the relay's daily resync is due 23–25 h later.
                 self.schedule_daily(relay, now);
             }
@@ -114,6 +109,8 @@ impl SyncMachine {
         if was_connected {
             link.keep_unfinished_history();
         }
+        self.drop_jobs_of(relay, was_connected);
+        let link = self.links.entry(relay.clone()).or_default();
         link.forget_subscriptions();
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
@@ -166,6 +163,8 @@ impl SyncMachine {
             self.max_message.remove(&url);
             self.daily.remove(&url);
             self.restored_forget(&url);
+            self.drop_jobs_of(&url, false);
+            self.recon.support.remove(&url);
             self.commands.push_back(Command::Forget { relay: url });
         }
     }

@@ -13,17 +13,22 @@ mod daily;
 mod lifecycle;
 #[cfg(test)]
 mod loss_tests;
+#[cfg(test)]
+mod nip77_tests;
 mod own;
 mod persist;
 #[cfg(test)]
 mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
+mod reconcile;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod world;
+
+pub use reconcile::{FallbackReason, Nip77Config, Nip77Support};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -113,6 +118,8 @@ pub struct SyncConfig {
     /// Only relays of this shard are synced (`--shard I/N`, bootstrap relays included);
     /// `None` syncs every relay.
     pub shard: Option<crate::core::actions::Shard>,
+    /// NIP-77 reconciliation of history queries (issue 11).
+    pub nip77: Nip77Config,
 }
 
 impl SyncConfig {
@@ -141,6 +148,7 @@ impl SyncConfig {
             refused_retry: Duration::from_secs(600),
             seed: 1,
             shard: None,
+            nip77: Nip77Config::default(),
         }
     }
 }
@@ -219,6 +227,45 @@ pub enum Report {
         /// Why, for the log.
         reason: String,
     },
+    /// EOSE of a [`Command::CollectIds`] query on the own relay, with the `(created_at, id)`
+    /// of the events it returned (their signatures are not checked: see
+    /// `docs/design-departures.md` item 52).
+    OwnIds {
+        /// Generation of the own relay connection.
+        generation: u64,
+        /// The query.
+        sub_id: SubscriptionId,
+        /// What it delivered (for paging).
+        stats: PageStats,
+        /// `(created_at, id)` of each event matching the query.
+        items: Vec<(u64, EventId)>,
+        /// The thread stopped collecting at its bound: the side is not complete.
+        truncated: bool,
+    },
+    /// `["NEG-MSG", sub_id, hex]` from a remote relay (NIP-77).
+    NegMsg {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The negentropy subscription.
+        sub_id: SubscriptionId,
+        /// The hex message as received (bounded by the frame cap).
+        message: String,
+    },
+    /// `["NEG-ERR", sub_id, reason]`, or CLOSED of a negentropy subscription (`closed`).
+    NegErr {
+        /// Relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// The negentropy subscription.
+        sub_id: SubscriptionId,
+        /// The relay's reason (escaped, bounded).
+        message: String,
+        /// True when the relay sent CLOSED rather than NEG-ERR.
+        closed: bool,
+    },
     /// A checked event read by the self-subscription on the own relay.
     SelfEvent {
         /// Generation of the own relay connection.
@@ -248,6 +295,50 @@ pub enum Command {
         sub_id: SubscriptionId,
         /// The one filter of this REQ.
         filter: Filter,
+    },
+    /// Send `["REQ", sub_id, filter]` to the own relay and keep only `(created_at, id)` of
+    /// each matching event (no signature check, nothing forwarded); answered by
+    /// [`Report::OwnIds`] at EOSE. The own relay's side of a reconciliation.
+    CollectIds {
+        /// Connection generation of the own relay.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// The filter.
+        filter: Filter,
+    },
+    /// Send `["NEG-OPEN", sub_id, filter, message]` (NIP-77).
+    NegOpen {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+        /// The filter whose set is reconciled.
+        filter: Filter,
+        /// The initial message, hex.
+        message: String,
+    },
+    /// Send `["NEG-MSG", sub_id, message]`.
+    NegMsg {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+        /// The message, hex.
+        message: String,
+    },
+    /// Send `["NEG-CLOSE", sub_id]`.
+    NegClose {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
     },
     /// Send `["CLOSE", sub_id]`.
     Unsubscribe {
@@ -296,13 +387,21 @@ pub enum SubPurpose {
         /// The batch the page completes, if any.
         batch: Option<u64>,
     },
+    /// A query on the own relay reading its side of reconciliation `job` (closed at EOSE).
+    OwnSide {
+        /// The reconciliation.
+        job: u64,
+    },
 }
 
 impl SubPurpose {
     /// True for queries that stay open after EOSE (live); false for history queries that
     /// are closed at EOSE.
     pub fn is_live(self) -> bool {
-        !matches!(self, SubPurpose::CatchUp | SubPurpose::Page { .. })
+        !matches!(
+            self,
+            SubPurpose::CatchUp | SubPurpose::Page { .. } | SubPurpose::OwnSide { .. }
+        )
     }
 }
 
@@ -531,6 +630,14 @@ pub struct SyncCounters {
     pub queries_resumed: u64,
     /// Relays named by announcements beyond the per-announcement cap, ignored.
     pub announcement_relays_dropped: u64,
+    /// NIP-77 reconciliations completed.
+    pub reconciliations: u64,
+    /// Events asked for by `ids` because a reconciliation found the own relay lacks them.
+    pub reconcile_ids_fetched: u64,
+    /// Reconciliations that gave way to paged REQs, by [`FallbackReason::ALL`] order.
+    pub reconcile_fallbacks: [u64; 8],
+    /// NEG-MSG/NEG-ERR for no running negentropy session, dropped.
+    pub neg_unknown: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.
@@ -582,6 +689,10 @@ pub struct RelaySyncStatus {
     pub loading_queries: usize,
     /// Queries the relay closed, waiting for their delay to be opened again.
     pub reopen_pending: usize,
+    /// NIP-77 support as known (history reconciled unless `Unsupported`).
+    pub nip77: Nip77Support,
+    /// Reconciliations running or waiting on this relay.
+    pub reconciliations_pending: usize,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -625,6 +736,8 @@ pub struct SyncMachine {
     forward_paused_since: Option<Time>,
     jitter: Jitter,
     counters: SyncCounters,
+    /// NIP-77 reconciliations and what is known per relay.
+    recon: reconcile::Reconciler,
     started: bool,
 }
 
@@ -667,6 +780,7 @@ impl SyncMachine {
             forward_paused_since: None,
             jitter,
             counters: SyncCounters::default(),
+            recon: reconcile::Reconciler::default(),
             config,
             started: false,
         }
@@ -715,6 +829,7 @@ impl SyncMachine {
         consider(self.batch.started.map(|s| s.plus(self.config.batch_window)));
         consider(self.next_disconnect_check);
         consider(self.daily.next());
+        consider(self.recon.next_deadline());
         consider(self.own_link.next_attempt);
         consider(self.own_link.reopen.iter().map(|r| r.0).min());
         consider(
@@ -744,6 +859,8 @@ impl SyncMachine {
                 consider(
                     batches
                         .iter()
+                        // A batch with a reconciliation has the reconciliation's deadlines.
+                        .filter(|b| !self.recon.has_batch_job(url, b.batch_id))
                         .map(|b| b.started_at.plus(self.config.eose_timeout))
                         .min(),
                 );
@@ -756,6 +873,7 @@ impl SyncMachine {
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);
         self.expire_loading(now);
+        self.expire_jobs(now);
         if let Some(s) = self.batch.started {
             if now >= s.plus(self.config.batch_window) {
                 self.process_batch(now);
@@ -909,6 +1027,12 @@ impl SyncMachine {
                 if let Some(max) = limits.max_message_length {
                     self.max_message.insert(relay.clone(), max);
                 }
+                if limits.supports_nip77 == Some(true) && relay != self.config.own_relay {
+                    let s = self.recon.support.entry(relay.clone()).or_default();
+                    if *s == Nip77Support::Unknown {
+                        *s = Nip77Support::Advertised;
+                    }
+                }
                 self.limits.insert(relay, page);
             }
             Report::Closed {
@@ -932,9 +1056,34 @@ impl SyncMachine {
                 message,
             } => {
                 if relay != self.config.own_relay && self.is_current(&relay, generation) {
+                    self.neg_notice(&relay, &message);
                     self.handle_notice(&relay, &message, now);
                 }
             }
+            Report::OwnIds {
+                generation,
+                sub_id,
+                stats,
+                items,
+                truncated,
+            } => {
+                if generation == self.own.generation {
+                    self.handle_own_ids(&sub_id, &stats, items, truncated);
+                }
+            }
+            Report::NegMsg {
+                relay,
+                generation,
+                sub_id,
+                message,
+            } => self.handle_neg_msg(&relay, generation, &sub_id, &message),
+            Report::NegErr {
+                relay,
+                generation,
+                sub_id,
+                message,
+                closed,
+            } => self.handle_neg_err(&relay, generation, &sub_id, &message, closed),
             Report::SelfEvent { generation, event } => {
                 if generation == self.own.generation {
                     self.push_self_event(&event, now);
@@ -952,6 +1101,8 @@ impl SyncMachine {
                         self.reselect();
                         self.check_plan();
                     }
+                    self.drop_jobs_of(&relay, false);
+                    self.recon.support.remove(&relay);
                     self.relays.remove(&relay);
                     self.pending.remove(&relay);
                     self.links.remove(&relay);
@@ -1084,6 +1235,8 @@ impl SyncMachine {
                     polled_queries: link.map_or(0, |l| l.polled.len()),
                     loading_queries: link.map_or(0, |l| l.loading.len()),
                     reopen_pending: link.map_or(0, |l| l.reopen.len()),
+                    nip77: self.nip77_support(url),
+                    reconciliations_pending: self.recon.jobs_of(url),
                 }
             })
             .collect()

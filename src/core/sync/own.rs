@@ -29,6 +29,7 @@ impl SyncMachine {
         self.own_link.queue.clear();
         self.own_link.loading.clear();
         self.own_link.reopen.clear();
+        self.own_side_lost();
         info!(
             "own relay {} connected; self-subscribing (full history{})",
             self.config.own_relay,
@@ -63,8 +64,17 @@ impl SyncMachine {
 
     fn send_own_sub(&mut self, sub_id: SubscriptionId, info: SubInfo) {
         let filter = info.filter.clone();
+        let ids_only = matches!(info.purpose, SubPurpose::OwnSide { .. });
         self.own_link.subs.insert(sub_id.clone(), info);
         self.own_link.loading.insert(sub_id.clone(), self.last_now);
+        if ids_only {
+            self.commands.push_back(Command::CollectIds {
+                generation: self.own.generation,
+                sub_id,
+                filter,
+            });
+            return;
+        }
         self.commands.push_back(Command::Subscribe {
             relay: self.config.own_relay.clone(),
             generation: self.own.generation,
@@ -73,7 +83,7 @@ impl SyncMachine {
         });
     }
 
-    fn drain_own_queue(&mut self) {
+    pub(super) fn drain_own_queue(&mut self) {
         let budget = self.budget(&self.config.own_relay.clone());
         while self.own_link.subs.len() < budget {
             let Some((sub_id, info)) = self.own_link.queue.pop_front() else {
@@ -141,6 +151,7 @@ impl SyncMachine {
         self.own_link.queue.clear();
         self.own_link.loading.clear();
         self.own_link.reopen.clear();
+        self.own_side_lost();
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);
@@ -174,6 +185,10 @@ impl SyncMachine {
             return;
         };
         self.drain_own_queue();
+        if let SubPurpose::OwnSide { job } = info.purpose {
+            self.own_side_closed(job, message);
+            return;
+        }
         if let SubPurpose::Page { .. } = info.purpose {
             let delay = match classify_closed(message) {
                 ClosedReason::RateLimited => self.config.rate_limit_cooldown,

@@ -337,13 +337,14 @@ impl SyncMachine {
         self.persist.restored.len()
     }
 
-    /// Whether `relay` supports NIP-77, as far as known (restored from the state file).
-    pub fn nip77_support(&self, relay: &RelayUrl) -> Option<bool> {
+    /// Whether `relay` supports NIP-77 as the state file said (restored; the live knowledge
+    /// is [`SyncMachine::nip77_support`]).
+    pub fn saved_nip77_support(&self, relay: &RelayUrl) -> Option<bool> {
         self.persist.nip77.get(relay).copied()
     }
 
     /// Records whether `relay` supports NIP-77 (saved with the next snapshot).
-    pub fn set_nip77_support(&mut self, relay: &RelayUrl, supported: bool) {
+    pub fn set_saved_nip77_support(&mut self, relay: &RelayUrl, supported: bool) {
         self.persist.nip77.insert(relay.clone(), supported);
     }
 

@@ -91,6 +91,8 @@ impl SyncMachine {
             self.send_sub(relay, generation, sub_id, info);
         }
         self.unstick_queue(relay);
+        // A reconciliation may have waited for its live REQ to leave the queue.
+        self.pump_jobs();
     }
 
     /// Queries are polled because the live set did not fit, but the relay is idle now with

@@ -9,6 +9,11 @@
 //! * Faults on demand: connections dropped (also in the middle of a stored answer), CLOSED on
 //!   any subscription, EOSE withheld, a relay that is down.
 //!
+//! * NIP-77 on demand ([`Nip77Mode`]): a negentropy responder (the `negentropy` crate's
+//!   server side over the relay's store), or the faults real relays show: NEG-ERR, CLOSED,
+//!   silence, a NOTICE as nostr-rs-relay sends for a message it does not know, a
+//!   disconnect mid-session, malformed hex, endless rounds.
+//!
 //! Events a remote relay sends go through the "forwarder" into the own relay, which
 //! delivers them to its matching subscriptions (the self-subscription) as
 //! [`Report::SelfEvent`], as the engine does.
@@ -20,15 +25,55 @@ use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
 use nostr::message::SubscriptionId;
 
+use negentropy::{Id, Negentropy, NegentropyStorageVector};
+
 use crate::core::paging::PageStats;
+use crate::core::sync::reconcile::{hex_decode, hex_encode};
 use crate::core::sync::{Command, Report, SyncConfig, SyncMachine};
 use crate::core::time::Time;
 use crate::net::nip11::RelayLimits;
 use crate::net::url::RelayUrl;
 
+/// How a fake relay answers NEG-OPEN / NEG-MSG.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Nip77Mode {
+    /// No NIP-77: `NOTICE "could not parse command"`, as nostr-rs-relay answers.
+    #[default]
+    Off,
+    /// A negentropy responder over the store.
+    On,
+    /// `NEG-ERR "blocked: too many records"` to NEG-OPEN.
+    Err,
+    /// `CLOSED "error: ..."` to NEG-OPEN.
+    Closed,
+    /// No answer at all.
+    Silent,
+    /// Answers this many messages, then drops the connection at the next one.
+    DropAfter(usize),
+    /// Answers NEG-OPEN with a NEG-MSG that is not hex.
+    BadHex,
+    /// Answers every message with a fingerprint of the whole range that never matches:
+    /// the client always has something more to say (never ends).
+    Endless,
+}
+
 /// One fake relay.
 #[derive(Debug, Default)]
 pub(crate) struct FakeRelay {
+    /// NIP-77 behaviour.
+    pub nip77: Nip77Mode,
+    /// Lists 77 in NIP-11 `supported_nips` (with `publish_nip11`).
+    pub advertise_nip77: bool,
+    /// Ids (of no stored event) added to its negentropy set: a relay claiming events.
+    pub neg_phantoms: usize,
+    /// Frame size limit of its negentropy answers (0: none; else ≥ 4096).
+    pub neg_frame: u64,
+    /// Open negentropy sessions: (generation, id) → responder.
+    negs: BTreeMap<(u64, SubscriptionId), NegServer>,
+    /// NEG-OPEN filters received, in order.
+    pub neg_opens: Vec<Filter>,
+    /// NEG-MSG and NEG-OPEN messages answered.
+    pub neg_rounds: usize,
     /// Every stored event.
     pub store: Vec<Event>,
     /// Accepts connections.
@@ -68,8 +113,32 @@ impl FakeRelay {
             max_subscriptions: self.max_subs,
             max_limit: self.max_limit,
             default_limit: self.default_limit,
+            supports_nip77: Some(self.advertise_nip77),
             ..RelayLimits::default()
         }
+    }
+
+    /// A negentropy responder over every stored event matching `filter` (no limit), plus
+    /// the phantoms.
+    fn neg_server(&self, filter: &Filter) -> NegServer {
+        let mut storage = NegentropyStorageVector::new();
+        for e in &self.store {
+            if filter.match_event(e, MatchEventOptions::new()) {
+                storage
+                    .insert(e.created_at.as_secs(), Id::from_byte_array(e.id.to_bytes()))
+                    .expect("insert");
+            }
+        }
+        for i in 0..self.neg_phantoms {
+            let mut id = [0u8; 32];
+            id[..8].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+            id[31] = 0xee;
+            storage
+                .insert(1_600_000_000 + i as u64, Id::from_byte_array(id))
+                .expect("insert");
+        }
+        storage.seal().expect("seal");
+        Negentropy::owned(storage, self.neg_frame).expect("negentropy")
     }
 
     fn stored_answer(&self, filter: &Filter) -> Vec<Event> {
@@ -86,6 +155,8 @@ impl FakeRelay {
         hits.into_iter().take(n).cloned().collect()
     }
 }
+
+type NegServer = Negentropy<'static, NegentropyStorageVector>;
 
 /// The machine plus its relays.
 pub(crate) struct World {
@@ -273,7 +344,161 @@ impl World {
                 }
             }
             Command::RetryRejected { .. } => {}
+            Command::CollectIds {
+                generation,
+                sub_id,
+                filter,
+            } => self.collect_ids(generation, sub_id, filter),
+            Command::NegOpen {
+                relay,
+                generation,
+                sub_id,
+                filter,
+                message,
+            } => self.neg_open(relay, generation, sub_id, filter, message),
+            Command::NegMsg {
+                relay,
+                generation,
+                sub_id,
+                message,
+            } => self.neg_msg(relay, generation, sub_id, message),
+            Command::NegClose {
+                relay,
+                generation,
+                sub_id,
+            } => {
+                if let Some(f) = self.fake(&relay) {
+                    f.negs.remove(&(generation, sub_id));
+                }
+            }
         }
+    }
+
+    /// The own relay answers a `CollectIds` query: its stored answer (capped like any),
+    /// reduced to `(created_at, id)`, then EOSE.
+    fn collect_ids(&mut self, generation: u64, sub_id: SubscriptionId, filter: Filter) {
+        if self.own.conn != Some(generation) {
+            return;
+        }
+        self.own.reqs.push(filter.clone());
+        let answer = self.own.stored_answer(&filter);
+        let mut stats = PageStats::default();
+        let mut items = Vec::new();
+        for e in &answer {
+            stats.record_event(e);
+            items.push((e.created_at.as_secs(), e.id));
+        }
+        // Closed at its EOSE: never registered for live delivery.
+        self.reports.push_back(Report::OwnIds {
+            generation,
+            sub_id,
+            stats,
+            items,
+            truncated: false,
+        });
+    }
+
+    fn neg_open(
+        &mut self,
+        relay: RelayUrl,
+        generation: u64,
+        sub_id: SubscriptionId,
+        filter: Filter,
+        message: String,
+    ) {
+        let Some(f) = self.fake(&relay) else {
+            return;
+        };
+        if f.conn != Some(generation) {
+            return;
+        }
+        f.neg_opens.push(filter.clone());
+        match f.nip77 {
+            Nip77Mode::Off => self.reports.push_back(Report::Notice {
+                relay,
+                generation,
+                message: "could not parse command".into(),
+            }),
+            Nip77Mode::Silent => {}
+            Nip77Mode::Err => self.reports.push_back(Report::NegErr {
+                relay,
+                generation,
+                sub_id,
+                message: "blocked: too many records".into(),
+                closed: false,
+            }),
+            Nip77Mode::Closed => self.reports.push_back(Report::NegErr {
+                relay,
+                generation,
+                sub_id,
+                message: "error: shutting down idle subscriptions".into(),
+                closed: true,
+            }),
+            Nip77Mode::BadHex => self.reports.push_back(Report::NegMsg {
+                relay,
+                generation,
+                sub_id,
+                message: "zz-not-hex".into(),
+            }),
+            _ => {
+                let server = f.neg_server(&filter);
+                f.negs.insert((generation, sub_id.clone()), server);
+                self.neg_msg(relay, generation, sub_id, message);
+            }
+        }
+    }
+
+    fn neg_msg(&mut self, relay: RelayUrl, generation: u64, sub_id: SubscriptionId, msg: String) {
+        let Some(f) = self.fake(&relay) else {
+            return;
+        };
+        if f.conn != Some(generation) {
+            return;
+        }
+        let mode = f.nip77;
+        if let Nip77Mode::DropAfter(n) = mode {
+            if f.neg_rounds >= n {
+                self.drop_connection(&relay);
+                return;
+            }
+        }
+        let Some(server) = f.negs.get_mut(&(generation, sub_id.clone())) else {
+            return;
+        };
+        let reply = match mode {
+            // Protocol 0x61, upper bound infinity (timestamp 0, no id prefix), mode
+            // Fingerprint, 16 bytes that never equal the client's.
+            Nip77Mode::Endless => format!("61000001{}", "ab".repeat(16)),
+            _ => {
+                let query = hex_decode(&msg).expect("the machine sends hex");
+                let out = server
+                    .reconcile(&query)
+                    .expect("a valid negentropy message");
+                hex_encode(&out)
+            }
+        };
+        f.neg_rounds += 1;
+        self.reports.push_back(Report::NegMsg {
+            relay,
+            generation,
+            sub_id,
+            message: reply,
+        });
+    }
+
+    /// The relay sends a NEG-MSG for a session that does not exist.
+    pub fn stray_neg_msg(&mut self, url: &str, sub: &str) {
+        let url = RelayUrl::parse(url).expect("url");
+        let Some(generation) = self.relays.get(&url).and_then(|f| f.conn) else {
+            return;
+        };
+        self.reports.push_back(Report::NegMsg {
+            relay: url,
+            generation,
+            sub_id: SubscriptionId::new(sub),
+            message: "61".into(),
+        });
+        self.pump();
     }
 
     fn subscribe(
@@ -418,6 +643,7 @@ impl World {
         };
         f.subs.clear();
         f.held.clear();
+        f.negs.clear();
         self.reports.push_back(Report::Disconnected {
             relay: url.clone(),
             generation,

@@ -1,0 +1,412 @@
+//! NIP-77 reconciliation in simulated time (issue 11): fake relays with a negentropy
+//! responder ([`super::world::Nip77Mode`]); every test ends by comparing the *set* of events
+//! on the own relay with the expected set.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
+use nostr::filter::Filter;
+use nostr::types::Timestamp;
+
+use super::world::{announcement, keys, repo, FakeRelay, Nip77Mode, World};
+use crate::core::sync::{FallbackReason, Nip77Support, SyncConfig};
+use crate::net::url::RelayUrl;
+
+const OWN: &str = "ws://own.example";
+const A: &str = "ws://a.example";
+const DAY: u64 = 86_400;
+
+fn issue(n: usize, created_at: u64) -> Event {
+    EventBuilder::new(Kind::Custom(1621), format!("issue {n}"))
+        .tag(Tag::parse(["a", &repo("r")]).unwrap())
+        .custom_created_at(Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+fn reply(root: &Event, created_at: u64) -> Event {
+    EventBuilder::new(Kind::Custom(1111), "a reply")
+        .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
+        .custom_created_at(Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+/// The ids asked for by `ids` in the REQs a relay received.
+fn ids_requested(f: &FakeRelay) -> BTreeSet<EventId> {
+    f.reqs
+        .iter()
+        .filter_map(|r| r.ids.as_ref())
+        .flat_map(|ids| ids.iter().copied())
+        .collect()
+}
+
+/// REQs that read history without `ids` (paged REQs: neither `limit: 0` nor `ids`).
+fn history_reqs(f: &FakeRelay) -> Vec<&Filter> {
+    f.reqs
+        .iter()
+        .filter(|r| r.ids.is_none() && r.limit != Some(0))
+        .collect()
+}
+
+/// Settings that probe relays not advertising NIP-77.
+fn probe(c: &mut SyncConfig) {
+    c.nip77.probe_unadvertised = true;
+}
+
+struct Case {
+    w: World,
+    /// What the own relay must end up with.
+    want: Vec<Event>,
+    /// What it lacked at the start.
+    missing: BTreeSet<EventId>,
+}
+
+/// Repository `r` announced on A (on the own relay and on A); A holds `n` issues with a
+/// reply each, every event its own second; the own relay starts with those for which
+/// `own_has(i)` holds (`i` counts issues and replies). A caps answers at 20 and publishes
+/// NIP-11 (listing NIP-77 when `advertise`); the own relay caps at 30.
+fn case(
+    n: usize,
+    own_has: impl Fn(usize) -> bool,
+    advertise: bool,
+    mode: Nip77Mode,
+    cfg: impl FnOnce(&mut SyncConfig),
+    relay: impl FnOnce(&mut FakeRelay),
+) -> Case {
+    let mut w = World::new(OWN, cfg);
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 30 * DAY);
+    w.own.store.push(ann.clone());
+    w.own.max_limit = Some(30);
+    let mut want = vec![ann.clone()];
+    let mut missing = BTreeSet::new();
+    {
+        let a = w.relay(A);
+        a.store.push(ann);
+        a.max_limit = Some(20);
+        a.publish_nip11 = true;
+        a.advertise_nip77 = advertise;
+        a.nip77 = mode;
+        relay(a);
+    }
+    for i in 0..n {
+        let root = issue(i, t - 20 * DAY + 2 * i as u64);
+        let rep = reply(&root, t - 20 * DAY + 2 * i as u64 + 1);
+        for (k, e) in [(2 * i, root), (2 * i + 1, rep)] {
+            w.relay(A).store.push(e.clone());
+            if own_has(k) {
+                w.own.store.push(e.clone());
+            } else {
+                missing.insert(e.id);
+            }
+            want.push(e);
+        }
+    }
+    Case { w, want, missing }
+}
+
+impl Case {
+    fn run(&mut self, secs: u64) {
+        self.w.start();
+        self.w
+            .run_for(Duration::from_secs(secs), Duration::from_secs(5));
+    }
+
+    fn assert_exact(&self) {
+        let want: Vec<&Event> = self.want.iter().collect();
+        self.w.assert_own_holds(&want);
+    }
+
+    fn a(&self) -> &FakeRelay {
+        &self.w.relays[&RelayUrl::parse(A).unwrap()]
+    }
+
+    fn fallbacks(&self, r: FallbackReason) -> u64 {
+        self.w.m.counters().fallbacks(r)
+    }
+}
+
+#[test]
+fn reconciliation_fetches_exactly_the_missing_events_at_0_1_50_100_percent() {
+    // 100 issues + 100 replies; the own relay lacks none, 1 in 100, every other, all.
+    type OwnHas = fn(usize) -> bool;
+    let cases: [(&str, OwnHas); 4] = [
+        ("0%", |_| true),
+        ("1%", |i| i % 100 != 7),
+        ("50%", |i| i % 2 == 0),
+        ("100%", |_| false),
+    ];
+    for (name, own_has) in cases {
+        let mut c = case(100, own_has, true, Nip77Mode::On, |_| {}, |_| {});
+        c.run(120);
+        c.assert_exact();
+        // History came by reconciliation only: no paged REQ, and exactly the missing ids
+        // were asked for.
+        assert!(
+            history_reqs(c.a()).is_empty(),
+            "{name}: paged history REQs {:?}",
+            history_reqs(c.a())
+        );
+        assert_eq!(ids_requested(c.a()), c.missing, "{name}: ids fetched");
+        let counters = c.w.m.counters();
+        assert!(counters.reconciliations >= 2, "{name}: {counters:?}");
+        assert_eq!(
+            counters.reconcile_ids_fetched,
+            c.missing.len() as u64,
+            "{name}"
+        );
+        assert_eq!(counters.reconcile_fallbacks, [0; 8], "{name}");
+        assert_eq!(
+            c.w.m.nip77_support(&RelayUrl::parse(A).unwrap()),
+            Nip77Support::Advertised
+        );
+        let st = &c.w.m.relay_statuses(c.w.now)[0];
+        assert_eq!(st.confirmed_repos, 1, "{name}");
+        assert_eq!(st.reconciliations_pending, 0, "{name}");
+    }
+}
+
+fn falls_back_on(mode: Nip77Mode, reason: FallbackReason) {
+    let mut c = case(30, |i| i % 3 == 0, true, mode, |_| {}, |_| {});
+    c.run(400);
+    c.assert_exact();
+    assert!(c.fallbacks(reason) > 0, "{mode:?}: {:?}", c.w.m.counters());
+    assert!(!history_reqs(c.a()).is_empty(), "{mode:?}: no paged REQ");
+    assert!(ids_requested(c.a()).is_empty(), "{mode:?}");
+    assert_eq!(c.w.m.counters().reconciliations, 0, "{mode:?}");
+}
+
+#[test]
+fn neg_err_falls_back_to_paged_reqs_with_the_exact_set() {
+    falls_back_on(Nip77Mode::Err, FallbackReason::NegErr);
+}
+
+#[test]
+fn closed_falls_back_to_paged_reqs_with_the_exact_set() {
+    falls_back_on(Nip77Mode::Closed, FallbackReason::Closed);
+}
+
+#[test]
+fn silence_falls_back_to_paged_reqs_with_the_exact_set() {
+    falls_back_on(Nip77Mode::Silent, FallbackReason::Timeout);
+}
+
+#[test]
+fn malformed_hex_falls_back_to_paged_reqs_with_the_exact_set() {
+    falls_back_on(Nip77Mode::BadHex, FallbackReason::Malformed);
+}
+
+#[test]
+fn an_advertising_relay_answering_with_a_notice_falls_back_at_the_deadline() {
+    // Advertised, yet answering like nostr-rs-relay: the NOTICE is not taken for a verdict
+    // on an advertised relay; the round's deadline is.
+    falls_back_on(Nip77Mode::Off, FallbackReason::Timeout);
+}
+
+#[test]
+fn endless_rounds_are_cut_at_the_bound_and_fall_back() {
+    // The relay answers every message with a fingerprint that never matches.
+    let mut c = case(
+        20,
+        |i| i % 2 == 0,
+        true,
+        Nip77Mode::Endless,
+        |c| c.nip77.max_rounds = 6,
+        |_| {},
+    );
+    c.run(400);
+    c.assert_exact();
+    assert!(
+        c.fallbacks(FallbackReason::TooManyRounds) > 0,
+        "{:?}",
+        c.w.m.counters()
+    );
+    assert_eq!(c.w.m.counters().reconciliations, 0);
+    // Each reconciliation stopped at its bound: 7 answers read, the 7th over the bound.
+    let opens = c.a().neg_opens.len();
+    assert!(opens > 0);
+    assert_eq!(
+        c.a().neg_rounds,
+        7 * opens,
+        "rounds per session are bounded"
+    );
+}
+
+#[test]
+fn a_relay_claiming_too_many_missing_ids_is_read_by_reqs_instead() {
+    let mut c = case(
+        20,
+        |i| i % 2 == 0,
+        true,
+        Nip77Mode::On,
+        |c| c.nip77.max_need_ids = 100,
+        |a| a.neg_phantoms = 500,
+    );
+    c.run(200);
+    c.assert_exact();
+    assert!(c.fallbacks(FallbackReason::TooManyIds) > 0);
+    assert!(
+        ids_requested(c.a()).is_empty(),
+        "nothing fetched by the claimed ids"
+    );
+}
+
+#[test]
+fn claimed_ids_of_events_the_relay_does_not_serve_change_nothing() {
+    // Within the bound: the phantom ids are asked for (with the query's filter) and never
+    // arrive; the set is exact and the batch confirms.
+    let mut c = case(
+        10,
+        |i| i % 2 == 0,
+        true,
+        Nip77Mode::On,
+        |_| {},
+        |a| a.neg_phantoms = 5,
+    );
+    c.run(200);
+    c.assert_exact();
+    assert!(ids_requested(c.a()).is_superset(&c.missing));
+    assert_eq!(c.w.m.relay_statuses(c.w.now)[0].confirmed_repos, 1);
+    assert_eq!(c.w.m.relay_statuses(c.w.now)[0].pending_batches, 0);
+}
+
+#[test]
+fn a_session_cut_mid_way_ends_with_the_exact_set_and_confirms_nothing_early() {
+    // The relay drops the connection at its second negentropy answer; nothing of the
+    // batch it belonged to may be confirmed by then.
+    let mut c = case(
+        40,
+        |i| i % 4 == 0,
+        true,
+        Nip77Mode::DropAfter(1),
+        |_| {},
+        |_| {},
+    );
+    c.w.start();
+    let a = RelayUrl::parse(A).unwrap();
+    let mut dropped = false;
+    for _ in 0..100 {
+        c.w.advance(Duration::from_secs(1));
+        if c.w.m.counters().connect_attempts > 2 && !dropped {
+            dropped = true;
+            let st = c.w.m.relay_statuses(c.w.now);
+            let st = st.iter().find(|s| s.url == a).unwrap();
+            assert_eq!(
+                st.confirmed_root_events, 0,
+                "confirmed before its ids were fetched"
+            );
+        }
+    }
+    // From now on the relay answers in full.
+    c.w.relays.get_mut(&a).unwrap().nip77 = Nip77Mode::On;
+    c.w.run_for(Duration::from_secs(600), Duration::from_secs(5));
+    c.assert_exact();
+    assert!(dropped, "the session was never cut");
+}
+
+#[test]
+fn a_relay_without_nip77_is_tried_once_and_remembered() {
+    // No NIP-11 at all, and NEG-OPEN answered with a NOTICE (nostr-rs-relay).
+    let mut c = case(
+        10,
+        |i| i % 2 == 0,
+        false,
+        Nip77Mode::Off,
+        probe,
+        |a| a.publish_nip11 = false,
+    );
+    c.run(120);
+    c.assert_exact();
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Unsupported);
+    assert_eq!(c.a().neg_opens.len(), 1);
+    assert_eq!(c.fallbacks(FallbackReason::Unsupported), 1);
+    // A new fresh sync (reconnect after the quick window) does not try again.
+    c.w.drop(A);
+    c.w.relays.get_mut(&a).unwrap().down = true;
+    c.w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(10));
+    c.w.relays.get_mut(&a).unwrap().down = false;
+    c.w.run_for(Duration::from_secs(600), Duration::from_secs(10));
+    c.assert_exact();
+    assert_eq!(c.a().neg_opens.len(), 1, "tried again");
+    assert_eq!(
+        c.w.m.relay_statuses(c.w.now)[0].nip77,
+        Nip77Support::Unsupported
+    );
+}
+
+#[test]
+fn a_silent_relay_not_advertising_nip77_is_tried_once() {
+    let mut c = case(10, |i| i % 2 == 0, false, Nip77Mode::Silent, probe, |_| {});
+    c.run(300);
+    c.assert_exact();
+    assert_eq!(c.a().neg_opens.len(), 1);
+    assert_eq!(c.fallbacks(FallbackReason::Unsupported), 1);
+}
+
+#[test]
+fn a_relay_not_advertising_nip77_that_speaks_it_is_used_after_the_try() {
+    let mut c = case(20, |i| i % 2 == 0, false, Nip77Mode::On, probe, |_| {});
+    c.run(120);
+    c.assert_exact();
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Works);
+    // Layer 1 was the try; the daily resync reconciles every query.
+    c.w.run_for(Duration::from_secs(26 * 3600), Duration::from_secs(600));
+    c.assert_exact();
+    assert!(c.w.m.counters().daily_resyncs >= 1);
+    assert!(
+        c.w.m.counters().reconciliations >= 3,
+        "{:?}",
+        c.w.m.counters()
+    );
+    assert_eq!(c.w.m.counters().reconcile_fallbacks, [0; 8]);
+}
+
+#[test]
+fn a_relay_not_advertising_nip77_is_not_probed_by_default() {
+    let mut c = case(10, |i| i % 2 == 0, false, Nip77Mode::On, |_| {}, |_| {});
+    c.run(120);
+    c.assert_exact();
+    assert!(c.a().neg_opens.is_empty());
+    assert_eq!(c.w.m.counters().reconciliations, 0);
+}
+
+#[test]
+fn an_own_side_above_its_bound_falls_back() {
+    let mut c = case(
+        30,
+        |i| i % 2 == 0,
+        true,
+        Nip77Mode::On,
+        |c| c.nip77.max_own_items = 10,
+        |_| {},
+    );
+    c.run(200);
+    c.assert_exact();
+    assert!(c.fallbacks(FallbackReason::OwnSide) > 0);
+}
+
+#[test]
+fn a_neg_msg_for_an_unknown_session_is_dropped_and_counted() {
+    let mut c = case(5, |_| true, true, Nip77Mode::On, |_| {}, |_| {});
+    c.run(60);
+    let before = c.w.m.counters();
+    c.w.stray_neg_msg(A, "gs999999");
+    let after = c.w.m.counters();
+    assert_eq!(after.neg_unknown, before.neg_unknown + 1);
+    assert_eq!(after.reconcile_fallbacks, before.reconcile_fallbacks);
+    c.assert_exact();
+}
+
+#[test]
+fn hex_round_trips_and_rejects_garbage() {
+    use super::reconcile::{hex_decode, hex_encode};
+    assert_eq!(hex_encode(&[0x61, 0x00, 0xff]), "6100ff");
+    assert_eq!(hex_decode("6100FF"), Some(vec![0x61, 0x00, 0xff]));
+    assert_eq!(hex_decode("610"), None);
+    assert_eq!(hex_decode("zz"), None);
+    assert_eq!(hex_decode("é1"), None);
+}

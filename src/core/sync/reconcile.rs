@@ -1,0 +1,1020 @@
+//! NIP-77 (negentropy) reconciliation of history queries (issue 11), sans-IO.
+//!
+//! For the history part of a fresh sync, a stale reconnect or the daily resync (Layer 1
+//! and the Layer 2/3 queries of a batch), a relay that may speak NIP-77 gets a live-only
+//! REQ plus a reconciliation *job* instead of one history+live REQ:
+//!
+//! 1. **Own side.** A paged REQ against the own relay for the same filter, of which the
+//!    relay thread keeps only `(created_at, id)` ([`Command::CollectIds`],
+//!    [`Report::OwnIds`]); bounded by [`Nip77Config::max_own_items`].
+//! 2. **Negotiation.** `NEG-OPEN` with the initial message of a negentropy client over that
+//!    set, then one `NEG-MSG` per round until the client has nothing more to say
+//!    (bounded rounds, a deadline per round, a bound on the ids the remote may claim).
+//! 3. **Fetch.** The ids the remote has and the own relay lacks are asked for by `ids`
+//!    (with the query's own filter, so a remote can only make us fetch events that match
+//!    it), in REQs within the page size and the relay's message size, as pages of the same
+//!    batch: the batch is confirmed only when they, too, reached EOSE.
+//!
+//! Anything else (NEG-ERR, CLOSED, a NOTICE or no answer from a relay not known to speak
+//! NIP-77, a deadline, malformed hex, too many rounds or ids, the own relay's side not
+//! readable) ends the job and sends the query as the paged REQ it would have been, for that
+//! query only ([`FallbackReason`]). A job is one entry in its batch's outstanding set, so a
+//! batch is never confirmed while one of its jobs runs.
+
+use std::collections::BTreeMap;
+
+use negentropy::{Id, Negentropy, NegentropyStorageVector};
+
+use crate::core::message::escape_for_log;
+
+use super::*;
+
+/// NIP-77 settings.
+#[derive(Debug, Clone)]
+pub struct Nip77Config {
+    /// Use reconciliation where the relay supports it (default on).
+    pub enabled: bool,
+    /// Also try NIP-77 once (with Layer 1) on relays whose NIP-11 does not list it, and
+    /// remember the outcome (default off: a relay that ignores unknown messages delays
+    /// its Layer 1 by `round_timeout`; departure 51).
+    pub probe_unadvertised: bool,
+    /// How long one negentropy round may wait for the relay's answer (default 30 s).
+    pub round_timeout: Duration,
+    /// The most NEG-MSG rounds of one reconciliation (default 64).
+    pub max_rounds: u32,
+    /// The most ids one reconciliation may ask for (default 20,000); beyond, the query is
+    /// read by paged REQs (a relay cannot make us fetch more than it really serves).
+    pub max_need_ids: usize,
+    /// The most `(created_at, id)` pairs read from the own relay for one reconciliation
+    /// (default 200,000, ~8 MB); beyond, the query is read by paged REQs.
+    pub max_own_items: usize,
+    /// Reconciliations running at once over all relays (default 8); the rest wait.
+    pub max_active: usize,
+    /// Reconciliations waiting per relay (default 1,000); beyond, queries go by REQ.
+    pub max_waiting_per_relay: usize,
+    /// Negentropy frame size limit of our messages in bytes (default 60,000; the relay's
+    /// NIP-11 `max_message_length` lowers it).
+    pub frame_size: u64,
+}
+
+impl Default for Nip77Config {
+    fn default() -> Self {
+        Nip77Config {
+            enabled: true,
+            probe_unadvertised: false,
+            round_timeout: Duration::from_secs(30),
+            max_rounds: 64,
+            max_need_ids: 20_000,
+            max_own_items: 200_000,
+            max_active: 8,
+            max_waiting_per_relay: 1_000,
+            frame_size: 60_000,
+        }
+    }
+}
+
+/// What the machine knows about a relay's NIP-77 support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Nip77Support {
+    /// Not advertised (or no NIP-11): tried once.
+    #[default]
+    Unknown,
+    /// Listed in NIP-11 `supported_nips`.
+    Advertised,
+    /// A reconciliation completed on it.
+    Works,
+    /// Tried, and the relay did not speak NIP-77: history goes by REQ.
+    Unsupported,
+}
+
+impl Nip77Support {
+    /// True while reconciliation is tried or used on the relay.
+    pub fn usable(self) -> bool {
+        self != Nip77Support::Unsupported
+    }
+
+    /// True once the relay is known to speak NIP-77 (advertised or worked).
+    pub fn in_use(self) -> bool {
+        matches!(self, Nip77Support::Advertised | Nip77Support::Works)
+    }
+
+    /// The word used in `/status`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Nip77Support::Unknown => "unknown",
+            Nip77Support::Advertised => "advertised",
+            Nip77Support::Works => "used",
+            Nip77Support::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// Why a reconciliation gave way to the paged REQ path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The relay answered NEG-ERR.
+    NegErr,
+    /// The relay closed the negentropy subscription (CLOSED).
+    Closed,
+    /// A relay not known to speak NIP-77 answered with a NOTICE or not at all.
+    Unsupported,
+    /// A round got no answer in time from a relay known to speak NIP-77.
+    Timeout,
+    /// A NEG-MSG that is not hex or not a valid negentropy message.
+    Malformed,
+    /// The relay claimed more ids than [`Nip77Config::max_need_ids`].
+    TooManyIds,
+    /// More rounds than [`Nip77Config::max_rounds`].
+    TooManyRounds,
+    /// The own relay's side could not be read (disconnected, CLOSED, too large, too slow).
+    OwnSide,
+}
+
+impl FallbackReason {
+    /// Every reason, in the order of [`SyncCounters::reconcile_fallbacks`].
+    pub const ALL: [FallbackReason; 8] = [
+        FallbackReason::NegErr,
+        FallbackReason::Closed,
+        FallbackReason::Unsupported,
+        FallbackReason::Timeout,
+        FallbackReason::Malformed,
+        FallbackReason::TooManyIds,
+        FallbackReason::TooManyRounds,
+        FallbackReason::OwnSide,
+    ];
+
+    /// The label value of the metric.
+    pub fn word(self) -> &'static str {
+        match self {
+            FallbackReason::NegErr => "neg_err",
+            FallbackReason::Closed => "closed",
+            FallbackReason::Unsupported => "unsupported",
+            FallbackReason::Timeout => "timeout",
+            FallbackReason::Malformed => "malformed",
+            FallbackReason::TooManyIds => "too_many_ids",
+            FallbackReason::TooManyRounds => "too_many_rounds",
+            FallbackReason::OwnSide => "own_side",
+        }
+    }
+
+    fn index(self) -> usize {
+        FallbackReason::ALL
+            .iter()
+            .position(|r| *r == self)
+            .unwrap_or(0)
+    }
+}
+
+/// Ids asked for in one REQ at most (further bounded by the page size and message size).
+pub(crate) const MAX_IDS_PER_REQ: usize = 500;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waits for a slot (or for its live REQ to be sent).
+    Waiting,
+    /// Reading the own relay's side.
+    OwnRead,
+    /// NEG-OPEN sent; rounds running.
+    Negotiating,
+}
+
+#[derive(Debug)]
+pub(super) struct Job {
+    relay: RelayUrl,
+    generation: u64,
+    batch: Option<u64>,
+    /// The history filter (no `limit`).
+    filter: Filter,
+    /// The query as the caller gave it, and the purpose of its REQ: what a fallback sends.
+    orig: Filter,
+    live: SubPurpose,
+    /// The negentropy subscription id, also the job's entry in its batch's outstanding set.
+    neg_id: SubscriptionId,
+    /// The live REQ that must be on the wire before the relay's set is read.
+    after: Option<SubscriptionId>,
+    phase: Phase,
+    own: Vec<(u64, EventId)>,
+    neg: Option<Negentropy<'static, NegentropyStorageVector>>,
+    rounds: u32,
+    need: HashSet<EventId>,
+    deadline: Option<Time>,
+}
+
+/// The jobs and what is known per relay.
+#[derive(Debug, Default)]
+pub(super) struct Reconciler {
+    jobs: BTreeMap<u64, Job>,
+    by_neg: HashMap<SubscriptionId, u64>,
+    pub(super) support: HashMap<RelayUrl, Nip77Support>,
+    next_job: u64,
+}
+
+impl Reconciler {
+    /// The earliest job deadline.
+    pub(super) fn next_deadline(&self) -> Option<Time> {
+        self.jobs.values().filter_map(|j| j.deadline).min()
+    }
+
+    /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
+    /// does not apply meanwhile: the job has its own).
+    pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
+        self.jobs
+            .values()
+            .any(|j| j.batch == Some(batch) && j.relay == *relay)
+    }
+
+    /// Reconciliations running or waiting on `relay`.
+    pub(super) fn jobs_of(&self, relay: &RelayUrl) -> usize {
+        self.jobs.values().filter(|j| j.relay == *relay).count()
+    }
+}
+
+/// A filter of the history of `f` (no `limit`: paging applies the relay's page size).
+fn history_filter(f: &Filter) -> Filter {
+    let mut f = f.clone();
+    f.limit = None;
+    f
+}
+
+impl SyncMachine {
+    /// The relay's NIP-77 support as known now.
+    pub fn nip77_support(&self, relay: &RelayUrl) -> Nip77Support {
+        self.recon.support.get(relay).copied().unwrap_or_default()
+    }
+
+    /// Queries are reconciled on relays known to speak NIP-77; with `probe_unadvertised`,
+    /// Layer 1 is also the one try on a relay not known either way (a batch's queries never
+    /// are: their live part is a `limit: 0` REQ, which some relays without NIP-77 never
+    /// answer with EOSE).
+    fn may_reconcile(&self, relay: &RelayUrl, batch: Option<u64>) -> bool {
+        let support = self.nip77_support(relay);
+        let probe = self.config.nip77.probe_unadvertised && support == Nip77Support::Unknown;
+        let allowed = support.in_use() || (batch.is_none() && probe);
+        self.config.nip77.enabled
+            && allowed
+            && self.own.connection_status == ConnectionStatus::Connected
+            && self.recon.jobs_of(relay) < self.config.nip77.max_waiting_per_relay
+    }
+
+    /// Opens a history query whose REQ would also carry its live part (`live`: a batch's
+    /// query or Layer 1): on a relay that may speak NIP-77 as a live-only REQ plus a
+    /// reconciliation of its history, else as the one REQ. What it opens joins the
+    /// outstanding set of `batch` (which must exist) before anything can answer.
+    pub(super) fn open_history(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        live: SubPurpose,
+        filter: Filter,
+        batch: Option<u64>,
+    ) {
+        if !self.may_reconcile(relay, batch) {
+            let id = self.open_sub(relay, generation, live, filter);
+            self.add_outstanding(relay, batch, [id]);
+            return;
+        }
+        let live_id = self.open_sub(relay, generation, live, live_only(&filter));
+        let neg_id = self.new_sub_id();
+        self.add_outstanding(relay, batch, [live_id.clone(), neg_id.clone()]);
+        self.recon.next_job += 1;
+        let id = self.recon.next_job;
+        self.recon.jobs.insert(
+            id,
+            Job {
+                relay: relay.clone(),
+                generation,
+                batch,
+                filter: history_filter(&filter),
+                orig: filter,
+                live,
+                neg_id: neg_id.clone(),
+                after: Some(live_id),
+                phase: Phase::Waiting,
+                own: Vec::new(),
+                neg: None,
+                rounds: 0,
+                need: HashSet::new(),
+                deadline: None,
+            },
+        );
+        self.recon.by_neg.insert(neg_id, id);
+        self.pump_jobs();
+    }
+
+    fn add_outstanding<const N: usize>(
+        &mut self,
+        relay: &RelayUrl,
+        batch: Option<u64>,
+        ids: [SubscriptionId; N],
+    ) {
+        let Some(batch) = batch else {
+            return;
+        };
+        if let Some(b) = self
+            .pending
+            .get_mut(relay)
+            .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == batch))
+        {
+            b.outstanding_subs.extend(ids);
+        }
+    }
+
+    /// Opens Layer 1 on a fresh sync (history by reconciliation where possible).
+    pub(super) fn open_announcements(&mut self, relay: &RelayUrl, generation: u64) {
+        self.open_history(
+            relay,
+            generation,
+            SubPurpose::Announcements,
+            build_announcement_filter(None),
+            None,
+        );
+    }
+
+    /// Starts waiting jobs while slots are free: one per relay, `max_active` in all.
+    pub(super) fn pump_jobs(&mut self) {
+        let max_active = self.config.nip77.max_active;
+        let mut active: HashSet<RelayUrl> = self
+            .recon
+            .jobs
+            .values()
+            .filter(|j| j.phase != Phase::Waiting)
+            .map(|j| j.relay.clone())
+            .collect();
+        let mut running = self
+            .recon
+            .jobs
+            .values()
+            .filter(|j| j.phase != Phase::Waiting)
+            .count();
+        let waiting: Vec<u64> = self
+            .recon
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.phase == Phase::Waiting)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            if running >= max_active {
+                return;
+            }
+            let Some(job) = self.recon.jobs.get(&id) else {
+                continue;
+            };
+            if active.contains(&job.relay) {
+                continue;
+            }
+            if self.connected_generation(&job.relay) != Some(job.generation) {
+                // Its connection is gone (its batch failed with it).
+                self.drop_job(id);
+                continue;
+            }
+            let queued = job.after.as_ref().is_some_and(|a| {
+                self.links
+                    .get(&job.relay)
+                    .is_some_and(|l| l.queue.iter().any(|(s, _)| s == a))
+            });
+            if queued {
+                continue;
+            }
+            if self.own.connection_status != ConnectionStatus::Connected {
+                self.fallback(
+                    id,
+                    FallbackReason::OwnSide,
+                    "the own relay is not connected",
+                );
+                continue;
+            }
+            active.insert(job.relay.clone());
+            running += 1;
+            let filter = job.filter.clone();
+            let deadline = self.last_now.plus(self.config.eose_timeout);
+            if let Some(job) = self.recon.jobs.get_mut(&id) {
+                job.phase = Phase::OwnRead;
+                job.deadline = Some(deadline);
+            }
+            self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
+        }
+    }
+
+    /// True while own-relay queries of the job are open, queued or waiting to reopen.
+    fn own_pending(&self, id: u64) -> bool {
+        let p = SubPurpose::OwnSide { job: id };
+        self.own_link.subs.values().any(|i| i.purpose == p)
+            || self.own_link.queue.iter().any(|(_, i)| i.purpose == p)
+            || self.own_link.reopen.iter().any(|r| r.1 == p)
+    }
+
+    /// Closes the job's own-relay queries.
+    fn close_own_side(&mut self, id: u64) {
+        let p = SubPurpose::OwnSide { job: id };
+        let mut subs: Vec<SubscriptionId> = self
+            .own_link
+            .subs
+            .iter()
+            .filter(|(_, i)| i.purpose == p)
+            .map(|(s, _)| s.clone())
+            .collect();
+        subs.sort();
+        for s in subs {
+            self.own_link.subs.remove(&s);
+            self.own_link.loading.remove(&s);
+            self.commands.push_back(Command::Unsubscribe {
+                relay: self.config.own_relay.clone(),
+                generation: self.own.generation,
+                sub_id: s,
+            });
+        }
+        self.own_link.queue.retain(|(_, i)| i.purpose != p);
+        self.own_link.reopen.retain(|r| r.1 != p);
+    }
+
+    /// Forgets a job without opening anything (its connection or batch is gone).
+    fn drop_job(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.remove(&id) else {
+            return;
+        };
+        self.recon.by_neg.remove(&job.neg_id);
+        self.close_own_side(id);
+        if job.phase == Phase::Negotiating
+            && self.connected_generation(&job.relay) == Some(job.generation)
+        {
+            self.commands.push_back(Command::NegClose {
+                relay: job.relay.clone(),
+                generation: job.generation,
+                sub_id: job.neg_id.clone(),
+            });
+        }
+    }
+
+    /// The relay's connection is lost: its jobs end. A Layer 1 job's history is continued
+    /// (as a paged REQ) by a quick reconnect; a batch's job fails with its batch.
+    pub(super) fn drop_jobs_of(&mut self, relay: &RelayUrl, keep_history: bool) {
+        let ids: Vec<u64> = self
+            .recon
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.relay == *relay)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(job) = self.recon.jobs.get(&id) else {
+                continue;
+            };
+            if keep_history && job.batch.is_none() {
+                let f = job.filter.clone();
+                let link = self.link(relay);
+                if link.resume.len() >= MAX_RESUME {
+                    link.resume_overflow = true;
+                } else if !link.resume.contains(&f) {
+                    link.resume.push(f);
+                }
+            }
+            self.drop_job(id);
+        }
+        self.pump_jobs();
+    }
+
+    /// A batch failed: its jobs end with it.
+    pub(super) fn drop_batch_jobs(&mut self, relay: &RelayUrl, batch: u64) {
+        let ids: Vec<u64> = self
+            .recon
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.relay == *relay && j.batch == Some(batch))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.drop_job(id);
+        }
+        self.pump_jobs();
+    }
+
+    /// The own relay's connection is lost: jobs reading it fall back.
+    pub(super) fn own_side_lost(&mut self) {
+        let ids: Vec<u64> = self
+            .recon
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.phase == Phase::OwnRead)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.fallback(
+                id,
+                FallbackReason::OwnSide,
+                "the own relay's connection was lost",
+            );
+        }
+    }
+
+    /// Replaces `old` in the batch's outstanding set by `new`. False when the batch is gone.
+    fn replace_outstanding(
+        &mut self,
+        relay: &RelayUrl,
+        batch: u64,
+        old: &SubscriptionId,
+        new: Vec<SubscriptionId>,
+    ) -> bool {
+        let now = self.last_now;
+        let Some(b) = self
+            .pending
+            .get_mut(relay)
+            .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == batch))
+        else {
+            return false;
+        };
+        b.outstanding_subs.remove(old);
+        b.outstanding_subs.extend(new);
+        b.started_at = b.started_at.max(now);
+        true
+    }
+
+    fn batch_exists(&self, relay: &RelayUrl, batch: Option<u64>) -> bool {
+        batch.is_none_or(|id| {
+            self.pending
+                .get(relay)
+                .is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
+        })
+    }
+
+    /// Ends a job and sends its query as the paged REQ it would have been.
+    fn fallback(&mut self, id: u64, reason: FallbackReason, why: &str) {
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
+        let (relay, generation, batch, orig, live, neg_id, live_id) = (
+            job.relay.clone(),
+            job.generation,
+            job.batch,
+            job.orig.clone(),
+            job.live,
+            job.neg_id.clone(),
+            job.after.clone(),
+        );
+        let session_over = matches!(reason, FallbackReason::NegErr | FallbackReason::Closed);
+        if session_over {
+            if let Some(j) = self.recon.jobs.get_mut(&id) {
+                // NEG-ERR and CLOSED end the session: no NEG-CLOSE.
+                j.phase = Phase::Waiting;
+            }
+        }
+        self.drop_job(id);
+        self.counters.reconcile_fallbacks[reason.index()] += 1;
+        if reason == FallbackReason::Unsupported {
+            self.recon
+                .support
+                .insert(relay.clone(), Nip77Support::Unsupported);
+            info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
+        } else {
+            info!(
+                "{relay}: reconciliation of {neg_id} gave way to paged REQs ({}: {why})",
+                reason.word()
+            );
+        }
+        if self.connected_generation(&relay) == Some(generation) && self.batch_exists(&relay, batch)
+        {
+            // The query as it would have been without NIP-77: one REQ, history and live (its
+            // history is paged as usual). It replaces the live-only REQ, which some relays
+            // never answer with EOSE.
+            if let Some(l) = &live_id {
+                self.close_remote_sub(&relay, generation, l);
+            }
+            let sub = self.open_sub(&relay, generation, live, orig);
+            if let Some(b) = batch {
+                if let Some(l) = &live_id {
+                    self.replace_outstanding(&relay, b, l, Vec::new());
+                }
+                self.replace_outstanding(&relay, b, &neg_id, vec![sub]);
+            }
+        }
+        self.pump_jobs();
+    }
+
+    /// Closes one of our subscriptions on a remote relay (sent, or still queued).
+    fn close_remote_sub(&mut self, relay: &RelayUrl, generation: u64, sub: &SubscriptionId) {
+        let Some(link) = self.links.get_mut(relay) else {
+            return;
+        };
+        link.queue.retain(|(s, _)| s != sub);
+        link.loading.remove(sub);
+        if link.subs.remove(sub).is_some() {
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id: sub.clone(),
+            });
+        }
+    }
+
+    /// The own relay answered a job's query (EOSE) with the `(created_at, id)` of what it
+    /// holds: page on, or start the negotiation once the whole side is read.
+    pub(super) fn handle_own_ids(
+        &mut self,
+        sub_id: &SubscriptionId,
+        stats: &PageStats,
+        items: Vec<(u64, EventId)>,
+        truncated: bool,
+    ) {
+        self.own_link.loading.remove(sub_id);
+        let Some(info) = self.own_link.subs.remove(sub_id) else {
+            return;
+        };
+        let own = self.config.own_relay.clone();
+        self.commands.push_back(Command::Unsubscribe {
+            relay: own.clone(),
+            generation: self.own.generation,
+            sub_id: sub_id.clone(),
+        });
+        let SubPurpose::OwnSide { job: id } = info.purpose else {
+            self.drain_own_queue();
+            return;
+        };
+        let max = self.config.nip77.max_own_items;
+        let Some(job) = self.recon.jobs.get_mut(&id) else {
+            self.drain_own_queue();
+            return;
+        };
+        if truncated || job.own.len() + items.len() > max {
+            self.drain_own_queue();
+            self.fallback(
+                id,
+                FallbackReason::OwnSide,
+                &format!("the own relay holds more than {max} events for the query"),
+            );
+            return;
+        }
+        job.own.extend(items);
+        let plan = bound_plan(
+            plan_pages(&info.filter, stats, &self.page_limits(&own)),
+            0,
+            MAX_QUEUED_PAGES,
+        );
+        if let Some(why) = &plan.incomplete {
+            // Safe: a pair the own side lacks is only fetched again.
+            debug!("own relay: side of reconciliation {id} read incompletely ({why}); more ids may be fetched");
+        }
+        for f in plan.next {
+            self.open_own_sub(SubPurpose::OwnSide { job: id }, f);
+        }
+        self.drain_own_queue();
+        if !self.own_pending(id) {
+            self.begin_negotiation(id);
+        }
+    }
+
+    /// The own relay closed a job's query: the job falls back.
+    pub(super) fn own_side_closed(&mut self, id: u64, message: &str) {
+        self.fallback(
+            id,
+            FallbackReason::OwnSide,
+            &format!("the own relay closed its query: {message}"),
+        );
+    }
+
+    fn frame_size(&self, relay: &RelayUrl) -> u64 {
+        let cfg = self.config.nip77.frame_size;
+        let by_relay = self
+            .max_message
+            .get(relay)
+            .map_or(cfg, |m| (*m as u64 / 2).saturating_sub(512));
+        cfg.min(by_relay).max(4096)
+    }
+
+    fn begin_negotiation(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.get_mut(&id) else {
+            return;
+        };
+        let own = std::mem::take(&mut job.own);
+        let relay = job.relay.clone();
+        let mut storage = NegentropyStorageVector::with_capacity(own.len());
+        let mut built = Ok(());
+        for (t, e) in &own {
+            built = built.and_then(|()| storage.insert(*t, Id::from_byte_array(e.to_bytes())));
+        }
+        let frame = self.frame_size(&relay);
+        let started = built
+            .and_then(|()| storage.seal())
+            .and_then(|()| Negentropy::owned(storage, frame))
+            .and_then(|mut n| n.initiate().map(|m| (n, m)));
+        let (neg, msg) = match started {
+            Ok(x) => x,
+            Err(e) => {
+                self.fallback(
+                    id,
+                    FallbackReason::Malformed,
+                    &format!("cannot build the negentropy message: {e}"),
+                );
+                return;
+            }
+        };
+        let deadline = self.last_now.plus(self.config.nip77.round_timeout);
+        let Some(job) = self.recon.jobs.get_mut(&id) else {
+            return;
+        };
+        job.neg = Some(neg);
+        job.phase = Phase::Negotiating;
+        job.deadline = Some(deadline);
+        debug!(
+            "{relay}: NEG-OPEN {} over {} own events",
+            job.neg_id,
+            own.len()
+        );
+        self.commands.push_back(Command::NegOpen {
+            relay,
+            generation: job.generation,
+            sub_id: job.neg_id.clone(),
+            filter: job.filter.clone(),
+            message: hex_encode(&msg),
+        });
+    }
+
+    /// The job of a NEG-MSG or NEG-ERR, when it belongs to this connection and negotiates.
+    fn job_of(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        sub_id: &SubscriptionId,
+    ) -> Option<u64> {
+        let id = self.recon.by_neg.get(sub_id).copied();
+        let ok = id
+            .and_then(|id| self.recon.jobs.get(&id).map(|j| (id, j)))
+            .filter(|(_, j)| {
+                j.relay == *relay && j.generation == generation && j.phase == Phase::Negotiating
+            });
+        match ok {
+            Some((id, _)) => Some(id),
+            None => {
+                self.counters.neg_unknown += 1;
+                debug!(
+                    "{relay}: negentropy message for unknown session {}; dropped",
+                    escape_for_log(sub_id.as_str(), 64)
+                );
+                None
+            }
+        }
+    }
+
+    /// A NEG-MSG: one more round, or the end of the negotiation.
+    pub(super) fn handle_neg_msg(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        sub_id: &SubscriptionId,
+        message: &str,
+    ) {
+        let Some(id) = self.job_of(relay, generation, sub_id) else {
+            return;
+        };
+        let cfg = self.config.nip77.clone();
+        let now = self.last_now;
+        let Some(job) = self.recon.jobs.get_mut(&id) else {
+            return;
+        };
+        job.rounds += 1;
+        if job.rounds > cfg.max_rounds {
+            let r = job.rounds - 1;
+            self.fallback(
+                id,
+                FallbackReason::TooManyRounds,
+                &format!("still negotiating after {r} rounds"),
+            );
+            return;
+        }
+        let Some(bytes) = hex_decode(message) else {
+            let shown = escape_for_log(message, 40);
+            self.fallback(
+                id,
+                FallbackReason::Malformed,
+                &format!("NEG-MSG is not hex: {shown}"),
+            );
+            return;
+        };
+        let mut have = Vec::new();
+        let mut need = Vec::new();
+        let Some(neg) = job.neg.as_mut() else {
+            return;
+        };
+        let out = neg.reconcile_with_ids(&bytes, &mut have, &mut need);
+        job.need
+            .extend(need.iter().map(|i| EventId::from_byte_array(**i)));
+        if job.need.len() > cfg.max_need_ids {
+            self.fallback(
+                id,
+                FallbackReason::TooManyIds,
+                &format!(
+                    "the relay claims more than {} missing events",
+                    cfg.max_need_ids
+                ),
+            );
+            return;
+        }
+        match out {
+            Err(e) => self.fallback(id, FallbackReason::Malformed, &format!("bad NEG-MSG: {e}")),
+            Ok(Some(next)) => {
+                job.deadline = Some(now.plus(cfg.round_timeout));
+                let (relay, generation, sub_id, batch) = (
+                    job.relay.clone(),
+                    job.generation,
+                    job.neg_id.clone(),
+                    job.batch,
+                );
+                if let Some(b) = batch {
+                    self.replace_outstanding(&relay, b, &sub_id, vec![sub_id.clone()]);
+                }
+                self.commands.push_back(Command::NegMsg {
+                    relay,
+                    generation,
+                    sub_id,
+                    message: hex_encode(&next),
+                });
+            }
+            Ok(None) => self.finish_job(id),
+        }
+    }
+
+    /// NEG-ERR (or CLOSED of the negentropy subscription).
+    pub(super) fn handle_neg_err(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        sub_id: &SubscriptionId,
+        message: &str,
+        closed: bool,
+    ) {
+        let Some(id) = self.job_of(relay, generation, sub_id) else {
+            return;
+        };
+        let first_try = self.nip77_support(relay) == Nip77Support::Unknown
+            && self.recon.jobs.get(&id).is_some_and(|j| j.rounds == 0);
+        let shown = escape_for_log(message, 120);
+        if closed && first_try {
+            self.fallback(id, FallbackReason::Unsupported, &format!("CLOSED {shown}"));
+        } else if closed {
+            self.fallback(id, FallbackReason::Closed, &format!("CLOSED {shown}"));
+        } else {
+            // A NEG-ERR proves the relay speaks NIP-77; this query goes by REQ.
+            self.fallback(id, FallbackReason::NegErr, &format!("NEG-ERR {shown}"));
+        }
+    }
+
+    /// A NOTICE from `relay`: a relay not known to speak NIP-77 that answers NEG-OPEN with
+    /// a NOTICE (nostr-rs-relay and others answer unknown messages so) does not speak it.
+    pub(super) fn neg_notice(&mut self, relay: &RelayUrl, message: &str) {
+        if self.nip77_support(relay) != Nip77Support::Unknown {
+            return;
+        }
+        let ids: Vec<u64> = self
+            .recon
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.relay == *relay && j.phase == Phase::Negotiating && j.rounds == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        let shown = escape_for_log(message, 120);
+        for id in ids {
+            self.fallback(
+                id,
+                FallbackReason::Unsupported,
+                &format!("NOTICE {shown} in answer to NEG-OPEN"),
+            );
+        }
+    }
+
+    /// Jobs whose deadline passed.
+    pub(super) fn expire_jobs(&mut self, now: Time) {
+        let due: Vec<u64> = self
+            .recon
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.deadline.is_some_and(|d| d <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let Some(job) = self.recon.jobs.get(&id) else {
+                continue;
+            };
+            let untried = self.nip77_support(&job.relay) == Nip77Support::Unknown;
+            match job.phase {
+                Phase::OwnRead => self.fallback(
+                    id,
+                    FallbackReason::OwnSide,
+                    "the own relay's side was not read in time",
+                ),
+                Phase::Negotiating if untried && job.rounds == 0 => self.fallback(
+                    id,
+                    FallbackReason::Unsupported,
+                    "no answer to NEG-OPEN in time",
+                ),
+                _ => self.fallback(id, FallbackReason::Timeout, "no NEG-MSG in time"),
+            }
+        }
+    }
+
+    /// The negotiation is over: fetch what the own relay lacks, by `ids`, as pages of the
+    /// same batch.
+    fn finish_job(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.remove(&id) else {
+            return;
+        };
+        self.recon.by_neg.remove(&job.neg_id);
+        let relay = job.relay.clone();
+        self.commands.push_back(Command::NegClose {
+            relay: relay.clone(),
+            generation: job.generation,
+            sub_id: job.neg_id.clone(),
+        });
+        let support = self.recon.support.entry(relay.clone()).or_default();
+        if *support == Nip77Support::Unknown {
+            info!("{relay}: speaks NIP-77; history is reconciled from now on");
+            *support = Nip77Support::Works;
+        }
+        self.counters.reconciliations += 1;
+        self.counters.reconcile_ids_fetched += job.need.len() as u64;
+        let mut need: Vec<EventId> = job.need.into_iter().collect();
+        need.sort();
+        debug!(
+            "{relay}: reconciliation {} done in {} rounds: {} events to fetch",
+            job.neg_id,
+            job.rounds,
+            need.len()
+        );
+        if !self.batch_exists(&relay, job.batch) {
+            self.pump_jobs();
+            return;
+        }
+        let mut subs = Vec::new();
+        for f in self.fetch_filters(&relay, &job.filter, &need) {
+            subs.push(self.open_sub(
+                &relay,
+                job.generation,
+                SubPurpose::Page { batch: job.batch },
+                f,
+            ));
+        }
+        if let Some(b) = job.batch {
+            self.replace_outstanding(&relay, b, &job.neg_id, subs);
+            self.confirm_if_done(&relay, b, self.last_now);
+        }
+        self.pump_jobs();
+    }
+
+    /// REQs for `need` with the query's filter: at most one id fewer than a page (so a full
+    /// answer is never taken for a capped one) and within the relay's message size.
+    pub(super) fn fetch_filters(
+        &self,
+        relay: &RelayUrl,
+        filter: &Filter,
+        need: &[EventId],
+    ) -> Vec<Filter> {
+        let page = self.page_limits(relay).page_size;
+        let base = filter.as_json().len() + 200;
+        let by_size = self
+            .max_message
+            .get(relay)
+            .map_or(MAX_IDS_PER_REQ, |m| m.saturating_sub(base) / 67);
+        let chunk = page
+            .saturating_sub(1)
+            .min(by_size)
+            .clamp(1, MAX_IDS_PER_REQ);
+        need.chunks(chunk)
+            .map(|c| filter.clone().ids(c.iter().copied()))
+            .collect()
+    }
+}
+
+/// Lower-case hex of `b`.
+pub(crate) fn hex_encode(b: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push(HEX[(x >> 4) as usize] as char);
+        s.push(HEX[(x & 15) as usize] as char);
+    }
+    s
+}
+
+/// The bytes of a hex string (either case); `None` when it is not hex.
+pub(crate) fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if b.len() % 2 != 0 {
+        return None;
+    }
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    b.chunks(2)
+        .map(|p| Some(nibble(p[0])? << 4 | nibble(p[1])?))
+        .collect()
+}
+
+impl SyncCounters {
+    /// Reconciliations that fell back to paged REQs for `reason`.
+    pub fn fallbacks(&self, reason: FallbackReason) -> u64 {
+        self.reconcile_fallbacks[reason.index()]
+    }
+}

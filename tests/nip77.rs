@@ -1,0 +1,135 @@
+//! NIP-77 reconciliation by the engine over real sockets (issue 11): a `TestRelay` serving
+//! negentropy (`set_nip77`, NIP-11 listing 77) gives the own relay exactly the expected set,
+//! and its history comes by `ids`; one answering NEG-ERR is read by paged REQs.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{announcement, comment, repo_ref, root, WAIT};
+use grasp_sync::testing::{wait_until, Nip77Mode, TestRelay};
+use grasp_sync::Config;
+use nostr::event::EventId;
+use nostr::key::Keys;
+use serde_json::json;
+
+fn config(own: &TestRelay) -> Config {
+    let mut c = Config::new(common::url(own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
+    c.backoff.base = Duration::from_millis(200);
+    c
+}
+
+struct Setup {
+    own: TestRelay,
+    remote: TestRelay,
+    expected: HashSet<EventId>,
+    missing: HashSet<EventId>,
+}
+
+/// Repository `r` on `remote` (announced on both relays): 30 issues with a comment each on
+/// the remote relay, of which the own relay already holds every other event.
+fn setup(mode: Nip77Mode) -> Setup {
+    common::init_logging();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    remote.set_nip11(Some(json!({"name": "nip77 test relay"})));
+    remote.set_nip77(mode);
+    let keys = Keys::generate();
+    let ann = announcement(&keys, "r", &[&[&remote.url()]]);
+    let repo = repo_ref(&keys, "r");
+    own.insert(&ann);
+    remote.insert(&ann);
+    let mut expected: HashSet<EventId> = [ann.id].into();
+    let mut missing = HashSet::new();
+    let mut k = 0;
+    for i in 0..30 {
+        let issue = root(&keys, 1621, &repo, &format!("issue {i}"), &[]);
+        let reply = comment(&keys, &issue, "a comment");
+        for e in [issue, reply] {
+            remote.insert(&e);
+            expected.insert(e.id);
+            if k % 2 == 0 {
+                own.insert(&e);
+            } else {
+                missing.insert(e.id);
+            }
+            k += 1;
+        }
+    }
+    Setup {
+        own,
+        remote,
+        expected,
+        missing,
+    }
+}
+
+#[test]
+fn the_engine_reconciles_and_fetches_only_the_missing_ids() {
+    let s = setup(Nip77Mode::On);
+    let handle = grasp_sync::start(config(&s.own)).unwrap();
+    let ok = wait_until(WAIT, || {
+        s.own.event_ids() == s.expected && handle.status().is_settled()
+    });
+    assert!(
+        ok,
+        "own relay: {:?}",
+        s.expected.difference(&s.own.event_ids())
+    );
+    assert!(!s.remote.neg_opens().is_empty(), "no NEG-OPEN");
+    // History came by `ids` only: every other REQ is live-only.
+    let mut fetched = HashSet::new();
+    for req in s.remote.reqs() {
+        for f in &req.filters {
+            match &f.ids {
+                Some(ids) => fetched.extend(ids.iter().copied()),
+                None => assert_eq!(f.limit, Some(0), "a history REQ without ids: {}", req.raw),
+            }
+        }
+    }
+    assert_eq!(fetched, s.missing, "exactly the missing ids were asked for");
+    let st = handle.status();
+    assert_eq!(st.relays.len(), 1);
+    assert!(st.relays[0].nip77.in_use(), "{:?}", st.relays[0].nip77);
+    assert!(st.sync.reconciliations >= 2, "{:?}", st.sync);
+    common::shutdown_clean(handle, &[&s.own, &s.remote]);
+}
+
+#[test]
+fn a_relay_answering_neg_err_is_read_by_paged_reqs() {
+    let s = setup(Nip77Mode::NegErr("blocked: too many records".into()));
+    let handle = grasp_sync::start(config(&s.own)).unwrap();
+    let ok = wait_until(WAIT, || {
+        s.own.event_ids() == s.expected && handle.status().is_settled()
+    });
+    assert!(
+        ok,
+        "own relay: {:?}",
+        s.expected.difference(&s.own.event_ids())
+    );
+    let reqs = s.remote.reqs();
+    assert!(
+        reqs.iter()
+            .flat_map(|r| r.filters.iter())
+            .any(|f| f.ids.is_none() && f.limit != Some(0)),
+        "no history REQ"
+    );
+    assert!(
+        reqs.iter()
+            .flat_map(|r| r.filters.iter())
+            .all(|f| f.ids.is_none()),
+        "nothing is fetched by ids"
+    );
+    let st = handle.status();
+    assert!(
+        st.sync
+            .fallbacks(grasp_sync::core::sync::FallbackReason::NegErr)
+            > 0,
+        "{:?}",
+        st.sync
+    );
+    common::shutdown_clean(handle, &[&s.own, &s.remote]);
+}
