@@ -14,6 +14,7 @@
 //! * live latency from a publish on a remote relay to the event stored on the own relay;
 //! * memory per connected relay and idle CPU (each in a child process of its own);
 //! * planning: one batch tick of `SyncMachine` (full rebuild and a one-event batch);
+//! * the state file of `--state-dir` at its caps: size, write, read and restore.
 //! * NIP-77: the own side of a reconciliation (parse, keep `(created_at, id)`), the
 //!   negentropy work, rounds and bytes exchanged against the REQ path's bytes.
 
@@ -63,8 +64,8 @@ struct Args {
     /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
     #[argh(option)]
     idle_secs: Option<u64>,
-    /// run only these sections (comma-separated: historic, live, memory, planning, nip77,
-    /// resync)
+    /// run only these sections (comma-separated: historic, live, memory, planning, state,
+    /// nip77, resync)
     #[argh(option)]
     only: Option<String>,
     /// related events held by the remote relays in the resync section (default 20,000;
@@ -320,7 +321,7 @@ fn clock_ticks_per_sec() -> f64 {
 fn engine_thread_kind(comm: &str) -> Option<&'static str> {
     match comm {
         "coordinator" => Some("coordinator"),
-        "forwarder" => Some("forwarder"),
+        "forwarder" | "forwarder-read" => Some("forwarder"),
         "dns" => Some("dns"),
         _ if comm.starts_with("relay ") => Some("relay"),
         _ => None,
@@ -624,13 +625,27 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
     }
 }
 
-/// Seconds per event of `Event::verify` on this thread.
+/// Seconds this thread has run on a CPU (`/proc/thread-self/schedstat`, nanoseconds).
+fn thread_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
+
+/// CPU seconds per event of `Event::verify` on this thread (wall seconds where the thread's
+/// CPU time cannot be read). CPU time, as the engine's side is: on a loaded machine the wall
+/// time includes the time other processes ran, which would flatter the ratio.
 fn verify_cost(events: &[Event]) -> f64 {
     let started = Instant::now();
+    let cpu = thread_cpu_seconds();
     for e in events {
         e.verify().expect("valid event");
     }
-    started.elapsed().as_secs_f64() / events.len() as f64
+    let spent = match (cpu, thread_cpu_seconds()) {
+        (Some(a), Some(b)) => b - a,
+        _ => started.elapsed().as_secs_f64(),
+    };
+    spent / events.len() as f64
 }
 
 fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
@@ -971,7 +986,8 @@ fn poll_until(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
     true
 }
 
-/// A short pause of 0–20 ms so that publishes do not lock onto the relays' 20 ms tick.
+/// A short pause of 0–20 ms between publishes, so that they do not lock onto any periodic
+/// wake-up (the TestRelay used to write live events on a 20 ms tick).
 fn jitter_pause() {
     std::thread::sleep(Duration::from_micros(rand::random_range(0..20_000)));
 }
@@ -1036,7 +1052,7 @@ fn live_latency(sizes: &Sizes) -> Vec<Figure> {
 }
 
 /// Publish → arrival at a plain websocket client subscribed on `relay`: what the TestRelay
-/// itself adds (its connection thread writes live events on a 20 ms tick).
+/// itself adds (its connection thread wakes when an event is published).
 fn relay_floor(relay: &TestRelay, history: &History, n: usize) -> Vec<Duration> {
     let (mut ws, _) = tungstenite::connect(relay.url()).expect("client connects");
     let root = history.roots[0].id.to_hex();
@@ -1300,9 +1316,8 @@ impl Planner {
     }
 
     /// Connects the relays of `connect` when asked to and answers every query with an empty
-    /// EOSE, until the machine asks for nothing more. Other relays stay connecting: every
-    /// `Connected` report re-derives the targets of the whole index, so connecting all 1,000
-    /// relays at 100k repositories would take many minutes.
+    /// EOSE, until the machine asks for nothing more. Other relays stay connecting, to keep
+    /// the run short (each `Connected` diffs and subscribes that relay's whole target).
     fn answer(&mut self, mut cmds: Vec<Command>, connect: &[RelayUrl]) {
         while !cmds.is_empty() {
             for cmd in cmds {
@@ -1415,6 +1430,20 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// CPU time (user + system) of the calling thread so far, in seconds (`/proc/thread-self/stat`,
+/// clock-tick resolution: only for figures of many ticks).
+fn thread_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / clock_ticks_per_sec()
+}
+
 fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
     let mut figures = Vec::new();
     for &repos in &sizes.plan_repos {
@@ -1423,7 +1452,11 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
         // Repository 0's relays connect (and get their subscriptions); the others stay
         // connecting, so a new root of repository 0 changes subscriptions on 2 relays.
         let connected = Planner::relays_of(0, sizes.plan_relays);
+        let cpu_before = thread_cpu_secs();
         let full = p.tick(&[]);
+        // The wall time counts whatever else the shared machine runs; the thread's CPU time
+        // does not. It includes `tick`'s answers, which are none here (no relay connects).
+        let full_cpu = thread_cpu_secs() - cpu_before;
         let connect: Vec<Duration> = connected.iter().map(|r| p.connect(r)).collect();
         let sampling = Instant::now();
         let mut one: Vec<Duration> = Vec::new();
@@ -1453,6 +1486,12 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
             full_budget,
         ));
         figures.push(Figure::new(
+            format!("{label}: full rebuild, CPU of the planning thread"),
+            full_cpu * 1e3,
+            "ms",
+            Budget::None,
+        ));
+        figures.push(Figure::new(
             format!("{label}: one relay's Connected report"),
             ms(connect.iter().copied().max().unwrap_or_default()),
             "ms",
@@ -1466,6 +1505,100 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
         ));
     }
     figures
+}
+
+// ----- persisted state (issue 11) -----
+
+/// The state file at its caps: 1,000 relays sharing 100,000 confirmed items (coordinates of
+/// typical length and root ids), rendered, written atomically, read back and restored.
+fn state_figures() -> Vec<Figure> {
+    use grasp_sync::core::sync::{RelaySnapshot, SyncSnapshot, MAX_STATE_ITEMS};
+    use grasp_sync::engine::state_file;
+    let relays = 1_000;
+    let per_relay = MAX_STATE_ITEMS / relays;
+    let now = Time::from_millis(SystemTimeMs::now());
+    let mut snap = SyncSnapshot {
+        taken_at_ms: now.wall_millis(),
+        ..Default::default()
+    };
+    let pk = Keys::generate().public_key().to_hex();
+    for r in 0..relays {
+        let mut e = RelaySnapshot {
+            connected: true,
+            catch_up_since: now.timestamp().as_secs() - 3_600,
+            next_daily_ms: Some(now.wall_millis() + 20 * 3_600_000),
+            ..Default::default()
+        };
+        for i in 0..per_relay {
+            if i % 4 == 0 {
+                e.repos.push(format!("30617:{pk}:repository-{r}-{i}"));
+            } else {
+                let mut b = [0u8; 32];
+                b[..8].copy_from_slice(&((r * per_relay + i) as u64).to_be_bytes());
+                e.root_events.push(EventId::from_byte_array(b).to_hex());
+            }
+        }
+        snap.relays.insert(format!("wss://relay{r}.example.com"), e);
+    }
+    let dir = std::env::temp_dir().join(format!("grasp-sync-bench-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let t = Instant::now();
+    let text = state_file::render(&snap, "ws://127.0.0.1:7777", "k");
+    let render = t.elapsed();
+    let t = Instant::now();
+    let bytes = state_file::write_atomically(&dir, &text).expect("write");
+    let write = t.elapsed();
+    let t = Instant::now();
+    let loaded = state_file::load(&dir, "ws://127.0.0.1:7777", "k");
+    let load = t.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    let state_file::Loaded::Snapshot(loaded) = loaded else {
+        panic!("the written file did not load: {loaded:?}");
+    };
+    let mut m = SyncMachine::new(SyncConfig::new(
+        RelayUrl::parse("ws://127.0.0.1:7777").unwrap(),
+    ));
+    let t = Instant::now();
+    let report = m.restore(loaded, now.plus(Duration::from_secs(60)));
+    let restore = t.elapsed();
+    assert_eq!(report.relays_restored, relays, "{report:?}");
+    let label = format!(
+        "state file, {relays} relays, {} items",
+        number(MAX_STATE_ITEMS as f64)
+    );
+    vec![
+        Figure::new(
+            format!("{label}: size"),
+            bytes as f64 / 1e6,
+            "MB",
+            Budget::AtMost(32.0),
+        ),
+        Figure::new(format!("{label}: render"), ms(render), "ms", Budget::None),
+        Figure::new(
+            format!("{label}: atomic write (fsync)"),
+            ms(write),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(
+            format!("{label}: read and parse"),
+            ms(load),
+            "ms",
+            Budget::None,
+        ),
+        Figure::new(format!("{label}: restore"), ms(restore), "ms", Budget::None),
+    ]
+}
+
+/// Wall clock in Unix milliseconds.
+struct SystemTimeMs;
+
+impl SystemTimeMs {
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
 }
 
 // ----- NIP-77 -----
@@ -1635,6 +1768,7 @@ fn main() {
     section("live latency", &mut |_| live_latency(&sizes));
     section("memory and idle CPU", &mut |n| memory_figures(&sizes, n));
     section("planning", &mut |_| planning_figures(&sizes));
+    section("state file", &mut |_| state_figures());
     section("resync", &mut |n| resync_figures(&sizes, n));
     section("nip77", &mut |n| nip77_figures(&sizes, n));
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

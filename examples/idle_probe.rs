@@ -121,7 +121,7 @@ fn cost() {
             panic!()
         };
         let e = parse_event(raw.get()).unwrap();
-        check_parsed_cached(&e, &filter, set).unwrap();
+        check_parsed_cached(&e, raw.get(), &filter, set).unwrap();
         let _: std::sync::Arc<str> = std::sync::Arc::from(raw.get());
     };
     let per = |t: Instant, n: usize| t.elapsed().as_secs_f64() * 1e6 / n as f64;

@@ -133,10 +133,16 @@ fn an_event_from_three_relays_and_read_back_is_verified_once() {
         assert_eq!(checks(&t), 0);
         threads.push(t);
     }
-    // Every copy is still handed on (the forwarder drops copies by id).
-    let items = forwarded(&forward_rx, 4);
+    // One copy is handed on; the other three are counted, not forwarded.
+    let items = forwarded(&forward_rx, 1);
     assert!(items.iter().all(|i| i.id == issue.id));
     assert!(items.iter().all(|i| *i.raw == *issue.as_json()));
+    assert!(forward_rx.try_recv().is_err());
+    let skipped: u64 = threads
+        .iter()
+        .map(|t| RelayCounters::get(&t.counters.copies_not_forwarded))
+        .sum();
+    assert_eq!(skipped, 3);
 
     // The own relay's self-subscription reads it back: a copy too.
     let own_thread = spawn(&own, Role::Own, &metrics, &reports);
@@ -175,4 +181,66 @@ fn an_event_from_three_relays_and_read_back_is_verified_once() {
         forward_rx.try_recv().is_err(),
         "the forged copy was not handed on"
     );
+}
+
+#[test]
+fn an_echo_in_other_bytes_has_its_id_checked_and_a_forgery_with_its_id_is_refused() {
+    common::init_logging();
+    let keys = Keys::generate();
+    let issue: Event = common::root(&keys, 1621, &common::repo_ref(&keys, "r"), "issue", &[]);
+    let remote = TestRelay::start();
+    let own = TestRelay::start();
+    remote.insert(&issue);
+    // The own relay serves the stored event in its own serialisation (other bytes).
+    let reserialised = issue.as_json().replacen(',', ", ", 1);
+    assert_ne!(reserialised, issue.as_json());
+    own.insert_raw(&reserialised).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let (reports, reports_rx) = unbounded::<Input>();
+    let (forward, forward_rx) = unbounded::<ForwardItem>();
+    let by_kind = Filter::new().kind(issue.kind);
+
+    let first = spawn(&remote, Role::Remote(forward), &metrics, &reports);
+    subscribe(&first, "a", by_kind.clone());
+    assert!(wait_until(WAIT, || accepted(&first) == 1));
+    assert_eq!(checks(&first), 1);
+    assert_eq!(forwarded(&forward_rx, 1)[0].id, issue.id);
+
+    // The echo: accepted without a signature check, its id recomputed from its content.
+    let own_thread = spawn(&own, Role::Own, &metrics, &reports);
+    subscribe(&own_thread, "self", by_kind.clone());
+    assert!(wait_until(WAIT, || accepted(&own_thread) == 1));
+    assert_eq!(checks(&own_thread), 0);
+    assert!(reports_rx.try_iter().any(|i| matches!(
+        i,
+        Input::Report(grasp_sync::core::sync::Report::SelfEvent { event, .. }) if event.id == issue.id
+    )));
+
+    // Same id and signature, other content, on the own relay: refused by its id, counted,
+    // not reported.
+    own.push_to_subscriptions(&common::forge_content(&issue, "forged"));
+    assert!(wait_until(WAIT, || RelayCounters::get(
+        &own_thread.counters.events_invalid
+    ) == 1));
+    // The same forgery on the remote relay: refused, not forwarded, its signature unchecked.
+    remote.push_to_subscriptions(&common::forge_content(&issue, "forged"));
+    assert!(wait_until(WAIT, || RelayCounters::get(
+        &first.counters.events_invalid
+    ) == 1));
+    assert_eq!(accepted(&first), 1);
+    assert_eq!(accepted(&own_thread), 1);
+    assert_eq!(checks(&first) + checks(&own_thread), 1);
+
+    for t in [first, own_thread] {
+        t.control.send(Control::Shutdown).unwrap();
+        t.handle.join().unwrap();
+    }
+    assert!(
+        forward_rx.try_recv().is_err(),
+        "the forgery was not handed on"
+    );
+    assert!(!reports_rx.try_iter().any(|i| matches!(
+        i,
+        Input::Report(grasp_sync::core::sync::Report::SelfEvent { .. })
+    )));
 }

@@ -264,7 +264,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     /// The machine's incremental planning (issue 10): after any sequence of batches, the
-    /// cached targets equal a fresh `derive_targets`, under tight quotas, a cap and a shard.
+    /// cached targets equal a fresh `derive_targets`, under tight quotas, a cap, a shard, a
+    /// repository scope and an excluded own relay.
     #[test]
     fn incremental_plan_equals_a_fresh_derivation(
         batches in prop::collection::vec(prop::collection::vec(change(), 1..6), 1..12),
@@ -272,10 +273,14 @@ proptest! {
         max in 1usize..7,
         shard in prop::option::of(0u64..2),
         excluded_own in any::<bool>(),
+        listing in prop::option::of(0usize..8),
     ) {
         let excluded: Vec<RelayUrl> = if excluded_own { vec![many_relay(0)] } else { Vec::new() };
+        // With a scope, an announcement that drops the listed relay takes its repository
+        // (and its root events) out of every relay's target.
+        let scope = listing.map_or(RepoScope::All, |i| RepoScope::ListingService(vec![many_relay(i)]));
         let policy = TargetPolicy {
-            scope: RepoScope::All,
+            scope,
             max_relays_per_pubkey: per_key,
             max_relays: max,
             reserved: vec![many_relay(7)],

@@ -119,6 +119,15 @@ fn first_run(name: &str, manual: Option<Arc<ManualClock>>) -> Setup {
     let st = h.status().state_file;
     assert!(st.enabled && !st.loaded, "{st:?}");
     assert_eq!(st.ignored.as_ref().map(|i| i.0), Some("missing"));
+    // Saved while running (a crash now would keep it), not only at the stop.
+    let saved = wait_until(WAIT, || {
+        if let Some(c) = &manual {
+            c.advance(Duration::from_millis(100));
+        }
+        std::fs::read_to_string(state_file::path(&dir)).is_ok_and(|t| t.contains(&r.repo))
+    });
+    assert!(saved, "periodic save: {:?}", h.status().state_file);
+    assert!(h.status().state_file.saves >= 1);
     h.shutdown(Duration::from_secs(10)).unwrap();
     assert!(state_file::path(&dir).exists(), "saved at shutdown");
     Setup {

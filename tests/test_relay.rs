@@ -323,6 +323,53 @@ fn live_delivery_after_eose() {
     sub.assert_quiet();
 }
 
+/// Issue 10: a connection thread used to notice a published event only at its next 20 ms read
+/// timeout. It now waits for a frame to send, client input, a delayed EOSE and `stop` at
+/// once: with an idle wait far longer than the deadlines below, everything still arrives, and
+/// `stop` closes each connection with a close frame (a thread that did not wake would be cut
+/// off without one after the stop grace period).
+#[test]
+fn nothing_waits_for_the_idle_wait() {
+    let relay = TestRelay::start();
+    let idle = Duration::from_secs(3600);
+    relay.set_idle_wait(idle);
+    let within = Duration::from_secs(60);
+    let keys = Keys::generate();
+    let mut sub = Client::connect(&relay);
+    sub.send_json(json!(["REQ", "live", issues_filter()]));
+    assert_eq!(sub.recv_text_within(within).unwrap(), r#"["EOSE","live"]"#);
+
+    // Inserted by the test, then published by another client: both reach the subscriber.
+    let e1 = issue(&keys, 1000, "inserted");
+    assert!(relay.insert(&e1));
+    let m: Value = serde_json::from_str(&sub.recv_text_within(within).unwrap()).unwrap();
+    assert_eq!(m[2]["id"], e1.id.to_hex(), "{m}");
+    let mut publisher = Client::connect(&relay);
+    let e2 = issue(&keys, 1001, "published");
+    publisher.send(&format!(r#"["EVENT",{}]"#, e2.as_json()));
+    let ok: Value = serde_json::from_str(&publisher.recv_text_within(within).unwrap()).unwrap();
+    assert_eq!(ok[2], true, "{ok}");
+    let m: Value = serde_json::from_str(&sub.recv_text_within(within).unwrap()).unwrap();
+    assert_eq!(m[2]["id"], e2.id.to_hex(), "{m}");
+
+    // A delayed EOSE is sent at its time.
+    relay.set_eose_delay(Some(Duration::from_millis(100)));
+    sub.send_json(json!(["REQ", "later", {"kinds": [7]}]));
+    assert_eq!(sub.recv_text_within(within).unwrap(), r#"["EOSE","later"]"#);
+
+    relay.stop();
+    for c in [&mut sub, &mut publisher] {
+        c.set_timeout(within);
+        loop {
+            match c.ws.read() {
+                Ok(Message::Close(_)) => break,
+                Ok(_) => {}
+                Err(e) => panic!("the connection ended without a close frame: {e}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn result_cap_limits_each_filter() {
     let relay = TestRelay::start_with(TestRelayOptions {

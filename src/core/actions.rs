@@ -1,7 +1,7 @@
 //! `derive_relay_targets` and `compute_actions`: the single decision point for new Layer-2/3
 //! subscriptions (a three-way diff: target − pending − confirmed).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use nostr::event::EventId;
 use nostr::filter::Filter;
@@ -10,6 +10,7 @@ use crate::core::filters::build_layer2_and_layer3_filters;
 use crate::core::nip34::RepoRef;
 use crate::core::state::{
     ConnectionStatus, PendingSyncIndex, RelaySyncIndex, RelaySyncNeeds, RepoSyncIndex,
+    RepoSyncNeeds,
 };
 use crate::net::url::RelayUrl;
 
@@ -296,17 +297,28 @@ pub fn select_targets(
     }
 }
 
+/// One pubkey's repositories in [`select_each`], each with the range of its relays' ids in
+/// the pass's flat id list.
+type KeyRepos<'a> = Vec<(&'a RepoRef, usize, usize)>;
+
 /// [`select_targets`] without collecting: `visit` gets every repository in scope with its
 /// target relays (sorted, possibly none), so [`Plan::reselect`] can compare in place.
-fn select_each(
-    repo_index: &RepoSyncIndex,
+fn select_each<'a>(
+    repo_index: &'a RepoSyncIndex,
     excluded: &[RelayUrl],
     policy: &TargetPolicy,
-    mut visit: impl FnMut(&RepoRef, &[&RelayUrl]),
+    mut visit: impl FnMut(&'a RepoRef, &[&'a RelayUrl]),
 ) -> TargetReport {
     let mut report = TargetReport::default();
-    // 1. Scope; group repositories by pubkey (sorted for determinism).
-    let mut by_key: BTreeMap<&str, Vec<&RepoRef>> = BTreeMap::new();
+    // Relay URLs are interned to small ids for this pass (one hash per repository relay),
+    // so every per-relay set below is a `Vec` indexed by id.
+    let mut relay_ids: HashMap<&'a RelayUrl, u32> = HashMap::new();
+    let mut urls: Vec<&'a RelayUrl> = Vec::new();
+    // 1. Scope; group repositories by pubkey, each with its relays (minus `excluded`) as
+    //    ids in one flat list.
+    let mut key_ids: HashMap<&'a str, usize> = HashMap::new();
+    let mut keys: Vec<(&'a str, KeyRepos<'a>)> = Vec::new();
+    let mut flat: Vec<u32> = Vec::new();
     for (repo, needs) in repo_index {
         if needs.relays.is_empty() {
             continue;
@@ -316,103 +328,133 @@ fn select_each(
             continue;
         }
         report.repos_in_scope += 1;
-        by_key.entry(repo_pubkey(repo)).or_default().push(repo);
+        let start = flat.len();
+        for relay in &needs.relays {
+            if excluded.contains(relay) {
+                continue;
+            }
+            let id = *relay_ids.entry(relay).or_insert_with(|| {
+                urls.push(relay);
+                (urls.len() - 1) as u32
+            });
+            flat.push(id);
+        }
+        let key = repo_pubkey(repo);
+        let k = *key_ids.entry(key).or_insert_with(|| {
+            keys.push((key, Vec::new()));
+            keys.len() - 1
+        });
+        keys[k].1.push((repo, start, flat.len()));
     }
-    // 2. Per-pubkey quota.
-    let mut allowed: Vec<(&str, Vec<&RelayUrl>)> = Vec::new();
-    let mut wanted: BTreeSet<&RelayUrl> = BTreeSet::new();
-    let mut over_quota: BTreeSet<&RelayUrl> = BTreeSet::new();
-    for (key, repos) in &by_key {
-        let mut count: BTreeMap<&RelayUrl, usize> = BTreeMap::new();
-        for repo in repos {
-            for relay in &repo_index[*repo].relays {
-                if !excluded.contains(relay) {
-                    *count.entry(relay).or_default() += 1;
+    let n = urls.len();
+    // 2. Per-pubkey quota: its relays ranked by how many of its repositories name them,
+    //    then by URL.
+    let mut count = vec![0u32; n];
+    let mut wanted = vec![false; n];
+    let mut over_quota = vec![false; n];
+    let mut allowed: Vec<(&str, usize, Vec<u32>)> = Vec::with_capacity(keys.len());
+    for (k, (key, repos)) in keys.iter().enumerate() {
+        let mut touched: Vec<u32> = Vec::new();
+        for &(_, start, end) in repos {
+            for &id in &flat[start..end] {
+                if count[id as usize] == 0 {
+                    touched.push(id);
                 }
+                count[id as usize] += 1;
             }
         }
-        let mut ranked: Vec<(&RelayUrl, usize)> = count.into_iter().collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        wanted.extend(ranked.iter().map(|(r, _)| *r));
-        if ranked.len() > policy.max_relays_per_pubkey {
-            report.pubkeys_over_quota += 1;
-            over_quota.extend(
-                ranked[policy.max_relays_per_pubkey..]
-                    .iter()
-                    .map(|(r, _)| *r),
-            );
-            ranked.truncate(policy.max_relays_per_pubkey);
+        touched.sort_by(|a, b| {
+            count[*b as usize]
+                .cmp(&count[*a as usize])
+                .then_with(|| urls[*a as usize].cmp(urls[*b as usize]))
+        });
+        for &id in &touched {
+            count[id as usize] = 0;
+            wanted[id as usize] = true;
         }
-        allowed.push((key, ranked.into_iter().map(|(r, _)| r).collect()));
+        if touched.len() > policy.max_relays_per_pubkey {
+            report.pubkeys_over_quota += 1;
+            for &id in &touched[policy.max_relays_per_pubkey..] {
+                over_quota[id as usize] = true;
+            }
+            touched.truncate(policy.max_relays_per_pubkey);
+        }
+        allowed.push((key, k, touched));
     }
-    // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys.
-    let mut selected: HashSet<&RelayUrl> = HashSet::new();
+    // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys (fewest
+    //    relays first, then by pubkey).
+    let mut selected = vec![false; n];
     let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
     for r in &policy.reserved {
-        if wanted.contains(r) {
-            selected.insert(r);
+        if let Some(&id) = relay_ids.get(r) {
+            selected[id as usize] = true;
         }
     }
-    allowed.sort_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| a.0.cmp(b.0)));
+    allowed.sort_by(|a, b| a.2.len().cmp(&b.2.len()).then_with(|| a.0.cmp(b.0)));
     let mut cursors = vec![0usize; allowed.len()];
     let mut progress = true;
     while slots > 0 && progress {
         progress = false;
-        for (i, (_, relays)) in allowed.iter().enumerate() {
+        for (i, (_, _, relays)) in allowed.iter().enumerate() {
             if slots == 0 {
                 break;
             }
-            while cursors[i] < relays.len() && selected.contains(relays[cursors[i]]) {
+            while cursors[i] < relays.len() && selected[relays[cursors[i]] as usize] {
                 cursors[i] += 1;
             }
-            if let Some(r) = relays.get(cursors[i]) {
-                selected.insert(r);
+            if let Some(&id) = relays.get(cursors[i]) {
+                selected[id as usize] = true;
                 cursors[i] += 1;
                 slots -= 1;
                 progress = true;
             }
         }
     }
-    let within_quota: HashSet<&RelayUrl> = allowed
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .collect();
-    report.relays_wanted = wanted.len();
-    report.relays_over_pubkey_quota = over_quota
-        .iter()
-        .filter(|r| !within_quota.contains(*r))
+    let mut within_quota = vec![false; n];
+    for (_, _, relays) in &allowed {
+        for &id in relays {
+            within_quota[id as usize] = true;
+        }
+    }
+    report.relays_wanted = wanted.iter().filter(|w| **w).count();
+    report.relays_over_pubkey_quota = (0..n)
+        .filter(|&i| over_quota[i] && !within_quota[i])
         .count();
-    report.relays_over_global_cap = within_quota
-        .iter()
-        .filter(|r| !selected.contains(*r))
-        .count();
+    report.relays_over_global_cap = (0..n).filter(|&i| within_quota[i] && !selected[i]).count();
     // 4. Each repository's target relays: selected, within its pubkey's quota and (when
     //    sharded) of this instance's shard.
-    let mut other_shards: HashSet<&RelayUrl> = HashSet::new();
-    let mut mine: Vec<&RelayUrl> = Vec::new();
-    for (key, relays) in &allowed {
-        let quota: HashSet<&RelayUrl> = relays
-            .iter()
-            .copied()
-            .filter(|r| selected.contains(*r))
-            .collect();
-        for repo in &by_key[key] {
+    let owned: Vec<bool> = urls
+        .iter()
+        .map(|u| policy.shard.is_none_or(|s| s.owns(u)))
+        .collect();
+    let mut other_shards = vec![false; n];
+    let mut in_quota = vec![false; n];
+    let mut mine: Vec<&'a RelayUrl> = Vec::new();
+    for (_, k, relays) in &allowed {
+        for &id in relays {
+            in_quota[id as usize] = selected[id as usize];
+        }
+        for &(repo, start, end) in &keys[*k].1 {
             mine.clear();
-            for relay in &repo_index[*repo].relays {
-                if !quota.contains(relay) {
+            for &id in &flat[start..end] {
+                let i = id as usize;
+                if !in_quota[i] {
                     continue;
                 }
-                if policy.shard.is_some_and(|s| !s.owns(relay)) {
-                    other_shards.insert(relay);
+                if !owned[i] {
+                    other_shards[i] = true;
                     continue;
                 }
-                mine.push(relay);
+                mine.push(urls[i]);
             }
             mine.sort();
             visit(repo, &mine);
         }
+        for &id in relays {
+            in_quota[id as usize] = false;
+        }
     }
-    report.relays_other_shards = other_shards.len();
+    report.relays_other_shards = other_shards.iter().filter(|o| **o).count();
     report
 }
 
@@ -463,14 +505,17 @@ impl Plan {
         for (repo, relays) in &selection.repo_relays {
             let needs = &repo_index[repo];
             for relay in relays {
-                let t = targets.entry(relay.clone()).or_default();
-                t.repos.insert(repo.clone());
-                t.root_events.extend(needs.root_events.iter().copied());
+                add_repo_to(&mut targets, relay, repo, needs);
             }
         }
         let mut plan = Plan { selection, targets };
         plan.selection.report.relays_selected = plan.targets.len();
         plan
+    }
+
+    /// True when no repository is selected (a new machine, or nothing in scope).
+    pub fn is_empty(&self) -> bool {
+        self.selection.repo_relays.is_empty()
     }
 
     /// Per-relay targets.
@@ -495,40 +540,26 @@ impl Plan {
     /// of the repository's relays. Returns the relays whose target grew.
     pub fn add_root_event(&mut self, repo: &str, id: EventId) -> Vec<RelayUrl> {
         let mut changed = Vec::new();
+        self.add_root_event_with(repo, id, |r| changed.push(r.clone()));
+        changed
+    }
+
+    /// [`Plan::add_root_event`], calling `grown` with each relay whose target grew (no copy
+    /// of the URLs).
+    pub fn add_root_event_with(
+        &mut self,
+        repo: &str,
+        id: EventId,
+        mut grown: impl FnMut(&RelayUrl),
+    ) {
         if let Some(relays) = self.selection.repo_relays.get(repo) {
             for relay in relays {
                 if let Some(t) = self.targets.get_mut(relay) {
                     if t.root_events.insert(id) {
-                        changed.push(relay.clone());
+                        grown(relay);
                     }
                 }
             }
-        }
-        changed
-    }
-
-    /// Moves `repo` from the relays `before` to the relays `now` in the per-relay targets.
-    fn move_repo(
-        &mut self,
-        repo_index: &RepoSyncIndex,
-        repo: &RepoRef,
-        before: &[RelayUrl],
-        now: &[RelayUrl],
-        changed: &mut BTreeSet<RelayUrl>,
-        shrunk: &mut BTreeSet<RelayUrl>,
-    ) {
-        let needs = &repo_index[repo];
-        for relay in now.iter().filter(|r| !before.contains(r)) {
-            let t = self.targets.entry(relay.clone()).or_default();
-            t.repos.insert(repo.clone());
-            t.root_events.extend(needs.root_events.iter().copied());
-            changed.insert(relay.clone());
-        }
-        for relay in before.iter().filter(|r| !now.contains(r)) {
-            if let Some(t) = self.targets.get_mut(relay) {
-                t.repos.remove(repo);
-            }
-            shrunk.insert(relay.clone());
         }
     }
 
@@ -539,10 +570,10 @@ impl Plan {
         repo_index: &RepoSyncIndex,
         excluded: &[RelayUrl],
         policy: &TargetPolicy,
-    ) -> BTreeSet<RelayUrl> {
+    ) -> HashSet<RelayUrl> {
         // Compare each repository's new target relays with the cached ones in place: only
         // the repositories that moved are collected (no copy of the whole selection).
-        let mut moves: Vec<(RepoRef, Vec<RelayUrl>)> = Vec::new();
+        let mut moves: Vec<(&RepoRef, Vec<RelayUrl>)> = Vec::new();
         let mut selected_repos = 0usize;
         let cached = &self.selection.repo_relays;
         let report = select_each(repo_index, excluded, policy, |repo, mine| {
@@ -551,19 +582,17 @@ impl Plan {
             }
             let before: &[RelayUrl] = cached.get(repo).map_or(&[], |v| v.as_slice());
             if before.len() != mine.len() || before.iter().zip(mine).any(|(a, b)| a != *b) {
-                moves.push((repo.clone(), mine.iter().map(|r| (*r).clone()).collect()));
+                moves.push((repo, mine.iter().map(|r| (*r).clone()).collect()));
             }
         });
-        let mut changed: BTreeSet<RelayUrl> = BTreeSet::new();
-        let mut shrunk: BTreeSet<RelayUrl> = BTreeSet::new();
+        let mut changed: HashSet<RelayUrl> = HashSet::new();
+        let mut shrunk: HashSet<RelayUrl> = HashSet::new();
         for (repo, now) in moves {
-            let before = if now.is_empty() {
-                self.selection.repo_relays.remove(&repo)
-            } else {
-                self.selection.repo_relays.insert(repo.clone(), now.clone())
+            let before = self.selection.repo_relays.remove(repo).unwrap_or_default();
+            self.move_repo(repo_index, repo, &before, &now, &mut changed, &mut shrunk);
+            if !now.is_empty() {
+                self.selection.repo_relays.insert(repo.clone(), now);
             }
-            .unwrap_or_default();
-            self.move_repo(repo_index, &repo, &before, &now, &mut changed, &mut shrunk);
         }
         if self.selection.repo_relays.len() != selected_repos {
             // Some cached repositories left the scope (were not visited): drop them.
@@ -601,6 +630,50 @@ impl Plan {
         }
         self.selection.report.relays_selected = self.targets.len();
         changed
+    }
+
+    /// Moves `repo` from the relays `before` to the relays `now` in the per-relay targets.
+    fn move_repo(
+        &mut self,
+        repo_index: &RepoSyncIndex,
+        repo: &RepoRef,
+        before: &[RelayUrl],
+        now: &[RelayUrl],
+        changed: &mut HashSet<RelayUrl>,
+        shrunk: &mut HashSet<RelayUrl>,
+    ) {
+        let needs = &repo_index[repo];
+        for relay in now.iter().filter(|r| !before.contains(r)) {
+            add_repo_to(&mut self.targets, relay, repo, needs);
+            if !changed.contains(relay) {
+                changed.insert(relay.clone());
+            }
+        }
+        for relay in before.iter().filter(|r| !now.contains(r)) {
+            if let Some(t) = self.targets.get_mut(relay) {
+                t.repos.remove(repo);
+            }
+            if !shrunk.contains(relay) {
+                shrunk.insert(relay.clone());
+            }
+        }
+    }
+}
+
+/// Adds `repo` with its root events to the target of `relay` (the URL is copied only for a
+/// relay that had no target yet).
+fn add_repo_to(
+    targets: &mut HashMap<RelayUrl, RelaySyncNeeds>,
+    relay: &RelayUrl,
+    repo: &RepoRef,
+    needs: &RepoSyncNeeds,
+) {
+    if !targets.contains_key(relay) {
+        targets.insert(relay.clone(), RelaySyncNeeds::default());
+    }
+    if let Some(t) = targets.get_mut(relay) {
+        t.repos.insert(repo.clone());
+        t.root_events.extend(needs.root_events.iter().copied());
     }
 }
 
@@ -672,8 +745,10 @@ pub fn compute_actions_for<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
-    use crate::core::state::{PendingBatch, PendingItems, RelayState, RepoSyncNeeds};
+    use crate::core::state::{PendingBatch, PendingItems, RelayState};
     use crate::core::time::Time;
 
     fn url(s: &str) -> RelayUrl {
@@ -1023,5 +1098,175 @@ mod tests {
             }
         }
         assert_eq!(union, all.targets);
+    }
+
+    /// The selection as it was written before relay URLs were interned (issue 10): a
+    /// reference for [`select_each`], with the same visit order contract ignored (the
+    /// results are compared as maps).
+    fn reference_select(
+        repo_index: &RepoSyncIndex,
+        excluded: &[RelayUrl],
+        policy: &TargetPolicy,
+        mut visit: impl FnMut(&RepoRef, &[&RelayUrl]),
+    ) -> TargetReport {
+        let mut report = TargetReport::default();
+        // 1. Scope; group repositories by pubkey (sorted for determinism).
+        let mut by_key: BTreeMap<&str, Vec<&RepoRef>> = BTreeMap::new();
+        for (repo, needs) in repo_index {
+            if needs.relays.is_empty() {
+                continue;
+            }
+            if !policy.scope.admits(needs.relays.iter()) {
+                report.repos_out_of_scope += 1;
+                continue;
+            }
+            report.repos_in_scope += 1;
+            by_key.entry(repo_pubkey(repo)).or_default().push(repo);
+        }
+        // 2. Per-pubkey quota.
+        let mut allowed: Vec<(&str, Vec<&RelayUrl>)> = Vec::new();
+        let mut wanted: BTreeSet<&RelayUrl> = BTreeSet::new();
+        let mut over_quota: BTreeSet<&RelayUrl> = BTreeSet::new();
+        for (key, repos) in &by_key {
+            let mut count: BTreeMap<&RelayUrl, usize> = BTreeMap::new();
+            for repo in repos {
+                for relay in &repo_index[*repo].relays {
+                    if !excluded.contains(relay) {
+                        *count.entry(relay).or_default() += 1;
+                    }
+                }
+            }
+            let mut ranked: Vec<(&RelayUrl, usize)> = count.into_iter().collect();
+            ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            wanted.extend(ranked.iter().map(|(r, _)| *r));
+            if ranked.len() > policy.max_relays_per_pubkey {
+                report.pubkeys_over_quota += 1;
+                over_quota.extend(
+                    ranked[policy.max_relays_per_pubkey..]
+                        .iter()
+                        .map(|(r, _)| *r),
+                );
+                ranked.truncate(policy.max_relays_per_pubkey);
+            }
+            allowed.push((key, ranked.into_iter().map(|(r, _)| r).collect()));
+        }
+        // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys.
+        let mut selected: HashSet<&RelayUrl> = HashSet::new();
+        let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
+        for r in &policy.reserved {
+            if wanted.contains(r) {
+                selected.insert(r);
+            }
+        }
+        allowed.sort_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| a.0.cmp(b.0)));
+        let mut cursors = vec![0usize; allowed.len()];
+        let mut progress = true;
+        while slots > 0 && progress {
+            progress = false;
+            for (i, (_, relays)) in allowed.iter().enumerate() {
+                if slots == 0 {
+                    break;
+                }
+                while cursors[i] < relays.len() && selected.contains(relays[cursors[i]]) {
+                    cursors[i] += 1;
+                }
+                if let Some(r) = relays.get(cursors[i]) {
+                    selected.insert(r);
+                    cursors[i] += 1;
+                    slots -= 1;
+                    progress = true;
+                }
+            }
+        }
+        let within_quota: HashSet<&RelayUrl> = allowed
+            .iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .collect();
+        report.relays_wanted = wanted.len();
+        report.relays_over_pubkey_quota = over_quota
+            .iter()
+            .filter(|r| !within_quota.contains(*r))
+            .count();
+        report.relays_over_global_cap = within_quota
+            .iter()
+            .filter(|r| !selected.contains(*r))
+            .count();
+        // 4. Each repository's target relays: selected, within its pubkey's quota and (when
+        //    sharded) of this instance's shard.
+        let mut other_shards: HashSet<&RelayUrl> = HashSet::new();
+        let mut mine: Vec<&RelayUrl> = Vec::new();
+        for (key, relays) in &allowed {
+            let quota: HashSet<&RelayUrl> = relays
+                .iter()
+                .copied()
+                .filter(|r| selected.contains(*r))
+                .collect();
+            for repo in &by_key[key] {
+                mine.clear();
+                for relay in &repo_index[*repo].relays {
+                    if !quota.contains(relay) {
+                        continue;
+                    }
+                    if policy.shard.is_some_and(|s| !s.owns(relay)) {
+                        other_shards.insert(relay);
+                        continue;
+                    }
+                    mine.push(relay);
+                }
+                mine.sort();
+                visit(repo, &mine);
+            }
+        }
+        report.relays_other_shards = other_shards.len();
+        report
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// `select_targets` (ids, `Vec`-indexed sets) selects exactly what the straightforward
+        /// version with `BTreeMap`s of URLs selects, report included, under every quota, cap,
+        /// reserved relay, shard, scope and excluded own relay.
+        #[test]
+        fn interned_selection_equals_the_reference(
+            repos in proptest::collection::vec(
+                (0u8..4, proptest::collection::vec(0usize..10, 0..5)), 0..14),
+            per_key in 0usize..5,
+            max in 0usize..9,
+            reserved in proptest::option::of(0usize..10),
+            shard in proptest::option::of(0u64..3),
+            listing in proptest::option::of(0usize..10),
+            excluded_own in proptest::bool::ANY,
+        ) {
+            let relay = |i: usize| url(&format!("wss://p{i}.example"));
+            let mut idx = RepoSyncIndex::new();
+            for (n, (key, relays)) in repos.iter().enumerate() {
+                idx.insert(
+                    keyed_repo(*key, &format!("r{n}")),
+                    RepoSyncNeeds {
+                        relays: relays.iter().map(|i| relay(*i)).collect(),
+                        root_events: HashSet::new(),
+                        announced_at: Some(1),
+                    },
+                );
+            }
+            let excluded: Vec<RelayUrl> = if excluded_own { vec![relay(0)] } else { Vec::new() };
+            let p = TargetPolicy {
+                scope: listing.map_or(RepoScope::All, |i| RepoScope::ListingService(vec![relay(i)])),
+                max_relays_per_pubkey: per_key,
+                max_relays: max,
+                reserved: reserved.into_iter().map(relay).collect(),
+                shard: shard.map(|index| Shard { index, count: 3 }),
+            };
+            let got = select_targets(&idx, &excluded, &p);
+            let mut want: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
+            let report = reference_select(&idx, &excluded, &p, |repo, mine| {
+                if !mine.is_empty() {
+                    want.insert(repo.clone(), mine.iter().map(|r| (*r).clone()).collect());
+                }
+            });
+            proptest::prop_assert_eq!(got.report, report);
+            proptest::prop_assert_eq!(got.repo_relays, want);
+        }
     }
 }

@@ -62,25 +62,58 @@ impl RecentIds {
     }
 }
 
-/// Signature pairs remembered by default by [`VerifiedSet::default`] (about 150 bytes each:
-/// some 10 MB when full).
+/// Events remembered by default by [`VerifiedSet::default`] (about 200 bytes each: some
+/// 13 MB when full).
 pub const VERIFIED_REMEMBERED: usize = 65_536;
 
 /// Shards of a [`VerifiedSet`] (each behind its own lock, chosen by the id's first byte).
 pub const VERIFIED_SHARDS: usize = 16;
 
-/// The `(id, signature)` pairs whose Schnorr signature was verified recently, shared by every
-/// relay thread, so that a copy of an event (the same event from several relays, from
-/// overlapping filters, or read back from the own relay) costs an id hash instead of a
-/// signature check (≈ 30 µs).
+/// SHA-256 of an event's JSON exactly as a relay sent it: two copies with the same digest
+/// are the same bytes (SHA-256 is collision resistant), so they parse to the same event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawDigest([u8; 32]);
+
+impl RawDigest {
+    /// The digest of `raw` (about 1 µs for a 1 KB event with the SHA extensions, far less
+    /// than recomputing the id, which serialises the event again before hashing it).
+    pub fn of(raw: &str) -> RawDigest {
+        use bitcoin_hashes::Hash as _;
+        RawDigest(bitcoin_hashes::sha256::Hash::hash(raw.as_bytes()).to_byte_array())
+    }
+}
+
+/// What a [`VerifiedSet`] knows about an event that arrived again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known {
+    /// Nothing: its id is not remembered, or with another signature.
+    No,
+    /// This `(id, signature)` pair was verified, but from other JSON bytes (another
+    /// serialisation, or a forgery that reuses them): the id must be recomputed from the
+    /// content before the copy is trusted.
+    SameSignature,
+    /// Byte for byte the JSON whose id and signature were verified (same [`RawDigest`]
+    /// under this id): nothing needs checking again.
+    SameBytes,
+}
+
+/// The events whose id and Schnorr signature were verified recently, shared by every relay
+/// thread, so that a copy of an event (the same event from several relays, from overlapping
+/// filters, or read back from the own relay) costs a SHA-256 of its bytes instead of a
+/// signature check (≈ 30 µs) and an id check (≈ 3 µs).
 ///
-/// Skipping the signature check of a copy is sound only after its id was recomputed from its
-/// content: the id commits to the author's key and to everything signed, so a copy whose id
-/// matches its content and whose `(id, signature)` pair was verified before carries exactly
-/// the signed event. A copy with another signature for the same id is verified again.
+/// Each remembered event keeps its signature and the [`RawDigest`] of the JSON that was
+/// verified. A copy with the same digest is the same bytes, hence the same verified event.
+/// A copy with other bytes and the same `(id, signature)` is trusted only after its id was
+/// recomputed from its content: the id commits to the author's key and to everything signed,
+/// so such a copy carries exactly the signed event. A copy with another signature for the
+/// same id is verified again.
+///
+/// The set also records which events were handed to the forwarder
+/// ([`VerifiedSet::claim_forward`]), so that only one copy of each is.
 ///
 /// Bounded: each of [`VERIFIED_SHARDS`] shards keeps at most `capacity / shards` (rounded
-/// up) pairs and forgets its oldest first. Thread-safe: every call takes one shard's lock for
+/// up) events and forgets its oldest first. Thread-safe: every call takes one shard's lock for
 /// a hash-map operation only (never during a signature check), so two threads that check the
 /// same new event at the same moment may both verify it; nothing is ever accepted unverified.
 #[derive(Debug)]
@@ -89,9 +122,17 @@ pub struct VerifiedSet {
     per_shard: usize,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Verified {
+    sig: Signature,
+    raw: RawDigest,
+    /// The forwarder generation (plus one) this event was handed to; 0: not handed over.
+    forwarded: u64,
+}
+
 #[derive(Debug, Default)]
 struct VerifiedShard {
-    sigs: HashMap<EventId, Signature>,
+    events: HashMap<EventId, Verified>,
     order: VecDeque<EventId>,
 }
 
@@ -102,13 +143,13 @@ impl Default for VerifiedSet {
 }
 
 impl VerifiedSet {
-    /// An empty set that keeps about `capacity` pairs (at least one per shard).
+    /// An empty set that keeps about `capacity` events (at least one per shard).
     pub fn new(capacity: usize) -> VerifiedSet {
         VerifiedSet::with_shards(capacity, VERIFIED_SHARDS)
     }
 
     /// An empty set of `shards` shards (at least 1) that keeps at most
-    /// `ceil(capacity / shards)` pairs in each.
+    /// `ceil(capacity / shards)` events in each.
     pub fn with_shards(capacity: usize, shards: usize) -> VerifiedSet {
         let shards = shards.max(1);
         VerifiedSet {
@@ -121,32 +162,83 @@ impl VerifiedSet {
         &self.shards[usize::from(id.as_bytes()[0]) % self.shards.len()]
     }
 
-    /// True if this exact signature was verified for `id`.
-    pub fn contains(&self, id: &EventId, sig: &Signature) -> bool {
-        self.shard(id).lock().sigs.get(id) == Some(sig)
-    }
-
-    /// Remembers that `sig` verifies for `id` (replacing another signature remembered for
-    /// it: an author may sign the same event twice). Returns false if the pair was known.
-    pub fn insert(&self, id: EventId, sig: Signature) -> bool {
-        let mut shard = self.shard(&id).lock();
-        match shard.sigs.insert(id, sig) {
-            Some(old) => old != sig,
-            None => {
-                shard.order.push_back(id);
-                while shard.order.len() > self.per_shard {
-                    if let Some(old) = shard.order.pop_front() {
-                        shard.sigs.remove(&old);
-                    }
-                }
-                true
-            }
+    /// What is known about an event with this id, signature and JSON digest.
+    pub fn known(&self, id: &EventId, sig: &Signature, raw: &RawDigest) -> Known {
+        match self.shard(id).lock().events.get(id) {
+            Some(v) if v.sig == *sig && v.raw == *raw => Known::SameBytes,
+            Some(v) if v.sig == *sig => Known::SameSignature,
+            _ => Known::No,
         }
     }
 
-    /// Number of remembered pairs.
+    /// True if this exact signature was verified for `id`.
+    pub fn contains(&self, id: &EventId, sig: &Signature) -> bool {
+        self.shard(id)
+            .lock()
+            .events
+            .get(id)
+            .is_some_and(|v| v.sig == *sig)
+    }
+
+    /// Remembers that `sig` verifies for `id` and that the event's JSON had digest `raw`
+    /// (replacing another signature remembered for it: an author may sign the same event
+    /// twice). Returns false if the pair was known (its digest is then updated to `raw`).
+    pub fn insert(&self, id: EventId, sig: Signature, raw: RawDigest) -> bool {
+        let mut shard = self.shard(&id).lock();
+        if let Some(v) = shard.events.get_mut(&id) {
+            let new = v.sig != sig;
+            if new {
+                v.forwarded = 0;
+            }
+            v.sig = sig;
+            v.raw = raw;
+            return new;
+        }
+        shard.events.insert(
+            id,
+            Verified {
+                sig,
+                raw,
+                forwarded: 0,
+            },
+        );
+        shard.order.push_back(id);
+        while shard.order.len() > self.per_shard {
+            if let Some(old) = shard.order.pop_front() {
+                shard.events.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// Claims the handing over of a remembered event to the forwarder of `generation` (the
+    /// number of forwarder restarts so far): true for the first caller, false when it was
+    /// already handed to this forwarder (the forwarder would drop the copy). An event that is
+    /// not remembered (forgotten meanwhile) is always claimed. A restarted forwarder lost its
+    /// queue, so a new generation claims again.
+    pub fn claim_forward(&self, id: &EventId, generation: u64) -> bool {
+        let mark = generation.saturating_add(1);
+        match self.shard(id).lock().events.get_mut(id) {
+            Some(v) if v.forwarded == mark => false,
+            Some(v) => {
+                v.forwarded = mark;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Releases a claim: the forwarder gave the event up (the own relay rejected it), so the
+    /// next copy is handed over again (the forwarder decides whether to retry it).
+    pub fn release_forward(&self, id: &EventId) {
+        if let Some(v) = self.shard(id).lock().events.get_mut(id) {
+            v.forwarded = 0;
+        }
+    }
+
+    /// Number of remembered events.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().sigs.len()).sum()
+        self.shards.iter().map(|s| s.lock().events.len()).sum()
     }
 
     /// True when nothing is remembered.
@@ -154,7 +246,7 @@ impl VerifiedSet {
         self.len() == 0
     }
 
-    /// The most pairs the set keeps.
+    /// The most events the set keeps.
     pub fn capacity(&self) -> usize {
         self.per_shard * self.shards.len()
     }
@@ -185,13 +277,17 @@ mod tests {
         Signature::from_byte_array([b; 64])
     }
 
+    fn raw(b: u8) -> RawDigest {
+        RawDigest([b; 32])
+    }
+
     #[test]
     fn verified_set_matches_id_and_signature() {
         let v = VerifiedSet::new(100);
         let id = EventId::from_byte_array([7; 32]);
         assert!(!v.contains(&id, &sig(1)));
-        assert!(v.insert(id, sig(1)));
-        assert!(!v.insert(id, sig(1)), "known pair");
+        assert!(v.insert(id, sig(1), raw(0)));
+        assert!(!v.insert(id, sig(1), raw(0)), "known pair");
         assert!(v.contains(&id, &sig(1)));
         assert!(
             !v.contains(&id, &sig(2)),
@@ -199,9 +295,49 @@ mod tests {
         );
         assert!(!v.contains(&EventId::from_byte_array([8; 32]), &sig(1)));
         // A second valid signature for the id replaces the first without growing the set.
-        assert!(v.insert(id, sig(2)));
+        assert!(v.insert(id, sig(2), raw(0)));
         assert!(v.contains(&id, &sig(2)) && !v.contains(&id, &sig(1)));
         assert_eq!(v.len(), 1);
+    }
+
+    #[test]
+    fn verified_set_tells_identical_bytes_from_a_reused_signature() {
+        let v = VerifiedSet::new(100);
+        let id = EventId::from_byte_array([7; 32]);
+        let digest = RawDigest::of("{\"id\":\"07\"}");
+        assert_eq!(digest, RawDigest::of("{\"id\":\"07\"}"));
+        assert_ne!(digest, RawDigest::of("{\"id\": \"07\"}"));
+        assert_eq!(v.known(&id, &sig(1), &digest), Known::No);
+        v.insert(id, sig(1), digest);
+        assert_eq!(v.known(&id, &sig(1), &digest), Known::SameBytes);
+        assert_eq!(v.known(&id, &sig(1), &raw(9)), Known::SameSignature);
+        // The digest counts only with the signature it was verified with.
+        assert_eq!(v.known(&id, &sig(2), &digest), Known::No);
+        let other = EventId::from_byte_array([8; 32]);
+        assert_eq!(v.known(&other, &sig(1), &digest), Known::No);
+    }
+
+    #[test]
+    fn a_verified_event_is_claimed_for_the_forwarder_once_per_forwarder() {
+        let v = VerifiedSet::new(100);
+        let id = EventId::from_byte_array([7; 32]);
+        v.insert(id, sig(1), raw(1));
+        assert!(v.claim_forward(&id, 0));
+        assert!(!v.claim_forward(&id, 0), "a copy for the same forwarder");
+        assert!(
+            v.claim_forward(&id, 1),
+            "a restarted forwarder lost its queue"
+        );
+        assert!(!v.claim_forward(&id, 1));
+        // Given up by the forwarder (rejected): the next copy is handed over again.
+        v.release_forward(&id);
+        assert!(v.claim_forward(&id, 1));
+        // A new signature for the id is a new event for the forwarder too.
+        v.insert(id, sig(2), raw(2));
+        assert!(v.claim_forward(&id, 1));
+        // Not remembered (never, or forgotten): always handed over.
+        let unknown = EventId::from_byte_array([9; 32]);
+        assert!(v.claim_forward(&unknown, 1) && v.claim_forward(&unknown, 1));
     }
 
     #[test]
@@ -209,7 +345,7 @@ mod tests {
         let v = VerifiedSet::with_shards(3, 1);
         let id = |b: u8| EventId::from_byte_array([b; 32]);
         for b in 1..=5 {
-            v.insert(id(b), sig(b));
+            v.insert(id(b), sig(b), raw(0));
         }
         assert_eq!(v.len(), 3);
         assert!(!v.contains(&id(1), &sig(1)) && !v.contains(&id(2), &sig(2)));
@@ -220,7 +356,7 @@ mod tests {
         for n in 0..=255u8 {
             let mut bytes = [n; 32];
             bytes[1] = 0xee;
-            v.insert(EventId::from_byte_array(bytes), sig(1));
+            v.insert(EventId::from_byte_array(bytes), sig(1), raw(0));
         }
         assert_eq!(v.len(), 64);
         assert!(!v.is_empty());
@@ -241,10 +377,10 @@ mod tests {
                         shared[..4].copy_from_slice(&n.to_le_bytes());
                         let mut own = shared;
                         own[31] = t + 1;
-                        if v.insert(EventId::from_byte_array(shared), sig(9)) {
+                        if v.insert(EventId::from_byte_array(shared), sig(9), raw(0)) {
                             fresh += 1;
                         }
-                        v.insert(EventId::from_byte_array(own), sig(t));
+                        v.insert(EventId::from_byte_array(own), sig(t), raw(0));
                         assert!(v.contains(&EventId::from_byte_array(shared), &sig(9)));
                     }
                     fresh

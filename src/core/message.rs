@@ -8,7 +8,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
 use serde_json::value::RawValue;
 
-use crate::core::dedup::VerifiedSet;
+use crate::core::dedup::{Known, RawDigest, VerifiedSet};
 
 /// One message from a relay.
 #[derive(Debug)]
@@ -186,39 +186,60 @@ pub fn check_parsed(event: &Event, filter: &Filter) -> Result<(), EventRejection
     Ok(())
 }
 
-/// How [`check_parsed_cached`] established an event's signature.
+/// How [`check_parsed_cached`] established an event's id and signature.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SignatureCheck {
-    /// The Schnorr signature was verified now (and remembered).
+    /// The id and the Schnorr signature were verified now (and remembered).
     Verified,
-    /// This `(id, signature)` pair was verified before; only the filter and the id (the hash
-    /// of the content) were checked now.
+    /// This `(id, signature)` pair was verified before from other JSON bytes; the id (the
+    /// hash of the content) was recomputed now, the signature was not checked again.
     Remembered,
+    /// Byte for byte the JSON verified before under this id (same SHA-256 of the raw
+    /// bytes): neither id nor signature needed checking again.
+    Identical,
 }
 
-/// [`check_parsed`] that skips the signature check of a copy: when `verified` holds the
-/// event's `(id, signature)` pair, the id is still recomputed from the content (a copy that
-/// reuses a verified id and signature with other content fails with
-/// [`EventRejection::BadId`]), but the Schnorr check (≈ 30 µs) is not repeated. A signature
-/// that verifies now is remembered. The rejections are those of [`check_parsed`].
+/// [`check_parsed`] that does not check a copy again: `event` was parsed from `raw`, the
+/// event's JSON exactly as the relay sent it.
+///
+/// * `raw` has the SHA-256 of JSON verified before under this id and signature
+///   ([`Known::SameBytes`]): the same bytes, so the same event; nothing is recomputed
+///   ([`SignatureCheck::Identical`]).
+/// * other bytes with a verified `(id, signature)` pair (another serialisation, or a forgery
+///   reusing them): the id is recomputed from the content, so a copy that reuses a verified
+///   id and signature with other content fails with [`EventRejection::BadId`]; the Schnorr
+///   check (≈ 30 µs) is not repeated ([`SignatureCheck::Remembered`]).
+/// * otherwise id and signature are verified and remembered with the digest of `raw`.
+///
+/// The filter is checked for every copy. The rejections are those of [`check_parsed`].
 pub fn check_parsed_cached(
     event: &Event,
+    raw: &str,
     filter: &Filter,
     verified: &VerifiedSet,
 ) -> Result<SignatureCheck, EventRejection> {
     if !filter.match_event(event, MatchEventOptions::new()) {
         return Err(EventRejection::NotMatching);
     }
+    let digest = RawDigest::of(raw);
+    match verified.known(&event.id, &event.sig, &digest) {
+        Known::SameBytes => return Ok(SignatureCheck::Identical),
+        Known::SameSignature => {
+            return if event.verify_id() {
+                Ok(SignatureCheck::Remembered)
+            } else {
+                Err(EventRejection::BadId)
+            };
+        }
+        Known::No => {}
+    }
     if !event.verify_id() {
         return Err(EventRejection::BadId);
-    }
-    if verified.contains(&event.id, &event.sig) {
-        return Ok(SignatureCheck::Remembered);
     }
     if !event.verify_signature() {
         return Err(EventRejection::BadSignature);
     }
-    verified.insert(event.id, event.sig);
+    verified.insert(event.id, event.sig, digest);
     Ok(SignatureCheck::Verified)
 }
 
@@ -387,10 +408,15 @@ mod tests {
         let ev = event();
         let any = Filter::new().kind(Kind::Custom(1621));
         let verified = VerifiedSet::new(16);
-        let check = |raw: &str, f: &Filter| check_parsed_cached(&parse_event(raw)?, f, &verified);
+        let check =
+            |raw: &str, f: &Filter| check_parsed_cached(&parse_event(raw)?, raw, f, &verified);
         let json = ev.as_json();
         assert_eq!(check(&json, &any), Ok(SignatureCheck::Verified));
-        assert_eq!(check(&json, &any), Ok(SignatureCheck::Remembered));
+        assert_eq!(check(&json, &any), Ok(SignatureCheck::Identical));
+        // Other bytes of the same event (another serialisation): the id is recomputed.
+        let spaced = json.replacen(',', ", ", 1);
+        assert_ne!(spaced, json);
+        assert_eq!(check(&spaced, &any), Ok(SignatureCheck::Remembered));
         // The filter and the id are still checked for a copy.
         let other = Filter::new().kind(Kind::Custom(1));
         assert_eq!(check(&json, &other), Err(EventRejection::NotMatching));
@@ -403,7 +429,7 @@ mod tests {
             check(&v.to_string(), &any),
             Err(EventRejection::BadSignature)
         );
-        assert_eq!(check(&json, &any), Ok(SignatureCheck::Remembered));
+        assert_eq!(check(&json, &any), Ok(SignatureCheck::Identical));
         assert_eq!(verified.len(), 1);
     }
 }

@@ -4,9 +4,10 @@
 //! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
 //! read one frame with a read timeout (`WsOptions::tick` while busy, `WsOptions::idle_tick`
 //! once quiet: [`read_timeout`]), ping when due. Every event is checked (id, signature,
-//! matches the subscription's filter; a copy whose signature was verified before, by any relay
-//! thread, has only its id checked: [`Metrics::verified`]) and handed on: to the forwarder for
-//! a remote relay, to the coordinator for the own relay's self-subscription. After a disconnect the
+//! matches the subscription's filter; a copy of JSON verified before, by any relay thread, is
+//! recognised by the SHA-256 of its bytes, a copy with other bytes has only its id checked:
+//! [`Metrics::verified`]) and handed on: to the forwarder for a remote relay (one copy per
+//! event), to the coordinator for the own relay's self-subscription. After a disconnect the
 //! thread goes back to waiting; the coordinator decides when to reconnect.
 //!
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
@@ -55,6 +56,14 @@ pub const MAX_COLLECTED_IDS: usize = 200_000;
 
 /// Ids of oversized events one relay thread remembers (so each is counted and logged once).
 pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
+
+/// Stack of a relay thread. It handles frames and checks events; connects and the NIP-11
+/// request run on a helper thread ([`HELPER_STACK`]).
+pub const RELAY_STACK: usize = 256 * 1024;
+
+/// Stack of the short-lived helper thread that runs a relay's connect (DNS wait, TCP, TLS and
+/// websocket handshakes) and its NIP-11 request.
+pub const HELPER_STACK: usize = 256 * 1024;
 
 /// Commands from the coordinator to a relay thread.
 #[derive(Debug, Clone)]
@@ -223,7 +232,16 @@ impl ConnectionThread {
                 continue;
             }
             if !limits_known {
-                match self.fetch_limits(&verdict) {
+                let fetched = self
+                    .on_helper(|| self.fetch_limits(&verdict))
+                    .unwrap_or_else(|e| {
+                        debug!(
+                            "{}: no thread for the NIP-11 request ({e}); using defaults",
+                            self.url
+                        );
+                        Ok(false)
+                    });
+                match fetched {
                     Ok(known) => limits_known = known,
                     Err(reason) => {
                         self.refused(generation, reason);
@@ -299,6 +317,25 @@ impl ConnectionThread {
         }
     }
 
+    /// Runs `f` (a connect or the NIP-11 request) on a short-lived helper thread and waits
+    /// for it. The TCP, TLS, websocket and HTTP handshakes touch tens of KiB of stack that the
+    /// relay thread would keep resident for the rest of its life (an idle connection needs
+    /// far less); a helper's stack pages are given back when it ends. A panic in `f` is
+    /// resumed here, so the relay thread fails as it would have. `Err` when no thread could
+    /// be started.
+    fn on_helper<T: Send>(&self, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
+        std::thread::scope(|scope| {
+            let handle = std::thread::Builder::new()
+                .name(format!("relay {}", self.url))
+                .stack_size(HELPER_STACK)
+                .spawn_scoped(scope, f)?;
+            match handle.join() {
+                Ok(v) => Ok(v),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Relaxed)
     }
@@ -357,7 +394,16 @@ impl ConnectionThread {
     ) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
         let check = |addr| self.check_addr(verdict, addr);
-        let mut socket = match ws::connect_checked(&self.url, &self.ws, &self.tls, &check) {
+        let connected =
+            self.on_helper(|| ws::connect_checked(&self.url, &self.ws, &self.tls, &check));
+        let connected = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                self.disconnected(generation, format!("cannot start a connect thread: {e}"));
+                return SessionEnd::Lost;
+            }
+        };
+        let mut socket = match connected {
             Ok(s) => s,
             Err(ws::ConnectError::Refused(reason)) => {
                 self.refused(generation, reason);
@@ -827,7 +873,8 @@ impl ConnectionThread {
                 }
                 // A copy (from another relay, another filter, or the own relay reading back
                 // what the forwarder stored) has its id checked but not its signature again.
-                let checked = check_parsed_cached(&event, &sub.filter, &self.metrics.verified);
+                let checked =
+                    check_parsed_cached(&event, raw.get(), &sub.filter, &self.metrics.verified);
                 if matches!(
                     checked,
                     Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
@@ -847,6 +894,18 @@ impl ConnectionThread {
                         RelayCounters::inc(&self.counters.events_accepted);
                         match &self.role {
                             Role::Remote(forward) => {
+                                // Only one copy per forwarder: it would drop the others.
+                                let forwarder =
+                                    self.metrics.forwarder_restarts.load(Ordering::Relaxed);
+                                if !self.metrics.verified.claim_forward(&event.id, forwarder) {
+                                    RelayCounters::inc(&self.counters.copies_not_forwarded);
+                                    trace!(
+                                        "{}: {} already handed to the forwarder",
+                                        self.url,
+                                        event.id
+                                    );
+                                    return true;
+                                }
                                 let item = ForwardItem {
                                     id: event.id,
                                     raw: Arc::from(raw.get()),
@@ -1077,7 +1136,7 @@ pub fn spawn(t: ConnectionThread) -> std::io::Result<std::thread::JoinHandle<()>
     let name = format!("relay {}", t.url);
     std::thread::Builder::new()
         .name(name)
-        .stack_size(256 * 1024)
+        .stack_size(RELAY_STACK)
         .spawn(move || t.run())
 }
 

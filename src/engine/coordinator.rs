@@ -504,8 +504,11 @@ impl Coordinator {
         }
         // After the drain: what the machine confirmed is in the own relay now (unless the
         // deadline cut the drain short; then the last saved file stays).
-        if let Some(mut w) = self.state.take() {
-            w.finish(&self.machine, self.config.clock.now(), &self.metrics);
+        if let Some(w) = self.state.take() {
+            let now = self.config.clock.now();
+            if let Some(h) = w.finish(&self.machine, now, &self.metrics, deadline) {
+                retired.push(("state-writer".to_string(), h));
+            }
         }
         let mut running = Vec::new();
         for (name, h) in retired {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 use log::{debug, info, warn};
 use nostr::event::EventId;
 use nostr::key::Keys;
@@ -35,6 +35,22 @@ use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
+
+/// Name of the thread reading the own relay connection for the forwarder.
+pub const READER_THREAD: &str = "forwarder-read";
+/// The longest wait without a deadline: a safety net, not a tick (every input wakes the
+/// forwarder at once).
+const MAX_WAIT: Duration = Duration::from_secs(1);
+/// The wait before retrying a write the own relay did not take in time, or a back-pressure
+/// report the coordinator's full channel refused.
+const RETRY_WAIT: Duration = Duration::from_millis(50);
+
+/// Which of the forwarder's channels still have senders.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    events: bool,
+    control: bool,
+}
 
 /// Commands to the forwarder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,7 +191,7 @@ impl Forwarder {
                 // remote relays for the next start.
                 return true;
             }
-            self.take_events(queue);
+            let _ = self.take_events(queue);
             let left = end.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return false;
@@ -214,14 +230,22 @@ impl Forwarder {
         })
     }
 
-    fn take_events(&self, queue: &mut ForwardQueue) {
+    /// Takes events from the channel until it is empty or the queue is full. False when the
+    /// channel is closed (every sender is gone) and empty.
+    fn take_events(&self, queue: &mut ForwardQueue) -> bool {
+        let mut open = true;
         while !queue.is_full() {
             match self.events.try_recv() {
                 Ok(item) => self.offer(queue, item),
-                Err(_) => break,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
             }
         }
         self.report_back_pressure(queue.is_full());
+        open
     }
 
     /// Tells the coordinator when the queue becomes full or has room again (the relay
@@ -281,25 +305,43 @@ impl Forwarder {
     }
 
     /// One connection. Returns true on shutdown, false when the connection was lost.
+    ///
+    /// The socket's reads run on a helper thread ([`ws::read_on_helper_thread`]), so the loop
+    /// waits on the own relay's frames, the event channel and the control channel at once
+    /// ([`Forwarder::wait_for_work`]): an event is written the moment it arrives and an `OK`
+    /// is read the moment it arrives, with no tick in between.
     fn session(&self, socket: &mut ws::Socket, queue: &mut ForwardQueue) -> bool {
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
+        if let Err(e) = ws::read_on_helper_thread(socket, READER_THREAD.into()) {
+            warn!("forwarder: cannot start the reader thread of the own relay connection: {e}");
+            return false;
+        }
+        let mut open = Open {
+            events: true,
+            control: true,
+        };
         loop {
-            while let Ok(c) = self.control.try_recv() {
-                self.control_message(c, queue);
+            loop {
+                match self.control.try_recv() {
+                    Ok(c) => self.control_message(c, queue),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open.control = false;
+                        break;
+                    }
+                }
             }
             if self.drained(queue) {
                 return true;
             }
-            if queue.is_idle() {
-                // Nothing to do: block briefly for the next event instead of spinning.
-                match self.events.recv_timeout(Duration::from_millis(20)) {
-                    Ok(item) => self.offer(queue, item),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return true,
+            if !self.take_events(queue) {
+                open.events = false;
+                if queue.is_idle() {
+                    // The engine is gone and nothing is left to store.
+                    return true;
                 }
             }
-            self.take_events(queue);
             let now = self.clock.now();
             queue.handle_timeout(now);
             if auth.poll_timeout().is_some_and(|t| t <= now) {
@@ -317,21 +359,21 @@ impl Forwarder {
                     return false;
                 }
             }
-            if let Err(e) = socket.flush() {
-                if !ws::is_timeout(&e) {
-                    warn!("forwarder: own relay connection lost: {e}");
-                    return false;
-                }
-            }
-            // Read every frame that is ready (the read timeout is the tick).
+            let Some(mut unflushed) = self.flush(socket) else {
+                return false;
+            };
+            // Read every frame that has arrived (reads never block here).
+            let mut more = false;
             loop {
                 match socket.read() {
                     Ok(Message::Text(text)) => {
                         keepalive.on_activity();
                         self.handle_text(text.as_str(), queue, &mut auth, socket);
                         self.publish_counters(queue);
-                        // An OK freed a slot: send more now instead of waiting out the tick.
+                        // An OK freed a slot: send more now (further frames stay buffered
+                        // and are read on the next turn, without waiting).
                         if queue.can_send(self.clock.now()) {
+                            more = true;
                             break;
                         }
                     }
@@ -359,8 +401,73 @@ impl Forwarder {
                     return false;
                 }
             }
+            // A ping, pong or AUTH written above goes out before the wait.
+            match self.flush(socket) {
+                Some(u) => unflushed |= u,
+                None => return false,
+            }
             self.publish_counters(queue);
+            if !more {
+                self.wait_for_work(socket, queue, &keepalive, &auth, open, unflushed);
+            }
         }
+    }
+
+    /// Flushes the socket. `Some(true)` when the own relay did not take everything within the
+    /// write timeout (the rest stays buffered), `None` when the connection is lost.
+    fn flush(&self, socket: &mut ws::Socket) -> Option<bool> {
+        match socket.flush() {
+            Ok(()) => Some(false),
+            Err(e) if ws::is_timeout(&e) => Some(true),
+            Err(e) => {
+                warn!("forwarder: own relay connection lost: {e}");
+                None
+            }
+        }
+    }
+
+    /// Blocks until there is work: a frame (or the end of the connection) from the own relay,
+    /// an event (while the queue has room), a command, or the next deadline (keepalive, an
+    /// overdue `OK`, the end of a pause, NIP-42, the drain deadline). Nothing is taken here:
+    /// the loop does that.
+    fn wait_for_work(
+        &self,
+        socket: &ws::Socket,
+        queue: &ForwardQueue,
+        keepalive: &Keepalive,
+        auth: &AuthState,
+        open: Open,
+        unflushed: bool,
+    ) {
+        let now = self.clock.now();
+        let mut deadline = keepalive.poll_timeout();
+        if let Some(t) = queue.poll_timeout() {
+            deadline = deadline.min(t);
+        }
+        if let Some(t) = auth.poll_timeout() {
+            deadline = deadline.min(t);
+        }
+        let mut wait = deadline.since(now).min(MAX_WAIT);
+        if let Some(d) = self.drain.get() {
+            wait = wait.min(d.saturating_duration_since(std::time::Instant::now()));
+        }
+        let report_pending =
+            (self.metrics.forward.full.load(Ordering::Relaxed) == 1) != queue.is_full();
+        if unflushed || report_pending {
+            // Retry the write or the back-pressure report soon.
+            wait = wait.min(RETRY_WAIT);
+        }
+        let mut select = Select::new();
+        if open.control {
+            select.recv(&self.control);
+        }
+        if open.events && !queue.is_full() {
+            select.recv(&self.events);
+        }
+        if let Some(inbound) = ws::inbound(socket) {
+            inbound.register(&mut select);
+        }
+        let _ = select.ready_timeout(wait);
     }
 
     /// Answers the own relay's challenge (NIP-42).
@@ -487,6 +594,8 @@ impl Forwarder {
             }
             OkOutcome::Rejected(reason) => {
                 self.resolved();
+                // Given up: the next copy from a remote relay is handed over again.
+                self.metrics.verified.release_forward(&event_id);
                 let slot = crate::engine::metrics::reject_reason_slot(&reason);
                 let n =
                     self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);
@@ -521,5 +630,84 @@ mod tests {
         let frame = super::event_frame(raw);
         assert_eq!(frame, format!("[\"EVENT\",{raw}]"));
         assert_eq!(frame.capacity(), frame.len());
+    }
+
+    /// Issue 10: the forwarder used to block in a socket read whose timeout was its tick
+    /// (`WsOptions::tick`) while it waited for `OK`s, so an event arriving meanwhile waited
+    /// out the tick. With a tick far longer than the test's deadlines, every event is still
+    /// stored, one right after the other, and a drain ends the thread: nothing waits for a
+    /// tick.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn events_and_commands_are_handled_without_waiting_for_a_tick() {
+        use super::*;
+        use crate::core::SystemClock;
+        use crate::testing::TestRelay;
+        use nostr::event::{EventBuilder, FinalizeEvent, Kind};
+        use std::time::Instant;
+
+        let own = TestRelay::start();
+        let (events_tx, events) = crossbeam_channel::bounded(16);
+        let (control_tx, control) = crossbeam_channel::unbounded();
+        let (reports, _reports_rx) = crossbeam_channel::bounded(64);
+        let tick = Duration::from_secs(3600);
+        let forwarder = Forwarder {
+            url: RelayUrl::parse(&own.url()).unwrap(),
+            events,
+            control,
+            limits: ForwardLimits::default(),
+            ws: WsOptions {
+                tick,
+                idle_tick: tick,
+                ..WsOptions::default()
+            },
+            tls: ws::tls_config(),
+            backoff: BackoffPolicy::default(),
+            ping_interval: tick,
+            pong_timeout: tick,
+            metrics: Arc::new(Metrics::default()),
+            stopping: Arc::new(AtomicBool::new(false)),
+            drain: std::cell::Cell::new(None),
+            clock: Arc::new(SystemClock),
+            seed: 1,
+            auth_keys: None,
+            reports,
+            admissions: Admissions::default(),
+        };
+        let (ended_tx, ended) = crossbeam_channel::bounded(1);
+        let thread = std::thread::spawn(move || {
+            forwarder.run();
+            let _ = ended_tx.send(());
+        });
+        let keys = Keys::generate();
+        let deadline = Duration::from_secs(60);
+        for i in 0..3 {
+            let event = EventBuilder::new(Kind::TextNote, format!("note {i}"))
+                .finalize(&keys)
+                .unwrap();
+            events_tx
+                .send(ForwardItem {
+                    id: event.id,
+                    raw: Arc::from(event.as_json()),
+                    admission: None,
+                })
+                .unwrap();
+            let end = Instant::now() + deadline;
+            while !own.contains(&event.id) {
+                assert!(
+                    Instant::now() < end,
+                    "event {i} not stored within {deadline:?} (tick {tick:?})"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        control_tx
+            .send(ForwarderControl::Drain(Instant::now() + tick))
+            .unwrap();
+        assert!(
+            ended.recv_timeout(deadline).is_ok(),
+            "the drain did not end the forwarder within {deadline:?} (tick {tick:?})"
+        );
+        thread.join().unwrap();
     }
 }

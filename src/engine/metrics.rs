@@ -43,6 +43,9 @@ pub struct RelayCounters {
     /// Schnorr signature checks done (events whose `(id, signature)` pair was verified before,
     /// by any relay thread, skip it: see [`crate::core::dedup::VerifiedSet`]).
     pub signature_checks: AtomicU64,
+    /// Checked events not handed to the forwarder because a copy (from this or another
+    /// relay) already was ([`crate::core::dedup::VerifiedSet::claim_forward`]).
+    pub copies_not_forwarded: AtomicU64,
     /// Gauge: JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: AtomicU64,
     /// Times this relay's thread had to wait because the forward pipeline's byte bound (or
@@ -61,7 +64,7 @@ impl RelayCounters {
         c.load(Ordering::Relaxed)
     }
 
-    fn fields(&self) -> [&AtomicU64; 14] {
+    fn fields(&self) -> [&AtomicU64; 15] {
         [
             &self.events_received,
             &self.events_accepted,
@@ -77,6 +80,7 @@ impl RelayCounters {
             &self.oversized_frames,
             &self.thread_restarts,
             &self.signature_checks,
+            &self.copies_not_forwarded,
         ]
     }
 

@@ -129,6 +129,8 @@ pub struct RelayStatus {
     /// Schnorr signature checks this relay's thread did (copies of events verified before,
     /// by any relay thread, skip the check).
     pub signature_checks: u64,
+    /// Checked events not handed to the forwarder because a copy already was.
+    pub copies_not_forwarded: u64,
     /// JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: u64,
     /// Times this relay waited for the forward pipeline's byte bound.
@@ -273,12 +275,17 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
                 config.clock.now(),
                 &metrics.state,
             );
-            Some(state_file::StateWriter::new(
-                dir.clone(),
-                own,
-                key,
-                config.state_save_interval,
-            ))
+            Some(
+                state_file::StateWriter::new(
+                    dir.clone(),
+                    own,
+                    key,
+                    config.state_save_interval,
+                    metrics.clone(),
+                    config.clock.clone(),
+                )
+                .map_err(Error::Spawn)?,
+            )
         }
         None => None,
     };
@@ -401,6 +408,7 @@ impl SyncHandle {
                     thread_restarts: get(|c| &c.thread_restarts),
                     oversized_frames: get(|c| &c.oversized_frames),
                     signature_checks: get(|c| &c.signature_checks),
+                    copies_not_forwarded: get(|c| &c.copies_not_forwarded),
                     forward_bytes: get(|c| &c.forward_bytes),
                     forward_byte_waits: get(|c| &c.forward_byte_waits),
                     url: s.url,

@@ -19,14 +19,18 @@ use std::path::{Path, PathBuf};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
+
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 
 use log::{debug, info, warn};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 
 use crate::core::sync::{RelaySnapshot, SyncMachine, SyncSnapshot};
-use crate::core::time::Time;
+use crate::core::time::{Clock, Time};
 use crate::engine::metrics::Metrics;
 
 /// The `format` field.
@@ -368,38 +372,62 @@ pub fn load_into(
     }
 }
 
-/// Takes snapshots of the machine and writes them (see the module docs): at most every
+/// Takes snapshots of the machine and has them written (see the module docs): at most every
 /// `interval`, only when they changed (or [`REFRESH`] passed), and only once every event
 /// handed to the forwarder before the snapshot was answered by the own relay, so that no
-/// saved confirmation is ahead of what the own relay holds.
+/// saved confirmation is ahead of what the own relay holds. Rendering, writing and fsync run
+/// on a thread of their own (`state-writer`): a slow disk never stalls the coordinator.
 pub struct StateWriter {
-    dir: PathBuf,
-    own_relay: String,
-    config: String,
     interval: Duration,
     next_snapshot: Option<Time>,
     last_written: Option<BTreeMap<String, RelaySnapshot>>,
     last_write: Option<Time>,
     pending: Option<SyncSnapshot>,
+    jobs: Option<Sender<SyncSnapshot>>,
+    done: Receiver<(BTreeMap<String, RelaySnapshot>, Time)>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl StateWriter {
-    /// A writer for `dir`.
-    pub fn new(dir: PathBuf, own_relay: String, config: String, interval: Duration) -> Self {
-        StateWriter {
-            dir,
-            own_relay,
-            config,
+    /// A writer for `dir`, with its thread started.
+    pub fn new(
+        dir: PathBuf,
+        own_relay: String,
+        config: String,
+        interval: Duration,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> std::io::Result<Self> {
+        let (jobs, job_rx) = bounded::<SyncSnapshot>(1);
+        let (done_tx, done) = unbounded();
+        let thread = std::thread::Builder::new()
+            .name("state-writer".into())
+            .spawn(move || {
+                for snap in job_rx {
+                    let now = clock.now();
+                    if write(&dir, &own_relay, &config, &snap, now, &metrics.state) {
+                        let _ = done_tx.send((snap.relays, now));
+                    }
+                }
+            })?;
+        Ok(StateWriter {
             interval: interval.max(Duration::from_millis(100)),
             next_snapshot: None,
             last_written: None,
             last_write: None,
             pending: None,
-        }
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+        })
     }
 
     /// Called on every coordinator turn.
     pub fn tick(&mut self, machine: &RwLock<SyncMachine>, now: Time, metrics: &Metrics) {
+        while let Ok((relays, at)) = self.done.try_recv() {
+            self.last_written = Some(relays);
+            self.last_write = Some(at);
+        }
         if self.next_snapshot.is_none_or(|t| now >= t) {
             self.next_snapshot = Some(now.plus(self.interval));
             let snap = machine.read().snapshot(now);
@@ -411,56 +439,93 @@ impl StateWriter {
         // Read after the snapshot: every event of a batch it counts as confirmed was counted
         // here before the batch's EOSE reached the coordinator.
         if self.pending.is_some() && metrics.forward.unresolved.load(Ordering::SeqCst) == 0 {
-            if let Some(snap) = self.pending.take() {
-                self.write(snap, now, &metrics.state);
+            if let (Some(snap), Some(jobs)) = (self.pending.take(), &self.jobs) {
+                match jobs.try_send(snap) {
+                    Ok(()) => {}
+                    // A write is still running: the snapshot waits for the next turn.
+                    Err(TrySendError::Full(snap)) => self.pending = Some(snap),
+                    Err(TrySendError::Disconnected(_)) => {
+                        warn!(
+                            "the state writer thread has ended; the state file is no longer saved"
+                        );
+                        self.jobs = None;
+                    }
+                }
             }
         }
     }
 
-    /// At shutdown, after the forwarder drained: saves the machine as it is now, unless
-    /// events are still unanswered (then the last file stays).
-    pub fn finish(&mut self, machine: &RwLock<SyncMachine>, now: Time, metrics: &Metrics) {
+    /// At shutdown, after the forwarder drained: has the machine saved as it is now, unless
+    /// events are still unanswered (then the last file stays), and ends the writer thread.
+    /// Returns the thread if it is still writing at `deadline`.
+    pub fn finish(
+        mut self,
+        machine: &RwLock<SyncMachine>,
+        now: Time,
+        metrics: &Metrics,
+        deadline: std::time::Instant,
+    ) -> Option<JoinHandle<()>> {
         let snap = machine.read().snapshot(now);
         let unresolved = metrics.forward.unresolved.load(Ordering::SeqCst);
-        if unresolved > 0 {
-            warn!(
-                "state file not saved at shutdown: {unresolved} events are not yet stored in the own relay; the file of the last save stays"
-            );
-            return;
-        }
-        self.write(snap, now, &metrics.state);
-    }
-
-    fn write(&mut self, snap: SyncSnapshot, now: Time, counters: &StateCounters) {
-        let text = render(&snap, &self.own_relay, &self.config);
-        match write_atomically(&self.dir, &text) {
-            Ok(n) => {
-                debug!(
-                    "state file {} saved ({} relays, {n} bytes)",
-                    path(&self.dir).display(),
-                    snap.relays.len()
+        if let Some(jobs) = self.jobs.take() {
+            if unresolved > 0 {
+                warn!(
+                    "state file not saved at shutdown: {unresolved} events are not yet stored in the own relay; the file of the last save stays"
                 );
-                counters.saves.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .last_save_ms
-                    .store(now.wall_millis().max(1), Ordering::Relaxed);
-                *counters.last_error.lock() = None;
-                self.last_written = Some(snap.relays);
-                self.last_write = Some(now);
-            }
-            Err(e) => {
-                let n = counters.save_failures.fetch_add(1, Ordering::Relaxed);
-                let line = format!(
-                    "cannot save the state file {}: {e}",
-                    path(&self.dir).display()
-                );
-                if n == 0 || counters.last_error.lock().is_none() {
-                    warn!("{line} (tried again at the next save)");
-                } else {
-                    debug!("{line}");
+            } else {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if jobs.send_timeout(snap, left).is_err() {
+                    warn!("state file not saved at shutdown: the previous write did not finish in time");
                 }
-                *counters.last_error.lock() = Some(line);
             }
+        }
+        let h = self.thread.take()?;
+        while !h.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+            None
+        } else {
+            Some(h)
+        }
+    }
+}
+
+/// Renders and writes one snapshot; true on success. Logs and counts the outcome.
+fn write(
+    dir: &Path,
+    own_relay: &str,
+    config: &str,
+    snap: &SyncSnapshot,
+    now: Time,
+    counters: &StateCounters,
+) -> bool {
+    let text = render(snap, own_relay, config);
+    match write_atomically(dir, &text) {
+        Ok(n) => {
+            debug!(
+                "state file {} saved ({} relays, {n} bytes)",
+                path(dir).display(),
+                snap.relays.len()
+            );
+            counters.saves.fetch_add(1, Ordering::Relaxed);
+            counters
+                .last_save_ms
+                .store(now.wall_millis().max(1), Ordering::Relaxed);
+            *counters.last_error.lock() = None;
+            true
+        }
+        Err(e) => {
+            let n = counters.save_failures.fetch_add(1, Ordering::Relaxed);
+            let line = format!("cannot save the state file {}: {e}", path(dir).display());
+            if n == 0 || counters.last_error.lock().is_none() {
+                warn!("{line} (tried again at the next save)");
+            } else {
+                debug!("{line}");
+            }
+            *counters.last_error.lock() = Some(line);
+            false
         }
     }
 }

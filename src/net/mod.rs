@@ -1,5 +1,6 @@
 //! Networking: relay URLs, the address policy and the blocking websocket connector.
 
+pub mod inbound;
 pub mod nip11;
 pub mod policy;
 pub mod tls;

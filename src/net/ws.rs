@@ -21,6 +21,7 @@ use tungstenite::protocol::WebSocketConfig;
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Connector, WebSocket};
 
+use crate::net::inbound::Inbound;
 use crate::net::url::RelayUrl;
 
 /// A websocket to a relay.
@@ -42,12 +43,18 @@ pub const MAX_DNS_IN_FLIGHT: usize = 32;
 pub struct DeadlineStream {
     tcp: TcpStream,
     deadline: Option<Instant>,
+    /// Set by [`read_on_helper_thread`]: reads come from a pump thread and never block.
+    inbound: Option<Inbound>,
 }
 
 impl DeadlineStream {
     /// Wraps `tcp` with an overall `deadline` (none: a plain stream).
     pub fn new(tcp: TcpStream, deadline: Option<Instant>) -> DeadlineStream {
-        DeadlineStream { tcp, deadline }
+        DeadlineStream {
+            tcp,
+            deadline,
+            inbound: None,
+        }
     }
 
     /// The TCP stream.
@@ -78,6 +85,9 @@ impl DeadlineStream {
 
 impl io::Read for DeadlineStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(inbound) = &mut self.inbound {
+            return inbound.read(buf);
+        }
         if let Some(left) = self.left()? {
             self.tcp.set_read_timeout(Some(left))?;
         }
@@ -436,6 +446,42 @@ pub fn tcp_of(socket: &Socket) -> &TcpStream {
         // MaybeTlsStream is non-exhaustive; only the variants above are enabled.
         _ => unreachable!("only plain and rustls streams are enabled"),
     }
+}
+
+fn stream_mut(socket: &mut Socket) -> &mut DeadlineStream {
+    match socket.get_mut() {
+        MaybeTlsStream::Plain(s) => s,
+        MaybeTlsStream::Rustls(s) => &mut s.sock,
+        _ => unreachable!("only plain and rustls streams are enabled"),
+    }
+}
+
+fn stream_of(socket: &Socket) -> &DeadlineStream {
+    match socket.get_ref() {
+        MaybeTlsStream::Plain(s) => s,
+        MaybeTlsStream::Rustls(s) => s.get_ref(),
+        _ => unreachable!("only plain and rustls streams are enabled"),
+    }
+}
+
+/// Moves the socket's reads to a helper thread named `name` ([`Inbound`]): from now on
+/// `socket.read()` never blocks (a websocket read with nothing complete fails with
+/// `WouldBlock`, which [`is_timeout`] accepts), and [`inbound`] gives what to wait on
+/// together with the caller's channels, so input and channel items are both handled the
+/// moment they arrive. Writes are unchanged (blocking, with the write timeout). TLS works
+/// alike: the helper moves encrypted bytes, rustls stays in the caller's thread. The read
+/// timeout ([`set_tick`]) no longer applies. Idempotent.
+pub fn read_on_helper_thread(socket: &mut Socket, name: String) -> io::Result<()> {
+    let stream = stream_mut(socket);
+    if stream.inbound.is_none() {
+        stream.inbound = Some(Inbound::start(&stream.tcp, name)?);
+    }
+    Ok(())
+}
+
+/// The helper-thread reader of a socket after [`read_on_helper_thread`].
+pub fn inbound(socket: &Socket) -> Option<&Inbound> {
+    stream_of(socket).inbound.as_ref()
 }
 
 /// Sets the socket's read timeout (the loop's tick).

@@ -366,7 +366,7 @@ pub fn prometheus(status: &Status) -> String {
         ),
         (
             "daily_resyncs_total",
-            "Daily full resyncs.",
+            "Daily full resyncs (one per relay each time).",
             c.daily_resyncs,
         ),
         (

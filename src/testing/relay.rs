@@ -5,8 +5,13 @@
 //! [`ACCEPT_POLL`]) plus one thread per TCP connection. A connection thread
 //! reads the HTTP request head itself, answers NIP-11 or upgrades to a
 //! websocket, then loops: drain its outbound channel (live events, injected
-//! frames), send due delayed EOSEs, flush, and read with a [`TICK`] read
-//! timeout. Every wait is bounded, so [`TestRelay::stop`] returns promptly.
+//! frames), send due delayed EOSEs, flush, read one message, and, once no
+//! message is left, wait for the next frame on its channel *or* input on its
+//! socket, whichever comes first (the socket is read by a small reader thread,
+//! [`Inbound`]). A published event therefore goes out to its subscribers at
+//! once, as from a real relay. [`TestRelay::stop`] wakes every connection
+//! thread the same way, so it returns promptly; no wait is longer than
+//! [`IDLE_WAIT`].
 //!
 //! All relay state (options, store, recorded REQs, connections and their
 //! subscriptions) lives behind one mutex. A REQ's stored-event query and the
@@ -24,7 +29,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 use log::{debug, trace, warn};
 use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
@@ -38,14 +43,19 @@ use tungstenite::{Message, WebSocket};
 
 use super::nip11;
 use super::nip77::{self, Nip77Mode, RecordedNegOpen, Session};
+use crate::net::inbound::Inbound;
 
 /// Largest websocket message (and frame) the relay accepts.
 const MAX_MESSAGE_SIZE: usize = 16 << 20;
 /// Largest amount of outgoing data buffered for one slow client before the
 /// connection is dropped.
 const MAX_WRITE_BUFFER: usize = 64 << 20;
-/// Read timeout of connection sockets: the connection loop's tick.
+/// Read timeout of a connection socket while its HTTP request head is read.
 const TICK: Duration = Duration::from_millis(20);
+/// The longest a websocket connection loop waits with nothing to do (a safety
+/// net: frames to send, input, delayed EOSEs and [`TestRelay::stop`] wake it at
+/// once). [`TestRelay::set_idle_wait`] changes it.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
 /// Write timeout of connection sockets.
 const WRITE_TIMEOUT: Duration = Duration::from_millis(200);
 /// How often the acceptor polls its nonblocking listener.
@@ -62,6 +72,9 @@ const REBIND_PATIENCE: Duration = Duration::from_secs(2);
 /// Queued on a connection's channel to make its thread hang up once everything queued before
 /// it is written (a NUL byte: never a valid JSON frame).
 const HANG_UP: &str = "\u{0}hang-up";
+/// Queued on every connection's channel by [`TestRelay::stop`] to wake its thread
+/// (sends nothing).
+const WAKE: &str = "\u{0}wake";
 
 /// A one-shot fault: the next stored answer longer than `after` events is cut off.
 #[derive(Debug, Default)]
@@ -382,10 +395,21 @@ struct Shared {
     connections_accepted: AtomicU64,
     nip11_requests: AtomicU64,
     pings_received: AtomicU64,
+    /// [`TestRelay::set_idle_wait`] in milliseconds; 0: [`IDLE_WAIT`].
+    idle_wait_ms: AtomicU64,
     /// Payload bytes of the websocket messages written to clients.
     bytes_sent: AtomicU64,
     /// Connections hung up by [`Nip77Mode::DropAfter`].
     nip77_drops: AtomicU64,
+}
+
+impl Shared {
+    fn idle_wait(&self) -> Duration {
+        match self.idle_wait_ms.load(Ordering::Relaxed) {
+            0 => IDLE_WAIT,
+            ms => Duration::from_millis(ms),
+        }
+    }
 }
 
 /// An EOSE scheduled by `eose_delay`.
@@ -438,6 +462,29 @@ fn auth_frame(challenge: &str) -> String {
 
 fn ok_frame(id: &EventId, accepted: bool, msg: &str) -> String {
     format!("[\"OK\",\"{}\",{accepted},{}]", id.to_hex(), json_str(msg))
+}
+
+/// A connection's socket: writes go straight to the socket (with its write
+/// timeout), reads come from its reader thread and never block.
+struct RelayStream {
+    tcp: TcpStream,
+    inbound: Inbound,
+}
+
+impl Read for RelayStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inbound.read(buf)
+    }
+}
+
+impl Write for RelayStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.tcp.flush()
+    }
 }
 
 /// Whether a tungstenite error only means "nothing more right now".
@@ -589,6 +636,8 @@ impl TestRelay {
         // Joining the acceptor drops the listener, freeing the port; after it
         // no thread handle can be added any more.
         let _ = acceptor.join();
+        // Wake every connection thread: it sees the stop flag and closes.
+        self.shared.state.lock().broadcast(WAKE);
         let handles = std::mem::take(&mut *self.shared.threads.lock());
         let deadline = Instant::now() + STOP_GRACE;
         while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
@@ -813,6 +862,14 @@ impl TestRelay {
     /// Forgets the recorded REQs.
     pub fn clear_reqs(&self) {
         self.shared.state.lock().reqs.clear();
+    }
+
+    /// Test hook: the longest a connection thread waits with nothing to do (default one
+    /// second). Published events, client input, delayed EOSEs and [`stop`](Self::stop)
+    /// wake it at once whatever this is; a very long wait shows that nothing depends on it.
+    pub fn set_idle_wait(&self, wait: Duration) {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.shared.idle_wait_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Every `NEG-OPEN` received so far (NIP-77 not `Off`), in arrival order.
@@ -1079,6 +1136,17 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
             return;
         }
     };
+    let inbound = match Inbound::start(&stream, format!("test-relay-read-{conn_id}")) {
+        Ok(i) => i,
+        Err(e) => {
+            debug!("test relay: connection {conn_id}: cannot start its reader: {e}");
+            return;
+        }
+    };
+    let stream = RelayStream {
+        tcp: stream,
+        inbound,
+    };
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE_SIZE))
         .max_frame_size(Some(MAX_MESSAGE_SIZE))
@@ -1126,7 +1194,7 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
 
 /// Writes `frame` (counted in [`TestRelay::bytes_sent`]); returns `false` if the connection
 /// is broken.
-fn write_frame(shared: &Shared, ws: &mut WebSocket<TcpStream>, frame: String) -> bool {
+fn write_frame(shared: &Shared, ws: &mut WebSocket<RelayStream>, frame: String) -> bool {
     shared
         .bytes_sent
         .fetch_add(frame.len() as u64, Ordering::Relaxed);
@@ -1143,7 +1211,7 @@ fn write_frame(shared: &Shared, ws: &mut WebSocket<TcpStream>, frame: String) ->
 
 fn connection_loop(
     shared: &Shared,
-    ws: &mut WebSocket<TcpStream>,
+    ws: &mut WebSocket<RelayStream>,
     rx: &Receiver<String>,
     conn_id: u64,
 ) {
@@ -1163,6 +1231,7 @@ fn connection_loop(
                     debug!("test relay: connection {conn_id}: hung up mid-answer");
                     return;
                 }
+                Ok(frame) if frame == WAKE => {}
                 Ok(frame) => {
                     if !write_frame(shared, ws, frame) {
                         return;
@@ -1220,7 +1289,18 @@ fn connection_loop(
                 shared.pings_received.fetch_add(1, Ordering::SeqCst);
             }
             Ok(_) => {}
-            Err(e) if is_transient(&e) => {}
+            Err(e) if is_transient(&e) => {
+                // Nothing complete has arrived: wait for a frame to send, input or the
+                // next delayed EOSE, whichever comes first.
+                let wait = pending
+                    .iter()
+                    .map(|p| p.at.saturating_duration_since(Instant::now()))
+                    .fold(shared.idle_wait(), Duration::min);
+                let mut select = Select::new();
+                select.recv(rx);
+                ws.get_ref().inbound.register(&mut select);
+                let _ = select.ready_timeout(wait);
+            }
             Err(e) => {
                 trace!("test relay: connection {conn_id}: read ended: {e}");
                 return;

@@ -38,8 +38,20 @@ impl SyncMachine {
         let replan = std::mem::take(&mut self.replan);
         let grown = std::mem::take(&mut self.replan_roots);
         let targets = self.plan.targets();
+        // A relay not known yet only gets its connection spawned (`handle_add_filters`
+        // discards the filters): its target is diffed when it connects, so it is not diffed
+        // here (at a full rebuild that would build every relay's filters for nothing).
+        let mut unknown: Vec<RelayUrl> = Vec::new();
         let mut actions = compute_actions_for(
-            replan.iter().filter_map(|r| targets.get_key_value(r)),
+            replan.iter().filter_map(|r| {
+                let t = targets.get_key_value(r)?;
+                if self.relays.contains_key(r) {
+                    Some(t)
+                } else {
+                    unknown.push(r.clone());
+                    None
+                }
+            }),
             &self.pending,
             &self.relays,
         );
@@ -63,16 +75,25 @@ impl SyncMachine {
             &self.pending,
             &self.relays,
         ));
-        actions.sort_by(|a, b| a.relay_url.cmp(&b.relay_url));
-        for a in actions {
+        // In relay order, as one sorted list of actions would be handled.
+        let mut work: Vec<(RelayUrl, Option<AddFilters>)> = actions
+            .into_iter()
+            .map(|a| (a.relay_url.clone(), Some(a)))
+            .chain(unknown.into_iter().map(|r| (r, None)))
+            .collect();
+        work.sort_by(|a, b| a.0.cmp(&b.0));
+        for (relay, action) in work {
             if self
                 .links
-                .get(&a.relay_url)
+                .get(&relay)
                 .is_some_and(|l| l.retry_after.is_some())
             {
                 continue;
             }
-            self.handle_add_filters(a, now);
+            match action {
+                Some(a) => self.handle_add_filters(a, now),
+                None => self.spawn_relay(relay, now),
+            }
         }
     }
 
@@ -125,6 +146,30 @@ impl SyncMachine {
         }
     }
 
+    /// A relay that is a target but not known yet: its connection is spawned (its items are
+    /// planned when it connects), unless `max_relays` relays are known already.
+    pub(super) fn spawn_relay(&mut self, relay_url: RelayUrl, now: Time) {
+        if self.relays.len() >= self.config.max_relays {
+            // Tried again at the next planning, when a slot may have freed up.
+            self.replan.insert(relay_url.clone());
+            self.counters.relays_refused += 1;
+            if self.counters.relays_refused == 1 {
+                warn!(
+                    "{relay_url}: not connecting: already {} relays (max_relays); further relays are ignored",
+                    self.relays.len()
+                );
+            } else {
+                debug!("{relay_url}: not connecting: max_relays reached");
+            }
+            return;
+        }
+        info!("discovered relay {relay_url}");
+        self.relays
+            .insert(relay_url.clone(), RelayState::new(false));
+        self.links.insert(relay_url.clone(), Link::default());
+        self.connect_remote(&relay_url, now);
+    }
+
     /// The design's `handle_add_filters`: spawn unknown relays; subscribe connected ones and
     /// record a [`PendingBatch`].
     pub(super) fn handle_add_filters(&mut self, action: AddFilters, now: Time) {
@@ -136,25 +181,7 @@ impl SyncMachine {
         } = action;
         match self.relays.get(&relay_url) {
             None => {
-                if self.relays.len() >= self.config.max_relays {
-                    // Tried again at the next planning, when a slot may have freed up.
-                    self.replan.insert(relay_url.clone());
-                    self.counters.relays_refused += 1;
-                    if self.counters.relays_refused == 1 {
-                        warn!(
-                            "{relay_url}: not connecting: already {} relays (max_relays); further relays are ignored",
-                            self.relays.len()
-                        );
-                    } else {
-                        debug!("{relay_url}: not connecting: max_relays reached");
-                    }
-                    return;
-                }
-                info!("discovered relay {relay_url}");
-                self.relays
-                    .insert(relay_url.clone(), RelayState::new(false));
-                self.links.insert(relay_url.clone(), Link::default());
-                self.connect_remote(&relay_url, now);
+                self.spawn_relay(relay_url, now);
                 return;
             }
             Some(s) if s.connection_status != ConnectionStatus::Connected => return,

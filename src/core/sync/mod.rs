@@ -614,7 +614,7 @@ pub struct SyncCounters {
     pub connect_attempts: u64,
     /// Consolidations and live-set rebuilds run.
     pub consolidations: u64,
-    /// Daily full resyncs run.
+    /// Daily full resyncs run (one per relay each time, issue 11).
     pub daily_resyncs: u64,
     /// CLOSED `rate-limited:` from remote relays.
     pub closed_rate_limited: u64,

@@ -237,11 +237,19 @@ impl SyncMachine {
         self.counters.self_batches += 1;
         let mut announcements = 0usize;
         let mut roots = 0usize;
-        let mut changed: std::collections::BTreeSet<String> = Default::default();
+        // What the forwarder retries rejected events for: repositories whose announcement
+        // was applied, root events newly linked, and the root events of those repositories
+        // (each once, in the order first seen).
+        let mut changed_repos: Vec<crate::core::nip34::RepoRef> = Vec::new();
+        let mut changed_roots: HashSet<EventId> = HashSet::new();
+        let mut changed_order: Vec<EventId> = Vec::new();
         // Planning in proportion to the change: relay sets that changed rerun the
         // selection; new root-event links only grow their repositories' relay targets.
         let mut relays_changed = false;
-        let mut new_links: Vec<(String, EventId)> = Vec::new();
+        let mut new_links: Vec<(crate::core::nip34::RepoRef, EventId)> = Vec::new();
+        // With no repository selected yet (the first read of the own relay) every link
+        // comes with its repository through the selection: none is followed alone.
+        let follow_links = !self.plan.is_empty();
         for m in meanings {
             match m {
                 SelfEventMeaning::Announcement(a) => {
@@ -252,7 +260,7 @@ impl SyncMachine {
                     }
                     if needs.announced_at.is_none_or(|t| t < a.created_at) {
                         // New or newer (the same one read again changes nothing).
-                        changed.insert(a.repo_ref.clone());
+                        changed_repos.push(a.repo_ref.clone());
                     }
                     if a.dropped_relays > 0 {
                         if self.counters.announcement_relays_dropped == 0 {
@@ -264,10 +272,11 @@ impl SyncMachine {
                         self.counters.announcement_relays_dropped += a.dropped_relays as u64;
                     }
                     needs.announced_at = Some(a.created_at);
-                    let relays: HashSet<RelayUrl> = a.relays.into_iter().collect();
-                    if needs.relays != relays {
+                    if needs.relays.len() != a.relays.len()
+                        || a.relays.iter().any(|r| !needs.relays.contains(r))
+                    {
                         relays_changed = true;
-                        needs.relays = relays;
+                        needs.relays = a.relays.into_iter().collect();
                     }
                     announcements += 1;
                 }
@@ -276,16 +285,24 @@ impl SyncMachine {
                         debug!("root event {id} names no repository; ignored");
                     }
                     for r in repos {
-                        if self
-                            .repo_index
-                            .entry(r.clone())
-                            .or_default()
-                            .root_events
-                            .insert(id)
-                        {
+                        // Looked up by reference: no copy of the key per link.
+                        let linked = match self.repo_index.get_mut(&r) {
+                            Some(n) => n.root_events.insert(id),
+                            None => self
+                                .repo_index
+                                .entry(r.clone())
+                                .or_default()
+                                .root_events
+                                .insert(id),
+                        };
+                        if linked {
                             roots += 1;
-                            changed.insert(id.to_hex());
-                            new_links.push((r, id));
+                            if changed_roots.insert(id) {
+                                changed_order.push(id);
+                            }
+                            if follow_links {
+                                new_links.push((r, id));
+                            }
                         }
                     }
                 }
@@ -297,24 +314,36 @@ impl SyncMachine {
             self.repo_index.len()
         );
         // Events replying to a root of a newly (re)announced repository may be accepted now.
-        let repo_roots: Vec<String> = changed
-            .iter()
-            .filter_map(|k| self.repo_index.get(k))
-            .flat_map(|n| n.root_events.iter().map(|id| id.to_hex()))
-            .collect();
-        changed.extend(repo_roots);
-        if !changed.is_empty() {
-            self.commands.push_back(Command::RetryRejected {
-                changed: changed.into_iter().collect(),
-            });
+        changed_repos.sort();
+        changed_repos.dedup();
+        for repo in &changed_repos {
+            if let Some(n) = self.repo_index.get(repo) {
+                for id in &n.root_events {
+                    if changed_roots.insert(*id) {
+                        changed_order.push(*id);
+                    }
+                }
+            }
+        }
+        if !changed_repos.is_empty() || !changed_order.is_empty() {
+            let mut changed = changed_repos;
+            changed.extend(changed_order.iter().map(|id| id.to_hex()));
+            self.commands.push_back(Command::RetryRejected { changed });
         }
         if relays_changed {
             self.reselect();
         }
+        let grown = &mut self.replan_roots;
         for (repo, id) in new_links {
-            for relay in self.plan.add_root_event(&repo, id) {
-                self.replan_roots.entry(relay).or_default().insert(id);
-            }
+            self.plan
+                .add_root_event_with(&repo, id, |relay| match grown.get_mut(relay) {
+                    Some(ids) => {
+                        ids.insert(id);
+                    }
+                    None => {
+                        grown.insert(relay.clone(), HashSet::from([id]));
+                    }
+                });
         }
         self.check_plan();
         self.run_compute_actions(now);

@@ -61,7 +61,9 @@ pub struct RelaySnapshot {
     pub root_events: Vec<String>,
     /// The relay's next daily resync (Unix milliseconds).
     pub next_daily_ms: Option<u64>,
-    /// Whether the relay supports NIP-77 reconciliation, when known (hook: not used yet).
+    /// What a try taught about the relay's NIP-77 support: `true` once a reconciliation
+    /// completed on it, `false` once it did not speak NIP-77; `None` when nothing was learnt
+    /// (NIP-11 is read again at every connect).
     pub nip77: Option<bool>,
 }
 
@@ -97,8 +99,6 @@ pub(crate) struct Restored {
 #[derive(Debug, Default)]
 pub(crate) struct Persisted {
     restored: HashMap<RelayUrl, Restored>,
-    /// NIP-77 support per relay, as far as known (restored or set by the reconciliation).
-    nip77: HashMap<RelayUrl, bool>,
 }
 
 /// The wall reading (Unix ms) of `t`, seen from `now` (forwards or backwards).
@@ -223,7 +223,11 @@ impl SyncMachine {
                 }
             };
             let mut entry = entry;
-            entry.nip77 = self.persist.nip77.get(url).copied();
+            entry.nip77 = match self.recon.support.get(url) {
+                Some(Nip77Support::Works) => Some(true),
+                Some(Nip77Support::Unsupported) => Some(false),
+                _ => None,
+            };
             let budget = items_left.min(MAX_RELAY_ITEMS);
             entry.repos.truncate(budget);
             entry
@@ -255,8 +259,13 @@ impl SyncMachine {
                 report.relays_invalid += 1;
                 continue;
             }
-            if let Some(n) = r.nip77 {
-                self.persist.nip77.insert(relay.clone(), n);
+            if let Some(works) = r.nip77 {
+                let support = if works {
+                    Nip77Support::Works
+                } else {
+                    Nip77Support::Unsupported
+                };
+                self.recon.support.insert(relay.clone(), support);
             }
             let until_ms = if r.connected {
                 snapshot.taken_at_ms
@@ -335,17 +344,6 @@ impl SyncMachine {
     /// Relays restored and not connected since.
     pub fn restored_relays(&self) -> usize {
         self.persist.restored.len()
-    }
-
-    /// Whether `relay` supports NIP-77 as the state file said (restored; the live knowledge
-    /// is [`SyncMachine::nip77_support`]).
-    pub fn saved_nip77_support(&self, relay: &RelayUrl) -> Option<bool> {
-        self.persist.nip77.get(relay).copied()
-    }
-
-    /// Records whether `relay` supports NIP-77 (saved with the next snapshot).
-    pub fn set_saved_nip77_support(&mut self, relay: &RelayUrl, supported: bool) {
-        self.persist.nip77.insert(relay.clone(), supported);
     }
 
     /// At the first connect of a restored relay: `Some(since)` for a quick reconnect, with

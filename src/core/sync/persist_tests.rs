@@ -341,3 +341,39 @@ fn the_daily_resync_time_survives_a_quick_restart() {
     let after = w.m.daily.get(&url).expect("restored");
     assert_eq!(super::persist::wall_of(after, w.now), wall_due);
 }
+
+#[test]
+fn the_saved_since_covers_a_catch_up_interrupted_by_the_restart() {
+    let (mut w, _) = synced();
+    let first_connect = w.secs();
+    w.advance(Duration::from_secs(3600));
+    // A drop and a quick reconnect: the catch-ups read from the first connect − 15 min, and
+    // the relay holds their EOSE back, so they are still loading at the snapshot.
+    w.drop(A);
+    w.relay(A).hold_eose = true;
+    w.advance(Duration::from_secs(10 * MIN));
+    let url = RelayUrl::parse(A).unwrap();
+    let reconnected = w.m.relay_index()[&url].last_connected.unwrap();
+    assert!(reconnected.timestamp().as_secs() > first_connect + 3600);
+    let snap = w.m.snapshot(w.now);
+    let saved = snap.relays[A].catch_up_since;
+    assert!(
+        saved <= first_connect - 15 * MIN,
+        "saved since {saved} must cover the unfinished catch-up from {}",
+        first_connect - 15 * MIN
+    );
+    // Restarted, the relay is caught up from there, not from the last connect − 15 min.
+    w.relay(A).hold_eose = false;
+    let before = w.relays[&url].reqs.len();
+    w.restart(Duration::from_secs(MIN), 0, Some(snap));
+    w.advance(Duration::from_secs(60));
+    let catch_ups: Vec<_> = reqs_since(&w, A, before)
+        .into_iter()
+        .filter_map(|f| f.since)
+        .collect();
+    assert!(!catch_ups.is_empty());
+    assert!(
+        catch_ups.iter().all(|s| s.as_secs() <= saved),
+        "{catch_ups:?}"
+    );
+}
