@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use argh::FromArgs;
 use grasp_sync::core::paging::PageStats;
 use grasp_sync::core::{Command, Report, SyncConfig, SyncMachine, Time};
-use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::testing::{wait_until, Nip77Mode, TestRelay};
 use grasp_sync::{Config, RelayUrl, SyncHandle};
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Signature, Tag};
 use nostr::key::Keys;
@@ -64,9 +64,17 @@ struct Args {
     /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
     #[argh(option)]
     idle_secs: Option<u64>,
-    /// run only these sections (comma-separated: historic, live, memory, planning, state, nip77)
+    /// run only these sections (comma-separated: historic, live, memory, planning, state,
+    /// nip77, resync)
     #[argh(option)]
     only: Option<String>,
+    /// related events held by the remote relays in the resync section (default 20,000;
+    /// 2,000 with --quick)
+    #[argh(option)]
+    resync_events: Option<usize>,
+    /// remote relays of the resync section (default 5)
+    #[argh(option)]
+    resync_relays: Option<usize>,
     /// internal: run one memory probe in this process and print its JSON
     /// (`engine:N` or `clients:N`)
     #[argh(option)]
@@ -86,6 +94,8 @@ struct Sizes {
     plan_relays: usize,
     plan_roots: usize,
     plan_samples: usize,
+    resync_events: usize,
+    resync_relays: usize,
     nip77_sizes: [usize; 2],
 }
 
@@ -109,6 +119,10 @@ impl Sizes {
             plan_relays: 1_000,
             plan_roots: if quick { 100_000 } else { 1_000_000 },
             plan_samples: 21,
+            resync_events: args
+                .resync_events
+                .unwrap_or(if quick { 2_000 } else { 20_000 }),
+            resync_relays: args.resync_relays.unwrap_or(5),
             nip77_sizes: if quick {
                 [1_000, 10_000]
             } else {
@@ -153,7 +167,12 @@ impl Figure {
     }
 
     fn ratio(&self) -> Option<f64> {
-        self.limit().map(|b| self.value / b)
+        self.limit().map(|b| match (b == 0.0, self.value == 0.0) {
+            // A budget of nothing: met exactly, or missed without measure.
+            (true, true) => 0.0,
+            (true, false) => f64::INFINITY,
+            (false, _) => self.value / b,
+        })
     }
 
     fn ok(&self) -> Option<bool> {
@@ -368,9 +387,23 @@ fn engine_cpu() -> Cpu {
 // ----- events -----
 
 fn sign(keys: &Keys, kind: u16, content: &str, tags: &[&[&str]]) -> Event {
+    sign_at(keys, kind, content, tags, None)
+}
+
+/// [`sign`] with `created_at` set (`None`: now).
+fn sign_at(
+    keys: &Keys,
+    kind: u16,
+    content: &str,
+    tags: &[&[&str]],
+    created_at: Option<Timestamp>,
+) -> Event {
     let mut b = EventBuilder::new(Kind::Custom(kind), content);
     for t in tags {
         b = b.tag(Tag::parse(t.iter().copied()).expect("tag"));
+    }
+    if let Some(at) = created_at {
+        b = b.custom_created_at(at);
     }
     b.finalize(keys).expect("sign")
 }
@@ -389,12 +422,24 @@ fn announcement(keys: &Keys, d: &str, relays: &[String]) -> Event {
 /// A NIP-22 comment on `root` of repository `repo`: matches a Layer 3 (`#E`) and a Layer 2
 /// (`#A`) filter.
 fn comment(keys: &Keys, root: &Event, repo: &str, i: usize) -> Event {
+    comment_at(keys, root, repo, i, None)
+}
+
+/// [`comment`] with `created_at` set (`None`: now).
+fn comment_at(
+    keys: &Keys,
+    root: &Event,
+    repo: &str,
+    i: usize,
+    created_at: Option<Timestamp>,
+) -> Event {
     let text = format!("comment {i} {}", "x".repeat(200));
-    sign(
+    sign_at(
         keys,
         1111,
         &text,
         &[&["E", &root.id.to_hex()], &["A", repo], &["K", "1621"]],
+        created_at,
     )
 }
 
@@ -660,6 +705,265 @@ fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
             ));
         }
     }
+    figures
+}
+
+// ----- restarts and resyncs (issue 11) -----
+
+/// Share of the first sync's bytes that a restart or a daily resync may receive from relays
+/// that answer NIP-77.
+const RESYNC_BYTES_BUDGET: f64 = 0.05;
+
+/// What one run of the resync scenario measured; `[first sync, restart, daily resync]`.
+struct Resync {
+    bytes: [u64; 3],
+    seconds: [f64; 3],
+    /// History REQs without `since` the remote relays received during the restart.
+    full_history_reqs: usize,
+    /// Whether the restart settled before the daily resync was due.
+    restart_in_time: bool,
+}
+
+/// Bytes the remote relays sent so far (websocket payloads).
+fn remote_bytes(world: &World) -> u64 {
+    world.listeners.iter().map(TestRelay::bytes_sent).sum()
+}
+
+/// Waits until every remote relay holds a subscription of the engine and the remote relays'
+/// byte count stopped moving (two readings 500 ms apart, at most [`SETTLE_DEADLINE`]): a
+/// settled status can precede the answers to a restart's catch-ups.
+fn wait_quiet(world: &World) {
+    let subscribed = wait_until(SETTLE_DEADLINE, || {
+        world.listeners.iter().all(|l| l.open_subscriptions() > 0)
+    });
+    assert!(subscribed, "resync: a remote relay has no subscription");
+    let end = Instant::now() + SETTLE_DEADLINE;
+    let mut last = remote_bytes(world);
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = remote_bytes(world);
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// History REQs without `since` received by the remote relays (live-only subscriptions carry
+/// `limit: 0`; a fresh sync's REQs are history and live at once and count).
+fn full_history_reqs(world: &World) -> usize {
+    world
+        .listeners
+        .iter()
+        .flat_map(TestRelay::reqs)
+        .filter(|r| {
+            r.filters
+                .iter()
+                .any(|f| f.since.is_none() && f.limit != Some(0))
+        })
+        .count()
+}
+
+/// The backdated history of the scenario: comments a day or more old (so that no catch-up
+/// `since`, 15 min before the last connect, reaches them), one second apart.
+fn backdated_history(repos: usize, comments: usize) -> History {
+    let mut history = History::generate(repos, 0);
+    let base = Timestamp::now().as_secs() - 2 * 86_400 - comments as u64;
+    let repliers: Vec<Keys> = (0..16).map(|_| Keys::generate()).collect();
+    history.comments = (0..comments)
+        .map(|i| {
+            let repo = i % repos;
+            let at = Timestamp::from_secs(base + i as u64);
+            comment_at(
+                &repliers[i % repliers.len()],
+                &history.roots[repo],
+                &history.repo(repo),
+                i,
+                Some(at),
+            )
+        })
+        .collect();
+    history
+}
+
+/// One run: (a) the first sync into an empty own relay, (b) a restart with nothing new (the
+/// same own relay, the same `--state-dir`), (c) the daily resync of every relay after 1 % new
+/// events were stored on the remote relays without reaching the live subscriptions (an hour
+/// old: only a full read or a reconciliation finds them). The daily window is set so that the
+/// resync comes after the restart has settled.
+fn resync_run(
+    history: &History,
+    relays: usize,
+    nip77: bool,
+    state_dir: &std::path::Path,
+) -> Resync {
+    let world = World::start(history, relays, 1, true);
+    let mode = if nip77 { Nip77Mode::On } else { Nip77Mode::Off };
+    for l in &world.listeners {
+        // A NIP-11 document, so that NIP-77 relays advertise it (the TestRelay adds 77).
+        l.set_nip11(Some(json!({"name": "bench", "supported_nips": [1, 11]})));
+        l.set_nip77(mode.clone());
+    }
+    let comments: HashSet<EventId> = history.comments.iter().map(|e| e.id).collect();
+    let configure = |daily: Option<Duration>| {
+        move |c: &mut Config| {
+            c.state_dir = Some(state_dir.to_path_buf());
+            if let Some(d) = daily {
+                c.daily_resync = (d, d);
+            }
+        }
+    };
+
+    // (a) first sync.
+    let bytes0 = remote_bytes(&world);
+    let started = Instant::now();
+    let handle = world.engine(configure(None));
+    let complete = wait_until(SYNC_DEADLINE, || {
+        world.own.event_ids().is_superset(&comments)
+    });
+    assert!(complete, "resync: the first sync did not complete");
+    world.settle(&handle);
+    let first = started.elapsed().as_secs_f64();
+    let first_bytes = remote_bytes(&world) - bytes0;
+    handle.shutdown(SHUTDOWN).expect("engine stops");
+
+    // (b) restart; its daily resyncs are due `daily` after the start.
+    let daily = Duration::from_secs_f64(2.0 * first + 5.0);
+    for l in &world.listeners {
+        l.clear_reqs();
+    }
+    let bytes0 = remote_bytes(&world);
+    let started = Instant::now();
+    let handle = world.engine(configure(Some(daily)));
+    world.settle(&handle);
+    let restart = started.elapsed().as_secs_f64();
+    wait_quiet(&world);
+    let restart_bytes = remote_bytes(&world) - bytes0;
+    let restart_in_time = started.elapsed() < daily && handle.status().sync.daily_resyncs == 0;
+    let full_reqs = full_history_reqs(&world);
+
+    // (c) 1 % new events, then the daily resync of every relay.
+    let keys = Keys::generate();
+    let hour_ago = Timestamp::now().as_secs() - 3_600;
+    let new: Vec<(usize, Event)> = (0..history.comments.len().div_ceil(100))
+        .map(|i| {
+            let repo = (i * 7) % history.roots.len();
+            let at = Timestamp::from_secs(hour_ago + i as u64);
+            let e = comment_at(
+                &keys,
+                &history.roots[repo],
+                &history.repo(repo),
+                1_000_000 + i,
+                Some(at),
+            );
+            (repo % relays, e)
+        })
+        .collect();
+    let bytes0 = remote_bytes(&world);
+    for (r, e) in &new {
+        world.relay(*r).insert_silently(e);
+    }
+    let due = started + daily;
+    let new_ids: HashSet<EventId> = new.iter().map(|(_, e)| e.id).collect();
+    let resynced = wait_until(SYNC_DEADLINE, || {
+        let s = handle.status();
+        s.sync.daily_resyncs >= relays as u64
+            && s.is_settled()
+            && world.own.event_ids().is_superset(&new_ids)
+    });
+    assert!(
+        resynced,
+        "resync: the daily resync did not bring the new events"
+    );
+    let resync = due.elapsed().as_secs_f64();
+    let resync_bytes = remote_bytes(&world) - bytes0;
+    handle.shutdown(SHUTDOWN).expect("engine stops");
+    Resync {
+        bytes: [first_bytes, restart_bytes, resync_bytes],
+        seconds: [first, restart, resync],
+        full_history_reqs: full_reqs,
+        restart_in_time,
+    }
+}
+
+fn resync_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
+    let relays = sizes.resync_relays;
+    let history = backdated_history(30 * relays, sizes.resync_events);
+    let label = format!(
+        "resync, {} ev, {relays} relays",
+        number(sizes.resync_events as f64)
+    );
+    let runs: Vec<(bool, Resync)> = [false, true]
+        .into_iter()
+        .map(|nip77| {
+            let dir = std::env::temp_dir().join(format!(
+                "grasp-sync-bench-resync-{}-{nip77}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            let run = resync_run(&history, relays, nip77, &dir);
+            let _ = std::fs::remove_dir_all(&dir);
+            (nip77, run)
+        })
+        .collect();
+    let phases = [
+        "(a) first sync",
+        "(b) restart, nothing new",
+        "(c) daily resync, 1 % new",
+    ];
+    let mut figures = Vec::new();
+    for (p, phase) in phases.iter().enumerate() {
+        for (nip77, run) in &runs {
+            let relays_kind = if *nip77 { "NIP-77 relays" } else { "no NIP-77" };
+            figures.push(Figure::new(
+                format!("{label}, {relays_kind}: {phase}: received"),
+                run.bytes[p] as f64 / 1024.0,
+                "KiB",
+                Budget::None,
+            ));
+            if p > 0 {
+                let share = run.bytes[p] as f64 / run.bytes[0].max(1) as f64;
+                let budget = if *nip77 {
+                    Budget::AtMost(RESYNC_BYTES_BUDGET * 100.0)
+                } else {
+                    Budget::None
+                };
+                figures.push(Figure::new(
+                    format!("{label}, {relays_kind}: {phase}: received ÷ (a)"),
+                    share * 100.0,
+                    "%",
+                    budget,
+                ));
+            }
+            figures.push(Figure::new(
+                format!("{label}, {relays_kind}: {phase}: wall time"),
+                run.seconds[p],
+                "s",
+                Budget::None,
+            ));
+        }
+    }
+    for (nip77, run) in &runs {
+        let relays_kind = if *nip77 { "NIP-77 relays" } else { "no NIP-77" };
+        figures.push(Figure::new(
+            format!("{label}, {relays_kind}: (b) history REQs without since"),
+            run.full_history_reqs as f64,
+            "REQs",
+            Budget::AtMost(0.0),
+        ));
+        if !run.restart_in_time {
+            notes.push(format!(
+                "resync ({relays_kind}): the restart had not settled when the daily resync was \
+                 due, so (b) and (c) overlap"
+            ));
+        }
+    }
+    notes.push(
+        "resync: bytes are the websocket payloads the remote TestRelays sent (bytes_sent); \
+         (c) counts from the moment the new events were stored, its wall time from the \
+         moment the daily resync was due"
+            .into(),
+    );
     figures
 }
 
@@ -1465,6 +1769,7 @@ fn main() {
     section("memory and idle CPU", &mut |n| memory_figures(&sizes, n));
     section("planning", &mut |_| planning_figures(&sizes));
     section("state file", &mut |_| state_figures());
+    section("resync", &mut |n| resync_figures(&sizes, n));
     section("nip77", &mut |n| nip77_figures(&sizes, n));
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let total = started.elapsed().as_secs_f64();

@@ -1029,3 +1029,41 @@ fn nostr_rs_relay_behind_a_url_with_a_query() {
     assert_eq!(relay.disconnects, 0, "{relay:#?}");
     stop(handle, &[&own]);
 }
+
+/// nostr-rs-relay has no NIP-77: each of `NEG-OPEN`, `NEG-MSG` and `NEG-CLOSE` gets one
+/// `NOTICE`, and the `TestRelay` with NIP-77 off (its default) answers them with the very same
+/// frames, so tests of the engine's fallback meet the answer of the real relay.
+#[test]
+fn nostr_rs_relay_answers_nip77_as_the_test_relay_does_when_off() {
+    let Some(nrr) =
+        NostrRsRelay::start_or_skip("nostr_rs_relay_answers_nip77_as_the_test_relay_does_when_off")
+    else {
+        return;
+    };
+    let test_relay = TestRelay::start();
+    let frames = [
+        r#"["NEG-OPEN","n",{"kinds":[1621]},"6100000200"]"#,
+        r#"["NEG-MSG","n","6100000200"]"#,
+        r#"["NEG-CLOSE","n"]"#,
+    ];
+    let answers = |mut ws: Ws| -> Vec<Value> {
+        let mut out = Vec::new();
+        for frame in frames {
+            ws.send(Message::text(frame)).expect("send");
+            let answer = read_json(&mut ws, Instant::now() + Duration::from_secs(10));
+            out.push(answer.unwrap_or_else(|| panic!("no answer to {frame}")));
+        }
+        // Nothing else follows.
+        assert!(read_json(&mut ws, Instant::now() + Duration::from_millis(500)).is_none());
+        out
+    };
+    let real = answers(nrr.connect());
+    let notice = serde_json::json!(["NOTICE", "could not parse command"]);
+    assert_eq!(real, vec![notice.clone(), notice.clone(), notice]);
+    let (ws, _) = tungstenite::connect(test_relay.url()).expect("connect to the test relay");
+    if let MaybeTlsStream::Plain(s) = ws.get_ref() {
+        s.set_read_timeout(Some(Duration::from_millis(250)))
+            .unwrap();
+    }
+    assert_eq!(answers(ws), real);
+}

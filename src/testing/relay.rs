@@ -791,6 +791,17 @@ impl TestRelay {
         self.shared.state.lock().store_and_deliver(stored) == StoreOutcome::Stored
     }
 
+    /// Stores `event` without verifying it and *without* delivering it to open subscriptions,
+    /// as if it had reached the relay while the subscriber's live subscription missed it (only
+    /// a later query finds it). Returns whether it was stored, as [`insert`](Self::insert).
+    pub fn insert_silently(&self, event: &Event) -> bool {
+        let stored = Stored {
+            event: event.clone(),
+            raw: event.as_json().into(),
+        };
+        self.shared.state.lock().store.put(stored) == StoreOutcome::Stored
+    }
+
     /// Stores the event JSON `raw` verbatim (not verified: forged signatures
     /// are kept and served as they are) and delivers it to matching open
     /// subscriptions. Returns whether it was stored, as [`insert`](Self::insert).

@@ -1,0 +1,163 @@
+//! NIP-77 (negentropy) against a real third-party relay: rust-nostr's `LocalRelay`
+//! (nostr-relay-builder 0.45.0-alpha.3), built as the test-only helper binary
+//! `tests/nip77-relay` and started as a child process on 127.0.0.1. A raw client (the
+//! `negentropy` crate as the initiator) reconciles against it, the same client that
+//! `tests/nip77_server.rs` runs against `TestRelay`, so the two servers are held to the same
+//! answers.
+//!
+//! The binary is `$NIP77_RELAY` (`.ci/run` builds it and sets it). When it is unset the tests
+//! print "skipping" and pass, except under CI (`CI` set), where they fail. Build it with
+//! `cd tests/nip77-relay && cargo build --release --locked`, then
+//! `NIP77_RELAY=tests/nip77-relay/target/release/nip77-relay cargo test --all-features --test nip77_interop`.
+
+mod negentropy_client;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+
+use negentropy_client::{issues, missing_share, records, repo_filter, Client, WAIT};
+use nostr::event::{Event, EventId};
+
+const BUILD: &str = "cd tests/nip77-relay && cargo build --release --locked, then set \
+                     NIP77_RELAY=tests/nip77-relay/target/release/nip77-relay";
+
+fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+        .unwrap_or(false)
+}
+
+/// A running `nip77-relay`; its stdin is closed and the process killed on drop.
+struct LocalRelay {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    url: String,
+}
+
+impl LocalRelay {
+    /// Starts the relay for `test`, or returns `None` after printing why when `NIP77_RELAY` is
+    /// unset outside CI; panics when it is unset under CI or the binary does not start.
+    fn start_or_skip(test: &str) -> Option<LocalRelay> {
+        let bin = match std::env::var_os("NIP77_RELAY").filter(|v| !v.is_empty()) {
+            Some(bin) => PathBuf::from(bin),
+            None => {
+                let msg = format!("NIP77_RELAY is not set; build the helper: {BUILD}");
+                if in_ci() {
+                    panic!("{test}: {msg} (CI is set, so this test must not be skipped)");
+                }
+                eprintln!("{test}: skipping: {msg}");
+                return None;
+            }
+        };
+        assert!(
+            bin.is_file(),
+            "{test}: NIP77_RELAY={} does not exist; {BUILD}",
+            bin.display()
+        );
+        let mut child = Command::new(&bin)
+            .arg("0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{test}: cannot run {}: {e}", bin.display()));
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        // The first line is the URL; read it on a thread so a silent binary cannot hang us.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut relay = LocalRelay {
+            child,
+            stdin,
+            url: String::new(),
+        };
+        let line = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("{test}: {} printed no URL", bin.display()));
+        relay.url = line.trim().to_string();
+        assert!(
+            relay.url.starts_with("ws://127.0.0.1:"),
+            "{test}: unexpected first line {line:?}"
+        );
+        Some(relay)
+    }
+
+    /// Publishes `events` and waits for each `OK true`.
+    fn seed(&self, events: &[Event]) {
+        let mut c = Client::connect(&self.url);
+        for e in events {
+            c.send(&format!(r#"["EVENT",{}]"#, e.as_json()));
+        }
+        let mut pending: HashSet<String> = events.iter().map(|e| e.id.to_hex()).collect();
+        while !pending.is_empty() {
+            let frame = c
+                .recv_within(WAIT)
+                .expect("relay connection")
+                .unwrap_or_else(|| panic!("{} OKs missing", pending.len()));
+            if frame[0] == "OK" {
+                assert_eq!(frame[2], true, "refused: {frame}");
+                pending.remove(frame[1].as_str().unwrap_or_default());
+            }
+        }
+    }
+}
+
+impl Drop for LocalRelay {
+    fn drop(&mut self) {
+        // Closing stdin asks it to exit; kill in case it does not.
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The relay holds 1,000 issues of one repository and 50 unrelated notes; a client that lacks
+/// `percent` % of the issues (and holds two events of its own) learns exactly the ids it lacks
+/// and exactly the two the relay lacks.
+fn reconcile_with_missing(test: &str, percent: usize) {
+    let Some(relay) = LocalRelay::start_or_skip(test) else {
+        return;
+    };
+    let (issues, notes) = issues(1_000, 50, 1_700_000_000);
+    let (extra, _) = negentropy_client::issues(2, 0, 1_600_000_000);
+    relay.seed(&[issues.clone(), notes].concat());
+    let missing = missing_share(&issues, percent);
+    assert_eq!(missing.len(), issues.len() * percent / 100);
+    let client_has = issues
+        .iter()
+        .filter(|e| !missing.contains(&e.id))
+        .chain(extra.iter());
+    let outcome = Client::connect(&relay.url)
+        .reconcile("neg1", &repo_filter(&issues[0]), &records(client_has))
+        .unwrap_or_else(|a| panic!("{test}: relay answered {a:?}"));
+    assert_eq!(outcome.need, missing, "{test}");
+    let extra_ids: HashSet<EventId> = extra.iter().map(|e| e.id).collect();
+    assert_eq!(outcome.have, extra_ids, "{test}");
+}
+
+#[test]
+fn local_relay_reconciliation_with_nothing_missing() {
+    reconcile_with_missing("local_relay_reconciliation_with_nothing_missing", 0);
+}
+
+#[test]
+fn local_relay_reconciliation_with_one_percent_missing() {
+    reconcile_with_missing("local_relay_reconciliation_with_one_percent_missing", 1);
+}
+
+#[test]
+fn local_relay_reconciliation_with_half_missing() {
+    reconcile_with_missing("local_relay_reconciliation_with_half_missing", 50);
+}
+
+#[test]
+fn local_relay_reconciliation_with_everything_missing() {
+    reconcile_with_missing("local_relay_reconciliation_with_everything_missing", 100);
+}
