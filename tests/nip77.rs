@@ -133,3 +133,46 @@ fn a_relay_answering_neg_err_is_read_by_paged_reqs() {
     );
     common::shutdown_clean(handle, &[&s.own, &s.remote]);
 }
+
+/// The daily resync is the consistency check: an own relay that lost events after they were
+/// stored (a restored database, a wipe) gets them back by reconciliation, although the
+/// forwarder remembers their earlier `OK`s and copies of them were held back while they were
+/// on their way.
+#[test]
+fn an_own_relay_that_lost_stored_events_gets_them_back_at_the_daily_resync() {
+    let s = setup(Nip77Mode::On);
+    let mut c = config(&s.own);
+    c.daily_resync = (Duration::from_secs(5), Duration::from_secs(6));
+    let handle = grasp_sync::start(c).unwrap();
+    let complete = || s.own.event_ids() == s.expected && handle.status().is_settled();
+    assert!(wait_until(WAIT, complete), "first sync");
+    let before = handle.status().sync;
+    // The own relay loses everything but the announcement and the first half of the rest.
+    let kept: Vec<_> = s
+        .own
+        .events()
+        .into_iter()
+        .enumerate()
+        .filter(|(k, e)| e.kind.as_u16() == 30617 || k % 2 == 0)
+        .map(|(_, e)| e)
+        .collect();
+    s.own.clear_events();
+    for e in &kept {
+        s.own.insert(e);
+    }
+    let lost = s.expected.len() - kept.len();
+    assert!(lost >= 20, "{lost} lost");
+    assert!(
+        wait_until(WAIT, || {
+            handle.status().sync.daily_resyncs > before.daily_resyncs && complete()
+        }),
+        "own relay lacks {:?}",
+        s.expected.difference(&s.own.event_ids())
+    );
+    let after = handle.status().sync;
+    assert!(
+        after.reconcile_ids_fetched - before.reconcile_ids_fetched >= lost as u64,
+        "{after:?}"
+    );
+    common::shutdown_clean(handle, &[&s.own, &s.remote]);
+}

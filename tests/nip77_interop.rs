@@ -9,7 +9,11 @@
 //! print "skipping" and pass, except under CI (`CI` set), where they fail. Build it with
 //! `cd tests/nip77-relay && cargo build --release --locked`, then
 //! `NIP77_RELAY=tests/nip77-relay/target/release/nip77-relay cargo test --all-features --test nip77_interop`.
+//!
+//! The last test runs the engine itself against it: `LocalRelay` serves no NIP-11 document,
+//! so the engine reconciles with it only with `--nip77-probe` (tried once, then remembered).
 
+mod common;
 mod negentropy_client;
 
 use std::collections::HashSet;
@@ -160,4 +164,88 @@ fn local_relay_reconciliation_with_half_missing() {
 #[test]
 fn local_relay_reconciliation_with_everything_missing() {
     reconcile_with_missing("local_relay_reconciliation_with_everything_missing", 100);
+}
+
+/// The engine against the real relay: `LocalRelay` publishes no NIP-11 document, so with
+/// `--nip77-probe` Layer 1 of the first sync is the one try (the first batch's queries are
+/// REQs: they are never the try). It completes and the relay is remembered as speaking
+/// NIP-77. Then the own relay loses half of the events and the daily resync (a few seconds
+/// here) reconciles every history query: the missing ids are fetched by reconciliation and
+/// the own relay ends with exactly the expected set again, with no fallback.
+#[test]
+fn local_relay_engine_reconciles_after_the_probe_and_the_own_relay_ends_complete() {
+    use common::{announcement, comment, repo_ref, root};
+    use grasp_sync::core::sync::Nip77Support;
+    use grasp_sync::testing::{wait_until, TestRelay};
+    use std::time::Duration;
+
+    let test = "local_relay_engine_reconciles_after_the_probe_and_the_own_relay_ends_complete";
+    let Some(remote) = LocalRelay::start_or_skip(test) else {
+        return;
+    };
+    common::init_logging();
+    let own = TestRelay::start();
+    let keys = nostr::key::Keys::generate();
+    let ann = announcement(&keys, "r", &[&[&remote.url]]);
+    let repo = repo_ref(&keys, "r");
+    let mut events = vec![ann.clone()];
+    own.insert(&ann);
+    for i in 0..30 {
+        let issue = root(&keys, 1621, &repo, &format!("issue {i}"), &[]);
+        let reply = comment(&keys, &issue, "a comment");
+        events.push(issue);
+        events.push(reply);
+    }
+    remote.seed(&events);
+    let expected: HashSet<EventId> = events.iter().map(|e| e.id).collect();
+    let mut config = grasp_sync::Config::new(common::url(&own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
+    config.nip77.probe_unadvertised = true;
+    config.daily_resync = (Duration::from_secs(6), Duration::from_secs(7));
+    let handle = grasp_sync::start(config).unwrap();
+    let wait = Duration::from_secs(60);
+    let complete = || own.event_ids() == expected && handle.status().is_settled();
+    assert!(
+        wait_until(wait, complete),
+        "{test}: first sync: own relay lacks {:?}",
+        expected.difference(&own.event_ids())
+    );
+    let st = handle.status();
+    assert_eq!(st.relays.len(), 1, "{test}");
+    assert_eq!(st.relays[0].nip77, Nip77Support::Works, "{test}");
+    let (runs, fetched) = (st.sync.reconciliations, st.sync.reconcile_ids_fetched);
+
+    // The own relay loses every other event (the announcement stays).
+    own.clear_events();
+    let mut missing = 0;
+    for (k, e) in events.iter().enumerate() {
+        if k == 0 || k % 2 == 0 {
+            own.insert(e);
+        } else {
+            missing += 1;
+        }
+    }
+    assert!(
+        wait_until(wait, || {
+            let s = handle.status();
+            s.sync.daily_resyncs > 0 && s.sync.reconciliations > runs && complete()
+        }),
+        "{test}: after the daily resync the own relay lacks {:?}; {:?}",
+        expected.difference(&own.event_ids()),
+        handle.status().sync
+    );
+    let st = handle.status();
+    assert!(
+        st.sync.reconcile_ids_fetched - fetched >= missing,
+        "{test}: {} ids fetched by reconciliation, {missing} missing",
+        st.sync.reconcile_ids_fetched - fetched
+    );
+    assert_eq!(
+        st.sync.reconcile_fallbacks.iter().sum::<u64>(),
+        0,
+        "{test}: {:?}",
+        st.sync
+    );
+    common::shutdown_clean(handle, &[&own]);
 }

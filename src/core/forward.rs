@@ -189,6 +189,14 @@ impl ForwardQueue {
             self.counters.deduplicated += 1;
             return Offer::AlreadyStored;
         }
+        self.offer_missing(id, raw)
+    }
+
+    /// Offers a checked event that the own relay is known to lack: a NIP-77 reconciliation
+    /// compared the own relay's set and fetched it. The memory of an earlier `OK` does not
+    /// hold it back (the own relay may have lost the event since: a restored database, a
+    /// wipe); a copy queued or in flight, or a kept rejection, still does.
+    pub fn offer_missing(&mut self, id: EventId, raw: Arc<str>) -> Offer {
         if self.queued.contains(&id) || self.in_flight.contains_key(&id) {
             self.counters.deduplicated += 1;
             return Offer::AlreadyQueued;
@@ -535,6 +543,22 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(3));
         let c = q.counters();
         assert_eq!((c.stored, c.duplicates, c.deduplicated), (1, 1, 2));
+    }
+
+    #[test]
+    fn an_event_the_own_relay_lacks_is_sent_again_despite_an_old_ok() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        q.poll_send(t);
+        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);
+        // A reconciliation found the own relay without it: queued and sent again.
+        assert_eq!(q.offer_missing(id(1), raw(1)), Offer::Queued);
+        assert_eq!(q.offer_missing(id(1), raw(1)), Offer::AlreadyQueued);
+        assert_eq!(q.poll_send(t).unwrap().0, id(1));
+        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.counters().stored, 2);
     }
 
     #[test]

@@ -142,6 +142,10 @@ pub struct ForwardItem {
     pub raw: Arc<str>,
     /// Its bytes' place in the pipeline's byte bound; released when the event is resolved.
     pub admission: Option<ByteAdmission>,
+    /// Fetched by `ids` after a NIP-77 reconciliation found the own relay without it: the
+    /// forwarder sends it even if it remembers an earlier `OK` for it
+    /// ([`ForwardQueue::offer_missing`](crate::core::forward::ForwardQueue::offer_missing)).
+    pub missing: bool,
 }
 
 /// Where a connection's events go.
@@ -910,6 +914,8 @@ impl ConnectionThread {
                                     id: event.id,
                                     raw: Arc::from(raw.get()),
                                     admission: None,
+                                    // Only a reconciliation's fetch asks a remote by `ids`.
+                                    missing: sub.filter.ids.is_some(),
                                 };
                                 return self.forward(forward, item, ctx.socket);
                             }
