@@ -441,7 +441,8 @@ impl ConnectionThread {
             let mut failed = None;
             while let Ok(c) = self.control.try_recv() {
                 last_busy = self.clock.now();
-                match c {
+                // The frame this command sends, if any.
+                let text = match c {
                     Control::Connect { generation: g } => {
                         let _ = socket.close(None);
                         let _ = socket.flush();
@@ -456,45 +457,13 @@ impl ConnectionThread {
                         generation: g,
                         sub_id,
                         filter,
-                    } if g == generation => {
-                        let text =
-                            ClientMessage::req(sub_id.clone(), vec![(*filter).clone()]).as_json();
-                        trace!("{} <- {text}", self.url);
-                        subs.insert(
-                            sub_id.to_string(),
-                            Sub {
-                                filter: *filter,
-                                stats: PageStats::default(),
-                                eose: false,
-                                ids: None,
-                            },
-                        );
-                        if let Err(e) = socket.write(Message::text(text)) {
-                            failed = Some(format!("write failed: {e}"));
-                            break;
-                        }
-                    }
+                    } if g == generation => Some(self.open_req(&mut subs, sub_id, *filter, None)),
                     Control::CollectIds {
                         generation: g,
                         sub_id,
                         filter,
                     } if g == generation => {
-                        let text =
-                            ClientMessage::req(sub_id.clone(), vec![(*filter).clone()]).as_json();
-                        trace!("{} <- {text}", self.url);
-                        subs.insert(
-                            sub_id.to_string(),
-                            Sub {
-                                filter: *filter,
-                                stats: PageStats::default(),
-                                eose: false,
-                                ids: Some((Vec::new(), false)),
-                            },
-                        );
-                        if let Err(e) = socket.write(Message::text(text)) {
-                            failed = Some(format!("write failed: {e}"));
-                            break;
-                        }
+                        Some(self.open_req(&mut subs, sub_id, *filter, Some((Vec::new(), false))))
                     }
                     Control::NegOpen {
                         generation: g,
@@ -505,56 +474,48 @@ impl ConnectionThread {
                         negs.insert(sub_id.to_string());
                         let text = ClientMessage::neg_open(sub_id, *filter, message).as_json();
                         trace!("{} <- {}", self.url, escape_for_log(&text, 200));
-                        if let Err(e) = socket.write(Message::text(text)) {
-                            failed = Some(format!("write failed: {e}"));
-                            break;
-                        }
+                        Some(text)
                     }
                     Control::NegMsg {
                         generation: g,
                         sub_id,
                         message,
-                    } if g == generation => {
-                        let text = ClientMessage::NegMsg {
+                    } if g == generation => Some(
+                        ClientMessage::NegMsg {
                             subscription_id: std::borrow::Cow::Owned(sub_id),
                             message: std::borrow::Cow::Owned(message),
                         }
-                        .as_json();
-                        if let Err(e) = socket.write(Message::text(text)) {
-                            failed = Some(format!("write failed: {e}"));
-                            break;
-                        }
-                    }
+                        .as_json(),
+                    ),
                     Control::NegClose {
                         generation: g,
                         sub_id,
-                    } if g == generation => {
-                        if negs.remove(sub_id.as_str()) {
-                            let text = ClientMessage::NegClose {
-                                subscription_id: std::borrow::Cow::Owned(sub_id),
-                            }
-                            .as_json();
-                            if let Err(e) = socket.write(Message::text(text)) {
-                                failed = Some(format!("write failed: {e}"));
-                                break;
-                            }
+                    } if g == generation => negs.remove(sub_id.as_str()).then(|| {
+                        ClientMessage::NegClose {
+                            subscription_id: std::borrow::Cow::Owned(sub_id),
                         }
-                    }
+                        .as_json()
+                    }),
                     Control::Unsubscribe {
                         generation: g,
                         sub_id,
                     } if g == generation => {
                         subs.remove(sub_id.as_str());
                         auth.forget(sub_id.as_str());
-                        let text = ClientMessage::close(sub_id).as_json();
-                        if let Err(e) = socket.write(Message::text(text)) {
-                            failed = Some(format!("write failed: {e}"));
-                            break;
-                        }
+                        Some(ClientMessage::close(sub_id).as_json())
                     }
                     #[cfg(feature = "testing")]
                     Control::Panic => panic!("{}: panic injected by a test", self.url),
-                    stale => trace!("{}: dropping stale {stale:?}", self.url),
+                    stale => {
+                        trace!("{}: dropping stale {stale:?}", self.url);
+                        None
+                    }
+                };
+                if let Some(text) = text {
+                    if let Err(e) = socket.write(Message::text(text)) {
+                        failed = Some(format!("write failed: {e}"));
+                        break;
+                    }
                 }
             }
             if let Some(reason) = failed {
@@ -708,6 +669,29 @@ impl ConnectionThread {
     }
 
     /// Reports held subscriptions' `CLOSED` (those still open). False when stopping.
+    /// Records a subscription (`ids`: a `CollectIds` query keeping `(created_at, id)` pairs)
+    /// and returns its `REQ` frame.
+    fn open_req(
+        &self,
+        subs: &mut HashMap<String, Sub>,
+        sub_id: SubscriptionId,
+        filter: Filter,
+        ids: Option<(Vec<(u64, EventId)>, bool)>,
+    ) -> String {
+        let text = ClientMessage::req(sub_id.clone(), vec![filter.clone()]).as_json();
+        trace!("{} <- {text}", self.url);
+        subs.insert(
+            sub_id.to_string(),
+            Sub {
+                filter,
+                stats: PageStats::default(),
+                eose: false,
+                ids,
+            },
+        );
+        text
+    }
+
     fn release(&self, generation: u64, subs: &mut HashMap<String, Sub>, held: Vec<Held>) -> bool {
         for h in held {
             if subs.remove(&h.sub_id).is_some()
