@@ -8,7 +8,7 @@ use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
 use nostr::types::Timestamp;
 
-use super::world::{announcement, keys, repo, World};
+use super::world::{announcement, is_l1, issue, keys, reply, repo, World};
 use crate::core::sync::Report;
 use crate::core::sync::MAX_WARNED;
 use crate::core::time::Time;
@@ -19,28 +19,6 @@ const A: &str = "ws://a.example";
 
 fn at(secs: u64) -> Timestamp {
     Timestamp::from_secs(secs)
-}
-
-fn issue(d: &str, text: &str, created_at: u64) -> Event {
-    EventBuilder::new(Kind::Custom(1621), text)
-        .tag(Tag::parse(["a", &repo(d)]).unwrap())
-        .custom_created_at(at(created_at))
-        .finalize(&keys())
-        .unwrap()
-}
-
-fn reply(root: &Event, text: &str, created_at: u64) -> Event {
-    EventBuilder::new(Kind::Custom(1111), text)
-        .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
-        .custom_created_at(at(created_at))
-        .finalize(&keys())
-        .unwrap()
-}
-
-fn is_l1(f: &Filter) -> bool {
-    f.kinds
-        .as_ref()
-        .is_some_and(|k| k.contains(&Kind::Custom(30617)))
 }
 
 fn has_tag(f: &Filter, tag: char) -> bool {

@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
+use nostr::event::Event;
 use nostr::filter::Filter;
 use nostr::types::Timestamp;
 
-use super::world::{announcement, keys, repo, World};
+use super::world::{announcement, is_l1, issue, keys, reply, repo, World};
 use super::{RelaySnapshot, SyncSnapshot, MAX_RELAY_ITEMS};
 use crate::net::url::RelayUrl;
 
@@ -19,28 +19,6 @@ const B: &str = "ws://b.example";
 const C: &str = "ws://c.example";
 const DAY: u64 = 86_400;
 const MIN: u64 = 60;
-
-fn issue(d: &str, text: &str, created_at: u64) -> Event {
-    EventBuilder::new(Kind::Custom(1621), text)
-        .tag(Tag::parse(["a", &repo(d)]).unwrap())
-        .custom_created_at(Timestamp::from_secs(created_at))
-        .finalize(&keys())
-        .unwrap()
-}
-
-fn reply(root: &Event, text: &str, created_at: u64) -> Event {
-    EventBuilder::new(Kind::Custom(1111), text)
-        .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
-        .custom_created_at(Timestamp::from_secs(created_at))
-        .finalize(&keys())
-        .unwrap()
-}
-
-fn is_l1(f: &Filter) -> bool {
-    f.kinds
-        .as_ref()
-        .is_some_and(|k| k.contains(&Kind::Custom(30617)))
-}
 
 /// A history REQ without `since`: what a fresh sync sends (live-only ones carry `limit: 0`).
 fn full_history(f: &Filter) -> bool {

@@ -759,3 +759,30 @@ pub(crate) fn announcement(d: &str, relays: &[&str], created_at: u64) -> Event {
 pub(crate) fn repo(d: &str) -> String {
     format!("30617:{}:{d}", keys().public_key().to_hex())
 }
+
+/// An issue (kind 1621) of repository `d`, created at `created_at` (Unix seconds).
+pub(crate) fn issue(d: &str, text: &str, created_at: u64) -> Event {
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    EventBuilder::new(Kind::Custom(1621), text)
+        .tag(Tag::parse(["a", &repo(d)]).expect("a tag"))
+        .custom_created_at(nostr::types::Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .expect("signed")
+}
+
+/// A NIP-22 comment (kind 1111) on `root`, created at `created_at` (Unix seconds).
+pub(crate) fn reply(root: &Event, text: &str, created_at: u64) -> Event {
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    EventBuilder::new(Kind::Custom(1111), text)
+        .tag(Tag::parse(["E", &root.id.to_hex()]).expect("E tag"))
+        .custom_created_at(nostr::types::Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .expect("signed")
+}
+
+/// True for a Layer 1 filter (announcements).
+pub(crate) fn is_l1(f: &Filter) -> bool {
+    f.kinds
+        .as_ref()
+        .is_some_and(|k| k.contains(&nostr::event::Kind::Custom(30617)))
+}
