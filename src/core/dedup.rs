@@ -110,7 +110,7 @@ pub enum Known {
 /// same id is verified again.
 ///
 /// The set also records which events were handed to the forwarder
-/// ([`VerifiedSet::claim_forward`]), so that only one copy of each is on its way at a time.
+/// ([`VerifiedSet::claim_forward`]), so that only one copy of each is.
 ///
 /// Bounded: each of [`VERIFIED_SHARDS`] shards keeps at most `capacity / shards` (rounded
 /// up) events and forgets its oldest first. Thread-safe: every call takes one shard's lock for
@@ -228,9 +228,8 @@ impl VerifiedSet {
         }
     }
 
-    /// Releases a claim: the own relay answered the event's `OK` (stored, duplicate or
-    /// rejected), so the next copy is handed over again (the own relay may have lost it since;
-    /// the forwarder decides whether to retry a rejected one).
+    /// Releases a claim: the forwarder gave the event up (the own relay rejected it), so the
+    /// next copy is handed over again (the forwarder decides whether to retry it).
     pub fn release_forward(&self, id: &EventId) {
         if let Some(v) = self.shard(id).lock().events.get_mut(id) {
             v.forwarded = 0;

@@ -885,7 +885,14 @@ impl ConnectionThread {
                                 // Only one copy per forwarder: it would drop the others.
                                 let forwarder =
                                     self.metrics.forwarder_restarts.load(Ordering::Relaxed);
-                                if !self.metrics.verified.claim_forward(&event.id, forwarder) {
+                                // Only a reconciliation's fetch asks a remote by `ids`: the
+                                // own relay was just found without the event, so it goes to
+                                // the forwarder whatever an earlier copy's claim says
+                                // (departure 61).
+                                let missing = sub.filter.ids.is_some();
+                                if !self.metrics.verified.claim_forward(&event.id, forwarder)
+                                    && !missing
+                                {
                                     RelayCounters::inc(&self.counters.copies_not_forwarded);
                                     trace!(
                                         "{}: {} already handed to the forwarder",
@@ -898,8 +905,7 @@ impl ConnectionThread {
                                     id: event.id,
                                     raw: Arc::from(raw.get()),
                                     admission: None,
-                                    // Only a reconciliation's fetch asks a remote by `ids`.
-                                    missing: sub.filter.ids.is_some(),
+                                    missing,
                                 };
                                 return self.forward(forward, item, ctx.socket);
                             }

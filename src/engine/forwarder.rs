@@ -264,7 +264,6 @@ impl Forwarder {
     }
 
     fn offer(&self, queue: &mut ForwardQueue, item: ForwardItem) {
-        let id = item.id;
         let offer = if item.missing {
             queue.offer_missing(item.id, item.raw)
         } else {
@@ -273,12 +272,8 @@ impl Forwarder {
         if offer != Offer::Queued {
             // A copy: its admission is dropped (released) here.
             self.resolved();
-            if matches!(offer, Offer::AlreadyStored | Offer::PreviouslyRejected) {
-                // Nothing of it is on its way: the claim ends, as at an `OK` (departure 46).
-                self.metrics.verified.release_forward(&id);
-            }
         } else if let Some(a) = item.admission {
-            self.admissions.borrow_mut().insert(id, a);
+            self.admissions.borrow_mut().insert(item.id, a);
         }
     }
 
@@ -580,11 +575,6 @@ impl Forwarder {
             // Out of the pipeline: its bytes are free again (a kept rejected event counts
             // against the rejected store's own byte bound).
             self.admissions.borrow_mut().remove(&event_id);
-            // And its claim ends (design departure 46): only copies that arrive while it is
-            // on its way are held back. A copy arriving later is handed over again, because
-            // the own relay may have lost the event since (a restored database, a wipe): the
-            // own relay, not our memory of an old OK, says whether it still holds it.
-            self.metrics.verified.release_forward(&event_id);
         }
         match outcome {
             OkOutcome::Stored => {
@@ -609,8 +599,8 @@ impl Forwarder {
             }
             OkOutcome::Rejected(reason) => {
                 self.resolved();
-                // Given up (the claim ended above): the next copy from a remote relay is
-                // handed over again.
+                // Given up: the next copy from a remote relay is handed over again.
+                self.metrics.verified.release_forward(&event_id);
                 let slot = crate::engine::metrics::reject_reason_slot(&reason);
                 let n =
                     self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);
