@@ -371,14 +371,7 @@ fn engine_cpu() -> Cpu {
             continue;
         };
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        // Fields after the ")" that ends the name: state is field 3, utime 14, stime 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let ticks: u64 = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|f| f.parse::<u64>().ok())
-            .sum();
+        let ticks = stat_cpu_ticks(&stat);
         *cpu.by_kind.entry(kind).or_default() += ticks as f64 / tick;
     }
     cpu
@@ -1434,14 +1427,18 @@ fn ms(d: Duration) -> f64 {
 /// clock-tick resolution: only for figures of many ticks).
 fn thread_cpu_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    stat_cpu_ticks(&stat) as f64 / clock_ticks_per_sec()
+}
+
+/// utime + stime (clock ticks) of a `/proc/…/stat` line: fields 14 and 15, counted after the
+/// ")" that ends the thread's name (a name may hold spaces and parentheses).
+fn stat_cpu_ticks(stat: &str) -> u64 {
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let ticks: u64 = rest
-        .split_whitespace()
+    rest.split_whitespace()
         .skip(11)
         .take(2)
         .filter_map(|f| f.parse::<u64>().ok())
-        .sum();
-    ticks as f64 / clock_ticks_per_sec()
+        .sum()
 }
 
 fn planning_figures(sizes: &Sizes) -> Vec<Figure> {

@@ -97,36 +97,8 @@ pub(crate) fn open(
     Ok((session, reply))
 }
 
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex_encode(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
-/// The bytes of the hex string `text` (either case); `None` if it is not hex of whole bytes.
-pub(crate) fn hex_decode(text: &str) -> Option<Vec<u8>> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let bytes = text.as_bytes();
-    if bytes.len() % 2 != 0 {
-        return None;
-    }
-    bytes
-        .chunks_exact(2)
-        .map(|pair| Some((nibble(pair[0])? << 4) | nibble(pair[1])?))
-        .collect()
-}
+/// Hex as the NIP-77 messages carry it: the engine's own encoder and decoder.
+pub(crate) use crate::core::sync::{hex_decode, hex_encode};
 
 /// `doc` with 77 added to its `supported_nips` (created when absent); other documents (not
 /// a JSON object, or `supported_nips` not an array) are returned unchanged.
