@@ -261,16 +261,21 @@ fn keyed(i: u8) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
 
     /// The machine's incremental planning (issue 10): after any sequence of batches, the
     /// cached targets equal a fresh `derive_targets`, under tight quotas, a cap, a shard, a
-    /// repository scope and an excluded own relay.
+    /// repository scope and an excluded own relay; with the whole selection run again at
+    /// every changed relay set (`reselect`) or only for the pubkeys of the repositories
+    /// whose relay set changed (`reselect_repos`, as the machine does).
     #[test]
     fn incremental_plan_equals_a_fresh_derivation(
         batches in prop::collection::vec(prop::collection::vec(change(), 1..6), 1..12),
         per_key in 1usize..4,
-        max in 1usize..7,
+        // Up to 9 relays can be within the quotas (three pubkeys): from 9 on the cap never
+        // binds, which is when `reselect_repos` works per pubkey.
+        max in 1usize..12,
+        by_repo in any::<bool>(),
         shard in prop::option::of(0u64..2),
         excluded_own in any::<bool>(),
         listing in prop::option::of(0usize..8),
@@ -292,6 +297,7 @@ proptest! {
             // As process_batch: apply the batch, reselect if a relay set changed, then
             // add the new root-event links.
             let mut relays_changed = false;
+            let mut moved: Vec<String> = Vec::new();
             let mut links = Vec::new();
             for c in batch {
                 match c {
@@ -301,6 +307,7 @@ proptest! {
                         if n.relays != set {
                             n.relays = set;
                             relays_changed = true;
+                            moved.push(keyed(r));
                         }
                     }
                     Change::Root(i, repos) => {
@@ -315,7 +322,11 @@ proptest! {
             let mut changed: HashSet<RelayUrl> = HashSet::new();
             let before = plan.targets().clone();
             if relays_changed {
-                changed.extend(plan.reselect(&idx, &excluded, &policy));
+                if by_repo {
+                    changed.extend(plan.reselect_repos(&idx, &excluded, &policy, &moved));
+                } else {
+                    changed.extend(plan.reselect(&idx, &excluded, &policy));
+                }
             }
             for (r, i) in links {
                 changed.extend(plan.add_root_event(&r, i));

@@ -495,6 +495,200 @@ pub struct Selection {
 pub struct Plan {
     selection: Selection,
     targets: HashMap<RelayUrl, RelaySyncNeeds>,
+    /// The selection's inputs per announcing pubkey, kept up to date by
+    /// [`Plan::reselect_repos`] so that a change re-ranks only the pubkeys it touches.
+    keys: Option<KeyCache>,
+}
+
+/// What [`select_each`] computes per announcing pubkey, kept between batches: while the
+/// global cap does not bind, a pubkey's repositories depend only on its own ranked relays,
+/// so a change to some announcements re-ranks only their pubkeys (issue 10).
+#[derive(Debug, Clone, Default)]
+struct KeyCache {
+    /// The policy and excluded relays the cache was built for; another one rebuilds it.
+    policy: Option<TargetPolicy>,
+    excluded: Vec<RelayUrl>,
+    /// Per pubkey: its repositories in scope and its ranked relays.
+    keys: HashMap<String, KeyEntry>,
+    /// Per relay: how many pubkeys' repositories name it (in scope, excluded relays not
+    /// counted); only relays with a count.
+    want: HashMap<RelayUrl, u32>,
+    /// Per relay: how many pubkeys keep it within their quota; only relays with a count.
+    allow: HashMap<RelayUrl, u32>,
+    /// Announced repositories outside the scope.
+    out_of_scope: HashSet<RepoRef>,
+    /// Announced repositories in scope (the sum of the keys' repositories).
+    in_scope: usize,
+    /// Pubkeys naming more relays than their quota.
+    over_quota_keys: usize,
+}
+
+/// One pubkey in the [`KeyCache`].
+#[derive(Debug, Clone, Default)]
+struct KeyEntry {
+    /// Its announced repositories in scope.
+    repos: HashSet<RepoRef>,
+    /// Every relay they name (excluded relays left out), ranked as [`select_each`] ranks.
+    ranked: Vec<RelayUrl>,
+    /// How many of `ranked` are within the quota.
+    allowed: usize,
+}
+
+impl KeyEntry {
+    fn allowed(&self) -> &[RelayUrl] {
+        &self.ranked[..self.allowed]
+    }
+}
+
+impl KeyCache {
+    /// A cache of every repository of `repo_index`.
+    fn build(repo_index: &RepoSyncIndex, excluded: &[RelayUrl], policy: &TargetPolicy) -> KeyCache {
+        let mut cache = KeyCache {
+            policy: Some(policy.clone()),
+            excluded: excluded.to_vec(),
+            ..KeyCache::default()
+        };
+        let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::new();
+        for repo in repo_index.keys() {
+            by_key.entry(repo_pubkey(repo)).or_default().push(repo);
+        }
+        for (key, repos) in by_key {
+            cache.refresh(key, &repos, repo_index, excluded, policy);
+        }
+        cache
+    }
+
+    /// True when the cache was built for this policy and these excluded relays.
+    fn fits(&self, excluded: &[RelayUrl], policy: &TargetPolicy) -> bool {
+        self.policy.as_ref() == Some(policy) && self.excluded == excluded
+    }
+
+    /// Takes the repositories `changed` of pubkey `key` from the index again (their relay
+    /// sets changed) and ranks the pubkey's relays again. Returns the pubkey's repositories
+    /// in scope before the change.
+    fn refresh(
+        &mut self,
+        key: &str,
+        changed: &[&RepoRef],
+        repo_index: &RepoSyncIndex,
+        excluded: &[RelayUrl],
+        policy: &TargetPolicy,
+    ) -> HashSet<RepoRef> {
+        let old = self.keys.remove(key).unwrap_or_default();
+        for r in &old.ranked {
+            decrement(&mut self.want, r);
+        }
+        for r in old.allowed() {
+            decrement(&mut self.allow, r);
+        }
+        if old.ranked.len() > policy.max_relays_per_pubkey {
+            self.over_quota_keys -= 1;
+        }
+        self.in_scope -= old.repos.len();
+        let mut repos = old.repos.clone();
+        for repo in changed {
+            repos.remove(*repo);
+            self.out_of_scope.remove(*repo);
+            let Some(needs) = repo_index.get(*repo) else {
+                continue;
+            };
+            if needs.relays.is_empty() {
+                continue;
+            }
+            if policy.scope.admits(needs.relays.iter()) {
+                repos.insert((*repo).clone());
+            } else {
+                self.out_of_scope.insert((*repo).clone());
+            }
+        }
+        self.in_scope += repos.len();
+        // Rank as `select_each` does: by how many of the pubkey's repositories name a
+        // relay (most first), then by URL.
+        let mut count: HashMap<&RelayUrl, u32> = HashMap::new();
+        for repo in &repos {
+            if let Some(needs) = repo_index.get(repo) {
+                for relay in needs.relays.iter().filter(|r| !excluded.contains(r)) {
+                    *count.entry(relay).or_default() += 1;
+                }
+            }
+        }
+        let mut ranked: Vec<(&RelayUrl, u32)> = count.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let ranked: Vec<RelayUrl> = ranked.into_iter().map(|(r, _)| r.clone()).collect();
+        let allowed = ranked.len().min(policy.max_relays_per_pubkey);
+        if ranked.len() > policy.max_relays_per_pubkey {
+            self.over_quota_keys += 1;
+        }
+        for r in &ranked {
+            increment(&mut self.want, r);
+        }
+        for r in &ranked[..allowed] {
+            increment(&mut self.allow, r);
+        }
+        if !repos.is_empty() {
+            self.keys.insert(
+                key.to_string(),
+                KeyEntry {
+                    repos,
+                    ranked,
+                    allowed,
+                },
+            );
+        }
+        old.repos
+    }
+
+    /// True when the global cap leaves a relay within some pubkey's quota unselected: then
+    /// the round-robin couples the pubkeys and only the whole selection is right.
+    fn capped(&self, policy: &TargetPolicy) -> bool {
+        let slots = policy.max_relays.saturating_sub(policy.reserved.len());
+        let reserved_allowed = self
+            .allow
+            .keys()
+            .filter(|r| policy.reserved.contains(r))
+            .count();
+        self.allow.len() - reserved_allowed > slots
+    }
+
+    /// The report of the selection while the cap does not bind (see [`KeyCache::capped`]).
+    fn report(&self, policy: &TargetPolicy) -> TargetReport {
+        TargetReport {
+            repos_in_scope: self.in_scope,
+            repos_out_of_scope: self.out_of_scope.len(),
+            relays_wanted: self.want.len(),
+            relays_selected: 0,
+            pubkeys_over_quota: self.over_quota_keys,
+            relays_over_pubkey_quota: self
+                .want
+                .keys()
+                .filter(|r| !self.allow.contains_key(*r))
+                .count(),
+            relays_over_global_cap: 0,
+            relays_other_shards: self
+                .allow
+                .keys()
+                .filter(|r| policy.shard.is_some_and(|s| !s.owns(r)))
+                .count(),
+        }
+    }
+}
+
+fn increment(counts: &mut HashMap<RelayUrl, u32>, relay: &RelayUrl) {
+    match counts.get_mut(relay) {
+        Some(c) => *c += 1,
+        None => {
+            counts.insert(relay.clone(), 1);
+        }
+    }
+}
+
+fn decrement(counts: &mut HashMap<RelayUrl, u32>, relay: &RelayUrl) {
+    if let Some(c) = counts.get_mut(relay) {
+        *c -= 1;
+        if *c == 0 {
+            counts.remove(relay);
+        }
+    }
 }
 
 impl Plan {
@@ -508,7 +702,11 @@ impl Plan {
                 add_repo_to(&mut targets, relay, repo, needs);
             }
         }
-        let mut plan = Plan { selection, targets };
+        let mut plan = Plan {
+            selection,
+            targets,
+            keys: None,
+        };
         plan.selection.report.relays_selected = plan.targets.len();
         plan
     }
@@ -563,6 +761,96 @@ impl Plan {
         }
     }
 
+    /// [`Plan::reselect`] after the relay sets of the repositories `changed` changed (new or
+    /// newer announcements), in proportion to the change: only the pubkeys of `changed` are
+    /// ranked again and only their repositories are compared, while the global cap
+    /// (`max_relays`) leaves every relay within a pubkey's quota selected. When the cap
+    /// binds, or the policy or the excluded relays differ from the last call, the whole
+    /// selection runs ([`Plan::reselect`]). Every repository whose relay set changed since
+    /// the last call must be in `changed`. Returns the relays whose target changed.
+    pub fn reselect_repos(
+        &mut self,
+        repo_index: &RepoSyncIndex,
+        excluded: &[RelayUrl],
+        policy: &TargetPolicy,
+        changed: &[RepoRef],
+    ) -> HashSet<RelayUrl> {
+        let mut cache = match self.keys.take() {
+            Some(c) if c.fits(excluded, policy) => c,
+            _ => {
+                let cache = KeyCache::build(repo_index, excluded, policy);
+                let changed = self.reselect(repo_index, excluded, policy);
+                self.keys = Some(cache);
+                return changed;
+            }
+        };
+        let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::new();
+        for repo in changed {
+            by_key.entry(repo_pubkey(repo)).or_default().push(repo);
+        }
+        let mut touched: Vec<(String, HashSet<RepoRef>)> = Vec::new();
+        for (key, repos) in by_key {
+            let before = cache.refresh(key, &repos, repo_index, excluded, policy);
+            touched.push((key.to_string(), before));
+        }
+        // The cap binds now, or did at the last selection: the whole selection.
+        if cache.capped(policy) || self.selection.report.relays_over_global_cap > 0 {
+            let changed = self.reselect(repo_index, excluded, policy);
+            self.keys = Some(cache);
+            return changed;
+        }
+        // Each touched pubkey's repositories, before and after, against their cached relays.
+        let mut moves: Vec<(RepoRef, Vec<RelayUrl>)> = Vec::new();
+        for (key, before) in &touched {
+            let entry = cache.keys.get(key);
+            let allowed = entry.map_or(&[][..], |e| e.allowed());
+            let now_repos = entry.map(|e| &e.repos);
+            let repos = before
+                .iter()
+                .chain(now_repos.into_iter().flatten().filter(|r| !before.contains(*r)));
+            for repo in repos {
+                let mut mine: Vec<RelayUrl> = Vec::new();
+                if now_repos.is_some_and(|rs| rs.contains(repo)) {
+                    if let Some(needs) = repo_index.get(repo) {
+                        mine = needs
+                            .relays
+                            .iter()
+                            .filter(|r| {
+                                !excluded.contains(r)
+                                    && allowed.contains(r)
+                                    && policy.shard.is_none_or(|s| s.owns(r))
+                            })
+                            .cloned()
+                            .collect();
+                        mine.sort();
+                    }
+                }
+                let cached: &[RelayUrl] = self
+                    .selection
+                    .repo_relays
+                    .get(repo)
+                    .map_or(&[], |v| v.as_slice());
+                if cached != mine.as_slice() {
+                    moves.push((repo.clone(), mine));
+                }
+            }
+        }
+        let mut changed_relays: HashSet<RelayUrl> = HashSet::new();
+        let mut shrunk: HashSet<RelayUrl> = HashSet::new();
+        for (repo, now) in moves {
+            let before = self.selection.repo_relays.remove(&repo).unwrap_or_default();
+            self.move_repo(repo_index, &repo, &before, &now, &mut changed_relays, &mut shrunk);
+            if !now.is_empty() {
+                self.selection.repo_relays.insert(repo, now);
+            }
+        }
+        self.recompute_shrunk(repo_index, shrunk, &mut changed_relays);
+        self.selection.report = cache.report(policy);
+        self.selection.report.relays_selected = self.targets.len();
+        self.keys = Some(cache);
+        changed_relays
+    }
+
     /// Runs the selection again after relay sets changed and moves the repositories whose
     /// target relays changed. Returns the relays whose target changed.
     pub fn reselect(
@@ -610,8 +898,19 @@ impl Plan {
             }
         }
         self.selection.report = report;
-        // A relay that lost a repository may still carry some of its root events through
-        // another repository: recompute its root events from what it keeps.
+        self.recompute_shrunk(repo_index, shrunk, &mut changed);
+        self.selection.report.relays_selected = self.targets.len();
+        changed
+    }
+
+    /// A relay that lost a repository may still carry some of its root events through
+    /// another repository: recompute its root events from what it keeps.
+    fn recompute_shrunk(
+        &mut self,
+        repo_index: &RepoSyncIndex,
+        shrunk: HashSet<RelayUrl>,
+        changed: &mut HashSet<RelayUrl>,
+    ) {
         for relay in shrunk {
             let Some(t) = self.targets.get_mut(&relay) else {
                 continue;
@@ -628,8 +927,6 @@ impl Plan {
             }
             changed.insert(relay);
         }
-        self.selection.report.relays_selected = self.targets.len();
-        changed
     }
 
     /// Moves `repo` from the relays `before` to the relays `now` in the per-relay targets.

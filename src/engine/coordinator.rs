@@ -408,11 +408,10 @@ impl Coordinator {
                     }
                     self.metrics.forget(&relay);
                 }
-                Command::RetryRejected { changed } => {
-                    let changed = changed.into_iter().collect();
+                Command::RetryRejected { repos, roots } => {
                     if self
                         .forwarder
-                        .send(ForwarderControl::RetryRejected(changed))
+                        .send(ForwarderControl::RetryRejected { repos, roots })
                         .is_err()
                     {
                         log::warn!("forwarder has stopped; rejected events are not retried");

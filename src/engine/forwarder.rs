@@ -57,7 +57,12 @@ struct Open {
 pub enum ForwarderControl {
     /// Re-offer the events the own relay rejected earlier that name one of these repository
     /// coordinates or root event ids (see [`ForwardQueue::retry_rejected`]).
-    RetryRejected(std::collections::HashSet<String>),
+    RetryRejected {
+        /// Repository coordinates `30617:<pubkey>:<d>`.
+        repos: Vec<String>,
+        /// Root event ids.
+        roots: Vec<nostr::event::EventId>,
+    },
     /// Stop taking new work and end once everything received is answered by the own relay
     /// (or at the deadline): the relay threads have already stopped, so the channel holds
     /// all that is left.
@@ -209,7 +214,9 @@ impl Forwarder {
                 );
                 self.drain.set(Some(deadline));
             }
-            ForwarderControl::RetryRejected(changed) => self.retry_rejected(queue, &changed),
+            ForwarderControl::RetryRejected { repos, roots } => {
+                self.retry_rejected(queue, repos, &roots)
+            }
             #[cfg(feature = "testing")]
             ForwarderControl::Panic => panic!("forwarder: panic injected by a test"),
         }
@@ -280,9 +287,16 @@ impl Forwarder {
     fn retry_rejected(
         &self,
         queue: &mut ForwardQueue,
-        changed: &std::collections::HashSet<String>,
+        repos: Vec<String>,
+        roots: &[nostr::event::EventId],
     ) {
-        let n = queue.retry_rejected(changed) as u64;
+        if queue.rejected_kept() == 0 {
+            // Nothing to retry: the hex set (one string per root id) is not built.
+            return;
+        }
+        let mut changed: std::collections::HashSet<String> = repos.into_iter().collect();
+        changed.extend(roots.iter().map(|id| id.to_hex()));
+        let n = queue.retry_rejected(&changed) as u64;
         // Re-queued events are unresolved again until the own relay answers.
         self.metrics
             .forward

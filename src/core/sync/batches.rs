@@ -15,6 +15,16 @@ impl SyncMachine {
         self.replan.extend(changed);
     }
 
+    /// [`Self::reselect`] after the relay sets of `repos` changed, in proportion to the
+    /// change ([`crate::core::actions::Plan::reselect_repos`]).
+    pub(super) fn reselect_repos(&mut self, repos: &[crate::core::nip34::RepoRef]) {
+        let policy = machine_policy(&self.excluded, &self.config);
+        let changed =
+            self.plan
+                .reselect_repos(&self.repo_index, &self.excluded, &policy, repos);
+        self.replan.extend(changed);
+    }
+
     /// Debug builds: the cached targets equal a fresh derivation.
     pub(super) fn check_plan(&self) {
         #[cfg(debug_assertions)]

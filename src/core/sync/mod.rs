@@ -356,12 +356,13 @@ pub enum Command {
         relay: RelayUrl,
     },
     /// The repository index changed: the forwarder retries the events the own relay rejected
-    /// that name one of `changed` (repository coordinates `30617:<pubkey>:<d>` whose
-    /// announcement was applied, root event ids in lower-case hex newly linked to a
-    /// repository).
+    /// that name one of `repos` or `roots`. Ids, not hex: the hex form is made only by a
+    /// forwarder that holds rejected events.
     RetryRejected {
-        /// What changed.
-        changed: Vec<String>,
+        /// Repository coordinates `30617:<pubkey>:<d>` whose announcement was applied.
+        repos: Vec<crate::core::nip34::RepoRef>,
+        /// Root events newly linked to a repository, and the root events of `repos`.
+        roots: Vec<EventId>,
     },
 }
 

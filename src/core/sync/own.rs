@@ -245,7 +245,7 @@ impl SyncMachine {
         let mut changed_order: Vec<EventId> = Vec::new();
         // Planning in proportion to the change: relay sets that changed rerun the
         // selection; new root-event links only grow their repositories' relay targets.
-        let mut relays_changed = false;
+        let mut relays_changed: Vec<crate::core::nip34::RepoRef> = Vec::new();
         let mut new_links: Vec<(crate::core::nip34::RepoRef, EventId)> = Vec::new();
         // With no repository selected yet (the first read of the own relay) every link
         // comes with its repository through the selection: none is followed alone.
@@ -275,7 +275,7 @@ impl SyncMachine {
                     if needs.relays.len() != a.relays.len()
                         || a.relays.iter().any(|r| !needs.relays.contains(r))
                     {
-                        relays_changed = true;
+                        relays_changed.push(a.repo_ref.clone());
                         needs.relays = a.relays.into_iter().collect();
                     }
                     announcements += 1;
@@ -326,24 +326,36 @@ impl SyncMachine {
             }
         }
         if !changed_repos.is_empty() || !changed_order.is_empty() {
-            let mut changed = changed_repos;
-            changed.extend(changed_order.iter().map(|id| id.to_hex()));
-            self.commands.push_back(Command::RetryRejected { changed });
+            self.commands.push_back(Command::RetryRejected {
+                repos: changed_repos,
+                roots: changed_order,
+            });
         }
-        if relays_changed {
-            self.reselect();
+        if !relays_changed.is_empty() {
+            self.reselect_repos(&relays_changed);
         }
         let grown = &mut self.replan_roots;
+        let relays = &self.relays;
         for (repo, id) in new_links {
-            self.plan
-                .add_root_event_with(&repo, id, |relay| match grown.get_mut(relay) {
+            self.plan.add_root_event_with(&repo, id, |relay| {
+                // A relay that is not connected diffs its whole target when it connects
+                // (`compute_actions` skips it until then): only connected and unknown
+                // relays are planned for the new root events.
+                if relays
+                    .get(relay)
+                    .is_some_and(|s| s.connection_status != ConnectionStatus::Connected)
+                {
+                    return;
+                }
+                match grown.get_mut(relay) {
                     Some(ids) => {
                         ids.insert(id);
                     }
                     None => {
                         grown.insert(relay.clone(), HashSet::from([id]));
                     }
-                });
+                }
+            });
         }
         self.check_plan();
         self.run_compute_actions(now);

@@ -1330,7 +1330,13 @@ fn rejected_events_are_retried_only_for_what_a_batch_changed() {
     let retries = |cmds: &[Command]| -> Vec<Vec<String>> {
         cmds.iter()
             .filter_map(|c| match c {
-                Command::RetryRejected { changed } => Some(changed.clone()),
+                Command::RetryRejected { repos, roots } => Some(
+                    repos
+                        .iter()
+                        .cloned()
+                        .chain(roots.iter().map(|id| id.to_hex()))
+                        .collect(),
+                ),
                 _ => None,
             })
             .collect()
