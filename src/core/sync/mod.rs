@@ -75,6 +75,9 @@ pub struct SyncConfig {
     /// and does not reset.
     pub batch_window: Duration,
     /// The most self-subscription events held in one batch; a full batch is processed early.
+    /// It bounds the coordinator's longest planning tick (default 10,000: the first read of
+    /// an own relay with 100k repositories and 1M root events takes at most about 100 ms per
+    /// tick on a small host; see docs/performance.md, Planning).
     pub max_batch_events: usize,
     /// Quick-reconnect window and `since` margin (design: 15 min).
     pub quick_reconnect_window: Duration,
@@ -131,7 +134,7 @@ impl SyncConfig {
             own_aliases: Vec::new(),
             bootstrap: Vec::new(),
             batch_window: Duration::from_secs(5),
-            max_batch_events: 50_000,
+            max_batch_events: 10_000,
             quick_reconnect_window: Duration::from_secs(15 * 60),
             eose_timeout: Duration::from_secs(120),
             disconnect_check_interval: Duration::from_secs(60),
