@@ -1401,7 +1401,11 @@ impl Planner {
             ];
             let e = fake_event(self.next_id, self.owners[r / REPOS_PER_OWNER], 30617, tags);
             self.self_event(e);
-            let until = if r + 1 == repos { roots } else { (next_root + every).min(roots) };
+            let until = if r + 1 == repos {
+                roots
+            } else {
+                (next_root + every).min(roots)
+            };
             while next_root < until {
                 let e = self.root(next_root % repos);
                 self.self_event(e);

@@ -805,9 +805,12 @@ impl Plan {
             let entry = cache.keys.get(key);
             let allowed = entry.map_or(&[][..], |e| e.allowed());
             let now_repos = entry.map(|e| &e.repos);
-            let repos = before
-                .iter()
-                .chain(now_repos.into_iter().flatten().filter(|r| !before.contains(*r)));
+            let repos = before.iter().chain(
+                now_repos
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| !before.contains(*r)),
+            );
             for repo in repos {
                 let mut mine: Vec<RelayUrl> = Vec::new();
                 if now_repos.is_some_and(|rs| rs.contains(repo)) {
@@ -839,7 +842,14 @@ impl Plan {
         let mut shrunk: HashSet<RelayUrl> = HashSet::new();
         for (repo, now) in moves {
             let before = self.selection.repo_relays.remove(&repo).unwrap_or_default();
-            self.move_repo(repo_index, &repo, &before, &now, &mut changed_relays, &mut shrunk);
+            self.move_repo(
+                repo_index,
+                &repo,
+                &before,
+                &now,
+                &mut changed_relays,
+                &mut shrunk,
+            );
             if !now.is_empty() {
                 self.selection.repo_relays.insert(repo, now);
             }

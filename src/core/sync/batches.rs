@@ -19,9 +19,9 @@ impl SyncMachine {
     /// change ([`crate::core::actions::Plan::reselect_repos`]).
     pub(super) fn reselect_repos(&mut self, repos: &[crate::core::nip34::RepoRef]) {
         let policy = machine_policy(&self.excluded, &self.config);
-        let changed =
-            self.plan
-                .reselect_repos(&self.repo_index, &self.excluded, &policy, repos);
+        let changed = self
+            .plan
+            .reselect_repos(&self.repo_index, &self.excluded, &policy, repos);
         self.replan.extend(changed);
     }
 

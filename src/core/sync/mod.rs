@@ -715,6 +715,9 @@ pub struct SyncMachine {
     /// they are diffed (the rest of the target is pending, confirmed, deferred or waits for
     /// the relay's own trigger).
     replan_roots: HashMap<RelayUrl, HashSet<EventId>>,
+    /// Distinct root events in `repo_index`, counted as they are linked (status reads must
+    /// not walk the index under the machine's lock).
+    root_events_known: usize,
     relays: RelaySyncIndex,
     pending: PendingSyncIndex,
     links: HashMap<RelayUrl, Link>,
@@ -762,6 +765,7 @@ impl SyncMachine {
             plan: Plan::default(),
             replan: HashSet::new(),
             replan_roots: HashMap::new(),
+            root_events_known: 0,
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
             links: HashMap::new(),
@@ -1194,14 +1198,10 @@ impl SyncMachine {
         self.counters
     }
 
-    /// Total root events known (distinct ids).
+    /// Total root events known (distinct ids). A counter kept as root events are linked:
+    /// no walk over the index (status reads hold the machine's lock).
     pub fn root_event_count(&self) -> usize {
-        let ids: HashSet<&EventId> = self
-            .repo_index
-            .values()
-            .flat_map(|n| n.root_events.iter())
-            .collect();
-        ids.len()
+        self.root_events_known
     }
 
     /// A status line per remote relay, sorted by URL.

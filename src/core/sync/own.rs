@@ -284,6 +284,10 @@ impl SyncMachine {
                     if repos.is_empty() {
                         debug!("root event {id} names no repository; ignored");
                     }
+                    // An event's repositories come from its own tags, so they are the same
+                    // at every sighting: the id is new to the index exactly when its first
+                    // repository did not hold it yet.
+                    let mut first = true;
                     for r in repos {
                         // Looked up by reference: no copy of the key per link.
                         let linked = match self.repo_index.get_mut(&r) {
@@ -295,6 +299,9 @@ impl SyncMachine {
                                 .root_events
                                 .insert(id),
                         };
+                        if std::mem::take(&mut first) && linked {
+                            self.root_events_known += 1;
+                        }
                         if linked {
                             roots += 1;
                             if changed_roots.insert(id) {
@@ -356,6 +363,15 @@ impl SyncMachine {
                     }
                 }
             });
+        }
+        #[cfg(debug_assertions)]
+        {
+            let ids: HashSet<&EventId> = self
+                .repo_index
+                .values()
+                .flat_map(|n| n.root_events.iter())
+                .collect();
+            debug_assert_eq!(ids.len(), self.root_events_known, "root event counter");
         }
         self.check_plan();
         self.run_compute_actions(now);

@@ -1366,3 +1366,30 @@ fn relays_beyond_the_announcement_cap_are_counted() {
     s.advance(Duration::from_secs(5));
     assert_eq!(s.m.counters().announcement_relays_dropped, 8);
 }
+
+#[test]
+fn root_events_are_counted_once_whatever_their_repositories_and_rereads() {
+    let mut s = Sim::new(|_| {});
+    s.own_connected();
+    s.self_event(&announcement("r", &["wss://a.example"], 10));
+    s.self_event(&announcement("q", &["wss://b.example"], 10));
+    // One root of both repositories, one of r only, one naming no known repository yet.
+    let both = EventBuilder::new(Kind::Custom(1621), "both")
+        .tag(Tag::parse(["a", &repo("r")]).unwrap())
+        .tag(Tag::parse(["a", &repo("q")]).unwrap())
+        .finalize(&keys())
+        .unwrap();
+    s.self_event(&both);
+    s.self_event(&issue("r", "only r"));
+    s.self_event(&issue("later", "before its announcement"));
+    s.advance(Duration::from_secs(5));
+    assert_eq!(s.m.root_event_count(), 3);
+    // The own relay read again (a reconnect re-reads everything): nothing new.
+    s.self_event(&both);
+    s.self_event(&issue("r", "only r"));
+    s.advance(Duration::from_secs(5));
+    assert_eq!(s.m.root_event_count(), 3);
+    s.self_event(&issue("q", "a new one"));
+    s.advance(Duration::from_secs(5));
+    assert_eq!(s.m.root_event_count(), 4);
+}
