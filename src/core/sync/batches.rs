@@ -332,7 +332,11 @@ impl SyncMachine {
             // join the live or polled set once it confirms (departure 62), or at the next
             // rebuild when no live set was built on this connection yet.
             SubPurpose::Batch(id) if constrained => {
-                if self.links.get(relay).is_none_or(|l| l.live_built_at.is_none()) {
+                if self
+                    .links
+                    .get(relay)
+                    .is_none_or(|l| l.live_built_at.is_none())
+                {
                     self.need_rebuild(relay, now);
                 }
                 if let Some(b) = self
@@ -673,7 +677,7 @@ impl SyncMachine {
 
 /// True when at least one query of the batch has been sent (is loading): a batch whose
 /// queries all wait in the queue behind the subscription budget has no EOSE to wait for yet.
-fn batch_has_sent_query(link: Option<&Link>, batch: &PendingBatch) -> bool {
+pub(super) fn batch_has_sent_query(link: Option<&Link>, batch: &PendingBatch) -> bool {
     let Some(link) = link else {
         return true;
     };

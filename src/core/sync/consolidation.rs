@@ -152,8 +152,9 @@ impl SyncMachine {
         let (Some(l), Some(state)) = (self.links.get(relay), self.relays.get(relay)) else {
             return false;
         };
-        let needed = 3 * (state.repos.len().div_ceil(CHUNK_SIZE)
-            + state.root_events.len().div_ceil(CHUNK_SIZE));
+        let needed = 3
+            * (state.repos.len().div_ceil(CHUNK_SIZE)
+                + state.root_events.len().div_ceil(CHUNK_SIZE));
         state.connection_status == ConnectionStatus::Connected
             && l.live_built_at.is_some()
             && !l.rebuild_needed
@@ -161,9 +162,10 @@ impl SyncMachine {
             && l.reopen.is_empty()
             && !l.polled.is_empty()
             && l.polled.len() <= needed + FRAGMENTS
-            && !l.queue.iter().any(|(_, i)| {
-                matches!(i.purpose, SubPurpose::Live | SubPurpose::Announcements)
-            })
+            && !l
+                .queue
+                .iter()
+                .any(|(_, i)| matches!(i.purpose, SubPurpose::Live | SubPurpose::Announcements))
     }
 
     /// The items of a confirmed batch whose queries were closed at EOSE (from `from` on)
@@ -201,7 +203,12 @@ impl SyncMachine {
             self.open_sub(relay, generation, SubPurpose::Live, live_only(f));
         }
         for f in &live {
-            self.open_sub(relay, generation, SubPurpose::CatchUp, history_since(f, since));
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(f, since),
+            );
         }
         if !live.is_empty() {
             let l = self.link(relay);
@@ -312,4 +319,61 @@ fn is_l1_filter(f: &Filter) -> bool {
             crate::core::nip34::KIND_REPO_ANNOUNCEMENT,
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::filter::SingleLetterTag;
+
+    fn chunk(tag: SingleLetterTag, values: impl IntoIterator<Item = String>) -> Filter {
+        Filter::new().custom_tags(tag, values)
+    }
+
+    fn id(i: usize) -> String {
+        format!("{i:064x}")
+    }
+
+    fn len(f: &Filter) -> usize {
+        f.generic_tags.values().map(|v| v.len()).sum()
+    }
+
+    #[test]
+    fn merged_values_fill_chunks_with_room_of_the_same_tag_and_kind_then_new_ones() {
+        let e = SingleLetterTag::LOWERCASE_E;
+        let q = SingleLetterTag::LOWERCASE_Q;
+        let coordinate = format!("30617:{}:r", "ab".repeat(32));
+        let mut polled = vec![
+            chunk(e, (0..100).map(id)),
+            chunk(e, (100..198).map(id)),
+            // Repository coordinates under `#q`: ids never join them.
+            chunk(q, [coordinate.clone()]),
+            chunk(q, (300..399).map(id)),
+        ];
+        let new = vec![chunk(e, (500..505).map(id)), chunk(q, (500..505).map(id))];
+        let touched = merge_polled(&mut polled, new);
+        // `#e`: two values fill the second chunk, three make a new one; `#q`: one value
+        // fills the id chunk, four make a new one.
+        let sizes: Vec<usize> = polled.iter().map(len).collect();
+        assert_eq!(sizes, vec![100, 100, 1, 100, 3, 4]);
+        assert_eq!(touched, vec![1, 4, 3, 5]);
+        assert!(polled[2].generic_tags[&q].contains(&coordinate));
+        let all: HashSet<String> = polled
+            .iter()
+            .flat_map(|f| f.generic_tags.values().flatten().cloned())
+            .collect();
+        assert!((500..505).map(id).all(|v| all.contains(&v)));
+        assert!(polled[4].generic_tags.contains_key(&e));
+        assert!(polled[5].generic_tags.contains_key(&q));
+    }
+
+    #[test]
+    fn a_filter_with_other_conditions_is_appended_as_it_is() {
+        let e = SingleLetterTag::LOWERCASE_E;
+        let mut polled = vec![chunk(e, [id(1)])];
+        let odd = chunk(e, [id(2)]).limit(5);
+        let touched = merge_polled(&mut polled, vec![odd.clone()]);
+        assert_eq!(polled, vec![chunk(e, [id(1)]), odd]);
+        assert_eq!(touched, vec![1]);
+    }
 }
