@@ -212,7 +212,14 @@ impl SyncMachine {
             .get(&relay_url)
             .is_some_and(|l| !l.deferred.is_empty());
         let threshold = self.threshold(&relay_url);
-        if deferring || (open > 1 && open + filters.len() > threshold) {
+        let over = open > 1 && open + filters.len() > threshold;
+        if over && !deferring && self.can_extend_live_set(&relay_url) {
+            // The live set stays; the new items get their batch and join it once confirmed
+            // (departure 63): nothing to wait for.
+            self.subscribe_batch(&relay_url, repos, root_events, filters, now);
+            return;
+        }
+        if deferring || over {
             let wait = self.config.consolidation_wait;
             let link = self.link(&relay_url);
             link.deferred.repos.extend(repos);
@@ -332,9 +339,16 @@ impl SyncMachine {
         let close = match info.purpose {
             SubPurpose::Page { .. } | SubPurpose::CatchUp => true,
             // Over budget: a batch's history query gives its slot back at EOSE; its items
-            // join the live or polled set at the next rebuild.
+            // join the live or polled set once it confirms (departure 63), or at the next
+            // rebuild when no live set was built on this connection yet.
             SubPurpose::Batch(id) if constrained => {
-                self.need_rebuild(relay, now);
+                if self
+                    .links
+                    .get(relay)
+                    .is_none_or(|l| l.live_built_at.is_none())
+                {
+                    self.need_rebuild(relay, now);
+                }
                 if let Some(b) = self
                     .pending
                     .get_mut(relay)
@@ -428,6 +442,16 @@ impl SyncMachine {
             );
         }
         self.note_confirmed(relay, &batch.items, batch.incomplete);
+        // Some of its queries were closed at EOSE: its items join the live set (with a
+        // catch-up from that moment) at once when it can be extended (departure 63), else
+        // at the next rebuild.
+        let joins = batch.uncovered_from.is_some()
+            && self.links.get(relay).is_some_and(|l| {
+                l.live_built_at.is_some() && !l.rebuild_needed && l.uncovered_since.is_none()
+            });
+        if let (true, Some(t)) = (joins, batch.uncovered_from) {
+            self.join_live_set(relay, &batch.items, t, now);
+        }
         if let Some(state) = self.relays.get_mut(relay) {
             debug!(
                 "{relay}: batch {} confirmed ({} repos, {} root events)",
@@ -441,9 +465,7 @@ impl SyncMachine {
             state.repos.extend(batch.items.repos);
             state.root_events.extend(batch.items.root_events);
         }
-        if let Some(t) = batch.uncovered_from {
-            // Some of its queries were closed at EOSE: its items get their live coverage
-            // (and a catch-up from that moment) at the next rebuild.
+        if let (false, Some(t)) = (joins, batch.uncovered_from) {
             let l = self.link(relay);
             l.uncovered_since = Some(l.uncovered_since.map_or(t, |u| u.min(t)));
             self.need_rebuild(relay, now);
@@ -665,7 +687,7 @@ impl SyncMachine {
 
 /// True when at least one query of the batch has been sent (is loading): a batch whose
 /// queries all wait in the queue behind the subscription budget has no EOSE to wait for yet.
-fn batch_has_sent_query(link: Option<&Link>, batch: &PendingBatch) -> bool {
+pub(super) fn batch_has_sent_query(link: Option<&Link>, batch: &PendingBatch) -> bool {
     let Some(link) = link else {
         return true;
     };

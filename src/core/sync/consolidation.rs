@@ -1,6 +1,7 @@
 //! Scenario 4 (consolidation, never blocking); Scenario 5 (the daily resync) is in `daily.rs`.
 
 use super::*;
+use crate::core::filters::CHUNK_SIZE;
 
 impl SyncMachine {
     pub(super) fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {
@@ -21,23 +22,30 @@ impl SyncMachine {
     /// from `now − 15 min`, or from earlier when items lost their live subscription earlier
     /// (what does not fit the budget is polled); then adds the deferred new items as one
     /// batch without `since`.
+    ///
+    /// When the live set can be extended instead ([`SyncMachine::can_extend_live_set`]),
+    /// nothing is closed or rebuilt: the deferred items only get their batch (departure 63).
     pub(super) fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
         let Some(link) = self.links.get_mut(relay) else {
             return;
         };
-        self.counters.consolidations += 1;
         link.consolidate_by = None;
-        let mut items = std::mem::take(&mut link.deferred);
+        let items = std::mem::take(&mut link.deferred);
         let connected = self
             .relays
             .get(relay)
             .is_some_and(|s| s.connection_status == ConnectionStatus::Connected);
         if !connected {
+            self.counters.consolidations += 1;
             return;
         }
-        let state = &self.relays[relay];
-        let generation = state.generation;
-        let (repos, roots) = (state.repos.clone(), state.root_events.clone());
+        if self.can_extend_live_set(relay) {
+            self.subscribe_new_items(relay, items, now);
+            self.drain_queue(relay);
+            return;
+        }
+        self.counters.consolidations += 1;
+        let generation = self.relays[relay].generation;
         let before = self.links.get(relay).map_or(0, |l| l.subs.len());
         // Subscriptions still loading history (a first Layer 1) and every subscription of a
         // batch that is still pending stay open: closing them would lose what they have not
@@ -115,14 +123,193 @@ impl SyncMachine {
             l.reopen.retain(|(_, p, f)| !merge(*p, f));
         }
         self.open_live_set(relay, since, !keep_l1, now);
-        items.repos.retain(|r| !repos.contains(r));
-        items.root_events.retain(|e| !roots.contains(e));
-        let filters = build_layer2_and_layer3_filters(&items.repos, &items.root_events, None);
-        self.subscribe_batch(relay, items.repos, items.root_events, filters, now);
+        self.subscribe_new_items(relay, items, now);
         self.drain_queue(relay);
         let after = self.links.get(relay).map_or(0, |l| l.subs.len());
         info!("{relay}: consolidated {before} subscriptions (plus the new items) into {after}");
     }
+}
+
+impl SyncMachine {
+    /// Subscribes the items not confirmed yet as one batch (history without `since`).
+    fn subscribe_new_items(&mut self, relay: &RelayUrl, mut items: PendingItems, now: Time) {
+        if let Some(state) = self.relays.get(relay) {
+            items.repos.retain(|r| !state.repos.contains(r));
+            items.root_events.retain(|e| !state.root_events.contains(e));
+        }
+        let filters = build_layer2_and_layer3_filters(&items.repos, &items.root_events, None);
+        self.subscribe_batch(relay, items.repos, items.root_events, filters, now);
+    }
+
+    /// True when new items of `relay` can join its live/polled set without a rebuild
+    /// (departure 63): the relay is connected, its live set was built on this connection
+    /// and does not fit the budget (queries are polled, so new items would be polled
+    /// anyway), and nothing waits for a rebuild: no item lost its coverage, no live query
+    /// waits for a slot or to be reopened, and the polled queries are not fragmented (at
+    /// most [`FRAGMENTS`] more than the confirmed items need in chunks of
+    /// [`CHUNK_SIZE`]).
+    pub(super) fn can_extend_live_set(&self, relay: &RelayUrl) -> bool {
+        let (Some(l), Some(state)) = (self.links.get(relay), self.relays.get(relay)) else {
+            return false;
+        };
+        let needed = 3
+            * (state.repos.len().div_ceil(CHUNK_SIZE)
+                + state.root_events.len().div_ceil(CHUNK_SIZE));
+        state.connection_status == ConnectionStatus::Connected
+            && l.live_built_at.is_some()
+            && !l.rebuild_needed
+            && l.uncovered_since.is_none()
+            && l.reopen.is_empty()
+            && !l.polled.is_empty()
+            && l.polled.len() <= needed + FRAGMENTS
+            && !l
+                .queue
+                .iter()
+                .any(|(_, i)| matches!(i.purpose, SubPurpose::Live | SubPurpose::Announcements))
+    }
+
+    /// The items of a confirmed batch whose queries were closed at EOSE (from `from` on)
+    /// join the live set without a rebuild (departure 63): as live subscriptions (with a
+    /// catch-up from `from − 15 min`) while the budget has room and nothing is polled, else
+    /// merged into the polled queries (into chunks with room first), whose next round reads
+    /// from `from − 15 min` at the latest.
+    pub(super) fn join_live_set(
+        &mut self,
+        relay: &RelayUrl,
+        items: &PendingItems,
+        from: Time,
+        now: Time,
+    ) {
+        let Some(generation) = self.connected_generation(relay) else {
+            return;
+        };
+        let margin = self.config.quick_reconnect_window;
+        let since = from.rebased(now).minus(margin).timestamp();
+        let filters = self.fit_filters(
+            relay,
+            build_layer2_and_layer3_filters(&items.repos, &items.root_events, None),
+        );
+        let budget = self.budget(relay);
+        let link = self.link(relay);
+        let open = link.subs.values().filter(|i| i.purpose.is_live()).count();
+        let capacity = if link.polled.is_empty() {
+            budget.saturating_sub(1).saturating_sub(open)
+        } else {
+            0
+        };
+        let mut live = filters;
+        let polled = live.split_off(capacity.min(live.len()));
+        for f in &live {
+            self.open_sub(relay, generation, SubPurpose::Live, live_only(f));
+        }
+        for f in &live {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(f, since),
+            );
+        }
+        if !live.is_empty() {
+            let l = self.link(relay);
+            l.catch_up_since = Some(l.catch_up_since.map_or(since, |c| c.min(since)));
+        }
+        if polled.is_empty() {
+            return;
+        }
+        let mut merged = std::mem::take(&mut self.link(relay).polled);
+        let touched = merge_polled(&mut merged, polled);
+        if self.max_message.contains_key(relay) {
+            // A chunk that grew may no longer fit the relay's REQ size.
+            let mut fitted = Vec::with_capacity(merged.len());
+            for (i, f) in merged.into_iter().enumerate() {
+                if touched.contains(&i) {
+                    fitted.extend(self.fit_filters(relay, vec![f]));
+                } else {
+                    fitted.push(f);
+                }
+            }
+            merged = fitted;
+        }
+        let interval = self.config.poll_interval;
+        let link = self.link(relay);
+        debug!(
+            "{relay}: {} root events and {} repositories join the {} polled queries",
+            items.root_events.len(),
+            items.repos.len(),
+            merged.len()
+        );
+        link.polled = merged;
+        link.poll_since = Some(link.poll_since.map_or(since, |p| p.min(since)));
+        if link.next_poll.is_none() {
+            link.next_poll = Some(now.plus(interval));
+        }
+    }
+}
+
+/// Polled queries may exceed what the confirmed items need in full chunks by this many
+/// before new items make the relay rebuild its live set instead of joining it.
+const FRAGMENTS: usize = 6;
+
+/// Merges one-tag filters into `polled`: each value goes into a polled query of the same
+/// shape (the same tag, no other condition, the same kind of value: repository coordinate
+/// or event id) with fewer than [`CHUNK_SIZE`] values, else into new queries appended at
+/// the end. Returns the indexes of the queries that changed or were added.
+fn merge_polled(polled: &mut Vec<Filter>, new: Vec<Filter>) -> Vec<usize> {
+    let mut touched = Vec::new();
+    for f in new {
+        let plain = |g: &Filter| {
+            g.ids.is_none()
+                && g.authors.is_none()
+                && g.kinds.is_none()
+                && g.search.is_none()
+                && g.since.is_none()
+                && g.until.is_none()
+                && g.limit.is_none()
+                && g.generic_tags.len() == 1
+        };
+        if !plain(&f) {
+            touched.push(polled.len());
+            polled.push(f);
+            continue;
+        }
+        let Some((tag, values)) = f.generic_tags.into_iter().next() else {
+            continue;
+        };
+        let is_coordinate = |v: &String| v.contains(':');
+        let mut values: Vec<String> = values.into_iter().collect();
+        for (i, g) in polled.iter_mut().enumerate() {
+            let Some(first) = values.last() else {
+                break;
+            };
+            if !plain(g) {
+                continue;
+            }
+            let Some(have) = g.generic_tags.get_mut(&tag) else {
+                continue;
+            };
+            if have.len() >= CHUNK_SIZE
+                || have.iter().next().map(is_coordinate) != Some(is_coordinate(first))
+            {
+                continue;
+            }
+            let before = have.len();
+            while have.len() < CHUNK_SIZE {
+                let Some(v) = values.pop() else {
+                    break;
+                };
+                have.insert(v);
+            }
+            if have.len() != before {
+                touched.push(i);
+            }
+        }
+        for chunk in values.chunks(CHUNK_SIZE) {
+            touched.push(polled.len());
+            polled.push(Filter::new().custom_tags(tag, chunk.iter().cloned()));
+        }
+    }
+    touched
 }
 
 /// True for a Layer 1 filter (announcements and repository state).
@@ -132,4 +319,61 @@ fn is_l1_filter(f: &Filter) -> bool {
             crate::core::nip34::KIND_REPO_ANNOUNCEMENT,
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nostr::filter::SingleLetterTag;
+
+    fn chunk(tag: SingleLetterTag, values: impl IntoIterator<Item = String>) -> Filter {
+        Filter::new().custom_tags(tag, values)
+    }
+
+    fn id(i: usize) -> String {
+        format!("{i:064x}")
+    }
+
+    fn len(f: &Filter) -> usize {
+        f.generic_tags.values().map(|v| v.len()).sum()
+    }
+
+    #[test]
+    fn merged_values_fill_chunks_with_room_of_the_same_tag_and_kind_then_new_ones() {
+        let e = SingleLetterTag::LOWERCASE_E;
+        let q = SingleLetterTag::LOWERCASE_Q;
+        let coordinate = format!("30617:{}:r", "ab".repeat(32));
+        let mut polled = vec![
+            chunk(e, (0..100).map(id)),
+            chunk(e, (100..198).map(id)),
+            // Repository coordinates under `#q`: ids never join them.
+            chunk(q, [coordinate.clone()]),
+            chunk(q, (300..399).map(id)),
+        ];
+        let new = vec![chunk(e, (500..505).map(id)), chunk(q, (500..505).map(id))];
+        let touched = merge_polled(&mut polled, new);
+        // `#e`: two values fill the second chunk, three make a new one; `#q`: one value
+        // fills the id chunk, four make a new one.
+        let sizes: Vec<usize> = polled.iter().map(len).collect();
+        assert_eq!(sizes, vec![100, 100, 1, 100, 3, 4]);
+        assert_eq!(touched, vec![1, 4, 3, 5]);
+        assert!(polled[2].generic_tags[&q].contains(&coordinate));
+        let all: HashSet<String> = polled
+            .iter()
+            .flat_map(|f| f.generic_tags.values().flatten().cloned())
+            .collect();
+        assert!((500..505).map(id).all(|v| all.contains(&v)));
+        assert!(polled[4].generic_tags.contains_key(&e));
+        assert!(polled[5].generic_tags.contains_key(&q));
+    }
+
+    #[test]
+    fn a_filter_with_other_conditions_is_appended_as_it_is() {
+        let e = SingleLetterTag::LOWERCASE_E;
+        let mut polled = vec![chunk(e, [id(1)])];
+        let odd = chunk(e, [id(2)]).limit(5);
+        let touched = merge_polled(&mut polled, vec![odd.clone()]);
+        assert_eq!(polled, vec![chunk(e, [id(1)]), odd]);
+        assert_eq!(touched, vec![1]);
+    }
 }

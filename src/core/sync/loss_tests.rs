@@ -559,3 +559,164 @@ fn full_catch_up_pages_on_a_full_budget_do_not_rebuild_again_and_again() {
     w.run_for(Duration::from_secs(600), Duration::from_secs(5));
     assert!(w.m.counters().consolidations - before <= 1);
 }
+
+/// A relay of five subscriptions holding repository `r` with `roots` root issues: its live
+/// set (Layer 1 and three Layer 2/3 queries) is built and the rest is polled.
+fn polled_relay(roots: usize) -> (World, Event, Vec<Event>) {
+    polled_relay_with(roots, |_| {})
+}
+
+/// [`polled_relay`] with settings of its own.
+fn polled_relay_with(
+    roots: usize,
+    cfg: impl FnOnce(&mut crate::core::sync::SyncConfig),
+) -> (World, Event, Vec<Event>) {
+    let mut w = World::new(OWN, cfg);
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    for i in 0..roots {
+        let root = issue("r", &format!("root {i}"), t - DAY + i as u64);
+        w.own.store.push(root);
+    }
+    let a = w.relay(A);
+    a.max_subs = Some(5);
+    a.publish_nip11 = true;
+    w.start();
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    let roots: Vec<Event> = w
+        .own
+        .store
+        .iter()
+        .filter(|e| e.kind.as_u16() == 1621)
+        .cloned()
+        .collect();
+    let st = &w.m.relay_statuses(w.now)[0];
+    assert!(
+        st.polled_queries > 0,
+        "the live set does not fit: some queries are polled"
+    );
+    (w, ann, roots)
+}
+
+#[test]
+fn a_new_root_on_a_relay_at_its_budget_gets_its_batch_and_joins_the_polled_queries() {
+    let (mut w, ann, roots) = polled_relay(5);
+    let polled = w.m.relay_statuses(w.now)[0].polled_queries;
+    let consolidations = w.m.counters().consolidations;
+    let reqs = w.relay(A).reqs.len();
+    let live = w.open_subs(A, |f| f.limit == Some(0));
+    let new = issue("r", "the new one", w.secs());
+    w.store_on_own(&new);
+    w.advance(Duration::from_secs(10));
+    // Only the new root's batch (three history queries without `since`; poll rounds, with
+    // `since`, go on as before): no live subscription closed and opened again, no
+    // catch-up, no rebuild.
+    assert_eq!(w.open_subs(A, |f| f.limit == Some(0)), live);
+    let sent: Vec<Filter> = w.relay(A).reqs[reqs..]
+        .iter()
+        .filter(|f| f.since.is_none())
+        .cloned()
+        .collect();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    for f in &sent {
+        assert!(f.limit != Some(0), "{f:?}");
+        let values: Vec<&String> = f.generic_tags.values().flatten().collect();
+        assert_eq!(values, vec![&new.id.to_hex()]);
+    }
+    assert_eq!(w.m.counters().consolidations, consolidations);
+    // The new root joined a polled chunk with room: no new query.
+    assert_eq!(w.m.relay_statuses(w.now)[0].polled_queries, polled);
+    // Replies to the new root and to an old one, published later, arrive by polling.
+    let late = reply(&new, "late reply", w.secs());
+    let old = reply(&roots[0], "reply to an old root", w.secs());
+    w.publish(A, &late);
+    w.publish(A, &old);
+    w.run_for(Duration::from_secs(3 * 60), Duration::from_secs(30));
+    let mut want: Vec<&Event> = vec![&ann, &new, &late, &old];
+    want.extend(&roots);
+    w.assert_own_holds(&want);
+    assert!(w.relay(A).max_open_seen <= 5);
+}
+
+#[test]
+fn a_new_root_whose_batch_confirms_late_on_a_polled_relay_is_caught_up_from_its_first_eose() {
+    let (mut w, ann, roots) =
+        polled_relay_with(5, |c| c.eose_timeout = Duration::from_secs(30 * 60));
+    w.relay(A).hold_eose = true;
+    let new = issue("r", "the new one", w.secs());
+    w.store_on_own(&new);
+    w.advance(Duration::from_secs(10));
+    // The batch's `#e` query ends first and gives its slot back: from now on only the
+    // batch's other queries (`#E`, `#q`) are open for the new root.
+    w.release_eose(A);
+    w.advance(Duration::from_secs(60));
+    let gap = tagged("e", &new.id.to_hex(), "in the gap", w.secs());
+    w.publish(A, &gap);
+    w.advance(Duration::from_secs(17 * 60));
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    assert_eq!(w.m.counters().batches_failed, 0);
+    let mut want: Vec<&Event> = vec![&ann, &new, &gap];
+    want.extend(&roots);
+    w.assert_own_holds(&want);
+    assert!(w.relay(A).max_open_seen <= 5);
+}
+
+#[test]
+fn many_new_roots_on_a_relay_at_its_budget_never_rebuild_and_lose_nothing() {
+    let (mut w, ann, roots) = polled_relay(98);
+    let consolidations = w.m.counters().consolidations;
+    let mut want = vec![ann];
+    want.extend(roots);
+    // Fills the last root chunk (98 → 100) and opens new ones.
+    for i in 0..5 {
+        let new = issue("r", &format!("new {i}"), w.secs());
+        w.store_on_own(&new);
+        w.advance(Duration::from_secs(10));
+        let r = reply(&new, &format!("reply {i}"), w.secs());
+        w.publish(A, &r);
+        want.push(new);
+        want.push(r);
+    }
+    w.run_for(Duration::from_secs(3 * 60), Duration::from_secs(30));
+    let want: Vec<&Event> = want.iter().collect();
+    w.assert_own_holds(&want);
+    assert_eq!(w.m.counters().consolidations, consolidations);
+    // 103 roots: two chunks of three queries (Layer 2 has one), as a rebuild would build.
+    let st = &w.m.relay_statuses(w.now)[0];
+    assert_eq!(
+        st.polled_queries + st.open_subscriptions - 1,
+        3 + 6,
+        "{st:?}"
+    );
+    assert!(w.relay(A).max_open_seen <= 5);
+}
+
+#[test]
+fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
+    // The new root's batch fails (no EOSE within 120 s) and its retry waits in the queue
+    // behind a poll round whose EOSE is held: no timer may stay due, or a driver that
+    // sleeps until `poll_timeout` would spin.
+    let (mut w, _, _) = polled_relay(5);
+    w.relay(A).hold_eose = true;
+    let new = issue("r", "the new one", w.secs());
+    w.store_on_own(&new);
+    w.advance(Duration::from_secs(10));
+    w.release_eose(A);
+    for _ in 0..40 {
+        w.advance(Duration::from_secs(30));
+        let due = w.m.poll_timeout();
+        assert!(
+            due.is_none_or(|t| t > w.now),
+            "a timer stays due at {:?}",
+            w.now
+        );
+    }
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    assert!(w.own_ids().contains(&new.id));
+}

@@ -870,6 +870,9 @@ impl SyncMachine {
                         .iter()
                         // A batch with a reconciliation has the reconciliation's deadlines.
                         .filter(|b| !self.recon.has_batch_job(url, b.batch_id))
+                        // A batch whose queries all wait in the queue has no deadline yet
+                        // (`expire_batches` skips it; its deadline would stay in the past).
+                        .filter(|b| batches::batch_has_sent_query(Some(link), b))
                         .map(|b| b.started_at.plus(self.config.eose_timeout))
                         .min(),
                 );
