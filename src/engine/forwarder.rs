@@ -270,11 +270,7 @@ impl Forwarder {
     /// are resumed together once the own relay answered a batch, instead of one wake-up per
     /// `OK` (each costs a futex wake here and a wait there; design departure 62).
     fn intake_paused(&self, queue: &ForwardQueue) -> bool {
-        let paused = if queue.is_full() {
-            true
-        } else {
-            self.intake_paused.get() && queue.room() < queue.resume_room()
-        };
+        let paused = intake_paused(self.intake_paused.get(), queue);
         self.intake_paused.set(paused);
         paused
     }
@@ -389,7 +385,13 @@ impl Forwarder {
                     warn!("forwarder: the own relay asked for NIP-42 AUTH but did not complete it in time; its auth-required answers now count as rejections");
                 }
             }
-            let held = write_held(queue, last_write, self.drain.get().is_some(), open.events);
+            let held = write_held(
+                queue,
+                last_write,
+                self.drain.get().is_some(),
+                open.events,
+                std::time::Instant::now(),
+            );
             let mut wrote = false;
             while !auth.writes_paused() && held.is_none() {
                 let Some((_, raw)) = queue.poll_send(now) else {
@@ -676,6 +678,12 @@ impl Forwarder {
     }
 }
 
+/// Whether the forwarder takes no events now, `was` saying whether it took none before: the
+/// queue is full, or was and has not regained [`ForwardQueue::resume_room`] yet.
+fn intake_paused(was: bool, queue: &ForwardQueue) -> bool {
+    queue.is_full() || (was && queue.room() < queue.resume_room())
+}
+
 /// Until when queued events wait before they are written, if they do: events were written
 /// less than [`WRITE_LINGER`] ago, fewer than [`WRITE_BATCH`] wait, more can arrive, and the
 /// forwarder is not draining. `None`: write now.
@@ -684,14 +692,11 @@ fn write_held(
     last_write: Option<std::time::Instant>,
     draining: bool,
     events_open: bool,
+    now: std::time::Instant,
 ) -> Option<std::time::Instant> {
     let until = last_write? + WRITE_LINGER;
     let waiting = queue.backlog() - queue.in_flight();
-    (events_open
-        && !draining
-        && waiting > 0
-        && waiting < WRITE_BATCH
-        && std::time::Instant::now() < until)
+    (events_open && !draining && waiting > 0 && waiting < WRITE_BATCH && now < until)
         .then_some(until)
 }
 
@@ -742,6 +747,115 @@ fn event_frame(raw: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::{intake_paused, lazy_oks, write_held, OK_LINGER, WRITE_BATCH, WRITE_LINGER};
+    use crate::core::auth::{AuthLimits, AuthState};
+    use crate::core::forward::{ForwardLimits, ForwardQueue};
+    use crate::core::time::Time;
+    use nostr::event::EventId;
+    use std::time::{Duration, Instant};
+
+    fn id(n: u32) -> EventId {
+        let mut b = [0u8; 32];
+        b[..4].copy_from_slice(&n.to_le_bytes());
+        EventId::from_byte_array(b)
+    }
+
+    fn queue(in_flight: usize, backlog: usize) -> ForwardQueue {
+        ForwardQueue::new(ForwardLimits {
+            in_flight,
+            backlog,
+            ok_timeout: Duration::from_secs(10),
+            ..ForwardLimits::default()
+        })
+    }
+
+    /// Offers events `from..to` and sends as many as the window takes at `now`.
+    fn offer(q: &mut ForwardQueue, from: u32, to: u32, now: Time) {
+        for n in from..to {
+            q.offer(id(n), format!("{{\"n\":{n}}}").into());
+        }
+        while q.poll_send(now).is_some() {}
+    }
+
+    #[test]
+    fn events_arriving_right_after_a_write_wait_for_the_batch() {
+        let t = Time::from_secs(0);
+        let now = Instant::now();
+        let mut q = queue(64, 4096);
+        // Nothing waits to be sent: nothing to hold.
+        assert_eq!(write_held(&q, Some(now), false, true, now), None);
+        for n in 0..3 {
+            q.offer(id(n), "{}".into());
+        }
+        // Written 0.5 ms ago: the three wait until 1 ms after that write.
+        let last = now - Duration::from_micros(500);
+        assert_eq!(
+            write_held(&q, Some(last), false, true, now),
+            Some(last + WRITE_LINGER)
+        );
+        // After a quiet moment, never written, draining, or no more events coming: at once.
+        let quiet = now - WRITE_LINGER - Duration::from_micros(1);
+        assert_eq!(write_held(&q, Some(quiet), false, true, now), None);
+        assert_eq!(write_held(&q, None, false, true, now), None);
+        assert_eq!(write_held(&q, Some(last), true, true, now), None);
+        assert_eq!(write_held(&q, Some(last), false, false, now), None);
+        // A full batch goes out at once.
+        offer(&mut q, 3, WRITE_BATCH as u32, t);
+        let mut full = queue(1, 4096);
+        offer(&mut full, 0, WRITE_BATCH as u32 + 1, t);
+        assert_eq!(full.backlog() - full.in_flight(), WRITE_BATCH);
+        assert_eq!(write_held(&full, Some(last), false, true, now), None);
+    }
+
+    #[test]
+    fn oks_are_read_lazily_only_while_nothing_needs_them() {
+        let t = Time::from_secs(0);
+        let auth = AuthState::new(false, AuthLimits::default());
+        let mut q = queue(2, 4096);
+        // Nothing in flight: the own relay's bytes wake the forwarder (NOTICE, AUTH, close).
+        assert_eq!(lazy_oks(&q, true, &auth, false, t), None);
+        // One in flight, nothing waiting, room in the window: the next event reads its OK.
+        offer(&mut q, 0, 1, t);
+        assert_eq!(lazy_oks(&q, true, &auth, false, t), Some(OK_LINGER));
+        // No event can be taken, draining, or the OK overdue: wake on the OK.
+        assert_eq!(lazy_oks(&q, false, &auth, false, t), None);
+        assert_eq!(lazy_oks(&q, true, &auth, true, t), None);
+        let late = Time::from_secs(11);
+        assert_eq!(lazy_oks(&q, true, &auth, false, late), None);
+        // The window full and events waiting: the OKs are read in batches.
+        offer(&mut q, 1, 4, t);
+        assert!(q.window_full());
+        assert_eq!(lazy_oks(&q, false, &auth, false, t), Some(WRITE_LINGER));
+        // The window full and nothing waiting: an OK lets the next event go at once.
+        let mut q = queue(1, 4096);
+        offer(&mut q, 0, 1, t);
+        assert_eq!(lazy_oks(&q, true, &auth, false, t), None);
+    }
+
+    #[test]
+    fn a_full_queue_takes_events_again_once_a_quarter_of_it_is_free() {
+        let t = Time::from_secs(0);
+        let mut q = queue(8, 8);
+        assert!(!intake_paused(false, &q));
+        offer(&mut q, 0, 8, t);
+        assert!(intake_paused(false, &q), "full");
+        // One OK frees one slot: still paused (2 of 8 needed).
+        q.on_ok(id(0), true, "", t);
+        assert_eq!(q.room(), 1);
+        assert!(intake_paused(true, &q));
+        // Not paused before (the queue was never full): takes the free slot.
+        assert!(!intake_paused(false, &q));
+        q.on_ok(id(1), true, "", t);
+        assert_eq!(q.room(), q.resume_room());
+        assert!(!intake_paused(true, &q), "a quarter free");
+        // A backlog of fewer than four events resumes at one free slot, as before.
+        let mut small = queue(3, 3);
+        offer(&mut small, 10, 13, t);
+        assert!(intake_paused(true, &small));
+        small.on_ok(id(10), true, "", t);
+        assert!(!intake_paused(true, &small));
+    }
+
     #[test]
     fn event_frame_wraps_the_raw_json_exactly() {
         let raw = r#"{"id":"ab","content":"x"}"#;
