@@ -524,8 +524,7 @@ impl Forwarder {
         if take_events {
             select.recv(&self.events);
         }
-        if let Some(linger) = lazy_oks(queue, take_events, auth, self.drain.get().is_some(), now)
-        {
+        if let Some(linger) = lazy_oks(queue, take_events, auth, self.drain.get().is_some(), now) {
             // Only OKs can be due, and nothing needs them at once: they are read after the
             // linger, or on the next event's turn.
             wait = wait.min(linger);
