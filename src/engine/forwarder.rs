@@ -59,6 +59,15 @@ const READ_BATCH: usize = 256;
 /// Queued events that end a [`WRITE_LINGER`] early.
 pub const WRITE_BATCH: usize = 32;
 
+/// What a turn of the forwarder's loop leaves to its wait.
+#[derive(Debug, Clone, Copy)]
+struct Left {
+    /// The own relay did not take every byte within the write timeout.
+    unflushed: bool,
+    /// Events wait for the batch until then (see [`write_held`]).
+    held: Option<std::time::Instant>,
+}
+
 /// Which of the forwarder's channels still have senders.
 #[derive(Debug, Clone, Copy)]
 struct Open {
@@ -460,7 +469,8 @@ impl Forwarder {
             }
             self.publish_counters(queue);
             if !more {
-                self.wait_for_work(socket, queue, &keepalive, &auth, open, unflushed, held);
+                let left = Left { unflushed, held };
+                self.wait_for_work(socket, queue, &keepalive, &auth, open, left);
             }
         }
     }
@@ -489,9 +499,9 @@ impl Forwarder {
         keepalive: &Keepalive,
         auth: &AuthState,
         open: Open,
-        unflushed: bool,
-        held: Option<std::time::Instant>,
+        left: Left,
     ) {
+        let Left { unflushed, held } = left;
         let now = self.clock.now();
         let mut deadline = keepalive.poll_timeout();
         if let Some(t) = queue.poll_timeout() {
