@@ -593,6 +593,8 @@ struct Historic {
     seconds: f64,
     unique: usize,
     engine_cpu: f64,
+    /// Engine CPU seconds per thread kind.
+    by_kind: BTreeMap<&'static str, f64>,
     unknown_threads: Vec<String>,
 }
 
@@ -614,6 +616,7 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
         seconds,
         unique: expected - before,
         engine_cpu: cpu.total(),
+        by_kind: cpu.by_kind.clone(),
         unknown_threads: cpu.unknown,
     }
 }
@@ -690,6 +693,15 @@ fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
             cpu_per_event / verify,
             "×",
             Budget::AtMost(1.5),
+        ));
+        let per_kind: Vec<String> = h
+            .by_kind
+            .iter()
+            .map(|(k, v)| format!("{k} {:.1}", v / h.unique as f64 * 1e6))
+            .collect();
+        notes.push(format!(
+            "{label}: engine CPU per 1k unique by thread kind (ms): {}",
+            per_kind.join(", ")
         ));
         if !h.unknown_threads.is_empty() {
             notes.push(format!(

@@ -221,6 +221,34 @@ impl ForwardQueue {
             .map(|f| f.deadline.minus(self.limits.ok_timeout))
     }
 
+    /// Events sent whose `OK` has not arrived yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// True when an event offered now could be sent at once: the in-flight window has room
+    /// and no rate-limit pause is running.
+    pub fn window_open(&self, now: Time) -> bool {
+        self.in_flight.len() < self.limits.in_flight && self.paused_until.is_none_or(|t| now >= t)
+    }
+
+    /// True when the in-flight window is full: nothing more is sent before an `OK`.
+    pub fn window_full(&self) -> bool {
+        self.in_flight.len() >= self.limits.in_flight
+    }
+
+    /// Events the backlog can still take before it is full.
+    pub fn room(&self) -> usize {
+        self.limits.backlog.saturating_sub(self.backlog())
+    }
+
+    /// The room a full backlog must regain before offers are taken again: a quarter of the
+    /// backlog (at least one event), so that the senders waiting on a full backlog are resumed
+    /// once per batch rather than once per `OK`.
+    pub fn resume_room(&self) -> usize {
+        (self.limits.backlog / 4).max(1)
+    }
+
     /// Queued plus in-flight events.
     pub fn backlog(&self) -> usize {
         self.queue.len() + self.in_flight.len()

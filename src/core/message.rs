@@ -133,6 +133,33 @@ pub fn parse_relay_frame(text: &str) -> Result<Incoming<'_>, FrameError> {
     }
 }
 
+/// The subscription id and the event JSON of an EVENT frame in its compact form,
+/// `["EVENT","<sub>",{…}]` (whitespace allowed only before the closing bracket), found
+/// without parsing the frame; `None` for any other shape (read it with
+/// [`parse_relay_frame`]). The subscription id is returned only when it has neither escapes
+/// nor control characters, so it is the string the JSON denotes. The event JSON is only
+/// delimited, not checked: the frame is the EVENT message [`parse_relay_frame`] would read,
+/// with this subscription id and JSON, exactly when the JSON parses as one object (so a
+/// caller parses the event with [`parse_event`] and falls back to [`parse_relay_frame`] when
+/// that fails).
+pub fn split_event_frame(text: &str) -> Option<(&str, &str)> {
+    let rest = text.strip_prefix("[\"EVENT\",\"")?;
+    let end = rest.find('"')?;
+    let sub_id = &rest[..end];
+    if sub_id.bytes().any(|b| b == b'\\' || b < 0x20) {
+        return None;
+    }
+    let raw = rest[end + 1..]
+        .strip_prefix(',')?
+        .trim_end_matches(JSON_SPACE)
+        .strip_suffix(']')?
+        .trim_end_matches(JSON_SPACE);
+    raw.starts_with('{').then_some((sub_id, raw))
+}
+
+/// JSON's whitespace characters.
+const JSON_SPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
 /// Why an event received from a relay is not forwarded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventRejection {
@@ -351,6 +378,52 @@ mod tests {
         assert!(matches!(
             parse_relay_frame(r#"["COUNT","s",{"count":1}]"#),
             Ok(Incoming::Other(_))
+        ));
+    }
+
+    #[test]
+    fn an_event_frame_split_by_hand_reads_as_the_parser_reads_it() {
+        let ev = event().as_json();
+        // Compact frames: the same subscription id and event JSON as the parser's.
+        for text in [
+            format!(r#"["EVENT","s1",{ev}]"#),
+            format!("[\"EVENT\",\"sub:2 é\",{ev} \n]\r\n"),
+            format!(r#"["EVENT","",{ev}]"#),
+        ] {
+            let (sub, raw) = split_event_frame(&text).expect(&text);
+            let Ok(Incoming::Event {
+                sub_id,
+                raw: parsed,
+            }) = parse_relay_frame(&text)
+            else {
+                panic!("{text}")
+            };
+            assert_eq!((sub, raw), (sub_id.as_str(), parsed.get()));
+            assert!(parse_event(raw).is_ok());
+        }
+        // Other shapes are left to the parser.
+        for text in [
+            format!(r#"["EVENT", "s1",{ev}]"#),
+            format!(r#"["EVENT","s1", {ev}]"#),
+            format!(r#"["EVENT","s\"1",{ev}]"#),
+            format!("[\"EVENT\",\"s{}\",{ev}]", '\u{1}'),
+            format!(r#"["EVENT","s1",{ev}"#),
+            format!(r#"["EVENT","s1",[{ev}]]"#),
+            format!(r#"["EOSE","s1",{ev}]"#),
+            r#"["EVENT","s1"]"#.to_string(),
+            r#"["EVENT","s1""#.to_string(),
+            String::new(),
+        ] {
+            assert_eq!(split_event_frame(&text), None, "{text}");
+        }
+        // Delimited but not one object: the event does not parse, and the caller falls back
+        // to the parser (which reads the frame its own way, here with an extra element).
+        let extra = format!(r#"["EVENT","s1",{ev},5]"#);
+        let (_, raw) = split_event_frame(&extra).unwrap();
+        assert!(parse_event(raw).is_err());
+        assert!(matches!(
+            parse_relay_frame(&extra),
+            Ok(Incoming::Event { raw, .. }) if raw.get() == ev
         ));
     }
 

@@ -34,8 +34,8 @@ use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, 
 use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction};
 use crate::core::message::{
-    check_parsed_cached, escape_for_log, parse_event, parse_relay_frame, EventRejection, Incoming,
-    SignatureCheck,
+    check_parsed_cached, escape_for_log, parse_event, parse_relay_frame, split_event_frame,
+    EventRejection, Incoming, SignatureCheck,
 };
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
@@ -801,9 +801,138 @@ impl ConnectionThread {
         }
     }
 
+    /// An EVENT frame's event, parsed from `raw` (its JSON as the relay sent it), on
+    /// subscription `sub_id`. Returns false when the engine is stopping.
+    fn on_event(
+        &self,
+        ctx: &mut Session<'_>,
+        sub_id: &str,
+        raw: &str,
+        event: nostr::event::Event,
+    ) -> bool {
+        let generation = ctx.generation;
+        RelayCounters::inc(&self.counters.events_received);
+        let Some(sub) = ctx.subs.get_mut(sub_id) else {
+            RelayCounters::inc(&self.counters.events_unknown_subscription);
+            debug!(
+                "{}: event for unknown subscription {}",
+                self.url,
+                escape_for_log(sub_id, 64)
+            );
+            return true;
+        };
+        if let Some((items, truncated)) = sub.ids.as_mut() {
+            // The own relay's side of a reconciliation: only (created_at, id) of
+            // what it holds for the filter; no signature check, nothing forwarded.
+            if sub.eose {
+                return true;
+            }
+            if !sub
+                .filter
+                .match_event(&event, nostr::filter::MatchEventOptions::new())
+            {
+                sub.stats.record_rejected();
+                return true;
+            }
+            sub.stats.record_event(&event);
+            if items.len() < MAX_COLLECTED_IDS {
+                items.push((event.created_at.as_secs(), event.id));
+            } else {
+                *truncated = true;
+            }
+            return true;
+        }
+        // A copy (from another relay, another filter, or the own relay reading back
+        // what the forwarder stored) has its id checked but not its signature again.
+        let checked = check_parsed_cached(&event, raw, &sub.filter, &self.metrics.verified);
+        if matches!(
+            checked,
+            Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
+        ) {
+            RelayCounters::inc(&self.counters.signature_checks);
+        }
+        let checked = checked.map(|_| ());
+        if !sub.eose {
+            // Paging trusts only checked events inside the window.
+            match checked {
+                Ok(()) => sub.stats.record_event(&event),
+                Err(_) => sub.stats.record_rejected(),
+            }
+        }
+        match checked {
+            Ok(()) => {
+                RelayCounters::inc(&self.counters.events_accepted);
+                match &self.role {
+                    Role::Remote(forward) => {
+                        // Only one copy per forwarder: it would drop the others.
+                        let forwarder = self.metrics.forwarder_restarts.load(Ordering::Relaxed);
+                        // Only a reconciliation's fetch asks a remote by `ids`: the
+                        // own relay was just found without the event, so it goes to
+                        // the forwarder whatever an earlier copy's claim says
+                        // (departure 61).
+                        let missing = sub.filter.ids.is_some();
+                        if !self.metrics.verified.claim_forward(&event.id, forwarder) && !missing {
+                            RelayCounters::inc(&self.counters.copies_not_forwarded);
+                            trace!("{}: {} already handed to the forwarder", self.url, event.id);
+                            return true;
+                        }
+                        let item = ForwardItem {
+                            id: event.id,
+                            raw: Arc::from(raw),
+                            admission: None,
+                            missing,
+                        };
+                        return self.forward(forward, item, ctx.socket);
+                    }
+                    Role::Own => {
+                        return self.report(Report::SelfEvent {
+                            generation,
+                            event: Box::new(event),
+                        });
+                    }
+                }
+            }
+            Err(EventRejection::NotMatching) => {
+                RelayCounters::inc(&self.counters.events_unmatched);
+                info!(
+                    "{}: dropped an event that does not match subscription {sub_id}",
+                    self.url
+                );
+            }
+            Err(e) => self.invalid_event(&sub_id, &e),
+        }
+        true
+    }
+
+    /// An EVENT frame whose event JSON does not parse: counted for its subscription.
+    fn malformed_event(&self, ctx: &mut Session<'_>, sub_id: &str, e: &EventRejection) {
+        RelayCounters::inc(&self.counters.events_received);
+        let Some(sub) = ctx.subs.get_mut(sub_id) else {
+            RelayCounters::inc(&self.counters.events_unknown_subscription);
+            debug!(
+                "{}: event for unknown subscription {}",
+                self.url,
+                escape_for_log(sub_id, 64)
+            );
+            return;
+        };
+        if !sub.eose {
+            sub.stats.record_rejected();
+        }
+        self.invalid_event(&sub_id, e);
+    }
+
     /// Handles one text frame. Returns false when the engine is stopping.
     fn handle_text(&self, ctx: &mut Session<'_>, text: &str) -> bool {
         let generation = ctx.generation;
+        // Most frames are compact EVENT frames: the event is parsed once, without a pass of
+        // the JSON parser over the whole frame first. Any other shape, or JSON that is not
+        // one event, is read by `parse_relay_frame` as before.
+        if let Some((sub_id, raw)) = split_event_frame(text) {
+            if let Ok(event) = parse_event(raw) {
+                return self.on_event(ctx, sub_id, raw, event);
+            }
+        }
         let msg = match parse_relay_frame(text) {
             Ok(m) => m,
             Err(e) => {
@@ -818,114 +947,15 @@ impl ConnectionThread {
         };
         match msg {
             Incoming::Event { sub_id, raw } => {
-                RelayCounters::inc(&self.counters.events_received);
-                let Some(sub) = ctx.subs.get_mut(&sub_id) else {
-                    RelayCounters::inc(&self.counters.events_unknown_subscription);
-                    debug!(
-                        "{}: event for unknown subscription {}",
-                        self.url,
-                        escape_for_log(&sub_id, 64)
-                    );
-                    return true;
-                };
-                let event = match parse_event(raw.get()) {
+                let raw = raw.get();
+                let event = match parse_event(raw) {
                     Ok(e) => e,
                     Err(e) => {
-                        if !sub.eose {
-                            sub.stats.record_rejected();
-                        }
-                        self.invalid_event(&sub_id, &e);
+                        self.malformed_event(ctx, &sub_id, &e);
                         return true;
                     }
                 };
-                if let Some((items, truncated)) = sub.ids.as_mut() {
-                    // The own relay's side of a reconciliation: only (created_at, id) of
-                    // what it holds for the filter; no signature check, nothing forwarded.
-                    if sub.eose {
-                        return true;
-                    }
-                    if !sub
-                        .filter
-                        .match_event(&event, nostr::filter::MatchEventOptions::new())
-                    {
-                        sub.stats.record_rejected();
-                        return true;
-                    }
-                    sub.stats.record_event(&event);
-                    if items.len() < MAX_COLLECTED_IDS {
-                        items.push((event.created_at.as_secs(), event.id));
-                    } else {
-                        *truncated = true;
-                    }
-                    return true;
-                }
-                // A copy (from another relay, another filter, or the own relay reading back
-                // what the forwarder stored) has its id checked but not its signature again.
-                let checked =
-                    check_parsed_cached(&event, raw.get(), &sub.filter, &self.metrics.verified);
-                if matches!(
-                    checked,
-                    Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
-                ) {
-                    RelayCounters::inc(&self.counters.signature_checks);
-                }
-                let checked = checked.map(|_| ());
-                if !sub.eose {
-                    // Paging trusts only checked events inside the window.
-                    match checked {
-                        Ok(()) => sub.stats.record_event(&event),
-                        Err(_) => sub.stats.record_rejected(),
-                    }
-                }
-                match checked {
-                    Ok(()) => {
-                        RelayCounters::inc(&self.counters.events_accepted);
-                        match &self.role {
-                            Role::Remote(forward) => {
-                                // Only one copy per forwarder: it would drop the others.
-                                let forwarder =
-                                    self.metrics.forwarder_restarts.load(Ordering::Relaxed);
-                                // Only a reconciliation's fetch asks a remote by `ids`: the
-                                // own relay was just found without the event, so it goes to
-                                // the forwarder whatever an earlier copy's claim says
-                                // (departure 61).
-                                let missing = sub.filter.ids.is_some();
-                                if !self.metrics.verified.claim_forward(&event.id, forwarder)
-                                    && !missing
-                                {
-                                    RelayCounters::inc(&self.counters.copies_not_forwarded);
-                                    trace!(
-                                        "{}: {} already handed to the forwarder",
-                                        self.url,
-                                        event.id
-                                    );
-                                    return true;
-                                }
-                                let item = ForwardItem {
-                                    id: event.id,
-                                    raw: Arc::from(raw.get()),
-                                    admission: None,
-                                    missing,
-                                };
-                                return self.forward(forward, item, ctx.socket);
-                            }
-                            Role::Own => {
-                                return self.report(Report::SelfEvent {
-                                    generation,
-                                    event: Box::new(event),
-                                });
-                            }
-                        }
-                    }
-                    Err(EventRejection::NotMatching) => {
-                        RelayCounters::inc(&self.counters.events_unmatched);
-                        info!(
-                            "{}: dropped an event that does not match subscription {sub_id}",
-                            self.url
-                        );
-                    }
-                    Err(e) => self.invalid_event(&sub_id, &e),
-                }
+                return self.on_event(ctx, &sub_id, raw, event);
             }
             Incoming::Eose(sub_id) => {
                 if let Some(sub) = ctx.subs.get_mut(&sub_id) {

@@ -44,6 +44,29 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 /// The wait before retrying a write the own relay did not take in time, or a back-pressure
 /// report the coordinator's full channel refused.
 const RETRY_WAIT: Duration = Duration::from_millis(50);
+/// How long `OK`s may wait unread while nothing else needs them (events are in flight, none
+/// is waiting to be sent, the window has room): the next event's wake-up reads them, so a
+/// stream of events costs one wake-up per event instead of two (design departure 62).
+pub const OK_LINGER: Duration = Duration::from_millis(5);
+/// How long events that arrive right after a write wait to go out together with the next
+/// ones: each write to the own relay costs a system call and, on loopback, the own relay's
+/// side of the TCP stack, so a stream of events is written in batches (design departure 62).
+/// An event that arrives after a quiet moment (longer than this since the last write) is
+/// written at once.
+pub const WRITE_LINGER: Duration = Duration::from_millis(1);
+/// Frames from the own relay read in one turn before the freed slots are filled.
+const READ_BATCH: usize = 256;
+/// Queued events that end a [`WRITE_LINGER`] early.
+pub const WRITE_BATCH: usize = 32;
+
+/// What a turn of the forwarder's loop leaves to its wait.
+#[derive(Debug, Clone, Copy)]
+struct Left {
+    /// The own relay did not take every byte within the write timeout.
+    unflushed: bool,
+    /// Events wait for the batch until then (see [`write_held`]).
+    held: Option<std::time::Instant>,
+}
 
 /// Which of the forwarder's channels still have senders.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +151,9 @@ pub struct Forwarder {
     pub reports: Sender<Input>,
     /// Byte admissions of the queued and in-flight events, released when each is resolved.
     pub(crate) admissions: Admissions,
+    /// True from the moment the queue was full until it regained
+    /// [`ForwardQueue::resume_room`]: no events are taken meanwhile.
+    pub(crate) intake_paused: std::cell::Cell<bool>,
 }
 
 impl Forwarder {
@@ -241,7 +267,7 @@ impl Forwarder {
     /// channel is closed (every sender is gone) and empty.
     fn take_events(&self, queue: &mut ForwardQueue) -> bool {
         let mut open = true;
-        while !queue.is_full() {
+        while !self.intake_paused(queue) {
             match self.events.try_recv() {
                 Ok(item) => self.offer(queue, item),
                 Err(TryRecvError::Empty) => break,
@@ -251,8 +277,18 @@ impl Forwarder {
                 }
             }
         }
-        self.report_back_pressure(queue.is_full());
+        self.report_back_pressure(self.intake_paused(queue));
         open
+    }
+
+    /// True while no events are taken: the queue is full, or was and has not regained
+    /// [`ForwardQueue::resume_room`] yet. The relay threads then wait on the full channel and
+    /// are resumed together once the own relay answered a batch, instead of one wake-up per
+    /// `OK` (each costs a futex wake here and a wait there; design departure 62).
+    fn intake_paused(&self, queue: &ForwardQueue) -> bool {
+        let paused = intake_paused(self.intake_paused.get(), queue);
+        self.intake_paused.set(paused);
+        paused
     }
 
     /// Tells the coordinator when the queue becomes full or has room again (the relay
@@ -340,6 +376,9 @@ impl Forwarder {
             events: true,
             control: true,
         };
+        // When events were last written: events arriving within [`WRITE_LINGER`] of it wait
+        // to be written together.
+        let mut last_write: Option<std::time::Instant> = None;
         loop {
             loop {
                 match self.control.try_recv() {
@@ -369,7 +408,15 @@ impl Forwarder {
                     warn!("forwarder: the own relay asked for NIP-42 AUTH but did not complete it in time; its auth-required answers now count as rejections");
                 }
             }
-            while !auth.writes_paused() {
+            let held = write_held(
+                queue,
+                last_write,
+                self.drain.get().is_some(),
+                open.events,
+                std::time::Instant::now(),
+            );
+            let mut wrote = false;
+            while !auth.writes_paused() && held.is_none() {
                 let Some((_, raw)) = queue.poll_send(now) else {
                     break;
                 };
@@ -377,24 +424,29 @@ impl Forwarder {
                     warn!("forwarder: write to the own relay failed: {e}");
                     return false;
                 }
+                wrote = true;
+            }
+            if wrote {
+                last_write = Some(std::time::Instant::now());
             }
             let Some(mut unflushed) = self.flush(socket) else {
                 return false;
             };
-            // Read every frame that has arrived (reads never block here).
+            // Read every frame that has arrived (reads never block here), at most
+            // `READ_BATCH` per turn; the slots their OKs freed are filled in one write below
+            // (one system call for the batch, not one per OK).
             let mut more = false;
+            let mut frames = 0;
             loop {
+                if frames == READ_BATCH {
+                    more = true;
+                    break;
+                }
                 match socket.read() {
                     Ok(Message::Text(text)) => {
+                        frames += 1;
                         keepalive.on_activity();
                         self.handle_text(text.as_str(), queue, &mut auth, socket);
-                        self.publish_counters(queue);
-                        // An OK freed a slot: send more now (further frames stay buffered
-                        // and are read on the next turn, without waiting).
-                        if queue.can_send(self.clock.now()) {
-                            more = true;
-                            break;
-                        }
                     }
                     Ok(Message::Close(_)) => {
                         warn!("forwarder: the own relay closed the connection");
@@ -407,6 +459,10 @@ impl Forwarder {
                         return false;
                     }
                 }
+            }
+            // The OKs freed slots: send more now.
+            if held.is_none() && queue.can_send(self.clock.now()) {
+                more = true;
             }
             match keepalive.poll(self.clock.now()) {
                 KeepaliveAction::Idle => {}
@@ -427,7 +483,8 @@ impl Forwarder {
             }
             self.publish_counters(queue);
             if !more {
-                self.wait_for_work(socket, queue, &keepalive, &auth, open, unflushed);
+                let left = Left { unflushed, held };
+                self.wait_for_work(socket, queue, &keepalive, &auth, open, left);
             }
         }
     }
@@ -456,8 +513,9 @@ impl Forwarder {
         keepalive: &Keepalive,
         auth: &AuthState,
         open: Open,
-        unflushed: bool,
+        left: Left,
     ) {
+        let Left { unflushed, held } = left;
         let now = self.clock.now();
         let mut deadline = keepalive.poll_timeout();
         if let Some(t) = queue.poll_timeout() {
@@ -471,7 +529,7 @@ impl Forwarder {
             wait = wait.min(d.saturating_duration_since(std::time::Instant::now()));
         }
         let report_pending =
-            (self.metrics.forward.full.load(Ordering::Relaxed) == 1) != queue.is_full();
+            (self.metrics.forward.full.load(Ordering::Relaxed) == 1) != self.intake_paused(queue);
         if unflushed || report_pending {
             // Retry the write or the back-pressure report soon.
             wait = wait.min(RETRY_WAIT);
@@ -480,10 +538,21 @@ impl Forwarder {
         if open.control {
             select.recv(&self.control);
         }
-        if open.events && !queue.is_full() {
+        if let Some(until) = held {
+            // Writes wait for the batch: only a command ends the wait early.
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let _ = select.ready_timeout(wait.min(left));
+            return;
+        }
+        let take_events = open.events && !self.intake_paused(queue);
+        if take_events {
             select.recv(&self.events);
         }
-        if let Some(inbound) = ws::inbound(socket) {
+        if let Some(linger) = lazy_oks(queue, take_events, auth, self.drain.get().is_some(), now) {
+            // Only OKs can be due, and nothing needs them at once: they are read after the
+            // linger, or on the next event's turn.
+            wait = wait.min(linger);
+        } else if let Some(inbound) = ws::inbound(socket) {
             inbound.register(&mut select);
         }
         let _ = select.ready_timeout(wait);
@@ -632,6 +701,64 @@ impl Forwarder {
     }
 }
 
+/// Whether the forwarder takes no events now, `was` saying whether it took none before: the
+/// queue is full, or was and has not regained [`ForwardQueue::resume_room`] yet.
+fn intake_paused(was: bool, queue: &ForwardQueue) -> bool {
+    queue.is_full() || (was && queue.room() < queue.resume_room())
+}
+
+/// Until when queued events wait before they are written, if they do: events were written
+/// less than [`WRITE_LINGER`] ago, fewer than [`WRITE_BATCH`] wait, more can arrive, and the
+/// forwarder is not draining. `None`: write now.
+fn write_held(
+    queue: &ForwardQueue,
+    last_write: Option<std::time::Instant>,
+    draining: bool,
+    events_open: bool,
+    now: std::time::Instant,
+) -> Option<std::time::Instant> {
+    let until = last_write? + WRITE_LINGER;
+    let waiting = queue.backlog() - queue.in_flight();
+    (events_open && !draining && waiting > 0 && waiting < WRITE_BATCH && now < until)
+        .then_some(until)
+}
+
+/// How long the forwarder may wait without waking on the own relay's bytes, if it may: when
+/// events are in flight and their `OK`s are not needed at once, they are read in batches.
+///
+/// * Nothing waits to be sent and the window has room: the next event's turn reads them, or
+///   the end of [`OK_LINGER`].
+/// * The window is full and events wait: the own relay has a window's worth of work; the
+///   `OK`s that arrived within [`WRITE_LINGER`] are read together and their slots filled in
+///   one write, instead of one wake-up and one write per `OK`.
+///
+/// Never while authenticating, draining, retrying, paused or with an `OK` overdue.
+fn lazy_oks(
+    queue: &ForwardQueue,
+    take_events: bool,
+    auth: &AuthState,
+    draining: bool,
+    now: crate::core::time::Time,
+) -> Option<Duration> {
+    let calm = !draining
+        && !auth.writes_paused()
+        && auth.poll_timeout().is_none()
+        && queue.in_flight() > 0
+        && queue.retrying() == 0
+        && queue.poll_timeout().is_some_and(|t| t > now);
+    if !calm {
+        return None;
+    }
+    let waiting = queue.backlog() - queue.in_flight();
+    if waiting == 0 && take_events && queue.window_open(now) {
+        Some(OK_LINGER)
+    } else if waiting > 0 && queue.window_full() {
+        Some(WRITE_LINGER)
+    } else {
+        None
+    }
+}
+
 /// `["EVENT",<raw>]` in one allocation of the exact size.
 fn event_frame(raw: &str) -> String {
     let mut frame = String::with_capacity(raw.len() + 10);
@@ -643,6 +770,115 @@ fn event_frame(raw: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::{intake_paused, lazy_oks, write_held, OK_LINGER, WRITE_BATCH, WRITE_LINGER};
+    use crate::core::auth::{AuthLimits, AuthState};
+    use crate::core::forward::{ForwardLimits, ForwardQueue};
+    use crate::core::time::Time;
+    use nostr::event::EventId;
+    use std::time::{Duration, Instant};
+
+    fn id(n: u32) -> EventId {
+        let mut b = [0u8; 32];
+        b[..4].copy_from_slice(&n.to_le_bytes());
+        EventId::from_byte_array(b)
+    }
+
+    fn queue(in_flight: usize, backlog: usize) -> ForwardQueue {
+        ForwardQueue::new(ForwardLimits {
+            in_flight,
+            backlog,
+            ok_timeout: Duration::from_secs(10),
+            ..ForwardLimits::default()
+        })
+    }
+
+    /// Offers events `from..to` and sends as many as the window takes at `now`.
+    fn offer(q: &mut ForwardQueue, from: u32, to: u32, now: Time) {
+        for n in from..to {
+            q.offer(id(n), format!("{{\"n\":{n}}}").into());
+        }
+        while q.poll_send(now).is_some() {}
+    }
+
+    #[test]
+    fn events_arriving_right_after_a_write_wait_for_the_batch() {
+        let t = Time::from_secs(0);
+        let now = Instant::now();
+        let mut q = queue(64, 4096);
+        // Nothing waits to be sent: nothing to hold.
+        assert_eq!(write_held(&q, Some(now), false, true, now), None);
+        for n in 0..3 {
+            q.offer(id(n), "{}".into());
+        }
+        // Written 0.5 ms ago: the three wait until 1 ms after that write.
+        let last = now - Duration::from_micros(500);
+        assert_eq!(
+            write_held(&q, Some(last), false, true, now),
+            Some(last + WRITE_LINGER)
+        );
+        // After a quiet moment, never written, draining, or no more events coming: at once.
+        let quiet = now - WRITE_LINGER - Duration::from_micros(1);
+        assert_eq!(write_held(&q, Some(quiet), false, true, now), None);
+        assert_eq!(write_held(&q, None, false, true, now), None);
+        assert_eq!(write_held(&q, Some(last), true, true, now), None);
+        assert_eq!(write_held(&q, Some(last), false, false, now), None);
+        // A full batch goes out at once.
+        offer(&mut q, 3, WRITE_BATCH as u32, t);
+        let mut full = queue(1, 4096);
+        offer(&mut full, 0, WRITE_BATCH as u32 + 1, t);
+        assert_eq!(full.backlog() - full.in_flight(), WRITE_BATCH);
+        assert_eq!(write_held(&full, Some(last), false, true, now), None);
+    }
+
+    #[test]
+    fn oks_are_read_lazily_only_while_nothing_needs_them() {
+        let t = Time::from_secs(0);
+        let auth = AuthState::new(false, AuthLimits::default());
+        let mut q = queue(2, 4096);
+        // Nothing in flight: the own relay's bytes wake the forwarder (NOTICE, AUTH, close).
+        assert_eq!(lazy_oks(&q, true, &auth, false, t), None);
+        // One in flight, nothing waiting, room in the window: the next event reads its OK.
+        offer(&mut q, 0, 1, t);
+        assert_eq!(lazy_oks(&q, true, &auth, false, t), Some(OK_LINGER));
+        // No event can be taken, draining, or the OK overdue: wake on the OK.
+        assert_eq!(lazy_oks(&q, false, &auth, false, t), None);
+        assert_eq!(lazy_oks(&q, true, &auth, true, t), None);
+        let late = Time::from_secs(11);
+        assert_eq!(lazy_oks(&q, true, &auth, false, late), None);
+        // The window full and events waiting: the OKs are read in batches.
+        offer(&mut q, 1, 4, t);
+        assert!(q.window_full());
+        assert_eq!(lazy_oks(&q, false, &auth, false, t), Some(WRITE_LINGER));
+        // The window full and nothing waiting: an OK lets the next event go at once.
+        let mut q = queue(1, 4096);
+        offer(&mut q, 0, 1, t);
+        assert_eq!(lazy_oks(&q, true, &auth, false, t), None);
+    }
+
+    #[test]
+    fn a_full_queue_takes_events_again_once_a_quarter_of_it_is_free() {
+        let t = Time::from_secs(0);
+        let mut q = queue(8, 8);
+        assert!(!intake_paused(false, &q));
+        offer(&mut q, 0, 8, t);
+        assert!(intake_paused(false, &q), "full");
+        // One OK frees one slot: still paused (2 of 8 needed).
+        q.on_ok(id(0), true, "", t);
+        assert_eq!(q.room(), 1);
+        assert!(intake_paused(true, &q));
+        // Not paused before (the queue was never full): takes the free slot.
+        assert!(!intake_paused(false, &q));
+        q.on_ok(id(1), true, "", t);
+        assert_eq!(q.room(), q.resume_room());
+        assert!(!intake_paused(true, &q), "a quarter free");
+        // A backlog of fewer than four events resumes at one free slot, as before.
+        let mut small = queue(3, 3);
+        offer(&mut small, 10, 13, t);
+        assert!(intake_paused(true, &small));
+        small.on_ok(id(10), true, "", t);
+        assert!(!intake_paused(true, &small));
+    }
+
     #[test]
     fn event_frame_wraps_the_raw_json_exactly() {
         let raw = r#"{"id":"ab","content":"x"}"#;
@@ -692,6 +928,7 @@ mod tests {
             auth_keys: None,
             reports,
             admissions: Admissions::default(),
+            intake_paused: Default::default(),
         };
         let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let thread = std::thread::spawn(move || {

@@ -314,6 +314,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         auth_keys: coordinator::own_keys(&config),
         reports: inputs_tx.clone(),
         admissions: Default::default(),
+        intake_paused: Default::default(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
