@@ -46,11 +46,11 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 const RETRY_WAIT: Duration = Duration::from_millis(50);
 /// How long `OK`s may wait unread while nothing else needs them (events are in flight, none
 /// is waiting to be sent, the window has room): the next event's wake-up reads them, so a
-/// stream of events costs one wake-up per event instead of two (design departure 62).
+/// stream of events costs one wake-up per event instead of two (design departure 64).
 pub const OK_LINGER: Duration = Duration::from_millis(5);
 /// How long events that arrive right after a write wait to go out together with the next
 /// ones: each write to the own relay costs a system call and, on loopback, the own relay's
-/// side of the TCP stack, so a stream of events is written in batches (design departure 62).
+/// side of the TCP stack, so a stream of events is written in batches (design departure 64).
 /// An event that arrives after a quiet moment (longer than this since the last write) is
 /// written at once.
 pub const WRITE_LINGER: Duration = Duration::from_millis(1);
@@ -284,7 +284,7 @@ impl Forwarder {
     /// True while no events are taken: the queue is full, or was and has not regained
     /// [`ForwardQueue::resume_room`] yet. The relay threads then wait on the full channel and
     /// are resumed together once the own relay answered a batch, instead of one wake-up per
-    /// `OK` (each costs a futex wake here and a wait there; design departure 62).
+    /// `OK` (each costs a futex wake here and a wait there; design departure 64).
     fn intake_paused(&self, queue: &ForwardQueue) -> bool {
         let paused = intake_paused(self.intake_paused.get(), queue);
         self.intake_paused.set(paused);
