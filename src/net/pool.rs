@@ -307,7 +307,10 @@ mod tests {
             .collect();
         answers.sort_unstable();
         assert_eq!(answers, (0..24).map(|i| i * 2).collect::<Vec<_>>());
-        assert!(most.load(Ordering::SeqCst) <= 3, "jobs ran at once: {most:?}");
+        assert!(
+            most.load(Ordering::SeqCst) <= 3,
+            "jobs ran at once: {most:?}"
+        );
         assert!(pool.peak_workers() <= 3, "{pool:?}");
         assert!(pool.workers() >= 1, "{pool:?}");
         assert_eq!(pool.overflowed(), 0, "{pool:?}");
