@@ -14,6 +14,7 @@
 //! deadline (a caller gives a job its deadline's remaining time, less the wait:
 //! [`remaining`]).
 
+use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -34,6 +35,9 @@ pub const WORKER_IDLE_EXIT: Duration = Duration::from_secs(300);
 /// A job; it calls its argument right before it hands its answer over (a worker counts
 /// itself idle then, so a caller's next job finds it free).
 type Job = Box<dyn FnOnce(&dyn Fn()) + Send>;
+
+/// A caller's function with its answer boxed.
+type BoxedFn = Box<dyn FnOnce() -> Box<dyn Any + Send> + Send>;
 
 /// A queued job; taken by a worker or, once its patience ran out, by its caller.
 struct Slot {
@@ -167,6 +171,21 @@ impl ConnectPool {
         patience: Duration,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, RunError> {
+        // The answer is boxed on the worker: the caller's stack (a relay thread's, kept
+        // resident for its life) never holds a large `T` such as a websocket in transit.
+        let answer = self.run_boxed(
+            patience,
+            Box::new(move || Box::new(f()) as Box<dyn Any + Send>),
+        )?;
+        answer
+            .downcast::<T>()
+            .map(|v| *v)
+            .map_err(|_| RunError::Lost)
+    }
+
+    /// [`ConnectPool::run`] without its type parameter (one small frame in every caller).
+    #[inline(never)]
+    fn run_boxed(&self, patience: Duration, f: BoxedFn) -> Result<Box<dyn Any + Send>, RunError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let job: Job = Box::new(move |done: &dyn Fn()| {
             let answer = catch_unwind(AssertUnwindSafe(f));
