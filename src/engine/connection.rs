@@ -516,7 +516,16 @@ impl ConnectionThread {
                     }
                 };
                 if let Some(text) = text {
-                    if let Err(e) = socket.write(Message::text(text)) {
+                    // Each command's frame goes out at once: tungstenite's write buffer keeps
+                    // the largest size it ever had, one frame instead of a burst of REQs.
+                    let sent =
+                        socket
+                            .write(Message::text(text))
+                            .and_then(|()| match socket.flush() {
+                                Err(e) if ws::is_timeout(&e) => Ok(()),
+                                other => other,
+                            });
+                    if let Err(e) = sent {
                         failed = Some(format!("write failed: {e}"));
                         break;
                     }
