@@ -323,6 +323,7 @@ fn engine_thread_kind(comm: &str) -> Option<&'static str> {
         "coordinator" => Some("coordinator"),
         "forwarder" | "forwarder-read" => Some("forwarder"),
         "dns" => Some("dns"),
+        "connect" => Some("connect"),
         _ if comm.starts_with("relay ") => Some("relay"),
         _ => None,
     }
@@ -330,7 +331,7 @@ fn engine_thread_kind(comm: &str) -> Option<&'static str> {
 
 /// CPU seconds (utime + stime) of the engine's live threads, per thread kind.
 struct Cpu {
-    /// Seconds per kind: "coordinator", "forwarder", "dns", "relay".
+    /// Seconds per kind: "coordinator", "forwarder", "dns", "connect", "relay".
     by_kind: BTreeMap<&'static str, f64>,
     /// Threads that are neither engine nor TestRelay nor main (to spot one the filter misses).
     unknown: Vec<String>,
@@ -1110,8 +1111,10 @@ fn probe_engine(n: usize, idle: Duration) -> Value {
     let history = History::generate(n.max(1), 0);
     let world = World::start_on(&history, n, listeners(n), 1, false);
     let relays_only = rss_kib();
+    let starting = Instant::now();
     let handle = world.engine(|_| {});
     world.settle(&handle);
+    let settle_secs = starting.elapsed().as_secs_f64();
     std::thread::sleep(SETTLE_PAUSE);
     let with_engine = rss_kib();
     let subscriptions = world.open_subscriptions();
@@ -1131,6 +1134,7 @@ fn probe_engine(n: usize, idle: Duration) -> Value {
         "relays_only_kib": relays_only,
         "with_engine_kib": with_engine,
         "subscriptions": subscriptions,
+        "settle_secs": settle_secs,
         "idle_cpu_pct": idle_pct,
         "idle_cpu_pct_by_thread": idle_by_kind,
     })
@@ -1234,8 +1238,9 @@ fn memory_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
             Budget::AtMost(64.0),
         ));
         notes.push(format!(
-            "{n} relays: {} subscriptions open on the remotes; TestRelay side of one \
-             connection ≈ {:.0} KiB",
+            "{n} relays: settled {:.2} s after the engine started; {} subscriptions open on the \
+             remotes; TestRelay side of one connection ≈ {:.0} KiB",
+            kib(&engine, "settle_secs"),
             engine["subscriptions"],
             relay_side / n as f64
         ));

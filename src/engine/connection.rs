@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use log::{debug, info, trace, warn};
@@ -44,6 +44,7 @@ use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
+use crate::net::pool;
 use crate::net::url::RelayUrl;
 use crate::net::ws::{self, Socket, WsOptions};
 
@@ -58,12 +59,8 @@ pub const MAX_COLLECTED_IDS: usize = 200_000;
 pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
 
 /// Stack of a relay thread. It handles frames and checks events; connects and the NIP-11
-/// request run on a helper thread ([`HELPER_STACK`]).
+/// request run on the connect pool ([`crate::net::pool`]).
 pub const RELAY_STACK: usize = 256 * 1024;
-
-/// Stack of the short-lived helper thread that runs a relay's connect (DNS wait, TCP, TLS and
-/// websocket handshakes) and its NIP-11 request.
-pub const HELPER_STACK: usize = 256 * 1024;
 
 /// Commands from the coordinator to a relay thread.
 #[derive(Debug, Clone)]
@@ -236,16 +233,7 @@ impl ConnectionThread {
                 continue;
             }
             if !limits_known {
-                let fetched = self
-                    .on_helper(|| self.fetch_limits(&verdict))
-                    .unwrap_or_else(|e| {
-                        debug!(
-                            "{}: no thread for the NIP-11 request ({e}); using defaults",
-                            self.url
-                        );
-                        Ok(false)
-                    });
-                match fetched {
+                match self.fetch_limits(&verdict) {
                     Ok(known) => limits_known = known,
                     Err(reason) => {
                         self.refused(generation, reason);
@@ -264,13 +252,22 @@ impl ConnectionThread {
 
     /// Checks a resolved address right before a connect: for every remote relay, that it is
     /// not the own relay's; for relays discovered from events, the whole address policy.
-    fn check_addr(&self, verdict: &UrlVerdict, addr: std::net::SocketAddr) -> Result<(), String> {
-        if matches!(self.role, Role::Own) {
-            return Ok(());
-        }
-        match verdict {
-            UrlVerdict::CheckAddresses => self.policy.check_addr(addr),
-            _ => self.policy.check_own(addr),
+    /// Owned, so it can go to the connect pool with the connect.
+    fn addr_check(
+        &self,
+        verdict: &UrlVerdict,
+    ) -> impl Fn(std::net::SocketAddr) -> Result<(), String> + Send + 'static {
+        let own = matches!(self.role, Role::Own);
+        let verdict = verdict.clone();
+        let policy = self.policy.clone();
+        move |addr| {
+            if own {
+                return Ok(());
+            }
+            match verdict {
+                UrlVerdict::CheckAddresses => policy.check_addr(addr),
+                _ => policy.check_own(addr),
+            }
         }
     }
 
@@ -296,8 +293,19 @@ impl ConnectionThread {
         if self.nip11_timeout.is_zero() {
             return Ok(true);
         }
-        let check = |addr| self.check_addr(verdict, addr);
-        match nip11::fetch_checked(&self.url, self.nip11_timeout, 64 * 1024, &self.tls, &check) {
+        let deadline = Instant::now() + self.nip11_timeout;
+        let (url, tls, check) = (self.url.clone(), self.tls.clone(), self.addr_check(verdict));
+        let fetched = pool::connect_pool().run(pool_patience(self.nip11_timeout), move || {
+            nip11::fetch_checked(&url, pool::remaining(deadline), 64 * 1024, &tls, &check)
+        });
+        let fetched = match fetched {
+            Ok(f) => f,
+            Err(e) => {
+                debug!("{}: no NIP-11 request ({e}); using defaults", self.url);
+                return Ok(false);
+            }
+        };
+        match fetched {
             Ok(limits) => {
                 debug!("{}: NIP-11 {limits:?}", self.url);
                 self.report(Report::Limits {
@@ -321,23 +329,29 @@ impl ConnectionThread {
         }
     }
 
-    /// Runs `f` (a connect or the NIP-11 request) on a short-lived helper thread and waits
-    /// for it. The TCP, TLS, websocket and HTTP handshakes touch tens of KiB of stack that the
-    /// relay thread would keep resident for the rest of its life (an idle connection needs
-    /// far less); a helper's stack pages are given back when it ends. A panic in `f` is
-    /// resumed here, so the relay thread fails as it would have. `Err` when no thread could
-    /// be started.
-    fn on_helper<T: Send>(&self, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
-        std::thread::scope(|scope| {
-            let handle = std::thread::Builder::new()
-                .name(format!("relay {}", self.url))
-                .stack_size(HELPER_STACK)
-                .spawn_scoped(scope, f)?;
-            match handle.join() {
-                Ok(v) => Ok(v),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
+    /// Opens the websocket on the connect pool ([`crate::net::pool`]) and waits for it. The
+    /// TCP, TLS and websocket handshakes touch tens of KiB of stack that the relay thread
+    /// would keep resident for the rest of its life (an idle connection needs far less); the
+    /// pool's few threads touch theirs once. The deadline runs from this call: time spent
+    /// waiting for a pool thread is taken from the handshakes' time. A panic in the connect
+    /// is resumed here, so the relay thread fails as it would have.
+    fn connect(&self, verdict: &UrlVerdict) -> Result<Socket, ws::ConnectError> {
+        let deadline = Instant::now() + self.ws.connect_timeout;
+        let (url, tls, check) = (self.url.clone(), self.tls.clone(), self.addr_check(verdict));
+        let opts = self.ws;
+        pool::connect_pool()
+            .run(pool_patience(opts.connect_timeout), move || {
+                let left = pool::remaining(deadline);
+                if left.is_zero() {
+                    return Err(ws::ConnectError::Timeout);
+                }
+                let opts = WsOptions {
+                    connect_timeout: left,
+                    ..opts
+                };
+                ws::connect_checked(&url, &opts, &tls, &check)
+            })
+            .unwrap_or_else(|e| Err(ws::ConnectError::Tcp(std::io::Error::other(e.to_string()))))
     }
 
     fn stopping(&self) -> bool {
@@ -397,17 +411,7 @@ impl ConnectionThread {
         oversized_seen: &mut HashSet<EventId>,
     ) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
-        let check = |addr| self.check_addr(verdict, addr);
-        let connected =
-            self.on_helper(|| ws::connect_checked(&self.url, &self.ws, &self.tls, &check));
-        let connected = match connected {
-            Ok(c) => c,
-            Err(e) => {
-                self.disconnected(generation, format!("cannot start a connect thread: {e}"));
-                return SessionEnd::Lost;
-            }
-        };
-        let mut socket = match connected {
+        let mut socket = match self.connect(verdict) {
             Ok(s) => s,
             Err(ws::ConnectError::Refused(reason)) => {
                 self.refused(generation, reason);
@@ -512,7 +516,16 @@ impl ConnectionThread {
                     }
                 };
                 if let Some(text) = text {
-                    if let Err(e) = socket.write(Message::text(text)) {
+                    // Each command's frame goes out at once: tungstenite's write buffer keeps
+                    // the largest size it ever had, one frame instead of a burst of REQs.
+                    let sent =
+                        socket
+                            .write(Message::text(text))
+                            .and_then(|()| match socket.flush() {
+                                Err(e) if ws::is_timeout(&e) => Ok(()),
+                                other => other,
+                            });
+                    if let Err(e) = sent {
                         failed = Some(format!("write failed: {e}"));
                         break;
                     }
@@ -1155,6 +1168,13 @@ impl ConnectionThread {
             let _ = socket.flush();
         }
     }
+}
+
+/// How long a connect or NIP-11 request with `timeout` waits for a free pool thread before it
+/// runs on a thread of its own: a quarter of its time, so every worker stuck in a slow
+/// handshake cannot keep it from three quarters of its time.
+fn pool_patience(timeout: Duration) -> Duration {
+    timeout / 4
 }
 
 /// Spawns a relay thread named after the relay.

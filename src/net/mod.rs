@@ -3,6 +3,7 @@
 pub mod inbound;
 pub mod nip11;
 pub mod policy;
+pub mod pool;
 pub mod tls;
 pub mod url;
 pub mod ws;

@@ -45,6 +45,9 @@ pub struct DeadlineStream {
     deadline: Option<Instant>,
     /// Set by [`read_on_helper_thread`]: reads come from a pump thread and never block.
     inbound: Option<Inbound>,
+    /// Most bytes one read of the TCP stream takes (0: as many as the caller asks for);
+    /// see [`WsOptions::max_read`].
+    max_read: usize,
 }
 
 impl DeadlineStream {
@@ -54,7 +57,13 @@ impl DeadlineStream {
             tcp,
             deadline,
             inbound: None,
+            max_read: 0,
         }
+    }
+
+    /// Sets the most bytes one read of the TCP stream takes (0: no cap).
+    pub fn set_max_read(&mut self, max_read: usize) {
+        self.max_read = max_read;
     }
 
     /// The TCP stream.
@@ -91,7 +100,11 @@ impl io::Read for DeadlineStream {
         if let Some(left) = self.left()? {
             self.tcp.set_read_timeout(Some(left))?;
         }
-        self.tcp.read(buf)
+        let n = match self.max_read {
+            0 => buf.len(),
+            max => buf.len().min(max),
+        };
+        self.tcp.read(&mut buf[..n])
     }
 }
 
@@ -134,6 +147,15 @@ pub struct WsOptions {
     /// Bytes of outgoing frames buffered before `write` starts writing them to the socket
     /// (a threshold: nothing is allocated up front).
     pub write_buffer_size: usize,
+    /// Most bytes one socket read takes on a connected `ws://` socket (0: up to the free
+    /// read buffer). tungstenite reserves a whole frame's length on top of the bytes it
+    /// holds whenever it parses a frame header, and doubles its read buffer when that does
+    /// not fit behind the consumed part; reads that fill the buffer made idle connections
+    /// keep 8–32 KiB buffers after their first burst of small frames. With reads of at most a
+    /// quarter of `read_buffer_size`, frames up to half of it never grow the buffer. Not
+    /// applied to `wss://` (rustls reads the socket, tungstenite reads rustls) nor during
+    /// the handshakes.
+    pub max_read: usize,
 }
 
 impl Default for WsOptions {
@@ -147,6 +169,7 @@ impl Default for WsOptions {
             max_frame_size: 16 << 20,
             read_buffer_size: 4 * 1024,
             write_buffer_size: 16 * 1024,
+            max_read: 1024,
         }
     }
 }
@@ -426,7 +449,10 @@ pub fn connect_checked(
         }
     };
     match socket.get_mut() {
-        MaybeTlsStream::Plain(s) => s.set_deadline(None),
+        MaybeTlsStream::Plain(s) => {
+            s.set_deadline(None);
+            s.set_max_read(opts.max_read);
+        }
         MaybeTlsStream::Rustls(s) => s.sock.set_deadline(None),
         _ => unreachable!("only plain and rustls streams are enabled"),
     }
@@ -648,6 +674,30 @@ mod tests {
             assert!(w.join().unwrap().is_ok());
         }
         assert!(late.join().unwrap().is_ok());
+    }
+
+    /// A connected `ws://` socket's reads are cut at `max_read` (so tungstenite's read buffer
+    /// stays at its size: see `WsOptions::max_read`); without a cap a read takes all it can.
+    #[test]
+    fn reads_are_cut_at_max_read() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        std::io::Write::write_all(&mut client, &[7u8; 3000]).unwrap();
+        let mut stream = DeadlineStream::new(server, None);
+        stream.set_max_read(1024);
+        let mut buf = [0u8; 8192];
+        let mut got = 0;
+        while got < 3000 {
+            let n = io::Read::read(&mut stream, &mut buf).unwrap();
+            assert!((1..=1024).contains(&n), "{n}");
+            got += n;
+        }
+        std::io::Write::write_all(&mut client, &[7u8; 3000]).unwrap();
+        stream.set_max_read(0);
+        std::thread::sleep(Duration::from_millis(50));
+        let n = io::Read::read(&mut stream, &mut buf).unwrap();
+        assert!(n > 1024, "{n}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ mod tests;
 #[cfg(test)]
 mod world;
 
+#[cfg(feature = "testing")]
 pub(crate) use reconcile::{hex_decode, hex_encode};
 pub use reconcile::{FallbackReason, Nip77Config, Nip77Support};
 
