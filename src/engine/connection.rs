@@ -824,14 +824,7 @@ impl ConnectionThread {
         event: nostr::event::Event,
     ) -> bool {
         let generation = ctx.generation;
-        RelayCounters::inc(&self.counters.events_received);
-        let Some(sub) = ctx.subs.get_mut(sub_id) else {
-            RelayCounters::inc(&self.counters.events_unknown_subscription);
-            debug!(
-                "{}: event for unknown subscription {}",
-                self.url,
-                escape_for_log(sub_id, 64)
-            );
+        let Some(sub) = self.event_subscription(ctx.subs, sub_id) else {
             return true;
         };
         if let Some((items, truncated)) = sub.ids.as_mut() {
@@ -917,16 +910,29 @@ impl ConnectionThread {
         true
     }
 
-    /// An EVENT frame whose event JSON does not parse: counted for its subscription.
-    fn malformed_event(&self, ctx: &mut Session<'_>, sub_id: &str, e: &EventRejection) {
+    /// Counts a received EVENT frame and finds its subscription; one for an unknown
+    /// subscription is counted and logged, and `None` is returned.
+    fn event_subscription<'s>(
+        &self,
+        subs: &'s mut HashMap<String, Sub>,
+        sub_id: &str,
+    ) -> Option<&'s mut Sub> {
         RelayCounters::inc(&self.counters.events_received);
-        let Some(sub) = ctx.subs.get_mut(sub_id) else {
+        let sub = subs.get_mut(sub_id);
+        if sub.is_none() {
             RelayCounters::inc(&self.counters.events_unknown_subscription);
             debug!(
                 "{}: event for unknown subscription {}",
                 self.url,
                 escape_for_log(sub_id, 64)
             );
+        }
+        sub
+    }
+
+    /// An EVENT frame whose event JSON does not parse: counted for its subscription.
+    fn malformed_event(&self, ctx: &mut Session<'_>, sub_id: &str, e: &EventRejection) {
+        let Some(sub) = self.event_subscription(ctx.subs, sub_id) else {
             return;
         };
         if !sub.eose {

@@ -380,17 +380,11 @@ fn a_batch_confirming_after_18_minutes_on_a_constrained_relay_is_caught_up_from_
     a.hold_eose = true;
     w.start();
     w.advance(Duration::from_secs(10));
-    // The first batch query ends; its #a items have no live subscription from now on.
-    w.release_eose(A);
-    w.advance(Duration::from_secs(60));
-    let gap = tagged("a", &repo("r"), "in the gap", w.secs());
-    w.publish(A, &gap);
-    // The batch's other queries answer 17 minutes later: only then is it confirmed, and its
-    // catch-up must start before the gap, not 15 minutes before the confirmation.
-    w.advance(Duration::from_secs(17 * 60));
-    w.relay(A).hold_eose = false;
-    w.release_eose(A);
-    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    // The first batch query ends; its #a items have no live subscription from then on. The
+    // batch's other queries answer 17 minutes after the gap event: only then is it
+    // confirmed, and its catch-up must start before the gap, not 15 minutes before the
+    // confirmation.
+    let gap = w.late_batch_with_a_gap(A, |at| tagged("a", &repo("r"), "in the gap", at));
     assert_eq!(w.m.counters().batches_failed, 0);
     w.assert_own_holds(&[&ann, &gap]);
 }
@@ -648,16 +642,9 @@ fn a_new_root_whose_batch_confirms_late_on_a_polled_relay_is_caught_up_from_its_
     let new = issue("r", "the new one", w.secs());
     w.store_on_own(&new);
     w.advance(Duration::from_secs(10));
-    // The batch's `#e` query ends first and gives its slot back: from now on only the
+    // The batch's `#e` query ends first and gives its slot back: from then on only the
     // batch's other queries (`#E`, `#q`) are open for the new root.
-    w.release_eose(A);
-    w.advance(Duration::from_secs(60));
-    let gap = tagged("e", &new.id.to_hex(), "in the gap", w.secs());
-    w.publish(A, &gap);
-    w.advance(Duration::from_secs(17 * 60));
-    w.relay(A).hold_eose = false;
-    w.release_eose(A);
-    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    let gap = w.late_batch_with_a_gap(A, |at| tagged("e", &new.id.to_hex(), "in the gap", at));
     assert_eq!(w.m.counters().batches_failed, 0);
     let mut want: Vec<&Event> = vec![&ann, &new, &gap];
     want.extend(&roots);

@@ -651,6 +651,23 @@ impl World {
         });
     }
 
+    /// A batch whose queries answer at different times on `url` (its EOSEs held): the first
+    /// query ends now, the event `gap(now)` is published on `url` a minute later (while only
+    /// the batch's other queries cover its items), and the other queries answer 17 minutes
+    /// after that, past the quick-reconnect window; then the world runs for 10 minutes.
+    /// Returns the gap event.
+    pub fn late_batch_with_a_gap(&mut self, url: &str, gap: impl FnOnce(u64) -> Event) -> Event {
+        self.release_eose(url);
+        self.advance(Duration::from_secs(60));
+        let gap = gap(self.secs());
+        self.publish(url, &gap);
+        self.advance(Duration::from_secs(17 * 60));
+        self.relay(url).hold_eose = false;
+        self.release_eose(url);
+        self.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+        gap
+    }
+
     /// Sends the EOSEs held back so far (for subscriptions still open on the same connection).
     pub fn release_eose(&mut self, url: &str) {
         let url = RelayUrl::parse(url).expect("url");
