@@ -338,7 +338,13 @@ impl ConnectionThread {
     fn connect(&self, verdict: &UrlVerdict) -> Result<Socket, ws::ConnectError> {
         let deadline = Instant::now() + self.ws.connect_timeout;
         let (url, tls, check) = (self.url.clone(), self.tls.clone(), self.addr_check(verdict));
-        let opts = self.ws;
+        let mut opts = self.ws;
+        if matches!(self.role, Role::Own) {
+            // The own relay's connection reads the whole own relay at start (and every
+            // event it stores): its reads are not cut (`WsOptions::max_read` is for the
+            // many idle remote relays).
+            opts.max_read = 0;
+        }
         pool::connect_pool()
             .run(pool_patience(opts.connect_timeout), move || {
                 let left = pool::remaining(deadline);
@@ -443,6 +449,10 @@ impl ConnectionThread {
             }
             // 1. Commands.
             let mut failed = None;
+            // Each command is flushed at once, until a flush times out (a relay that does not
+            // read): the rest of this turn's frames stay buffered for the flush below, so a
+            // burst of commands never blocks for one write timeout each.
+            let mut flush_each = true;
             while let Ok(c) = self.control.try_recv() {
                 last_busy = self.clock.now();
                 // The frame this command sends, if any.
@@ -518,13 +528,18 @@ impl ConnectionThread {
                 if let Some(text) = text {
                     // Each command's frame goes out at once: tungstenite's write buffer keeps
                     // the largest size it ever had, one frame instead of a burst of REQs.
-                    let sent =
-                        socket
-                            .write(Message::text(text))
-                            .and_then(|()| match socket.flush() {
-                                Err(e) if ws::is_timeout(&e) => Ok(()),
-                                other => other,
-                            });
+                    let sent = socket.write(Message::text(text)).and_then(|()| {
+                        if !flush_each {
+                            return Ok(());
+                        }
+                        match socket.flush() {
+                            Err(e) if ws::is_timeout(&e) => {
+                                flush_each = false;
+                                Ok(())
+                            }
+                            other => other,
+                        }
+                    });
                     if let Err(e) = sent {
                         failed = Some(format!("write failed: {e}"));
                         break;

@@ -107,6 +107,12 @@ impl SyncMachine {
                 from = from.min(t);
             }
             since = since.min(from.rebased(now).minus(margin).timestamp());
+            // Items that joined the polled queries (`join_live_set`) are covered from
+            // `poll_since` on; the rebuild may make them live, so its catch-up starts there
+            // too, or the gap before the next poll round would never be read.
+            if let (false, Some(p)) = (l.polled.is_empty(), l.poll_since) {
+                since = since.min(p);
+            }
             let mut merge = |purpose: SubPurpose, f: &Filter| -> bool {
                 if f.limit == Some(0) && purpose.is_live() {
                     return true;

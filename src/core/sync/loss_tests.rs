@@ -653,6 +653,41 @@ fn a_new_root_whose_batch_confirms_late_on_a_polled_relay_is_caught_up_from_its_
 }
 
 #[test]
+fn items_joined_to_the_polled_queries_keep_their_catch_up_through_a_rebuild() {
+    let (mut w, ann, roots) =
+        polled_relay_with(5, |c| c.eose_timeout = Duration::from_secs(30 * 60));
+    w.relay(A).hold_eose = true;
+    let new = issue("r", "the new one", w.secs());
+    w.store_on_own(&new);
+    w.advance(Duration::from_secs(10));
+    // The batch's `#e` query ends first; a reply tagging the new root with `e` comes a
+    // minute later, while only the batch's `#E` and `#q` queries are open for it.
+    w.release_eose(A);
+    w.advance(Duration::from_secs(60));
+    let gap = tagged("e", &new.id.to_hex(), "in the gap", w.secs());
+    w.publish(A, &gap);
+    // The batch confirms 17 minutes later: the new root joins the polled queries, covered
+    // from its first EOSE − 15 min by the next poll round.
+    w.advance(Duration::from_secs(17 * 60));
+    w.relay(A).hold_eose = false;
+    w.release_eose(A);
+    // Before that round, the live set is rebuilt with room for everything (nothing polled
+    // any more), as `promote_polled` does when slots free up: its catch-up must still start
+    // before the gap.
+    let a = RelayUrl::parse(A).unwrap();
+    w.relay(A).max_subs = Some(50);
+    w.m.budgets.insert(a.clone(), 50);
+    w.m.need_rebuild(&a, w.now);
+    w.m.run_deferred(&a, w.now);
+    w.pump();
+    assert_eq!(w.m.relay_statuses(w.now)[0].polled_queries, 0);
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    let mut want: Vec<&Event> = vec![&ann, &new, &gap];
+    want.extend(&roots);
+    w.assert_own_holds(&want);
+}
+
+#[test]
 fn many_new_roots_on_a_relay_at_its_budget_never_rebuild_and_lose_nothing() {
     let (mut w, ann, roots) = polled_relay(98);
     let consolidations = w.m.counters().consolidations;
