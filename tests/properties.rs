@@ -348,3 +348,84 @@ proptest! {
         }
     }
 }
+
+/// One signed event's JSON, for the frame splitter property.
+fn signed_event_json() -> String {
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    let keys =
+        nostr::key::Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e")
+            .unwrap();
+    EventBuilder::new(Kind::Custom(1621), "a \"quoted\" ] , { text")
+        .tag(Tag::parse(["a", "30617:abc:x"]).unwrap())
+        .finalize(&keys)
+        .unwrap()
+        .as_json()
+}
+
+/// Pieces a hostile relay could put around an event in an EVENT frame.
+fn frame_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just(" ".to_string()),
+        Just("\n\t\r".to_string()),
+        Just(",".to_string()),
+        Just(",5".to_string()),
+        Just("]".to_string()),
+        Just("]]".to_string()),
+        Just("[".to_string()),
+        Just("\"".to_string()),
+        Just("\\\"".to_string()),
+        Just("\\".to_string()),
+        Just("{}".to_string()),
+        Just("{\"a\":1}".to_string()),
+        Just("EVENT".to_string()),
+        Just("\u{1}".to_string()),
+        Just("\u{7f}".to_string()),
+        Just("é".to_string()),
+        "[a-z0-9:]{0,6}".prop_map(|s| s),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// The relay threads split compact EVENT frames by hand (design departure 64) and parse
+    /// only the event; whenever the split and the event parse both succeed, the real frame
+    /// parser reads the same subscription id and the same event JSON, so a hostile frame
+    /// can never mean one thing to the shortcut and another to the parser. Neither panics.
+    #[test]
+    fn a_frame_split_by_hand_means_what_the_parser_reads(
+        sub in prop::collection::vec(frame_piece(), 0..3),
+        // Half the frames are compact around the event, so the split succeeds often.
+        before in prop_oneof![Just(Vec::new()), prop::collection::vec(frame_piece(), 0..3)],
+        after in prop_oneof![
+            Just(vec!["]".to_string()]),
+            prop::collection::vec(frame_piece(), 0..4)
+        ],
+        with_event in any::<bool>(),
+        compact_head in any::<bool>(),
+    ) {
+        use grasp_sync::core::message::{parse_event, parse_relay_frame, split_event_frame, Incoming};
+        let event = if with_event { signed_event_json() } else { String::new() };
+        let head = if compact_head { "[\"EVENT\",\"" } else { "[\"EVENT\", \"" };
+        let text = format!("{head}{}\",{}{event}{}", sub.concat(), before.concat(), after.concat());
+        let parsed = parse_relay_frame(&text);
+        if let Some((sub_id, raw)) = split_event_frame(&text) {
+            if parse_event(raw).is_ok() {
+                match parsed {
+                    Ok(Incoming::Event { sub_id: s, raw: r }) => {
+                        prop_assert_eq!(s.as_str(), sub_id, "{}", text);
+                        prop_assert_eq!(r.get(), raw, "{}", text);
+                    }
+                    other => prop_assert!(false, "split {text:?} but the parser read {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// The splitter never panics, whatever the bytes.
+    #[test]
+    fn the_frame_splitter_takes_any_text(text in "\\PC{0,64}|\\[\"EVENT\",\"\\PC{0,40}") {
+        let _ = grasp_sync::core::message::split_event_frame(&text);
+    }
+}
