@@ -824,6 +824,7 @@ mod tests {
         assert_eq!(write_held(&q, Some(last), false, false, now), None);
         // A full batch goes out at once.
         offer(&mut q, 3, WRITE_BATCH as u32, t);
+        assert_eq!(write_held(&q, Some(last), false, true, now), None);
         let mut full = queue(1, 4096);
         offer(&mut full, 0, WRITE_BATCH as u32 + 1, t);
         assert_eq!(full.backlog() - full.in_flight(), WRITE_BATCH);

@@ -728,8 +728,15 @@ fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
     w.store_on_own(&new);
     w.advance(Duration::from_secs(10));
     w.release_eose(A);
+    let a = RelayUrl::parse(A).unwrap();
+    let mut queued_batch_seen = false;
     for _ in 0..40 {
         w.advance(Duration::from_secs(30));
+        // The state this test is about: a pending batch none of whose queries was sent.
+        queued_batch_seen |= w.m.pending.get(&a).is_some_and(|bs| {
+            bs.iter()
+                .any(|b| !super::batches::batch_has_sent_query(w.m.links.get(&a), b))
+        });
         let due = w.m.poll_timeout();
         assert!(
             due.is_none_or(|t| t > w.now),
@@ -737,6 +744,10 @@ fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
             w.now
         );
     }
+    assert!(
+        queued_batch_seen,
+        "no batch ever waited with all its queries queued"
+    );
     w.relay(A).hold_eose = false;
     w.release_eose(A);
     w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
