@@ -634,14 +634,22 @@ fn a_new_root_on_a_relay_at_its_budget_gets_its_batch_and_joins_the_polled_queri
     assert!(w.relay(A).max_open_seen <= 5);
 }
 
-#[test]
-fn a_new_root_whose_batch_confirms_late_on_a_polled_relay_is_caught_up_from_its_first_eose() {
+/// [`polled_relay_with`] 5 roots (EOSE deadline 30 min) whose relay holds its EOSEs, and a
+/// new root stored on the own relay 10 s ago: its batch's queries are open and unanswered.
+/// Returns the world, the announcement, the old roots and the new root.
+fn polled_relay_with_a_held_new_root() -> (World, Event, Vec<Event>, Event) {
     let (mut w, ann, roots) =
         polled_relay_with(5, |c| c.eose_timeout = Duration::from_secs(30 * 60));
     w.relay(A).hold_eose = true;
     let new = issue("r", "the new one", w.secs());
     w.store_on_own(&new);
     w.advance(Duration::from_secs(10));
+    (w, ann, roots, new)
+}
+
+#[test]
+fn a_new_root_whose_batch_confirms_late_on_a_polled_relay_is_caught_up_from_its_first_eose() {
+    let (mut w, ann, roots, new) = polled_relay_with_a_held_new_root();
     // The batch's `#e` query ends first and gives its slot back: from then on only the
     // batch's other queries (`#E`, `#q`) are open for the new root.
     let gap = w.late_batch_with_a_gap(A, |at| tagged("e", &new.id.to_hex(), "in the gap", at));
@@ -654,12 +662,7 @@ fn a_new_root_whose_batch_confirms_late_on_a_polled_relay_is_caught_up_from_its_
 
 #[test]
 fn items_joined_to_the_polled_queries_keep_their_catch_up_through_a_rebuild() {
-    let (mut w, ann, roots) =
-        polled_relay_with(5, |c| c.eose_timeout = Duration::from_secs(30 * 60));
-    w.relay(A).hold_eose = true;
-    let new = issue("r", "the new one", w.secs());
-    w.store_on_own(&new);
-    w.advance(Duration::from_secs(10));
+    let (mut w, ann, roots, new) = polled_relay_with_a_held_new_root();
     // The batch's `#e` query ends first; a reply tagging the new root with `e` comes a
     // minute later, while only the batch's `#E` and `#q` queries are open for it.
     w.release_eose(A);
