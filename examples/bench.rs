@@ -597,6 +597,7 @@ struct Historic {
     /// Engine CPU seconds per thread kind.
     by_kind: BTreeMap<&'static str, f64>,
     unknown_threads: Vec<String>,
+    work: Work,
 }
 
 fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
@@ -609,6 +610,13 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
     let seconds = started.elapsed().as_secs_f64();
     let cpu = engine_cpu();
     assert!(complete, "historic sync did not complete");
+    let status = handle.status();
+    let sum = |f: fn(&grasp_sync::RelayStatus) -> u64| status.relays.iter().map(f).sum::<u64>();
+    let work = Work {
+        received: sum(|r| r.events_received),
+        signature_checks: sum(|r| r.signature_checks),
+        copies_not_forwarded: sum(|r| r.copies_not_forwarded),
+    };
     let want: HashSet<EventId> = history.comments.iter().map(|e| e.id).collect();
     let have = world.own.event_ids();
     assert!(want.is_subset(&have), "the own relay misses events");
@@ -619,7 +627,18 @@ fn historic(history: &History, relays: usize, per_repo: usize) -> Historic {
         engine_cpu: cpu.total(),
         by_kind: cpu.by_kind.clone(),
         unknown_threads: cpu.unknown,
+        work,
     }
+}
+
+/// What the relay threads of a historic sync did, summed over the remote relays.
+struct Work {
+    /// EVENT messages received.
+    received: u64,
+    /// Schnorr signature checks.
+    signature_checks: u64,
+    /// Copies not handed to the forwarder (a copy already was).
+    copies_not_forwarded: u64,
 }
 
 /// Seconds this thread has run on a CPU (`/proc/thread-self/schedstat`, nanoseconds).
@@ -703,6 +722,13 @@ fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
         notes.push(format!(
             "{label}: engine CPU per 1k unique by thread kind (ms): {}",
             per_kind.join(", ")
+        ));
+        let per_unique = |n: u64| n as f64 / h.unique as f64;
+        notes.push(format!(
+            "{label}: per unique event: {:.2} EVENT messages, {:.2} signature checks, {:.2} copies not forwarded",
+            per_unique(h.work.received),
+            per_unique(h.work.signature_checks),
+            per_unique(h.work.copies_not_forwarded),
         ));
         if !h.unknown_threads.is_empty() {
             notes.push(format!(

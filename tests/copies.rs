@@ -1,6 +1,7 @@
 //! Copies of an event are verified once (issue 10): the same event from three relays, from
 //! two overlapping subscriptions and read back from the own relay costs one Schnorr
-//! signature check, over real sockets on 127.0.0.1.
+//! signature check, over real sockets on 127.0.0.1. A remote relay's copy of an event already
+//! handed to the forwarder is recognised by its id and dropped unparsed (departure 66).
 //!
 //! The relay threads are driven directly (no coordinator), one after the other, so that
 //! which thread sees an event first is fixed and every count is exact.
@@ -20,7 +21,7 @@ use grasp_sync::engine::Input;
 use grasp_sync::net::ws::WsOptions;
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, RelayUrl};
-use nostr::event::Event;
+use nostr::event::{Event, FinalizeEvent};
 use nostr::filter::Filter;
 use nostr::key::Keys;
 use nostr::message::SubscriptionId;
@@ -81,6 +82,14 @@ fn accepted(t: &Thread) -> u64 {
     RelayCounters::get(&t.counters.events_accepted)
 }
 
+fn received(t: &Thread) -> u64 {
+    RelayCounters::get(&t.counters.events_received)
+}
+
+fn copies(t: &Thread) -> u64 {
+    RelayCounters::get(&t.counters.copies_not_forwarded)
+}
+
 fn checks(t: &Thread) -> u64 {
     RelayCounters::get(&t.counters.signature_checks)
 }
@@ -89,6 +98,19 @@ fn forwarded(rx: &Receiver<ForwardItem>, n: usize) -> Vec<ForwardItem> {
     (0..n)
         .map(|_| rx.recv_timeout(WAIT).expect("a forwarded event"))
         .collect()
+}
+
+/// `e`'s JSON as relays write it (the id first) with its content replaced: a forgery that
+/// reuses the id and signature.
+fn forge_in_place(e: &Event, content: &str) -> String {
+    let json = e.as_json();
+    let old = format!("\"content\":{}", serde_json::to_string(&e.content).unwrap());
+    assert!(json.starts_with("{\"id\":\"") && json.contains(&old));
+    json.replacen(
+        &old,
+        &format!("\"content\":{}", serde_json::to_string(content).unwrap()),
+        1,
+    )
 }
 
 #[test]
@@ -117,20 +139,20 @@ fn an_event_from_three_relays_and_read_back_is_verified_once() {
     subscribe(&first, "a", by_kind.clone());
     assert!(wait_until(WAIT, || accepted(&first) == 1));
     subscribe(&first, "b", by_author.clone());
-    assert!(wait_until(WAIT, || accepted(&first) == 2));
+    assert!(wait_until(WAIT, || received(&first) == 2));
     assert_eq!(
-        checks(&first),
-        1,
-        "the copy on the second filter is not verified again"
+        (checks(&first), accepted(&first), copies(&first)),
+        (1, 1, 1),
+        "the copy on the second filter is recognised by its id, not checked again"
     );
 
-    // The other two relays: copies, no check.
+    // The other two relays: copies, recognised by their id, no check.
     let mut threads = vec![first];
     for relay in &relays[1..] {
         let t = spawn(relay, Role::Remote(forward.clone()), &metrics, &reports);
         subscribe(&t, "a", by_kind.clone());
-        assert!(wait_until(WAIT, || accepted(&t) == 1));
-        assert_eq!(checks(&t), 0);
+        assert!(wait_until(WAIT, || copies(&t) == 1));
+        assert_eq!((checks(&t), accepted(&t), received(&t)), (0, 0, 1));
         threads.push(t);
     }
     // One copy is handed on; the other three are counted, not forwarded.
@@ -138,10 +160,7 @@ fn an_event_from_three_relays_and_read_back_is_verified_once() {
     assert!(items.iter().all(|i| i.id == issue.id));
     assert!(items.iter().all(|i| *i.raw == *issue.as_json()));
     assert!(forward_rx.try_recv().is_err());
-    let skipped: u64 = threads
-        .iter()
-        .map(|t| RelayCounters::get(&t.counters.copies_not_forwarded))
-        .sum();
+    let skipped: u64 = threads.iter().map(copies).sum();
     assert_eq!(skipped, 3);
 
     // The own relay's self-subscription reads it back: a copy too.
@@ -155,17 +174,25 @@ fn an_event_from_three_relays_and_read_back_is_verified_once() {
     });
     assert_eq!(self_event.map(|e| e.id), Some(issue.id));
 
-    // A forged copy (same id and signature, other content) is still refused and counted.
-    let forged = common::forge_content(&issue, "forged");
-    relays[2].push_to_subscriptions(&forged);
+    // A forged copy (same id and signature, other content) of the forwarded event on a
+    // remote relay, written the way relays write events (the id first): dropped as a copy by
+    // its id, never parsed, never forwarded.
     let last = &threads[2];
+    relays[2].push_to_subscriptions(&forge_in_place(&issue, "forged"));
+    assert!(wait_until(WAIT, || copies(last) == 2));
+    assert_eq!(
+        (accepted(last), checks(last), received(last)),
+        (0, 0, 2),
+        "dropped by its id, before any parsing"
+    );
+    // The same forgery in another key order: parsed, refused by its id, counted.
+    relays[2].push_to_subscriptions(&common::forge_content(&issue, "forged"));
     assert!(wait_until(WAIT, || RelayCounters::get(
         &last.counters.events_invalid
     ) == 1));
-    assert_eq!(accepted(last), 1);
     assert_eq!(
-        checks(last),
-        0,
+        (accepted(last), checks(last), copies(last)),
+        (0, 0, 2),
         "refused by its id, before any signature check"
     );
     threads.push(own_thread);
@@ -222,11 +249,16 @@ fn an_echo_in_other_bytes_has_its_id_checked_and_a_forgery_with_its_id_is_refuse
     assert!(wait_until(WAIT, || RelayCounters::get(
         &own_thread.counters.events_invalid
     ) == 1));
-    // The same forgery on the remote relay: refused, not forwarded, its signature unchecked.
+    // The same forgery on the remote relay, which forwarded the event: refused by its id when
+    // parsed (another key order), dropped unparsed as a copy when written id first; neither
+    // is forwarded.
     remote.push_to_subscriptions(&common::forge_content(&issue, "forged"));
     assert!(wait_until(WAIT, || RelayCounters::get(
         &first.counters.events_invalid
     ) == 1));
+    remote.push_to_subscriptions(&forge_in_place(&issue, "forged"));
+    assert!(wait_until(WAIT, || copies(&first) == 1));
+    assert_eq!(RelayCounters::get(&first.counters.events_invalid), 1);
     assert_eq!(accepted(&first), 1);
     assert_eq!(accepted(&own_thread), 1);
     assert_eq!(checks(&first) + checks(&own_thread), 1);
@@ -243,4 +275,67 @@ fn an_echo_in_other_bytes_has_its_id_checked_and_a_forgery_with_its_id_is_refuse
         i,
         Input::Report(grasp_sync::core::sync::Report::SelfEvent { .. })
     )));
+}
+
+#[test]
+fn copies_recognised_by_their_id_still_count_for_their_page() {
+    common::init_logging();
+    let keys = Keys::generate();
+    let other = Keys::generate();
+    let events: Vec<Event> = (0..5u64)
+        .map(|i| {
+            let author = if i == 0 { &other } else { &keys };
+            nostr::event::EventBuilder::new(
+                nostr::event::Kind::from(1111 + (i == 0) as u16),
+                format!("c{i}"),
+            )
+            .custom_created_at(nostr::types::Timestamp::from(1_000 + i))
+            .finalize(author)
+            .unwrap()
+        })
+        .collect();
+    let a = TestRelay::start();
+    let b = TestRelay::start();
+    for r in [&a, &b] {
+        for e in &events {
+            r.insert(e);
+        }
+    }
+    let metrics = Arc::new(Metrics::default());
+    let (reports, reports_rx) = unbounded::<Input>();
+    let (forward, forward_rx) = unbounded::<ForwardItem>();
+    let filter = Filter::new().kinds([
+        nostr::event::Kind::from(1111),
+        nostr::event::Kind::from(1112),
+    ]);
+    let first = spawn(&a, Role::Remote(forward.clone()), &metrics, &reports);
+    subscribe(&first, "a", filter.clone());
+    assert_eq!(forwarded(&forward_rx, 5).len(), 5);
+    let second = spawn(&b, Role::Remote(forward), &metrics, &reports);
+    subscribe(&second, "a", filter);
+    let b_url = RelayUrl::parse(&b.url()).unwrap();
+    let stats = reports_rx
+        .iter()
+        .find_map(|i| match i {
+            Input::Report(grasp_sync::core::sync::Report::Eose { relay, stats, .. })
+                if relay == b_url =>
+            {
+                Some(stats)
+            }
+            _ => None,
+        })
+        .expect("the second relay's EOSE");
+    // Every copy was dropped unparsed, and the page still knows what it held: the paging
+    // decision (page further below the oldest) is the same as for parsed events.
+    assert_eq!(copies(&second), 5);
+    assert_eq!((checks(&second), accepted(&second)), (0, 0));
+    assert_eq!(stats.received, 5);
+    assert_eq!((stats.oldest, stats.newest), (Some(1_000), Some(1_004)));
+    assert_eq!(stats.kinds_at_oldest, [1112u16].into());
+    assert_eq!(stats.authors_at_oldest, [other.public_key()].into());
+    assert!(forward_rx.try_recv().is_err(), "nothing forwarded twice");
+    for t in [first, second] {
+        t.control.send(Control::Shutdown).unwrap();
+        t.handle.join().unwrap();
+    }
 }

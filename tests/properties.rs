@@ -429,3 +429,83 @@ proptest! {
         let _ = grasp_sync::core::message::split_event_frame(&text);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// A copy is recognised by the id its JSON claims, read without parsing (design departure
+    /// 66). Whenever both the reading and the event parse succeed, they name the same id, so a
+    /// relay cannot make the shortcut see one event and the parser another; neither panics.
+    #[test]
+    fn the_claimed_id_is_the_id_the_parser_reads(
+        prefix in prop_oneof![
+            Just(String::new()),
+            Just("{\"id\":\"".to_string()),
+            Just("{\"id\": \"".to_string()),
+            Just("{\"id\":\"AB".to_string()),
+            "\\PC{0,8}",
+        ],
+        cut in 0usize..80,
+        tail in prop::collection::vec(frame_piece(), 0..3),
+    ) {
+        use grasp_sync::core::message::{claimed_id, parse_event};
+        let event = signed_event_json();
+        // The event as written, or its first bytes replaced by `prefix` and cut anywhere,
+        // with hostile pieces after it (another "id" field among them).
+        let raw = if prefix.is_empty() {
+            format!("{event}{}", tail.concat())
+        } else {
+            let keep = event.get(cut.min(event.len())..).unwrap_or("");
+            format!("{prefix}{keep}{}", tail.concat())
+        };
+        if let (Some(claimed), Ok(parsed)) = (claimed_id(&raw), parse_event(&raw)) {
+            prop_assert_eq!(claimed, parsed.id, "{}", raw);
+        }
+    }
+
+    /// The reading of a claimed id takes any text.
+    #[test]
+    fn the_claimed_id_reader_takes_any_text(text in "\\PC{0,80}|\\{\"id\":\"[0-9a-f\"]{0,70}\\PC{0,4}") {
+        let _ = grasp_sync::core::message::claimed_id(&text);
+    }
+
+    /// For a filter without tag conditions, what a copy's summary can tell (window, kinds,
+    /// authors) decides a match exactly as the filter does on the parsed event, empty sets
+    /// included.
+    #[test]
+    fn a_summary_matches_a_tagless_filter_exactly_when_the_event_does(
+        created_at in 0u64..20,
+        kind in 0u16..4,
+        author in 0u8..3,
+        since in prop::option::of(0u64..20),
+        until in prop::option::of(0u64..20),
+        kinds in prop::option::of(prop::collection::btree_set(0u16..4, 0..3)),
+        authors in prop::option::of(prop::collection::btree_set(0u8..3, 0..3)),
+    ) {
+        use grasp_sync::core::dedup::EventSummary;
+        use grasp_sync::core::message::summary_matches;
+        use nostr::event::{Event, Kind};
+        use nostr::filter::{Filter, MatchEventOptions};
+        use nostr::key::PublicKey;
+        use nostr::types::Timestamp;
+        let pk = |b: u8| PublicKey::from_byte_array([b + 1; 32]);
+        let event = Event::new(
+            EventId::from_byte_array([7; 32]),
+            pk(author),
+            Timestamp::from_secs(created_at),
+            Kind::from(kind),
+            [],
+            "",
+            nostr::event::Signature::from_byte_array([1; 64]),
+        );
+        let mut filter = Filter::new();
+        filter.since = since.map(Timestamp::from_secs);
+        filter.until = until.map(Timestamp::from_secs);
+        filter.kinds = kinds.map(|k| k.into_iter().map(Kind::from).collect());
+        filter.authors = authors.map(|a| a.into_iter().map(pk).collect());
+        prop_assert_eq!(
+            summary_matches(&filter, &EventSummary::of(&event)),
+            filter.match_event(&event, MatchEventOptions::new())
+        );
+    }
+}

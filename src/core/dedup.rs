@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use nostr::event::EventId;
 use nostr::event::Signature;
+use nostr::event::{Event, EventId};
+use nostr::key::PublicKey;
 use parking_lot::Mutex;
 
 /// Remembers at most `capacity` ids; inserting more forgets the oldest.
@@ -83,6 +84,30 @@ impl RawDigest {
     }
 }
 
+/// What paging needs to know of a verified event ([`crate::core::paging::PageStats`]): kept
+/// with it in a [`VerifiedSet`], so that a copy recognised by its id alone
+/// ([`VerifiedSet::forwarded_copy`]) is counted for its page without being parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventSummary {
+    /// `created_at`, in seconds.
+    pub created_at: u64,
+    /// The event's kind.
+    pub kind: u16,
+    /// The event's author.
+    pub pubkey: PublicKey,
+}
+
+impl EventSummary {
+    /// The summary of `event`.
+    pub fn of(event: &Event) -> EventSummary {
+        EventSummary {
+            created_at: event.created_at.as_secs(),
+            kind: event.kind.as_u16(),
+            pubkey: event.pubkey,
+        }
+    }
+}
+
 /// What a [`VerifiedSet`] knows about an event that arrived again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Known {
@@ -126,6 +151,7 @@ pub struct VerifiedSet {
 struct Verified {
     sig: Signature,
     raw: RawDigest,
+    summary: EventSummary,
     /// The forwarder generation (plus one) this event was handed to; 0: not handed over.
     forwarded: u64,
 }
@@ -180,10 +206,17 @@ impl VerifiedSet {
             .is_some_and(|v| v.sig == *sig)
     }
 
-    /// Remembers that `sig` verifies for `id` and that the event's JSON had digest `raw`
-    /// (replacing another signature remembered for it: an author may sign the same event
-    /// twice). Returns false if the pair was known (its digest is then updated to `raw`).
-    pub fn insert(&self, id: EventId, sig: Signature, raw: RawDigest) -> bool {
+    /// Remembers that `sig` verifies for `id`, that the event's JSON had digest `raw` and
+    /// what paging needs of it (replacing another signature remembered for it: an author may
+    /// sign the same event twice). Returns false if the pair was known (its digest is then
+    /// updated to `raw`).
+    pub fn insert(
+        &self,
+        id: EventId,
+        sig: Signature,
+        raw: RawDigest,
+        summary: EventSummary,
+    ) -> bool {
         let mut shard = self.shard(&id).lock();
         if let Some(v) = shard.events.get_mut(&id) {
             let new = v.sig != sig;
@@ -192,6 +225,7 @@ impl VerifiedSet {
             }
             v.sig = sig;
             v.raw = raw;
+            v.summary = summary;
             return new;
         }
         shard.events.insert(
@@ -199,6 +233,7 @@ impl VerifiedSet {
             Verified {
                 sig,
                 raw,
+                summary,
                 forwarded: 0,
             },
         );
@@ -225,6 +260,21 @@ impl VerifiedSet {
                 true
             }
             None => true,
+        }
+    }
+
+    /// A copy recognised by its id alone: when the event with this id was verified and
+    /// already handed to the forwarder of `generation`, returns what paging needs of it, and
+    /// the copy can be dropped unread. The copy's bytes are not looked at, so a forgery that
+    /// reuses a forwarded id is dropped too, which is harmless: what the own relay stores
+    /// under that id is the verified event (an id is the hash of the content), and the copy
+    /// would not have been forwarded anyway. `None` (not remembered, not claimed, or claimed
+    /// by an earlier forwarder) means: parse and check the copy as usual.
+    pub fn forwarded_copy(&self, id: &EventId, generation: u64) -> Option<EventSummary> {
+        let mark = generation.saturating_add(1);
+        match self.shard(id).lock().events.get(id) {
+            Some(v) if v.forwarded == mark => Some(v.summary),
+            _ => None,
         }
     }
 
@@ -281,13 +331,25 @@ mod tests {
         RawDigest([b; 32])
     }
 
+    fn summary(created_at: u64) -> EventSummary {
+        EventSummary {
+            created_at,
+            kind: 1111,
+            pubkey: nostr::key::Keys::parse(
+                "0000000000000000000000000000000000000000000000000000000000000001",
+            )
+            .expect("key")
+            .public_key(),
+        }
+    }
+
     #[test]
     fn verified_set_matches_id_and_signature() {
         let v = VerifiedSet::new(100);
         let id = EventId::from_byte_array([7; 32]);
         assert!(!v.contains(&id, &sig(1)));
-        assert!(v.insert(id, sig(1), raw(0)));
-        assert!(!v.insert(id, sig(1), raw(0)), "known pair");
+        assert!(v.insert(id, sig(1), raw(0), summary(0)));
+        assert!(!v.insert(id, sig(1), raw(0), summary(0)), "known pair");
         assert!(v.contains(&id, &sig(1)));
         assert!(
             !v.contains(&id, &sig(2)),
@@ -295,7 +357,7 @@ mod tests {
         );
         assert!(!v.contains(&EventId::from_byte_array([8; 32]), &sig(1)));
         // A second valid signature for the id replaces the first without growing the set.
-        assert!(v.insert(id, sig(2), raw(0)));
+        assert!(v.insert(id, sig(2), raw(0), summary(0)));
         assert!(v.contains(&id, &sig(2)) && !v.contains(&id, &sig(1)));
         assert_eq!(v.len(), 1);
     }
@@ -308,7 +370,7 @@ mod tests {
         assert_eq!(digest, RawDigest::of("{\"id\":\"07\"}"));
         assert_ne!(digest, RawDigest::of("{\"id\": \"07\"}"));
         assert_eq!(v.known(&id, &sig(1), &digest), Known::No);
-        v.insert(id, sig(1), digest);
+        v.insert(id, sig(1), digest, summary(0));
         assert_eq!(v.known(&id, &sig(1), &digest), Known::SameBytes);
         assert_eq!(v.known(&id, &sig(1), &raw(9)), Known::SameSignature);
         // The digest counts only with the signature it was verified with.
@@ -321,7 +383,7 @@ mod tests {
     fn a_verified_event_is_claimed_for_the_forwarder_once_per_forwarder() {
         let v = VerifiedSet::new(100);
         let id = EventId::from_byte_array([7; 32]);
-        v.insert(id, sig(1), raw(1));
+        v.insert(id, sig(1), raw(1), summary(0));
         assert!(v.claim_forward(&id, 0));
         assert!(!v.claim_forward(&id, 0), "a copy for the same forwarder");
         assert!(
@@ -333,7 +395,7 @@ mod tests {
         v.release_forward(&id);
         assert!(v.claim_forward(&id, 1));
         // A new signature for the id is a new event for the forwarder too.
-        v.insert(id, sig(2), raw(2));
+        v.insert(id, sig(2), raw(2), summary(0));
         assert!(v.claim_forward(&id, 1));
         // Not remembered (never, or forgotten): always handed over.
         let unknown = EventId::from_byte_array([9; 32]);
@@ -341,11 +403,42 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_of_a_forwarded_event_is_known_by_its_id_with_what_paging_needs() {
+        let v = VerifiedSet::new(100);
+        let id = EventId::from_byte_array([7; 32]);
+        assert_eq!(v.forwarded_copy(&id, 0), None, "never seen");
+        v.insert(id, sig(1), raw(1), summary(42));
+        assert_eq!(
+            v.forwarded_copy(&id, 0),
+            None,
+            "verified but not handed over: this copy may be the one to forward"
+        );
+        assert!(v.claim_forward(&id, 0));
+        assert_eq!(v.forwarded_copy(&id, 0), Some(summary(42)));
+        assert_eq!(
+            v.forwarded_copy(&id, 1),
+            None,
+            "a restarted forwarder lost its queue"
+        );
+        v.release_forward(&id);
+        assert_eq!(v.forwarded_copy(&id, 0), None, "given up by the forwarder");
+        assert!(v.claim_forward(&id, 0));
+        v.insert(id, sig(2), raw(2), summary(43));
+        assert_eq!(
+            v.forwarded_copy(&id, 0),
+            None,
+            "another signature for the id is another event for the forwarder"
+        );
+        assert!(v.claim_forward(&id, 0));
+        assert_eq!(v.forwarded_copy(&id, 0), Some(summary(43)));
+    }
+
+    #[test]
     fn verified_set_is_bounded_and_forgets_the_oldest_first() {
         let v = VerifiedSet::with_shards(3, 1);
         let id = |b: u8| EventId::from_byte_array([b; 32]);
         for b in 1..=5 {
-            v.insert(id(b), sig(b), raw(0));
+            v.insert(id(b), sig(b), raw(0), summary(0));
         }
         assert_eq!(v.len(), 3);
         assert!(!v.contains(&id(1), &sig(1)) && !v.contains(&id(2), &sig(2)));
@@ -356,7 +449,7 @@ mod tests {
         for n in 0..=255u8 {
             let mut bytes = [n; 32];
             bytes[1] = 0xee;
-            v.insert(EventId::from_byte_array(bytes), sig(1), raw(0));
+            v.insert(EventId::from_byte_array(bytes), sig(1), raw(0), summary(0));
         }
         assert_eq!(v.len(), 64);
         assert!(!v.is_empty());
@@ -377,10 +470,10 @@ mod tests {
                         shared[..4].copy_from_slice(&n.to_le_bytes());
                         let mut own = shared;
                         own[31] = t + 1;
-                        if v.insert(EventId::from_byte_array(shared), sig(9), raw(0)) {
+                        if v.insert(EventId::from_byte_array(shared), sig(9), raw(0), summary(0)) {
                             fresh += 1;
                         }
-                        v.insert(EventId::from_byte_array(own), sig(t), raw(0));
+                        v.insert(EventId::from_byte_array(own), sig(t), raw(0), summary(0));
                         assert!(v.contains(&EventId::from_byte_array(shared), &sig(9)));
                     }
                     fresh

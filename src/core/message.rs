@@ -8,7 +8,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
 use serde_json::value::RawValue;
 
-use crate::core::dedup::{Known, RawDigest, VerifiedSet};
+use crate::core::dedup::{EventSummary, Known, RawDigest, VerifiedSet};
 
 /// One message from a relay.
 #[derive(Debug)]
@@ -157,6 +157,60 @@ pub fn split_event_frame(text: &str) -> Option<(&str, &str)> {
     raw.starts_with('{').then_some((sub_id, raw))
 }
 
+/// The id an event's JSON claims, read without parsing when the JSON starts the way relays
+/// write events, `{"id":"` and 64 lowercase hex digits and `"`; `None` for any other
+/// shape (the caller then parses the event). Only a claim: nothing says the id is the hash of
+/// the content, or that the rest is JSON at all; it serves to recognise copies of events
+/// already verified and forwarded ([`crate::core::dedup::VerifiedSet::forwarded_copy`]).
+///
+/// ```
+/// use grasp_sync::core::message::claimed_id;
+/// let id = "ab".repeat(32);
+/// assert_eq!(claimed_id(&format!("{{\"id\":\"{id}\",\"kind\":1}}")).unwrap().to_hex(), id);
+/// assert!(claimed_id(&format!("{{\"kind\":1,\"id\":\"{id}\"}}")).is_none());
+/// assert!(claimed_id(&format!("{{\"id\":\"{}\"}}", id.to_uppercase())).is_none());
+/// ```
+pub fn claimed_id(raw: &str) -> Option<EventId> {
+    const PREFIX: &[u8] = b"{\"id\":\"";
+    let bytes = raw.as_bytes();
+    let hex = bytes.strip_prefix(PREFIX)?;
+    if hex.get(64) != Some(&b'"') {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut id = [0u8; 32];
+    for (i, pair) in hex[..64].chunks_exact(2).enumerate() {
+        id[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(EventId::from_byte_array(id))
+}
+
+/// Whether an event with this summary can match `filter`, as far as the summary tells:
+/// its `since`/`until` window, kinds and authors (tag conditions are not known from a
+/// summary and count as met). For copies recognised by their id
+/// ([`crate::core::dedup::VerifiedSet::forwarded_copy`]), so that a relay that ignores the
+/// window or the kinds cannot make them count for a page.
+pub fn summary_matches(filter: &Filter, summary: &EventSummary) -> bool {
+    filter
+        .since
+        .is_none_or(|s| summary.created_at >= s.as_secs())
+        && filter
+            .until
+            .is_none_or(|u| summary.created_at <= u.as_secs())
+        && filter
+            .kinds
+            .as_ref()
+            .is_none_or(|k| k.is_empty() || k.contains(&nostr::event::Kind::from(summary.kind)))
+        && filter
+            .authors
+            .as_ref()
+            .is_none_or(|a| a.is_empty() || a.contains(&summary.pubkey))
+}
+
 /// JSON's whitespace characters.
 const JSON_SPACE: [char; 4] = [' ', '\t', '\n', '\r'];
 
@@ -266,7 +320,7 @@ pub fn check_parsed_cached(
     if !event.verify_signature() {
         return Err(EventRejection::BadSignature);
     }
-    verified.insert(event.id, event.sig, digest);
+    verified.insert(event.id, event.sig, digest, EventSummary::of(event));
     Ok(SignatureCheck::Verified)
 }
 

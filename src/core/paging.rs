@@ -30,6 +30,8 @@ use nostr::filter::Filter;
 use nostr::key::PublicKey;
 use nostr::types::Timestamp;
 
+use crate::core::dedup::EventSummary;
+
 /// At most this many kinds and authors are remembered for the oldest second of a page.
 pub const MAX_SEEN: usize = 64;
 
@@ -79,11 +81,16 @@ impl PageStats {
 
     /// Adds one event.
     pub fn record_event(&mut self, event: &Event) {
-        let t = event.created_at.as_secs();
+        self.record_summary(&EventSummary::of(event));
+    }
+
+    /// Adds one event known by its summary (a copy recognised by its id, not parsed).
+    pub fn record_summary(&mut self, event: &EventSummary) {
+        let t = event.created_at;
         self.record(t);
         if self.oldest == Some(t) {
             if self.kinds_at_oldest.len() < MAX_SEEN {
-                self.kinds_at_oldest.insert(event.kind.as_u16());
+                self.kinds_at_oldest.insert(event.kind);
             }
             if self.authors_at_oldest.len() < MAX_SEEN {
                 self.authors_at_oldest.insert(event.pubkey);

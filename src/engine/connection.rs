@@ -34,8 +34,8 @@ use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, 
 use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction};
 use crate::core::message::{
-    check_parsed_cached, escape_for_log, parse_event, parse_relay_frame, split_event_frame,
-    EventRejection, Incoming, SignatureCheck,
+    check_parsed_cached, claimed_id, escape_for_log, parse_event, parse_relay_frame,
+    split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
 };
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
@@ -913,16 +913,63 @@ impl ConnectionThread {
                     }
                 }
             }
-            Err(EventRejection::NotMatching) => {
-                RelayCounters::inc(&self.counters.events_unmatched);
-                info!(
-                    "{}: dropped an event that does not match subscription {sub_id}",
-                    self.url
-                );
-            }
+            Err(EventRejection::NotMatching) => self.unmatched(sub_id),
             Err(e) => self.invalid_event(&sub_id, &e),
         }
         true
+    }
+
+    /// A remote relay's copy of an event already verified and handed to the forwarder,
+    /// recognised by the id its JSON claims ([`claimed_id`]) before anything is parsed: it
+    /// is counted (received, not forwarded) and, before EOSE, counted for its page with what
+    /// paging needs of the verified event; the copy's bytes are not read (departure 66).
+    /// False (parse and check the copy as usual) for the own relay, for reconciliation
+    /// subscriptions (their copies carry information or must be forwarded), for an unknown
+    /// subscription and for any event not verified and forwarded before.
+    fn forwarded_copy(&self, ctx: &mut Session<'_>, sub_id: &str, raw: &str) -> bool {
+        if !matches!(self.role, Role::Remote(_)) {
+            return false;
+        }
+        let Some(id) = claimed_id(raw) else {
+            return false;
+        };
+        let Some(sub) = ctx.subs.get_mut(sub_id) else {
+            return false;
+        };
+        if sub.ids.is_some() || sub.filter.ids.is_some() {
+            return false;
+        }
+        let forwarder = self.metrics.forwarder_restarts.load(Ordering::Relaxed);
+        let Some(summary) = self.metrics.verified.forwarded_copy(&id, forwarder) else {
+            return false;
+        };
+        RelayCounters::inc(&self.counters.events_received);
+        // What the summary can tell (window, kinds, authors) is checked as for a parsed copy:
+        // a relay that ignores `since`/`until` must not fill a page with copies from
+        // outside the window.
+        if !summary_matches(&sub.filter, &summary) {
+            if !sub.eose {
+                sub.stats.record_rejected();
+            }
+            self.unmatched(sub_id);
+            return true;
+        }
+        RelayCounters::inc(&self.counters.copies_not_forwarded);
+        if !sub.eose {
+            sub.stats.record_summary(&summary);
+        }
+        trace!("{}: {id} already handed to the forwarder", self.url);
+        true
+    }
+
+    /// A valid event that does not match the subscription it arrived on.
+    fn unmatched(&self, sub_id: &str) {
+        RelayCounters::inc(&self.counters.events_unmatched);
+        info!(
+            "{}: dropped an event that does not match subscription {}",
+            self.url,
+            escape_for_log(sub_id, 64)
+        );
     }
 
     /// Counts a received EVENT frame and finds its subscription; one for an unknown
@@ -963,6 +1010,9 @@ impl ConnectionThread {
         // the JSON parser over the whole frame first. Any other shape, or JSON that is not
         // one event, is read by `parse_relay_frame` as before.
         if let Some((sub_id, raw)) = split_event_frame(text) {
+            if self.forwarded_copy(ctx, sub_id, raw) {
+                return true;
+            }
             if let Ok(event) = parse_event(raw) {
                 return self.on_event(ctx, sub_id, raw, event);
             }

@@ -54,6 +54,11 @@ pub const OK_LINGER: Duration = Duration::from_millis(5);
 /// An event that arrives after a quiet moment (longer than this since the last write) is
 /// written at once.
 pub const WRITE_LINGER: Duration = Duration::from_millis(1);
+/// How long the reader of the own relay connection waits after a read that drained the
+/// socket: the own relay answers each event with its own `OK` frame, so a stream of events
+/// would otherwise wake the reader and the forwarder once per event (design departure 66).
+/// The first frame after a quiet moment is passed on at once.
+pub const READ_LINGER: Duration = Duration::from_millis(1);
 /// Frames from the own relay read in one turn before the freed slots are filled.
 const READ_BATCH: usize = 256;
 /// Queued events that end a [`WRITE_LINGER`] early.
@@ -368,7 +373,7 @@ impl Forwarder {
     fn session(&self, socket: &mut ws::Socket, queue: &mut ForwardQueue) -> bool {
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
-        if let Err(e) = ws::read_on_helper_thread(socket, READER_THREAD.into()) {
+        if let Err(e) = ws::read_on_helper_thread(socket, READER_THREAD.into(), READ_LINGER) {
             warn!("forwarder: cannot start the reader thread of the own relay connection: {e}");
             return false;
         }

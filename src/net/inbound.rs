@@ -18,6 +18,7 @@
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Select, TryRecvError};
 use log::debug;
@@ -46,6 +47,15 @@ impl Inbound {
     /// pump reads the socket: its read timeout is cleared (the pump blocks until data, end of
     /// file, an error or [`Drop`]); writes go on through `tcp` as before.
     pub fn start(tcp: &TcpStream, name: String) -> io::Result<Inbound> {
+        Inbound::start_lingering(tcp, name, Duration::ZERO)
+    }
+
+    /// [`Inbound::start`] with a pump that, after a read that drained the socket, waits
+    /// `linger` before reading again, so that a stream of small frames (an `OK` per event
+    /// from a relay that stores a batch) reaches the owner in a few chunks instead of one
+    /// chunk, and two thread wake-ups, per frame. The first bytes after a quiet moment are
+    /// passed on at once; only the bytes right behind them wait, at most `linger`.
+    pub fn start_lingering(tcp: &TcpStream, name: String, linger: Duration) -> io::Result<Inbound> {
         let mut reader = tcp.try_clone()?;
         let tcp = tcp.try_clone()?;
         tcp.set_read_timeout(None)?;
@@ -62,6 +72,9 @@ impl Inbound {
                         Ok(n) => {
                             if tx.send(Ok(buf[..n].to_vec())).is_err() {
                                 break;
+                            }
+                            if n < buf.len() && !linger.is_zero() {
+                                std::thread::sleep(linger);
                             }
                         }
                         // A read timeout set on the shared socket by someone else: keep
@@ -147,7 +160,7 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::TcpListener;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -189,6 +202,41 @@ mod tests {
         assert!(wait_ready(&inbound, Duration::from_secs(30)));
         assert_eq!(inbound.read(&mut buf).unwrap(), 0);
         assert_eq!(inbound.read(&mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_lingering_pump_passes_a_stream_of_small_writes_on_in_few_chunks() {
+        let (client, mut server) = pair();
+        let inbound =
+            Inbound::start_lingering(&client, "test-reader".into(), Duration::from_millis(200))
+                .unwrap();
+        let chunk = |what: &str| {
+            inbound
+                .chunks
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("{what}"))
+                .unwrap()
+        };
+        // The first bytes after a quiet moment are passed on at once…
+        server.write_all(b"first;").unwrap();
+        assert_eq!(chunk("the first write"), b"first;");
+        // …the ones right behind them (here 5 ms apart: without the linger, one chunk and
+        // one wake-up each) wait for the linger and come together.
+        let mut want = Vec::new();
+        for i in 0..10 {
+            let frame = format!("frame {i};");
+            server.write_all(frame.as_bytes()).unwrap();
+            want.extend_from_slice(frame.as_bytes());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut got = Vec::new();
+        let mut chunks = 0;
+        while got.len() < want.len() {
+            got.extend(chunk("the later writes"));
+            chunks += 1;
+        }
+        assert_eq!(got, want, "every byte, in order");
+        assert!(chunks < 10, "{chunks} chunks for 10 writes");
     }
 
     #[test]

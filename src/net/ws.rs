@@ -496,11 +496,16 @@ fn stream_of(socket: &Socket) -> &DeadlineStream {
 /// together with the caller's channels, so input and channel items are both handled the
 /// moment they arrive. Writes are unchanged (blocking, with the write timeout). TLS works
 /// alike: the helper moves encrypted bytes, rustls stays in the caller's thread. The read
-/// timeout ([`set_tick`]) no longer applies. Idempotent.
-pub fn read_on_helper_thread(socket: &mut Socket, name: String) -> io::Result<()> {
+/// timeout ([`set_tick`]) no longer applies. The helper waits `linger` after each read that
+/// drained the socket ([`Inbound::start_lingering`]; zero: never). Idempotent.
+pub fn read_on_helper_thread(
+    socket: &mut Socket,
+    name: String,
+    linger: Duration,
+) -> io::Result<()> {
     let stream = stream_mut(socket);
     if stream.inbound.is_none() {
-        stream.inbound = Some(Inbound::start(&stream.tcp, name)?);
+        stream.inbound = Some(Inbound::start_lingering(&stream.tcp, name, linger)?);
     }
     Ok(())
 }
