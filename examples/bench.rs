@@ -64,6 +64,9 @@ struct Args {
     /// seconds of the idle-CPU window with the most relays (default 60, 5 with --quick)
     #[argh(option)]
     idle_secs: Option<u64>,
+    /// historic sync only with repositories listed on this many relays (default: 1, then 3)
+    #[argh(option)]
+    spread: Option<usize>,
     /// run only these sections (comma-separated: historic, live, memory, planning, state,
     /// nip77, resync)
     #[argh(option)]
@@ -84,6 +87,7 @@ struct Args {
 /// The sizes of one run.
 struct Sizes {
     events: usize,
+    spread: Option<usize>,
     relays: usize,
     repos: usize,
     live_relays: usize,
@@ -104,6 +108,7 @@ impl Sizes {
         let quick = args.quick;
         let relays = args.relays.unwrap_or(if quick { 5 } else { 10 });
         Sizes {
+            spread: args.spread,
             events: args.events.unwrap_or(if quick { 5_000 } else { 50_000 }),
             relays,
             repos: 30 * relays,
@@ -329,7 +334,7 @@ fn engine_thread_kind(comm: &str) -> Option<&'static str> {
     }
 }
 
-/// CPU seconds (utime + stime) of the engine's live threads, per thread kind.
+/// CPU seconds (run time: user + system) of the engine's live threads, per thread kind.
 struct Cpu {
     /// Seconds per kind: "coordinator", "forwarder", "dns", "connect", "relay".
     by_kind: BTreeMap<&'static str, f64>,
@@ -371,9 +376,17 @@ fn engine_cpu() -> Cpu {
             }
             continue;
         };
-        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        let ticks = stat_cpu_ticks(&stat);
-        *cpu.by_kind.entry(kind).or_default() += ticks as f64 / tick;
+        // The scheduler's run time in nanoseconds (as for the verify floor); the clock-tick
+        // counts of `stat` (10 ms, sampled) only where it cannot be read.
+        let seconds = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|ns| ns as f64 / 1e9)
+            .unwrap_or_else(|| {
+                let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+                stat_cpu_ticks(&stat) as f64 / tick
+            });
+        *cpu.by_kind.entry(kind).or_default() += seconds;
     }
     cpu
 }
@@ -681,7 +694,8 @@ fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
             Budget::None,
         ),
     ];
-    for per_repo in [1, 3] {
+    let spreads = sizes.spread.map_or(vec![1, 3], |s| vec![s]);
+    for per_repo in spreads {
         let h = historic(&history, sizes.relays, per_repo);
         let label = format!(
             "historic, {} ev, {} relays, repo on {per_repo}",

@@ -177,17 +177,36 @@ pub fn claimed_id(raw: &str) -> Option<EventId> {
     if hex.get(64) != Some(&b'"') {
         return None;
     }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
+    // Branch-free: every frame of a copy passes here, so the digits are looked up in a
+    // table and checked once at the end.
     let mut id = [0u8; 32];
-    for (i, pair) in hex[..64].chunks_exact(2).enumerate() {
-        id[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    let mut bad = 0u8;
+    for (byte, pair) in id.iter_mut().zip(hex[..64].chunks_exact(2)) {
+        let (hi, lo) = (
+            HEX_DIGIT[usize::from(pair[0])],
+            HEX_DIGIT[usize::from(pair[1])],
+        );
+        bad |= hi | lo;
+        *byte = hi << 4 | (lo & 0x0f);
     }
-    Some(EventId::from_byte_array(id))
+    (bad & 0xf0 == 0).then(|| EventId::from_byte_array(id))
 }
+
+/// The value of each lowercase hex digit; `0xff` for every other byte.
+const HEX_DIGIT: [u8; 256] = {
+    let mut table = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
 
 /// Whether an event with this summary can match `filter`, as far as the summary tells:
 /// its `since`/`until` window, kinds and authors (tag conditions are not known from a
@@ -361,6 +380,29 @@ pub fn escape_for_log(text: &str, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claimed_id_is_read_from_lowercase_hex_only() {
+        let hex: String = (0..64)
+            .map(|i| b"0123456789abcdef"[(i * 7) % 16] as char)
+            .collect();
+        let raw = format!("{{\"id\":\"{hex}\",\"kind\":1}}");
+        assert_eq!(claimed_id(&raw), Some(EventId::from_hex(&hex).unwrap()));
+        // Any byte that is not a lowercase hex digit, in any position, means no claim.
+        for pos in 0..64 {
+            for bad in [b'g', b'/', b':', b'`', b'A', b'F', b' ', 0xc3] {
+                let mut bytes = raw.clone().into_bytes();
+                bytes[7 + pos] = bad;
+                let text = String::from_utf8_lossy(&bytes);
+                assert_eq!(claimed_id(&text), None, "{text}");
+            }
+        }
+        assert_eq!(claimed_id(&raw[..70]), None, "cut short");
+        let mut open = raw.clone().into_bytes();
+        open[71] = b'0';
+        let open = String::from_utf8(open).unwrap();
+        assert_eq!(claimed_id(&open), None, "not closed after 64 digits");
+    }
     use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
     use nostr::key::Keys;
 

@@ -572,9 +572,12 @@ impl ConnectionThread {
             if want != tick && ws::set_tick(&socket, want).is_ok() {
                 tick = want;
             }
-            match socket.read() {
+            let read = socket.read();
+            // One reading of the clock for everything after the read (it may have blocked).
+            let now = self.clock.now();
+            match read {
                 Ok(msg) => {
-                    last_busy = self.clock.now();
+                    last_busy = now;
                     keepalive.on_activity();
                     match msg {
                         Message::Text(text) if text.len() > self.ws.max_event_size => {
@@ -610,7 +613,7 @@ impl ConnectionThread {
                 }
             }
             // 3. Keep-alive.
-            match keepalive.poll(self.clock.now()) {
+            match keepalive.poll(now) {
                 KeepaliveAction::Idle => {}
                 KeepaliveAction::SendPing => {
                     if let Err(e) = socket.write(Message::Ping(Vec::new().into())) {
@@ -624,7 +627,6 @@ impl ConnectionThread {
                 }
             }
             // 4. NIP-42 deadlines: held subscriptions whose wait is over are reported.
-            let now = self.clock.now();
             if auth.poll_timeout().is_some_and(|t| t <= now) {
                 let released = auth.handle_timeout(now);
                 if !released.is_empty() {

@@ -48,6 +48,29 @@ pub struct DeadlineStream {
     /// Most bytes one read of the TCP stream takes (0: as many as the caller asks for);
     /// see [`WsOptions::max_read`].
     max_read: usize,
+    /// While the peer sends faster than `max_read`-sized reads take it: bytes read from the
+    /// socket in one system call, handed out `max_read` at a time ([`Burst`]).
+    burst: Option<Burst>,
+}
+
+/// Bytes one socket read takes at most during a burst ([`DeadlineStream`]).
+pub const BURST_READ: usize = 16 * 1024;
+
+/// A buffer that exists only while a connection receives a burst: a capped read that came
+/// back full (more is waiting) makes the next socket reads take up to [`BURST_READ`] bytes
+/// at once, handed to the websocket layer `max_read` bytes at a time, so a stream of small
+/// frames costs one system call per 16 KiB instead of one per KiB, while the websocket
+/// layer's own buffer stays as small as the cap keeps it. The buffer is freed once a socket
+/// read comes back less than half full and its bytes are handed out, or on a read timeout:
+/// an idle connection holds none (design departure 66).
+#[derive(Debug)]
+struct Burst {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// The last socket read came back less than half full: free the buffer once it is
+    /// handed out.
+    last: bool,
 }
 
 impl DeadlineStream {
@@ -58,7 +81,13 @@ impl DeadlineStream {
             deadline,
             inbound: None,
             max_read: 0,
+            burst: None,
         }
+    }
+
+    /// True while a burst buffer is held (tests and diagnostics).
+    pub fn in_burst(&self) -> bool {
+        self.burst.is_some()
     }
 
     /// Sets the most bytes one read of the TCP stream takes (0: no cap).
@@ -101,10 +130,58 @@ impl io::Read for DeadlineStream {
             self.tcp.set_read_timeout(Some(left))?;
         }
         let n = match self.max_read {
+            0 if self.burst.is_none() => return self.tcp.read(buf),
             0 => buf.len(),
             max => buf.len().min(max),
         };
-        self.tcp.read(&mut buf[..n])
+        if let Some(b) = &mut self.burst {
+            if b.start == b.end {
+                if b.last {
+                    self.burst = None;
+                    return self.capped_read(&mut buf[..n]);
+                }
+                let got = match io::Read::read(&mut self.tcp, &mut b.buf) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        // A timeout (a quiet moment) or an error: the burst is over.
+                        self.burst = None;
+                        return Err(e);
+                    }
+                };
+                if got == 0 {
+                    self.burst = None;
+                    return Ok(0);
+                }
+                b.start = 0;
+                b.end = got;
+                b.last = got < b.buf.len() / 2;
+            }
+            let k = n.min(b.end - b.start);
+            buf[..k].copy_from_slice(&b.buf[b.start..b.start + k]);
+            b.start += k;
+            if b.start == b.end && b.last {
+                self.burst = None;
+            }
+            return Ok(k);
+        }
+        self.capped_read(&mut buf[..n])
+    }
+}
+
+impl DeadlineStream {
+    /// One socket read of at most `buf.len()` (the cap) bytes; a read that fills it starts a
+    /// [`Burst`].
+    fn capped_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let got = io::Read::read(&mut self.tcp, buf)?;
+        if got == buf.len() && got > 0 {
+            self.burst = Some(Burst {
+                buf: vec![0u8; BURST_READ].into_boxed_slice(),
+                start: 0,
+                end: 0,
+                last: false,
+            });
+        }
+        Ok(got)
     }
 }
 
@@ -703,6 +780,68 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let n = io::Read::read(&mut stream, &mut buf).unwrap();
         assert!(n > 1024, "{n}");
+    }
+
+    /// A burst (reads that come back full) is read 16 KiB per system call and handed out
+    /// `max_read` bytes at a time, every byte in order; the burst buffer is gone once the
+    /// peer is quiet, and a trickle of small frames never gets one (design departure 66).
+    #[test]
+    fn a_burst_is_read_in_large_reads_and_handed_out_capped_then_freed() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut stream = DeadlineStream::new(server, None);
+        stream.set_max_read(1024);
+        let mut buf = [0u8; 4096];
+        // A trickle: reads come back short, no burst buffer.
+        std::io::Write::write_all(&mut client, &[1u8; 300]).unwrap();
+        assert_eq!(io::Read::read(&mut stream, &mut buf).unwrap(), 300);
+        assert!(!stream.in_burst());
+        // A burst of 100 KiB, in order.
+        let sent: Vec<u8> = (0..100 * 1024).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let sent = sent.clone();
+            let mut client = client.try_clone().unwrap();
+            std::thread::spawn(move || std::io::Write::write_all(&mut client, &sent).unwrap())
+        };
+        let mut got = Vec::new();
+        let mut bursting = false;
+        while got.len() < sent.len() {
+            let n = io::Read::read(&mut stream, &mut buf).unwrap();
+            assert!((1..=1024).contains(&n), "{n}");
+            got.extend_from_slice(&buf[..n]);
+            bursting |= stream.in_burst();
+        }
+        writer.join().unwrap();
+        assert!(got == sent, "every byte, in order");
+        assert!(bursting, "full capped reads start a burst");
+        // The peer is quiet: the next read times out and the buffer is freed.
+        let e = io::Read::read(&mut stream, &mut buf).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        );
+        assert!(!stream.in_burst());
+        // Bytes held in a burst are not skipped when the cap is lifted.
+        std::io::Write::write_all(&mut client, &[9u8; 8000]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(io::Read::read(&mut stream, &mut buf).unwrap(), 1024);
+        let n = io::Read::read(&mut stream, &mut buf).unwrap();
+        assert!(stream.in_burst() || n < 1024);
+        stream.set_max_read(0);
+        let mut rest = 1024 + n;
+        while rest < 8000 {
+            let n = io::Read::read(&mut stream, &mut buf).unwrap();
+            assert!(buf[..n].iter().all(|&b| b == 9));
+            rest += n;
+        }
+        assert_eq!(rest, 8000);
     }
 
     #[test]
