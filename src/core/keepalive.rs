@@ -26,6 +26,9 @@ pub struct Keepalive {
     pong_timeout: Duration,
     last_ping: Time,
     awaiting_since: Option<Time>,
+    /// When work (a frame other than a ping or pong, or a command) last came: the loop's
+    /// tick grows after quiet time ([`read_timeout`]).
+    last_work: Time,
 }
 
 impl Keepalive {
@@ -36,12 +39,36 @@ impl Keepalive {
             pong_timeout,
             last_ping: now,
             awaiting_since: None,
+            last_work: now,
         }
     }
 
     /// Any frame from the peer proves it is alive.
     pub fn on_activity(&mut self) {
         self.awaiting_since = None;
+    }
+
+    /// A frame from the peer at `now`: it proves the peer alive, and unless it is keep-alive
+    /// traffic (`keepalive`: a ping, or the pong to our ping every `interval`) it is work that
+    /// keeps the connection on its busy tick. A pong counted as work put every quiet
+    /// connection on the busy tick for `idle` after each ping (design departure 67).
+    pub fn on_frame(&mut self, now: Time, keepalive: bool) {
+        self.on_activity();
+        if !keepalive {
+            self.on_work(now);
+        }
+    }
+
+    /// Work that did not come from the socket (a command to send) at `now`.
+    pub fn on_work(&mut self, now: Time) {
+        self.last_work = self.last_work.max(now);
+    }
+
+    /// How long the loop may block in its next read at `now` ([`read_timeout`] from the last
+    /// work, never past this connection's deadlines nor `other`, e.g. a NIP-42 deadline).
+    pub fn read_timeout(&self, now: Time, ticks: &Ticks, other: Option<Time>) -> Duration {
+        let deadline = other.map_or(self.poll_timeout(), |t| t.min(self.poll_timeout()));
+        read_timeout(now, self.last_work, ticks, Some(deadline))
     }
 
     /// Decides at `now`; call on every tick.
@@ -74,38 +101,65 @@ impl Keepalive {
     }
 }
 
+/// The ticks of a connection loop by how long the connection has been quiet; see
+/// [`read_timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticks {
+    /// While busy: a frame or a command within the last `idle`.
+    pub busy: Duration,
+    /// Once quiet for `idle`.
+    pub idle: Duration,
+    /// Once quiet for `quiet_after` (when longer than `idle`).
+    pub quiet: Duration,
+    /// How long a connection is quiet before it ticks every `quiet`.
+    pub quiet_after: Duration,
+}
+
 /// How long a connection loop may block in one socket read (its tick).
 ///
 /// A frame from the peer ends the read at once whatever the timeout; the timeout only bounds
 /// how late the loop notices what does not come from the socket: commands on its control
 /// channel, its own deadlines (`deadline`: pings, pong and AUTH deadlines) and the engine
 /// stopping. So the loop ticks every `busy` while the connection is busy (a frame or a
-/// command within the last `idle`) and every `idle` once it has been quiet that long, never
-/// past `deadline` (and never shorter than `busy`).
+/// command within the last `idle`), every `idle` once it has been quiet that long and every
+/// `quiet` once it has been quiet for `quiet_after`, never past `deadline` (and never
+/// shorter than `busy`).
 ///
 /// ```
 /// use std::time::Duration;
-/// use grasp_sync::core::keepalive::read_timeout;
+/// use grasp_sync::core::keepalive::{read_timeout, Ticks};
 /// use grasp_sync::core::time::Time;
-/// let (busy, idle) = (Duration::from_millis(50), Duration::from_secs(1));
+/// let ticks = Ticks {
+///     busy: Duration::from_millis(50),
+///     idle: Duration::from_secs(1),
+///     quiet: Duration::from_secs(6),
+///     quiet_after: Duration::from_secs(30),
+/// };
 /// let t = |ms| Time::from_millis(ms);
-/// assert_eq!(read_timeout(t(1_500), t(1_000), busy, idle, None), busy);
-/// assert_eq!(read_timeout(t(5_000), t(1_000), busy, idle, None), idle);
-/// assert_eq!(read_timeout(t(5_000), t(1_000), busy, idle, Some(t(5_300))), Duration::from_millis(300));
-/// assert_eq!(read_timeout(t(5_000), t(1_000), busy, idle, Some(t(4_000))), busy);
+/// assert_eq!(read_timeout(t(1_500), t(1_000), &ticks, None), ticks.busy);
+/// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, None), ticks.idle);
+/// assert_eq!(read_timeout(t(31_000), t(1_000), &ticks, None), ticks.quiet);
+/// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, Some(t(5_300))), Duration::from_millis(300));
+/// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, Some(t(4_000))), ticks.busy);
 /// ```
-pub fn read_timeout(
-    now: Time,
-    last_busy: Time,
-    busy: Duration,
-    idle: Duration,
-    deadline: Option<Time>,
-) -> Duration {
-    if idle <= busy || now.since(last_busy) < idle {
+pub fn read_timeout(now: Time, last_busy: Time, ticks: &Ticks, deadline: Option<Time>) -> Duration {
+    let Ticks {
+        busy,
+        idle,
+        quiet,
+        quiet_after,
+    } = *ticks;
+    let quiet_for = now.since(last_busy);
+    if idle <= busy || quiet_for < idle {
         return busy;
     }
-    let left = deadline.map_or(idle, |d| d.since(now));
-    left.clamp(busy, idle)
+    let tick = if quiet > idle && quiet_for >= quiet_after {
+        quiet
+    } else {
+        idle
+    };
+    let left = deadline.map_or(tick, |d| d.since(now));
+    left.clamp(busy, tick)
 }
 
 #[cfg(test)]
@@ -125,20 +179,76 @@ mod tests {
 
     #[test]
     fn the_read_timeout_grows_only_while_quiet() {
-        let (busy, idle) = (Duration::from_millis(50), Duration::from_secs(1));
+        let ticks = Ticks {
+            busy: Duration::from_millis(50),
+            idle: Duration::from_secs(1),
+            quiet: Duration::from_secs(6),
+            quiet_after: Duration::from_secs(30),
+        };
         let t = Time::from_millis;
-        assert_eq!(read_timeout(t(900), t(0), busy, idle, None), busy);
-        assert_eq!(read_timeout(t(1_000), t(0), busy, idle, None), idle);
+        assert_eq!(read_timeout(t(900), t(0), &ticks, None), ticks.busy);
+        assert_eq!(read_timeout(t(1_000), t(0), &ticks, None), ticks.idle);
+        assert_eq!(read_timeout(t(29_999), t(0), &ticks, None), ticks.idle);
+        assert_eq!(read_timeout(t(30_000), t(0), &ticks, None), ticks.quiet);
         assert_eq!(
-            read_timeout(t(1_000), t(0), busy, idle, Some(t(1_010))),
-            busy
+            read_timeout(t(1_000), t(0), &ticks, Some(t(1_010))),
+            ticks.busy
         );
         assert_eq!(
-            read_timeout(t(1_000), t(0), busy, idle, Some(t(9_000))),
-            idle
+            read_timeout(t(1_000), t(0), &ticks, Some(t(9_000))),
+            ticks.idle
+        );
+        // Quiet for long: the next deadline still comes first.
+        assert_eq!(
+            read_timeout(t(40_000), t(0), &ticks, Some(t(42_000))),
+            Duration::from_secs(2)
         );
         // An idle tick at or below the busy one disables the growth.
-        assert_eq!(read_timeout(t(9_000), t(0), busy, busy, None), busy);
+        let flat = Ticks {
+            idle: ticks.busy,
+            ..ticks
+        };
+        assert_eq!(read_timeout(t(90_000), t(0), &flat, None), ticks.busy);
+        // A quiet tick at or below the idle one stays at the idle one.
+        let no_quiet = Ticks {
+            quiet: ticks.idle,
+            ..ticks
+        };
+        assert_eq!(read_timeout(t(90_000), t(0), &no_quiet, None), ticks.idle);
+    }
+
+    #[test]
+    fn pongs_keep_a_quiet_connection_on_its_quiet_ticks() {
+        let ticks = Ticks {
+            busy: Duration::from_millis(50),
+            idle: Duration::from_secs(2),
+            quiet: Duration::from_secs(6),
+            quiet_after: Duration::from_secs(30),
+        };
+        let t = Time::from_secs;
+        let mut k = Keepalive::new(t(0), Duration::from_secs(30), Duration::from_secs(20));
+        assert_eq!(
+            k.read_timeout(t(1), &ticks, None),
+            ticks.busy,
+            "just connected"
+        );
+        assert_eq!(k.read_timeout(t(5), &ticks, None), ticks.idle);
+        // The ping at 30 s and its pong: the connection stays quiet.
+        assert_eq!(k.poll(t(30)), KeepaliveAction::SendPing);
+        k.on_frame(t(30), true);
+        assert_eq!(k.read_timeout(t(31), &ticks, None), ticks.quiet);
+        // An event is work: busy again.
+        k.on_frame(t(40), false);
+        assert_eq!(k.read_timeout(t(40), &ticks, None), ticks.busy);
+        // So is a command to send.
+        assert_eq!(k.read_timeout(t(43), &ticks, None), ticks.idle);
+        k.on_work(t(43));
+        assert_eq!(k.read_timeout(t(43), &ticks, None), ticks.busy);
+        // Never past a deadline of the caller's.
+        assert_eq!(
+            k.read_timeout(t(50), &ticks, Some(t(51))),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //! The thread waits for a `Connect` from the coordinator, connects (with a deadline), reports
 //! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
 //! read one frame with a read timeout (`WsOptions::tick` while busy, `WsOptions::idle_tick`
-//! once quiet: [`read_timeout`]), ping when due. Every event is checked (id, signature,
+//! once quiet, `WsOptions::quiet_tick` once quiet for long:
+//! [`crate::core::keepalive::read_timeout`]), ping when due. Every event is checked (id, signature,
 //! matches the subscription's filter; a copy of JSON verified before, by any relay thread, is
 //! recognised by the SHA-256 of its bytes, a copy with other bytes has only its id checked:
-//! [`Metrics::verified`]) and handed on: to the forwarder for a remote relay (one copy per
+//! [`Metrics::verified`]; a remote relay's copy of an event already handed to the forwarder
+//! is recognised by the id it claims and dropped unparsed) and handed on: to the forwarder for a remote relay (one copy per
 //! event), to the coordinator for the own relay's self-subscription. After a disconnect the
 //! thread goes back to waiting; the coordinator decides when to reconnect.
 //!
@@ -32,7 +34,7 @@ use tungstenite::Message;
 
 use crate::core::auth::{AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, OnChallenge};
 use crate::core::forward::ForwardLimits;
-use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction};
+use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::{
     check_parsed_cached, claimed_id, escape_for_log, parse_event, parse_relay_frame,
     split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
@@ -440,9 +442,8 @@ impl ConnectionThread {
         let mut negs: HashSet<String> = HashSet::new();
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
-        // The read timeout in force, and when a frame or a command last arrived.
+        // The read timeout in force.
         let mut tick = self.ws.tick;
-        let mut last_busy = self.clock.now();
         let end = loop {
             if self.stopping() {
                 break SessionEnd::Stop;
@@ -454,7 +455,7 @@ impl ConnectionThread {
             // burst of commands never blocks for one write timeout each.
             let mut flush_each = true;
             while let Ok(c) = self.control.try_recv() {
-                last_busy = self.clock.now();
+                keepalive.on_work(self.clock.now());
                 // The frame this command sends, if any.
                 let text = match c {
                     Control::Connect { generation: g } => {
@@ -559,16 +560,7 @@ impl ConnectionThread {
             // 2. One frame (or a tick of silence). A quiet connection ticks less often
             // (idle CPU), never past its own deadlines.
             let now = self.clock.now();
-            let deadline = auth.poll_timeout().map_or(keepalive.poll_timeout(), |t| {
-                t.min(keepalive.poll_timeout())
-            });
-            let want = read_timeout(
-                now,
-                last_busy,
-                self.ws.tick,
-                self.ws.idle_tick,
-                Some(deadline),
-            );
+            let want = keepalive.read_timeout(now, &self.ws.ticks(), auth.poll_timeout());
             if want != tick && ws::set_tick(&socket, want).is_ok() {
                 tick = want;
             }
@@ -577,8 +569,9 @@ impl ConnectionThread {
             let now = self.clock.now();
             match read {
                 Ok(msg) => {
-                    last_busy = now;
-                    keepalive.on_activity();
+                    // Keep-alive traffic (the pong to our own ping) is not work: it keeps a
+                    // quiet connection on its long tick (design departure 67).
+                    keepalive.on_frame(now, matches!(msg, Message::Ping(_) | Message::Pong(_)));
                     match msg {
                         Message::Text(text) if text.len() > self.ws.max_event_size => {
                             self.oversized(&mut subs, oversized_seen, text.as_str());

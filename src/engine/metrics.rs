@@ -43,8 +43,11 @@ pub struct RelayCounters {
     /// Schnorr signature checks done (events whose `(id, signature)` pair was verified before,
     /// by any relay thread, skip it: see [`crate::core::dedup::VerifiedSet`]).
     pub signature_checks: AtomicU64,
-    /// Checked events not handed to the forwarder because a copy (from this or another
-    /// relay) already was ([`crate::core::dedup::VerifiedSet::claim_forward`]).
+    /// Events not handed to the forwarder because a copy (from this or another relay)
+    /// already was: checked copies ([`crate::core::dedup::VerifiedSet::claim_forward`]) and
+    /// copies recognised by their id before parsing
+    /// ([`crate::core::dedup::VerifiedSet::forwarded_copy`]; these are not counted as
+    /// accepted).
     pub copies_not_forwarded: AtomicU64,
     /// Gauge: JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: AtomicU64,

@@ -129,7 +129,8 @@ pub struct RelayStatus {
     /// Schnorr signature checks this relay's thread did (copies of events verified before,
     /// by any relay thread, skip the check).
     pub signature_checks: u64,
-    /// Checked events not handed to the forwarder because a copy already was.
+    /// Events not handed to the forwarder because a copy already was: checked copies, and
+    /// copies recognised by their id before parsing (those count as received, not accepted).
     pub copies_not_forwarded: u64,
     /// JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: u64,

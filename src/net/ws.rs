@@ -209,6 +209,11 @@ pub struct WsOptions {
     /// (see [`crate::core::keepalive::read_timeout`]); a command then waits up to this long.
     /// At or below `tick`: no growth.
     pub idle_tick: Duration,
+    /// The still longer tick of a connection quiet for `quiet_after` (at or below
+    /// `idle_tick`: none): a command to a relay quiet that long waits up to this long.
+    pub quiet_tick: Duration,
+    /// How long a connection is quiet before it ticks every `quiet_tick`.
+    pub quiet_after: Duration,
     /// Soft cap: the largest text message handled. A larger one (below the hard cap) is
     /// dropped and counted, and the connection is kept, so one oversized stored event cannot
     /// make a relay flap for ever (it would be fetched again on every reconnect).
@@ -241,6 +246,8 @@ impl Default for WsOptions {
             connect_timeout: Duration::from_secs(10),
             tick: Duration::from_millis(50),
             idle_tick: Duration::from_secs(2),
+            quiet_tick: Duration::from_secs(6),
+            quiet_after: Duration::from_secs(30),
             max_event_size: 1 << 20,
             max_message_size: 16 << 20,
             max_frame_size: 16 << 20,
@@ -252,6 +259,16 @@ impl Default for WsOptions {
 }
 
 impl WsOptions {
+    /// The loop's ticks ([`crate::core::keepalive::read_timeout`]).
+    pub fn ticks(&self) -> crate::core::keepalive::Ticks {
+        crate::core::keepalive::Ticks {
+            busy: self.tick,
+            idle: self.idle_tick,
+            quiet: self.quiet_tick,
+            quiet_after: self.quiet_after,
+        }
+    }
+
     /// The tungstenite configuration for these limits.
     pub fn websocket_config(&self) -> WebSocketConfig {
         WebSocketConfig::default()
