@@ -32,6 +32,12 @@ struct RelayThread {
     generation: u64,
 }
 
+/// The longest the coordinator sleeps without an input or a timer of the machine: how late
+/// it may notice a relay thread that ended (`watch`) or a stop flag whose message did not
+/// fit a full channel. Each wake walks every link (`SyncMachine::poll_timeout`), so with
+/// 1,000 idle relays a shorter wait shows in idle CPU (design departure 67).
+const MAX_WAIT: Duration = Duration::from_secs(1);
+
 /// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
 pub fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
     config
@@ -97,13 +103,16 @@ impl Coordinator {
             }
             let now = clock.now();
             let wake = self.machine.read().poll_timeout();
-            let mut wait = wake.map_or(Duration::from_millis(500), |t| t.since(now));
-            wait = wait.min(Duration::from_millis(500));
+            let mut wait = wake.map_or(MAX_WAIT, |t| t.since(now));
+            wait = wait.min(MAX_WAIT);
+            // Whether the machine may have changed since `wake` was computed.
+            let mut changed = false;
             match self.inputs.recv_timeout(wait) {
                 Ok(Input::Shutdown(deadline)) => break deadline,
                 #[cfg(feature = "testing")]
                 Ok(Input::InjectPanic(target)) => self.inject_panic(&threads, target),
                 Ok(Input::Report(r)) => {
+                    changed = true;
                     let mut m = self.machine.write();
                     m.handle_report(r, clock.now());
                     // Take what else is waiting in one go (bounded, so timers still run).
@@ -127,7 +136,14 @@ impl Coordinator {
                 }
             }
             let now = clock.now();
-            if self.machine.read().poll_timeout().is_some_and(|t| t <= now) {
+            // Without a report the machine is as it was when `wake` was computed: no second
+            // walk over every link (idle CPU with many relays; design departure 67).
+            let due = if changed {
+                self.machine.read().poll_timeout()
+            } else {
+                wake
+            };
+            if due.is_some_and(|t| t <= now) {
                 self.machine.write().handle_timeout(now);
             }
             self.execute(&mut threads, &mut retired);

@@ -212,7 +212,7 @@ pub struct WsOptions {
     /// The still longer tick of a connection quiet for `quiet_after` (at or below
     /// `idle_tick`: none): a command to a relay quiet that long waits up to this long.
     pub quiet_tick: Duration,
-    /// How long a connection is quiet before it ticks every `quiet_tick`.
+    /// How long a connection is quiet (no work) before it ticks every `quiet_tick`.
     pub quiet_after: Duration,
     /// Soft cap: the largest text message handled. A larger one (below the hard cap) is
     /// dropped and counted, and the connection is kept, so one oversized stored event cannot
@@ -247,7 +247,7 @@ impl Default for WsOptions {
             tick: Duration::from_millis(50),
             idle_tick: Duration::from_secs(2),
             quiet_tick: Duration::from_secs(6),
-            quiet_after: Duration::from_secs(30),
+            quiet_after: Duration::from_secs(10),
             max_event_size: 1 << 20,
             max_message_size: 16 << 20,
             max_frame_size: 16 << 20,
