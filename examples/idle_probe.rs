@@ -222,6 +222,7 @@ fn main() {
             auth_keys: None,
             policy: policy.clone(),
             forward_limits: ForwardLimits::default(),
+            waker: Default::default(),
         })
         .unwrap();
         tx.send(Control::Connect { generation: 1 }).unwrap();

@@ -58,6 +58,7 @@ fn spawn(relay: &TestRelay, role: Role, metrics: &Arc<Metrics>, reports: &Sender
         auth_keys: None,
         policy: Arc::new(policy),
         forward_limits: ForwardLimits::default(),
+        waker: Default::default(),
     })
     .unwrap();
     control.send(Control::Connect { generation: 1 }).unwrap();

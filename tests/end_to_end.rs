@@ -686,6 +686,42 @@ fn shutdown_closes_every_connection() {
     eprintln!("shutdown + connections closed in {:?}", t0.elapsed());
 }
 
+/// A relay thread blocked in a long quiet-tick read is woken when the engine stops
+/// (design departure 67): with a quiet tick of 10 minutes, shutdown still ends within its
+/// 30 s deadline, and every connection is closed. Without the wake-up the threads would
+/// notice `Shutdown` only at their next tick and the deadline would pass.
+#[test]
+fn quiet_connections_stop_at_once_whatever_their_tick() {
+    init_logging();
+    let own = TestRelay::start();
+    let a = TestRelay::start();
+    let alice = Keys::generate();
+    let r = repo_ref(&alice, "repo");
+    own.insert(&announcement(&alice, "repo", &[&[&a.url()]]));
+    let iss = root(&alice, 1621, &r, "issue", &[]);
+    a.insert(&iss);
+    let mut config = Config::new(url(&own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
+    config.ws.idle_tick = Duration::from_millis(200);
+    config.ws.quiet_after = Duration::from_millis(300);
+    config.ws.quiet_tick = Duration::from_secs(600);
+    // No ping deadline within the test either (a ping due would end the read too).
+    config.ping_interval = Duration::from_secs(600);
+    let handle = grasp_sync::start(config).unwrap();
+    assert!(wait_until(WAIT, || own.contains(&iss.id)
+        && handle.status().is_settled()));
+    // Past the busy tick and `quiet_after`: both threads now block in 10-minute reads.
+    std::thread::sleep(Duration::from_secs(2));
+    let t0 = Instant::now();
+    handle
+        .shutdown(Duration::from_secs(30))
+        .expect("every thread stops within the deadline");
+    assert!(wait_until(WAIT, || own.current_connections() == 0
+        && a.current_connections() == 0));
+    eprintln!("quiet engine stopped in {:?}", t0.elapsed());
+}
+
 /// Regression: `Status::is_settled()` once reported "settled" while events were still in the
 /// relay-to-forwarder channel or awaiting the own relay's OK. `forward_backlog` now counts every
 /// event from the moment a relay thread hands it over until the own relay answers.

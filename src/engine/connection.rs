@@ -48,7 +48,7 @@ use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::pool;
 use crate::net::url::RelayUrl;
-use crate::net::ws::{self, Socket, WsOptions};
+use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;
@@ -192,6 +192,8 @@ pub struct ConnectionThread {
     /// Byte bounds of the forward pipeline (a remote relay waits for room before handing
     /// over an event).
     pub forward_limits: ForwardLimits,
+    /// Lets the coordinator end a blocked read when it stops or forgets this relay.
+    pub waker: SocketWaker,
 }
 
 struct Sub {
@@ -243,7 +245,10 @@ impl ConnectionThread {
                     }
                 }
             }
-            match self.session(generation, &verdict, &mut oversized_seen) {
+            let end = self.session(generation, &verdict, &mut oversized_seen);
+            // The session's socket is closed: release the waker's copy of it.
+            self.waker.set(None);
+            match end {
                 SessionEnd::Lost => {}
                 SessionEnd::Reconnect(g) => next = Some(g),
                 SessionEnd::Stop => break,
@@ -431,6 +436,7 @@ impl ConnectionThread {
             }
         };
         RelayCounters::inc(&self.counters.connects);
+        self.waker.set_socket(&socket);
         if !self.report(Report::Connected {
             relay: self.url.clone(),
             generation,

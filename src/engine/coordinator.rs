@@ -24,10 +24,13 @@ use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::AddressPolicy;
 use crate::net::url::RelayUrl;
+use crate::net::ws::SocketWaker;
 
 struct RelayThread {
     control: Sender<Control>,
     handle: JoinHandle<()>,
+    /// Ends the thread's blocked read when it is told to stop.
+    waker: SocketWaker,
     /// The generation of the last `Control::Connect` sent to it.
     generation: u64,
 }
@@ -420,6 +423,7 @@ impl Coordinator {
                 Command::Forget { relay } => {
                     if let Some(t) = threads.remove(&relay) {
                         let _ = t.control.send(Control::Shutdown);
+                        t.waker.wake();
                         retired.push((relay.to_string(), t.handle));
                     }
                     self.metrics.forget(&relay);
@@ -456,6 +460,7 @@ impl Coordinator {
             Role::Remote(self.forward_tx.clone())
         };
         let counters: Arc<RelayCounters> = self.metrics.relay(relay);
+        let waker = SocketWaker::default();
         let handle = connection::spawn(ConnectionThread {
             url: relay.clone(),
             role,
@@ -477,10 +482,12 @@ impl Coordinator {
             },
             policy: self.policy.clone(),
             forward_limits: self.config.forward,
+            waker: waker.clone(),
         })?;
         Ok(RelayThread {
             control: tx,
             handle,
+            waker,
             generation: 0,
         })
     }
@@ -494,8 +501,10 @@ impl Coordinator {
         info!("stopping {} relay threads", threads.len());
         self.stopping.store(true, Ordering::Relaxed);
         for (url, t) in threads {
-            // A thread that already ended has dropped its receiver: nothing to stop.
+            // A thread that already ended has dropped its receiver: nothing to stop. A quiet
+            // one blocked in its read (up to the quiet tick) is woken.
             let _ = t.control.send(Control::Shutdown);
+            t.waker.wake();
             retired.push((url.to_string(), t.handle));
         }
         // Drain reports so no relay thread waits on a full channel while we join.

@@ -568,6 +568,36 @@ pub fn tcp_of(socket: &Socket) -> &TcpStream {
     }
 }
 
+/// Ends a relay thread's blocking socket read from another thread: the thread registers a
+/// clone of its connection's TCP stream while connected ([`SocketWaker::set`]); [`wake`]
+/// shuts its read side down, so a read blocked for up to the quiet tick returns at once (end
+/// of file). Used when the engine stops or forgets a relay: a quiet connection would notice
+/// its `Shutdown` only at its next tick (design departure 67).
+///
+/// [`wake`]: SocketWaker::wake
+#[derive(Debug, Clone, Default)]
+pub struct SocketWaker(Arc<parking_lot::Mutex<Option<TcpStream>>>);
+
+impl SocketWaker {
+    /// Registers the connection's socket (`None`: no connection).
+    pub fn set(&self, tcp: Option<TcpStream>) {
+        *self.0.lock() = tcp;
+    }
+
+    /// Registers a clone of `socket`'s TCP stream; an error (no file descriptor left) only
+    /// means the thread is woken by its tick instead.
+    pub fn set_socket(&self, socket: &Socket) {
+        self.set(tcp_of(socket).try_clone().ok());
+    }
+
+    /// Ends a blocked read of the registered socket; the connection is not usable after it.
+    pub fn wake(&self) {
+        if let Some(tcp) = self.0.lock().take() {
+            let _ = tcp.shutdown(std::net::Shutdown::Read);
+        }
+    }
+}
+
 fn stream_mut(socket: &mut Socket) -> &mut DeadlineStream {
     match socket.get_mut() {
         MaybeTlsStream::Plain(s) => s,
