@@ -37,9 +37,16 @@ struct RelayThread {
 
 /// The longest the coordinator sleeps without an input or a timer of the machine: how late
 /// it may notice a relay thread that ended (`watch`) or a stop flag whose message did not
-/// fit a full channel. Each wake walks every link (`SyncMachine::poll_timeout`), so with
-/// 1,000 idle relays a shorter wait shows in idle CPU (design departure 67).
-const MAX_WAIT: Duration = Duration::from_secs(1);
+/// fit a full channel, and how coarse the state file's snapshot cadence may get. Each wake
+/// walks every link (`SyncMachine::poll_timeout`), so with 1,000 idle relays a shorter wait
+/// shows in idle CPU (design departure 67).
+const MAX_WAIT: Duration = Duration::from_secs(2);
+
+/// How often the coordinator looks for relay threads (and the forwarder) that ended: each
+/// look visits every thread's handle, which with 1,000 relays was most of an idle
+/// coordinator's CPU when done at every wake-up (design departure 67). A thread that ended
+/// is restarted within this long.
+const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
 pub fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
@@ -99,6 +106,7 @@ impl Coordinator {
         self.machine.write().start(clock.now());
         self.execute(&mut threads, &mut retired);
         let mut next_summary = clock.now().plus(self.config.summary_interval);
+        let mut next_watch = Instant::now();
         let shutdown_deadline = loop {
             // The flag, not only the message: the message may not fit a full channel.
             if self.stopping.load(Ordering::SeqCst) {
@@ -151,7 +159,8 @@ impl Coordinator {
             }
             self.execute(&mut threads, &mut retired);
             retired.retain(|(_, h)| !h.is_finished());
-            if !self.stopping.load(Ordering::SeqCst) {
+            if !self.stopping.load(Ordering::SeqCst) && Instant::now() >= next_watch {
+                next_watch = Instant::now() + WATCH_INTERVAL;
                 self.watch(&mut threads);
                 self.execute(&mut threads, &mut retired);
             }
