@@ -177,14 +177,19 @@ mod tests {
         assert_eq!(k.poll_timeout(), t(60));
     }
 
-    #[test]
-    fn the_read_timeout_grows_only_while_quiet() {
-        let ticks = Ticks {
+    /// Ticks of 50 ms busy, `idle` once quiet, 6 s after 30 s quiet.
+    fn ticks(idle: Duration) -> Ticks {
+        Ticks {
             busy: Duration::from_millis(50),
-            idle: Duration::from_secs(1),
+            idle,
             quiet: Duration::from_secs(6),
             quiet_after: Duration::from_secs(30),
-        };
+        }
+    }
+
+    #[test]
+    fn the_read_timeout_grows_only_while_quiet() {
+        let ticks = ticks(Duration::from_secs(1));
         let t = Time::from_millis;
         assert_eq!(read_timeout(t(900), t(0), &ticks, None), ticks.busy);
         assert_eq!(read_timeout(t(1_000), t(0), &ticks, None), ticks.idle);
@@ -219,12 +224,7 @@ mod tests {
 
     #[test]
     fn pongs_keep_a_quiet_connection_on_its_quiet_ticks() {
-        let ticks = Ticks {
-            busy: Duration::from_millis(50),
-            idle: Duration::from_secs(2),
-            quiet: Duration::from_secs(6),
-            quiet_after: Duration::from_secs(30),
-        };
+        let ticks = ticks(Duration::from_secs(2));
         let t = Time::from_secs;
         let mut k = Keepalive::new(t(0), Duration::from_secs(30), Duration::from_secs(20));
         assert_eq!(
