@@ -612,7 +612,10 @@ impl ConnectionThread {
                 }
             }
             // 3. Keep-alive.
-            match keepalive.poll(now) {
+            // A fresh reading: handling the frame may have waited (for room in the forward
+            // pipeline, or for the coordinator), and a stale `now` would date a ping in the
+            // past and give up on its pong too early.
+            match keepalive.poll(self.clock.now()) {
                 KeepaliveAction::Idle => {}
                 KeepaliveAction::SendPing => {
                     if let Err(e) = socket.write(Message::Ping(Vec::new().into())) {

@@ -42,10 +42,10 @@ struct RelayThread {
 /// shows in idle CPU (design departure 67).
 const MAX_WAIT: Duration = Duration::from_secs(2);
 
-/// How often the coordinator looks for relay threads (and the forwarder) that ended: each
-/// look visits every thread's handle, which with 1,000 relays was most of an idle
-/// coordinator's CPU when done at every wake-up (design departure 67). A thread that ended
-/// is restarted within this long.
+/// How often the coordinator looks for relay threads that ended: each look visits every
+/// thread's handle, which with 1,000 relays was most of an idle coordinator's CPU when done
+/// at every wake-up (design departure 67). A relay thread that ended is restarted within
+/// this long (plus `MAX_WAIT`); the forwarder is looked at on every turn.
 const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
@@ -159,9 +159,15 @@ impl Coordinator {
             }
             self.execute(&mut threads, &mut retired);
             retired.retain(|(_, h)| !h.is_finished());
-            if !self.stopping.load(Ordering::SeqCst) && Instant::now() >= next_watch {
-                next_watch = Instant::now() + WATCH_INTERVAL;
-                self.watch(&mut threads);
+            if !self.stopping.load(Ordering::SeqCst) {
+                // The forwarder (one handle) at every turn: while it is down, copies claimed by
+                // it are dropped and relay threads wait for room. The relay threads' 1,000
+                // handles every `WATCH_INTERVAL`.
+                let relays = Instant::now() >= next_watch;
+                if relays {
+                    next_watch = Instant::now() + WATCH_INTERVAL;
+                }
+                self.watch(&mut threads, relays);
                 self.execute(&mut threads, &mut retired);
             }
             if let Some(w) = &mut self.state {
@@ -203,12 +209,16 @@ impl Coordinator {
     /// forwarder is restarted at once (events in its queue are lost and fetched again at the
     /// next reconnect or resync of their relay; the backlog counter is reset to what waits in
     /// its channel).
-    fn watch(&mut self, threads: &mut HashMap<RelayUrl, RelayThread>) {
-        let dead: Vec<RelayUrl> = threads
-            .iter()
-            .filter(|(_, t)| t.handle.is_finished())
-            .map(|(u, _)| u.clone())
-            .collect();
+    fn watch(&mut self, threads: &mut HashMap<RelayUrl, RelayThread>, relays: bool) {
+        let dead: Vec<RelayUrl> = if relays {
+            threads
+                .iter()
+                .filter(|(_, t)| t.handle.is_finished())
+                .map(|(u, _)| u.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         for relay in dead {
             let Some(t) = threads.remove(&relay) else {
                 continue;
