@@ -180,10 +180,13 @@ fn main() {
     if fixed {
         ws.idle_tick = ws.tick;
     }
-    // Overrides to compare settings: IDLE_TICK_MS, READ_BUFFER (bytes).
+    // Overrides to compare settings: IDLE_TICK_MS, QUIET_TICK_MS, READ_BUFFER (bytes).
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
     if let Some(ms) = env("IDLE_TICK_MS") {
         ws.idle_tick = Duration::from_millis(ms);
+    }
+    if let Some(ms) = env("QUIET_TICK_MS") {
+        ws.quiet_tick = Duration::from_millis(ms);
     }
     if let Some(b) = env("READ_BUFFER") {
         ws.read_buffer_size = b as usize;
@@ -255,9 +258,11 @@ fn main() {
     let cpu = relay_cpu_ns() - cpu0;
     let wall = t0.elapsed().as_nanos() as f64;
     println!(
-        "relays {n} (EOSE {eose}, lost {lost}), tick {} (idle {:?}), read buffer {} B: RSS {before} -> {after} KiB = {:.1} KiB per relay; relay threads' CPU {:.3} % of a core over {secs} s = {:.2} % per 1,000 relays",
+        "relays {n} (EOSE {eose}, lost {lost}), tick {} (idle {:?}, quiet {:?} after {:?}), read buffer {} B: RSS {before} -> {after} KiB = {:.1} KiB per relay; relay threads' CPU {:.3} % of a core over {secs} s = {:.2} % per 1,000 relays",
         if fixed { "fixed 50 ms" } else { "adaptive" },
         ws.idle_tick,
+        ws.quiet_tick,
+        ws.quiet_after,
         ws.read_buffer_size,
         (after - before) as f64 / n as f64,
         cpu as f64 / wall * 100.0,

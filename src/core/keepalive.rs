@@ -120,8 +120,8 @@ pub struct Ticks {
 /// A frame from the peer ends the read at once whatever the timeout; the timeout only bounds
 /// how late the loop notices what does not come from the socket: commands on its control
 /// channel, its own deadlines (`deadline`: pings, pong and AUTH deadlines) and the engine
-/// stopping. So the loop ticks every `busy` while the connection is busy (a frame or a
-/// command within the last `idle`), every `idle` once it has been quiet that long and every
+/// stopping. So the loop ticks every `busy` while the connection is busy (work, `last_work`:
+/// a frame other than a ping or pong, or a command, within the last `idle`), every `idle` once it has been quiet that long and every
 /// `quiet` once it has been quiet for `quiet_after`, never past `deadline` (and never
 /// shorter than `busy`).
 ///
@@ -142,14 +142,14 @@ pub struct Ticks {
 /// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, Some(t(5_300))), Duration::from_millis(300));
 /// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, Some(t(4_000))), ticks.busy);
 /// ```
-pub fn read_timeout(now: Time, last_busy: Time, ticks: &Ticks, deadline: Option<Time>) -> Duration {
+pub fn read_timeout(now: Time, last_work: Time, ticks: &Ticks, deadline: Option<Time>) -> Duration {
     let Ticks {
         busy,
         idle,
         quiet,
         quiet_after,
     } = *ticks;
-    let quiet_for = now.since(last_busy);
+    let quiet_for = now.since(last_work);
     if idle <= busy || quiet_for < idle {
         return busy;
     }

@@ -381,6 +381,9 @@ pub fn escape_for_log(text: &str, max_chars: usize) -> String {
 mod tests {
     use super::*;
 
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    use nostr::key::Keys;
+
     #[test]
     fn a_claimed_id_is_read_from_lowercase_hex_only() {
         let hex: String = (0..64)
@@ -403,8 +406,6 @@ mod tests {
         let open = String::from_utf8(open).unwrap();
         assert_eq!(claimed_id(&open), None, "not closed after 64 digits");
     }
-    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
-    use nostr::key::Keys;
 
     fn event() -> Event {
         let keys = Keys::parse("6b911fd37cdf5c81d4c0adb1ab7fa822ed253ab0ad9aa18d77257c88b29b718e")

@@ -4,12 +4,13 @@
 //! `Connected` or `Disconnected`, then loops: drain the control channel (REQ/CLOSE to send),
 //! read one frame with a read timeout (`WsOptions::tick` while busy, `WsOptions::idle_tick`
 //! once quiet, `WsOptions::quiet_tick` once quiet for long:
-//! [`crate::core::keepalive::read_timeout`]), ping when due. Every event is checked (id, signature,
-//! matches the subscription's filter; a copy of JSON verified before, by any relay thread, is
-//! recognised by the SHA-256 of its bytes, a copy with other bytes has only its id checked:
-//! [`Metrics::verified`]; a remote relay's copy of an event already handed to the forwarder
-//! is recognised by the id it claims and dropped unparsed) and handed on: to the forwarder for a remote relay (one copy per
-//! event), to the coordinator for the own relay's self-subscription. After a disconnect the
+//! [`crate::core::keepalive::read_timeout`]), ping when due. Every event is checked (id,
+//! signature, matches the subscription's filter; a copy of JSON verified before, by any
+//! relay thread, is recognised by the SHA-256 of its bytes, a copy with other bytes has only
+//! its id checked: [`Metrics::verified`]; a remote relay's copy of an event already handed
+//! to the forwarder is recognised by the id it claims and dropped unparsed) and handed on:
+//! to the forwarder for a remote relay (one copy per event), to the coordinator for the own
+//! relay's self-subscription. After a disconnect the
 //! thread goes back to waiting; the coordinator decides when to reconnect.
 //!
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
