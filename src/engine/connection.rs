@@ -448,7 +448,13 @@ impl ConnectionThread {
         // Open NIP-77 sessions (NEG-OPEN sent, no NEG-ERR/CLOSED/NEG-CLOSE yet).
         let mut negs: HashSet<String> = HashSet::new();
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
-        let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
+        // The clock is read once per frame: after the read (which may block). It is read
+        // again only where time may have passed since: a command was sent or handling a frame
+        // may have waited (`stale`). A copy dropped by its id (most frames of a historic
+        // sync) never waits.
+        let mut now = self.clock.now();
+        let mut stale = false;
+        let mut keepalive = Keepalive::new(now, self.ping_interval, self.pong_timeout);
         // The read timeout in force.
         let mut tick = self.ws.tick;
         let end = loop {
@@ -462,7 +468,9 @@ impl ConnectionThread {
             // burst of commands never blocks for one write timeout each.
             let mut flush_each = true;
             while let Ok(c) = self.control.try_recv() {
-                keepalive.on_work(self.clock.now());
+                now = self.clock.now();
+                stale = true;
+                keepalive.on_work(now);
                 // The frame this command sends, if any.
                 let text = match c {
                     Control::Connect { generation: g } => {
@@ -566,14 +574,17 @@ impl ConnectionThread {
             }
             // 2. One frame (or a tick of silence). A quiet connection ticks less often
             // (idle CPU), never past its own deadlines.
-            let now = self.clock.now();
+            if stale {
+                now = self.clock.now();
+            }
             let want = keepalive.read_timeout(now, &self.ws.ticks(), auth.poll_timeout());
             if want != tick && ws::set_tick(&socket, want).is_ok() {
                 tick = want;
             }
             let read = socket.read();
             // One reading of the clock for everything after the read (it may have blocked).
-            let now = self.clock.now();
+            now = self.clock.now();
+            stale = false;
             match read {
                 Ok(msg) => {
                     // Keep-alive traffic (the pong to our own ping) is not work: it keeps a
@@ -590,16 +601,22 @@ impl ConnectionThread {
                                 negs: &mut negs,
                                 auth: &mut auth,
                                 socket: &mut socket,
+                                quick: false,
                             };
                             if !self.handle_text(&mut ctx, text.as_str()) {
                                 break SessionEnd::Stop;
                             }
+                            // Handling may have waited (for room in the forward pipeline, or
+                            // for the coordinator), unless the frame was a dropped copy.
+                            stale = !ctx.quick;
                         }
                         Message::Binary(_) | Message::Frame(_) => {
                             RelayCounters::inc(&self.counters.garbage_frames);
                             debug!("{}: ignoring a binary frame", self.url);
                         }
-                        Message::Ping(_) | Message::Pong(_) => {}
+                        // tungstenite queues the pong; flushing it next turn may wait.
+                        Message::Ping(_) => stale = true,
+                        Message::Pong(_) => {}
                         Message::Close(frame) => {
                             self.disconnected(generation, format!("closed by relay ({frame:?})"));
                             break SessionEnd::Lost;
@@ -613,12 +630,16 @@ impl ConnectionThread {
                 }
             }
             // 3. Keep-alive.
-            // A fresh reading: handling the frame may have waited (for room in the forward
-            // pipeline, or for the coordinator), and a stale `now` would date a ping in the
-            // past and give up on its pong too early.
-            match keepalive.poll(self.clock.now()) {
+            // A fresh reading if handling the frame may have waited: a stale `now` would date
+            // a ping in the past and give up on its pong too early.
+            if stale {
+                now = self.clock.now();
+                stale = false;
+            }
+            match keepalive.poll(now) {
                 KeepaliveAction::Idle => {}
                 KeepaliveAction::SendPing => {
+                    stale = true;
                     if let Err(e) = socket.write(Message::Ping(Vec::new().into())) {
                         self.disconnected(generation, format!("ping failed: {e}"));
                         break SessionEnd::Lost;
@@ -1016,6 +1037,7 @@ impl ConnectionThread {
         // one event, is read by `parse_relay_frame` as before.
         if let Some((sub_id, raw)) = split_event_frame(text) {
             if self.forwarded_copy(ctx, sub_id, raw) {
+                ctx.quick = true;
                 return true;
             }
             if let Ok(event) = parse_event(raw) {
@@ -1190,7 +1212,8 @@ impl ConnectionThread {
         mut item: ForwardItem,
         socket: &mut Socket,
     ) -> bool {
-        let mut last_ping = self.clock.now();
+        // Read only when the hand-over has to wait (the clock is not read per event).
+        let mut last_ping: Option<crate::core::time::Time> = None;
         // The byte bound: wait (pinging) until the event fits the pipeline and our share.
         let len = item.raw.len() as u64;
         let mut waited = false;
@@ -1235,10 +1258,12 @@ impl ConnectionThread {
 
 impl ConnectionThread {
     /// Pings the relay while this thread waits to hand over an event.
-    fn ping_if_due(&self, socket: &mut Socket, last_ping: &mut crate::core::time::Time) {
+    /// `last_ping` is `None` until the first call, which starts the count (the wait began).
+    fn ping_if_due(&self, socket: &mut Socket, last_ping: &mut Option<crate::core::time::Time>) {
         let now = self.clock.now();
-        if now.since(*last_ping) >= self.ping_interval {
-            *last_ping = now;
+        let since = *last_ping.get_or_insert(now);
+        if now.since(since) >= self.ping_interval {
+            *last_ping = Some(now);
             // A failed write shows up as an error on the next read.
             let _ = socket.write(Message::Ping(Vec::new().into()));
             let _ = socket.flush();
@@ -1269,6 +1294,8 @@ struct Session<'a> {
     negs: &'a mut HashSet<String>,
     auth: &'a mut AuthState,
     socket: &'a mut Socket,
+    /// Set when the frame was a copy dropped by its id: nothing waited.
+    quick: bool,
 }
 
 /// Signs the NIP-42 AUTH event (kind 22242, tags `relay` and `challenge`) for `relay` and
