@@ -246,7 +246,7 @@ impl Default for WsOptions {
             connect_timeout: Duration::from_secs(10),
             tick: Duration::from_millis(50),
             idle_tick: Duration::from_secs(2),
-            quiet_tick: Duration::from_secs(6),
+            quiet_tick: Duration::from_secs(10),
             quiet_after: Duration::from_secs(10),
             max_event_size: 1 << 20,
             max_message_size: 16 << 20,
