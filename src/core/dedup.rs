@@ -63,8 +63,8 @@ impl RecentIds {
     }
 }
 
-/// Events remembered by default by [`VerifiedSet::default`] (about 200 bytes each: some
-/// 13 MB when full).
+/// Events remembered by default by [`VerifiedSet::default`] (about 300 bytes each with the
+/// hash map's spare room: some 20 MB when full).
 pub const VERIFIED_REMEMBERED: usize = 65_536;
 
 /// Shards of a [`VerifiedSet`] (each behind its own lock, chosen by the id's first byte).
@@ -147,19 +147,48 @@ pub struct VerifiedSet {
     per_shard: usize,
 }
 
+/// What a copy recognised by its id needs, kept in the hash map itself (88 bytes per entry
+/// with its key): a lookup of [`VerifiedSet::forwarded_copy`], made for most copies of a
+/// historic sync, touches no other memory. Most of such a lookup's time is the wait for the
+/// entry's memory; with entries of 184 bytes (signature and digest inside) a profile of the
+/// historic bench put a quarter more time in it.
 #[derive(Debug, Clone, Copy)]
-struct Verified {
+struct Hot {
+    summary: EventSummary,
+    /// The forwarder generation (plus one, [`mark`]) this event was handed to; 0: not
+    /// handed over.
+    forwarded: u32,
+    /// Its [`Cold`] part in the shard's ring.
+    slot: u32,
+}
+
+/// What only a copy that must be compared needs, in a ring in insertion order (so the oldest
+/// is the next overwritten).
+#[derive(Debug, Clone, Copy)]
+struct Cold {
+    id: EventId,
     sig: Signature,
     raw: RawDigest,
-    summary: EventSummary,
-    /// The forwarder generation (plus one) this event was handed to; 0: not handed over.
-    forwarded: u64,
 }
 
 #[derive(Debug, Default)]
 struct VerifiedShard {
-    events: HashMap<EventId, Verified>,
-    order: VecDeque<EventId>,
+    events: HashMap<EventId, Hot>,
+    ring: Vec<Cold>,
+    /// The ring slot the next new event takes once the ring is full (the oldest).
+    next: usize,
+}
+
+/// The claim mark of forwarder `generation`: its number plus one (0 is "not handed over"),
+/// held at `u32::MAX` after four billion forwarder restarts.
+fn mark(generation: u64) -> u32 {
+    u32::try_from(generation.saturating_add(1)).unwrap_or(u32::MAX)
+}
+
+impl VerifiedShard {
+    fn cold(&self, hot: &Hot) -> &Cold {
+        &self.ring[hot.slot as usize]
+    }
 }
 
 impl Default for VerifiedSet {
@@ -180,7 +209,8 @@ impl VerifiedSet {
         let shards = shards.max(1);
         VerifiedSet {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
-            per_shard: capacity.div_ceil(shards).max(1),
+            // A ring slot is a `u32`.
+            per_shard: capacity.div_ceil(shards).clamp(1, u32::MAX as usize),
         }
     }
 
@@ -190,20 +220,24 @@ impl VerifiedSet {
 
     /// What is known about an event with this id, signature and JSON digest.
     pub fn known(&self, id: &EventId, sig: &Signature, raw: &RawDigest) -> Known {
-        match self.shard(id).lock().events.get(id) {
-            Some(v) if v.sig == *sig && v.raw == *raw => Known::SameBytes,
-            Some(v) if v.sig == *sig => Known::SameSignature,
+        let shard = self.shard(id).lock();
+        let Some(hot) = shard.events.get(id) else {
+            return Known::No;
+        };
+        match shard.cold(hot) {
+            c if c.sig == *sig && c.raw == *raw => Known::SameBytes,
+            c if c.sig == *sig => Known::SameSignature,
             _ => Known::No,
         }
     }
 
     /// True if this exact signature was verified for `id`.
     pub fn contains(&self, id: &EventId, sig: &Signature) -> bool {
-        self.shard(id)
-            .lock()
+        let shard = self.shard(id).lock();
+        shard
             .events
             .get(id)
-            .is_some_and(|v| v.sig == *sig)
+            .is_some_and(|hot| shard.cold(hot).sig == *sig)
     }
 
     /// Remembers that `sig` verifies for `id`, that the event's JSON had digest `raw` and
@@ -217,32 +251,39 @@ impl VerifiedSet {
         raw: RawDigest,
         summary: EventSummary,
     ) -> bool {
-        let mut shard = self.shard(&id).lock();
-        if let Some(v) = shard.events.get_mut(&id) {
-            let new = v.sig != sig;
+        let mut guard = self.shard(&id).lock();
+        let shard = &mut *guard;
+        if let Some(hot) = shard.events.get_mut(&id) {
+            let cold = &mut shard.ring[hot.slot as usize];
+            let new = cold.sig != sig;
             if new {
-                v.forwarded = 0;
+                hot.forwarded = 0;
             }
-            v.sig = sig;
-            v.raw = raw;
-            v.summary = summary;
+            hot.summary = summary;
+            cold.sig = sig;
+            cold.raw = raw;
             return new;
         }
+        let cold = Cold { id, sig, raw };
+        let slot = if shard.ring.len() < self.per_shard {
+            shard.ring.push(cold);
+            shard.ring.len() - 1
+        } else {
+            // Full: the oldest is forgotten and its slot reused.
+            let slot = shard.next;
+            shard.next = (slot + 1) % shard.ring.len();
+            let old = std::mem::replace(&mut shard.ring[slot], cold);
+            shard.events.remove(&old.id);
+            slot
+        };
         shard.events.insert(
             id,
-            Verified {
-                sig,
-                raw,
+            Hot {
                 summary,
                 forwarded: 0,
+                slot: slot as u32,
             },
         );
-        shard.order.push_back(id);
-        while shard.order.len() > self.per_shard {
-            if let Some(old) = shard.order.pop_front() {
-                shard.events.remove(&old);
-            }
-        }
         true
     }
 
@@ -252,7 +293,7 @@ impl VerifiedSet {
     /// not remembered (forgotten meanwhile) is always claimed. A restarted forwarder lost its
     /// queue, so a new generation claims again.
     pub fn claim_forward(&self, id: &EventId, generation: u64) -> bool {
-        let mark = generation.saturating_add(1);
+        let mark = mark(generation);
         match self.shard(id).lock().events.get_mut(id) {
             Some(v) if v.forwarded == mark => false,
             Some(v) => {
@@ -271,7 +312,7 @@ impl VerifiedSet {
     /// would not have been forwarded anyway. `None` (not remembered, not claimed, or claimed
     /// by an earlier forwarder) means: parse and check the copy as usual.
     pub fn forwarded_copy(&self, id: &EventId, generation: u64) -> Option<EventSummary> {
-        let mark = generation.saturating_add(1);
+        let mark = mark(generation);
         match self.shard(id).lock().events.get(id) {
             Some(v) if v.forwarded == mark => Some(v.summary),
             _ => None,
@@ -454,6 +495,46 @@ mod tests {
         assert_eq!(v.len(), 64);
         assert!(!v.is_empty());
         assert_eq!(VerifiedSet::default().capacity(), VERIFIED_REMEMBERED);
+    }
+
+    #[test]
+    fn a_lookup_by_id_touches_one_small_map_entry() {
+        // `forwarded_copy` reads only the map entry: key and `Hot` within 88 bytes.
+        assert!(std::mem::size_of::<(EventId, Hot)>() <= 88);
+        assert_eq!(std::mem::size_of::<Cold>(), 128);
+    }
+
+    #[test]
+    fn a_full_shard_reuses_the_oldest_slot_and_keeps_every_other_event_whole() {
+        let v = VerifiedSet::with_shards(3, 1);
+        let id = |b: u8| EventId::from_byte_array([b; 32]);
+        for b in 1..=3 {
+            v.insert(id(b), sig(b), raw(b), summary(u64::from(b)));
+        }
+        assert!(v.claim_forward(&id(2), 0));
+        // Updating a remembered event takes no slot.
+        assert!(v.insert(id(3), sig(30), raw(30), summary(30)));
+        assert_eq!(v.len(), 3);
+        assert!(v.contains(&id(1), &sig(1)));
+        // Two more: 1 and 2 (the oldest) are forgotten, 3 keeps its update.
+        v.insert(id(4), sig(4), raw(4), summary(4));
+        v.insert(id(5), sig(5), raw(5), summary(5));
+        assert_eq!(v.len(), 3);
+        assert_eq!(v.known(&id(1), &sig(1), &raw(1)), Known::No);
+        assert_eq!(
+            v.forwarded_copy(&id(2), 0),
+            None,
+            "forgotten with its claim"
+        );
+        assert_eq!(v.known(&id(3), &sig(30), &raw(30)), Known::SameBytes);
+        assert_eq!(v.known(&id(4), &sig(4), &raw(4)), Known::SameBytes);
+        assert_eq!(v.known(&id(5), &sig(5), &raw(9)), Known::SameSignature);
+        assert!(v.claim_forward(&id(5), 0));
+        assert_eq!(v.forwarded_copy(&id(5), 0), Some(summary(5)));
+        // And round the ring again: 3 is now the oldest.
+        v.insert(id(6), sig(6), raw(6), summary(6));
+        assert!(!v.contains(&id(3), &sig(30)));
+        assert!((4..=6).all(|b| v.contains(&id(b), &sig(b))));
     }
 
     #[test]
