@@ -696,12 +696,29 @@ fn historic_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
     ];
     let spreads = sizes.spread.map_or(vec![1, 3], |s| vec![s]);
     for per_repo in spreads {
+        // The floor for this run: measured right before and right after it (the host's speed
+        // drifts by tens of percent over hours here; a floor read a minute earlier made the
+        // ratio swing with it).
+        let before = verify_cost(&history.comments);
         let h = historic(&history, sizes.relays, per_repo);
+        let after = verify_cost(&history.comments);
+        let verify = (before + after) / 2.0;
         let label = format!(
             "historic, {} ev, {} relays, repo on {per_repo}",
             number(h.unique as f64),
             sizes.relays
         );
+        figures.push(Figure::new(
+            format!("{label}: verify floor around the run, CPU per 1k"),
+            verify * 1e6,
+            "ms",
+            Budget::None,
+        ));
+        notes.push(format!(
+            "{label}: verify floor before and after the run: {:.1} and {:.1} ms per 1k",
+            before * 1e6,
+            after * 1e6
+        ));
         let cpu_per_event = h.engine_cpu / h.unique as f64;
         figures.push(Figure::new(
             format!("{label}: unique ev/s"),
