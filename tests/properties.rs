@@ -463,6 +463,46 @@ proptest! {
         }
     }
 
+    /// The `OK` fast path reads exactly what the JSON parser reads, whenever it reads at all;
+    /// and it reads the compact shape relays send.
+    #[test]
+    fn the_ok_fast_path_reads_what_the_parser_reads(
+        id in prop_oneof![3 => "[0-9a-f]{64}", 1 => "[0-9a-fA-F]{64}", 1 => "[0-9a-f]{63}"],
+        gap in prop_oneof![Just(""), Just(" ")],
+        accepted in prop_oneof![Just("true"), Just("false"), Just("1"), Just("tru")],
+        message in "\\PC{0,12}|[a-z: \\\\\"\\]\\[]{0,12}",
+        tail in prop_oneof![Just("]"), Just("]]"), Just(",1]"), Just("] "), Just("")],
+    ) {
+        use grasp_sync::core::message::{parse_ok_frame, parse_relay_frame, Incoming};
+        // The message as a JSON string (escaped as serde_json writes it), or raw.
+        for quoted in [serde_json::to_string(&message).unwrap(), format!("\"{message}\"")] {
+            let text = format!("[\"OK\",{gap}\"{id}\",{accepted},{quoted}{tail}");
+            let fast = parse_ok_frame(&text);
+            if let Some((event_id, ok, msg)) = fast {
+                match parse_relay_frame(&text) {
+                    Ok(Incoming::Ok { event_id: e, accepted: a, message: m }) => {
+                        prop_assert_eq!((event_id, ok, msg.to_string()), (e, a, m), "{}", text);
+                    }
+                    other => prop_assert!(false, "fast path read {} the parser read as {:?}", text, other),
+                }
+            }
+            let compact = gap.is_empty()
+                && tail == "]"
+                && (accepted == "true" || accepted == "false")
+                && id.len() == 64
+                && !id.chars().any(|c| c.is_ascii_uppercase())
+                && quoted == format!("\"{message}\"")
+                && !message.chars().any(|c| c == '"' || c == '\\' || c < ' ');
+            prop_assert_eq!(fast.is_some(), compact, "{}", text);
+        }
+    }
+
+    /// The `OK` fast path takes any text.
+    #[test]
+    fn the_ok_fast_path_takes_any_text(text in "\\PC{0,90}|\\[\"OK\",\"[0-9a-f\"]{0,70}\\PC{0,12}") {
+        let _ = grasp_sync::core::message::parse_ok_frame(&text);
+    }
+
     /// The reading of a claimed id takes any text.
     #[test]
     fn the_claimed_id_reader_takes_any_text(text in "\\PC{0,80}|\\{\"id\":\"[0-9a-f\"]{0,70}\\PC{0,4}") {

@@ -172,16 +172,23 @@ pub fn split_event_frame(text: &str) -> Option<(&str, &str)> {
 /// ```
 pub fn claimed_id(raw: &str) -> Option<EventId> {
     const PREFIX: &[u8] = b"{\"id\":\"";
-    let bytes = raw.as_bytes();
-    let hex = bytes.strip_prefix(PREFIX)?;
+    let hex = raw.as_bytes().strip_prefix(PREFIX)?;
     if hex.get(64) != Some(&b'"') {
+        return None;
+    }
+    hex_id(&hex[..64])
+}
+
+/// 64 lowercase hex digits as an id.
+fn hex_id(hex: &[u8]) -> Option<EventId> {
+    if hex.len() != 64 {
         return None;
     }
     // Branch-free: every frame of a copy passes here, so the digits are looked up in a
     // table and checked once at the end.
     let mut id = [0u8; 32];
     let mut bad = 0u8;
-    for (byte, pair) in id.iter_mut().zip(hex[..64].chunks_exact(2)) {
+    for (byte, pair) in id.iter_mut().zip(hex.chunks_exact(2)) {
         let (hi, lo) = (
             HEX_DIGIT[usize::from(pair[0])],
             HEX_DIGIT[usize::from(pair[1])],
@@ -190,6 +197,35 @@ pub fn claimed_id(raw: &str) -> Option<EventId> {
         *byte = hi << 4 | (lo & 0x0f);
     }
     (bad & 0xf0 == 0).then(|| EventId::from_byte_array(id))
+}
+
+/// An `OK` answer in the compact shape relays send,
+/// `["OK","<64 lowercase hex>",true|false,"<message>"]` with a message free of escapes and
+/// control characters, read without the JSON parser (the forwarder reads one per event it
+/// writes). `None` for any other text, which [`parse_relay_frame`] then reads: for every
+/// text this accepts, that returns the same id, verdict and message.
+///
+/// ```
+/// use grasp_sync::core::message::parse_ok_frame;
+/// let id = "ab".repeat(32);
+/// let (got, accepted, message) = parse_ok_frame(&format!("[\"OK\",\"{id}\",true,\"\"]")).unwrap();
+/// assert_eq!((got.to_hex(), accepted, message), (id.clone(), true, ""));
+/// assert!(parse_ok_frame(&format!("[\"OK\", \"{id}\",true,\"\"]")).is_none());
+/// assert!(parse_ok_frame(&format!("[\"OK\",\"{id}\",false,\"a \\\"quote\\\"\"]")).is_none());
+/// ```
+pub fn parse_ok_frame(text: &str) -> Option<(EventId, bool, &str)> {
+    let rest = text.strip_prefix("[\"OK\",\"")?;
+    let id = hex_id(rest.as_bytes().get(..64)?)?;
+    let rest = rest.get(64..)?.strip_prefix("\",")?;
+    let (accepted, rest) = match rest.strip_prefix("true") {
+        Some(rest) => (true, rest),
+        None => (false, rest.strip_prefix("false")?),
+    };
+    let message = rest.strip_prefix(",\"")?.strip_suffix("\"]")?;
+    if message.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        return None;
+    }
+    Some((id, accepted, message))
 }
 
 /// The value of each lowercase hex digit; `0xff` for every other byte.

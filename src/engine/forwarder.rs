@@ -27,9 +27,9 @@ use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::escape_for_log;
-use crate::core::message::{parse_relay_frame, Incoming};
+use crate::core::message::{parse_ok_frame, parse_relay_frame, Incoming};
 use crate::core::sync::Report;
-use crate::core::time::Clock;
+use crate::core::time::{Clock, Time};
 use crate::engine::connection::{auth_message, write_text, ForwardItem, MAX_RELAY_TEXT};
 use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
@@ -442,6 +442,8 @@ impl Forwarder {
             // (one system call for the batch, not one per OK).
             let mut more = false;
             let mut frames = 0;
+            // One reading for the frames of this turn (they are read without blocking).
+            let read_at = self.clock.now();
             loop {
                 if frames == READ_BATCH {
                     more = true;
@@ -451,7 +453,7 @@ impl Forwarder {
                     Ok(Message::Text(text)) => {
                         frames += 1;
                         keepalive.on_activity();
-                        self.handle_text(text.as_str(), queue, &mut auth, socket);
+                        self.handle_text(text.as_str(), queue, &mut auth, socket, read_at);
                     }
                     Ok(Message::Close(_)) => {
                         warn!("forwarder: the own relay closed the connection");
@@ -592,54 +594,68 @@ impl Forwarder {
         }
     }
 
+    /// The own relay's answer to one write. `now` is read once per turn of reads.
+    fn on_ok_frame(
+        &self,
+        event_id: nostr::event::EventId,
+        accepted: bool,
+        message: &str,
+        queue: &mut ForwardQueue,
+        auth: &mut AuthState,
+        now: Time,
+    ) {
+        match auth.on_ok(&event_id, accepted, message) {
+            Some(AuthOutcome::Authenticated { .. }) => {
+                let who = self
+                    .auth_keys
+                    .as_ref()
+                    .map(|k| k.public_key().to_hex())
+                    .unwrap_or_default();
+                info!("forwarder: authenticated to the own relay (NIP-42) as {who}");
+                return;
+            }
+            Some(AuthOutcome::Failed { reason, .. }) => {
+                warn!("forwarder: the own relay refused our NIP-42 AUTH ({reason:?}); its auth-required answers count as rejections on this connection");
+                return;
+            }
+            None => {}
+        }
+        let sent = queue.sent_at(&event_id);
+        let outcome = if !accepted
+            && is_auth_required(message)
+            && auth.on_write_auth_required(now) == WriteAction::Retry
+        {
+            queue.requeue_auth_required(event_id)
+        } else {
+            queue.on_ok(event_id, accepted, message, now)
+        };
+        if let (Some(sent), OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)) =
+            (sent, &outcome)
+        {
+            self.metrics.forward.ok_latency.observe(now.since(sent));
+        }
+        self.ok_outcome(event_id, message, outcome);
+    }
+
     fn handle_text(
         &self,
         text: &str,
         queue: &mut ForwardQueue,
         auth: &mut AuthState,
         socket: &mut ws::Socket,
+        now: Time,
     ) {
+        // One `OK` per event written: most are read without the JSON parser.
+        if let Some((event_id, accepted, message)) = parse_ok_frame(text) {
+            self.on_ok_frame(event_id, accepted, message, queue, auth, now);
+            return;
+        }
         match parse_relay_frame(text) {
             Ok(Incoming::Ok {
                 event_id,
                 accepted,
                 message,
-            }) => {
-                match auth.on_ok(&event_id, accepted, &message) {
-                    Some(AuthOutcome::Authenticated { .. }) => {
-                        let who = self
-                            .auth_keys
-                            .as_ref()
-                            .map(|k| k.public_key().to_hex())
-                            .unwrap_or_default();
-                        info!("forwarder: authenticated to the own relay (NIP-42) as {who}");
-                        return;
-                    }
-                    Some(AuthOutcome::Failed { reason, .. }) => {
-                        warn!("forwarder: the own relay refused our NIP-42 AUTH ({reason:?}); its auth-required answers count as rejections on this connection");
-                        return;
-                    }
-                    None => {}
-                }
-                let now = self.clock.now();
-                let sent = queue.sent_at(&event_id);
-                let outcome = if !accepted
-                    && is_auth_required(&message)
-                    && auth.on_write_auth_required(now) == WriteAction::Retry
-                {
-                    queue.requeue_auth_required(event_id)
-                } else {
-                    queue.on_ok(event_id, accepted, &message, now)
-                };
-                if let (
-                    Some(sent),
-                    OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_),
-                ) = (sent, &outcome)
-                {
-                    self.metrics.forward.ok_latency.observe(now.since(sent));
-                }
-                self.ok_outcome(event_id, &message, outcome);
-            }
+            }) => self.on_ok_frame(event_id, accepted, &message, queue, auth, now),
             Ok(Incoming::Notice(n)) => info!(
                 "own relay NOTICE (forwarder): {}",
                 escape_for_log(&n, MAX_RELAY_TEXT)
