@@ -208,7 +208,8 @@ fn hex_id(hex: &[u8]) -> Option<EventId> {
 /// ```
 /// use grasp_sync::core::message::parse_ok_frame;
 /// let id = "ab".repeat(32);
-/// let (got, accepted, message) = parse_ok_frame(&format!("[\"OK\",\"{id}\",true,\"\"]")).unwrap();
+/// let frame = format!("[\"OK\",\"{id}\",true,\"\"]");
+/// let (got, accepted, message) = parse_ok_frame(&frame).unwrap();
 /// assert_eq!((got.to_hex(), accepted, message), (id.clone(), true, ""));
 /// assert!(parse_ok_frame(&format!("[\"OK\", \"{id}\",true,\"\"]")).is_none());
 /// assert!(parse_ok_frame(&format!("[\"OK\",\"{id}\",false,\"a \\\"quote\\\"\"]")).is_none());
