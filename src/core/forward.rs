@@ -16,14 +16,14 @@
 //!   own relay may now accept it); never retried blindly, never remembered as done.
 //! * no `OK` within the deadline, or the connection drops → re-queued and sent again.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use log::{debug, info};
 use nostr::event::EventId;
 
-use crate::core::dedup::RecentIds;
+use crate::core::dedup::{IdMap, IdSet, RecentIds};
 use crate::core::time::Time;
 
 /// Limits of the forward queue.
@@ -150,16 +150,16 @@ struct InFlight {
 pub struct ForwardQueue {
     limits: ForwardLimits,
     queue: VecDeque<(EventId, Arc<str>)>,
-    queued: HashSet<EventId>,
-    in_flight: HashMap<EventId, InFlight>,
+    queued: IdSet,
+    in_flight: IdMap<InFlight>,
     stored: RecentIds,
-    rejected: HashMap<EventId, Rejected>,
+    rejected: IdMap<Rejected>,
     rejected_order: VecDeque<EventId>,
     /// Rejected events chosen for a retry, moved into the queue as the backlog has room.
     retrying: VecDeque<(EventId, Arc<str>)>,
     rejected_bytes: usize,
     /// `error:` answers per event still being retried (bounded by the queue itself).
-    error_retries: HashMap<EventId, u8>,
+    error_retries: IdMap<u8>,
     paused_until: Option<Time>,
     counters: ForwardCounters,
 }
@@ -170,14 +170,14 @@ impl ForwardQueue {
         ForwardQueue {
             limits,
             queue: VecDeque::new(),
-            queued: HashSet::new(),
-            in_flight: HashMap::new(),
+            queued: IdSet::default(),
+            in_flight: IdMap::default(),
             stored: RecentIds::new(limits.remembered),
-            rejected: HashMap::new(),
+            rejected: IdMap::default(),
             rejected_order: VecDeque::new(),
             retrying: VecDeque::new(),
             rejected_bytes: 0,
-            error_retries: HashMap::new(),
+            error_retries: IdMap::default(),
             paused_until: None,
             counters: ForwardCounters::default(),
         }

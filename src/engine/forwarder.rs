@@ -9,7 +9,6 @@
 //! ordinary rejection.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +22,7 @@ use tungstenite::Message;
 use crate::core::auth::{
     is_auth_required, AuthLimits, AuthOutcome, AuthState, IgnoreReason, OnChallenge, WriteAction,
 };
+use crate::core::dedup::IdMap;
 use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
@@ -103,7 +103,7 @@ pub enum ForwarderControl {
 /// The byte admissions a forwarder holds. A clone (a restarted forwarder) starts empty: the
 /// old thread's admissions are released when its copy is dropped.
 #[derive(Debug, Default)]
-pub(crate) struct Admissions(RefCell<HashMap<EventId, ByteAdmission>>);
+pub(crate) struct Admissions(RefCell<IdMap<ByteAdmission>>);
 
 impl Clone for Admissions {
     fn clone(&self) -> Self {
@@ -112,7 +112,7 @@ impl Clone for Admissions {
 }
 
 impl std::ops::Deref for Admissions {
-    type Target = RefCell<HashMap<EventId, ByteAdmission>>;
+    type Target = RefCell<IdMap<ByteAdmission>>;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -597,7 +597,7 @@ impl Forwarder {
     /// The own relay's answer to one write. `now` is read once per turn of reads.
     fn on_ok_frame(
         &self,
-        event_id: nostr::event::EventId,
+        event_id: EventId,
         accepted: bool,
         message: &str,
         queue: &mut ForwardQueue,
