@@ -351,6 +351,13 @@ impl VerifiedSet {
         }
         let cold = Cold { id, sig, raw };
         let slot = if shard.ring.len() < self.per_shard {
+            if shard.ring.len() == shard.ring.capacity() {
+                // Doubling, but never past the bound.
+                let len = shard.ring.len();
+                shard
+                    .ring
+                    .reserve_exact(len.max(16).min(self.per_shard - len));
+            }
             shard.ring.push(cold);
             shard.ring.len() - 1
         } else {
@@ -650,6 +657,13 @@ mod tests {
         assert_eq!(v.known(&id(5), &sig(5), &raw(9)), Known::SameSignature);
         assert!(v.claim_forward(&id(5), 0));
         assert_eq!(v.forwarded_copy(&id(5), 0), Some(summary(5)));
+        // The ring grows to its bound, not past it.
+        let v20 = VerifiedSet::with_shards(20, 1);
+        for n in 0..30u8 {
+            v20.insert(id(n), sig(n), raw(n), summary(0));
+        }
+        assert_eq!(v20.len(), 20);
+        assert!(v20.shards[0].lock().ring.capacity() <= 20);
         // And round the ring again: 3 is now the oldest.
         v.insert(id(6), sig(6), raw(6), summary(6));
         assert!(!v.contains(&id(3), &sig(30)));

@@ -449,11 +449,17 @@ impl ConnectionThread {
         let mut negs: HashSet<String> = HashSet::new();
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
         // The clock is read once per frame: after the read (which may block). It is read
-        // again only where time may have passed since: a command was sent or handling a frame
-        // may have waited (`stale`). A copy dropped by its id (most frames of a historic
-        // sync) never waits.
+        // again, before the keep-alive and before the next read, wherever time may have
+        // passed since (`stale`, cleared only by the reading after a read): a command was
+        // sent, a frame other than a copy dropped by its id was handled (handling may wait
+        // for the forward pipeline, the coordinator or a write), a ping came (its pong is
+        // flushed next turn), a ping was written, held subscriptions were reported, or a
+        // flush had bytes left over. A copy dropped by its id (most frames of a historic
+        // sync) writes and waits for nothing.
         let mut now = self.clock.now();
         let mut stale = false;
+        // An earlier flush timed out with bytes left: the next one may wait too.
+        let mut unflushed = false;
         let mut keepalive = Keepalive::new(now, self.ping_interval, self.pong_timeout);
         // The read timeout in force.
         let mut tick = self.ws.tick;
@@ -566,11 +572,17 @@ impl ConnectionThread {
                 self.disconnected(generation, reason);
                 break SessionEnd::Lost;
             }
-            if let Err(e) = socket.flush() {
-                if !ws::is_timeout(&e) {
+            let had_unflushed = unflushed;
+            match socket.flush() {
+                Ok(()) => unflushed = false,
+                Err(e) if ws::is_timeout(&e) => unflushed = true,
+                Err(e) => {
                     self.disconnected(generation, format!("flush failed: {e}"));
                     break SessionEnd::Lost;
                 }
+            }
+            if had_unflushed || unflushed {
+                stale = true;
             }
             // 2. One frame (or a tick of silence). A quiet connection ticks less often
             // (idle CPU), never past its own deadlines.
@@ -634,7 +646,6 @@ impl ConnectionThread {
             // a ping in the past and give up on its pong too early.
             if stale {
                 now = self.clock.now();
-                stale = false;
             }
             match keepalive.poll(now) {
                 KeepaliveAction::Idle => {}
@@ -663,6 +674,8 @@ impl ConnectionThread {
                 if !self.release(generation, &mut subs, released) {
                     break SessionEnd::Stop;
                 }
+                // Reporting may have waited for the coordinator.
+                stale = true;
             }
         };
         if matches!(end, SessionEnd::Stop) {
