@@ -13,7 +13,7 @@ use crate::core::sync::SyncConfig;
 use crate::core::time::{Clock, SystemClock};
 use crate::error::Error;
 use crate::net::policy::{AddressPolicy, RelayPattern};
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 use crate::net::ws::WsOptions;
 
 /// Everything the engine needs. Build with [`Config::new`] and the setter methods.
@@ -497,7 +497,7 @@ mod auth_key_tests {
 
     #[test]
     fn debug_redacts_the_key() {
-        let c = Config::new(crate::net::url::RelayUrl::parse("ws://127.0.0.1:1").unwrap())
+        let c = Config::new(crate::shared::url::RelayUrl::parse("ws://127.0.0.1:1").unwrap())
             .auth_keys(Keys::parse(HEX).unwrap());
         let d = format!("{c:?}");
         assert!(d.contains("auth_keys: Some(<redacted>)"), "{d}");

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::net::url::UrlError;
+use crate::shared::url::UrlError;
 
 /// An error starting or stopping the engine.
 #[derive(Debug)]

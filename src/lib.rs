@@ -43,6 +43,7 @@ pub mod engine;
 pub mod error;
 pub mod net;
 pub mod ops;
+pub mod shared;
 
 /// Scriptable NIP-01 test relay (feature `testing`).
 #[cfg(feature = "testing")]
@@ -51,4 +52,4 @@ pub mod testing;
 pub use config::Config;
 pub use engine::{start, RelayStatus, Status, SyncHandle};
 pub use error::Error;
-pub use net::url::RelayUrl;
+pub use shared::url::RelayUrl;

@@ -7,7 +7,8 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use grasp_sync::net::nip11::{fetch, Nip11Error, RelayLimits};
+use grasp_sync::net::nip11::{fetch, Nip11Error};
+use grasp_sync::shared::RelayLimits;
 use grasp_sync::testing::TestRelay;
 use grasp_sync::RelayUrl;
 use serde_json::json;

@@ -12,7 +12,7 @@ use crate::core::state::{
     ConnectionStatus, PendingSyncIndex, RelaySyncIndex, RelaySyncNeeds, RepoSyncIndex,
     RepoSyncNeeds,
 };
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 /// New Layer-2/3 items one relay should start syncing, with their filters (no `since`).
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@
 use log::debug;
 use nostr::event::{Event, EventId, Kind};
 
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 /// Kind of a repository announcement.
 pub const KIND_REPO_ANNOUNCEMENT: u16 = 30617;

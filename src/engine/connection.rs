@@ -48,7 +48,7 @@ use crate::engine::Input;
 use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::pool;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
@@ -589,7 +589,7 @@ impl ConnectionThread {
             if stale {
                 now = self.clock.now();
             }
-            let want = keepalive.read_timeout(now, &self.ws.ticks(), auth.poll_timeout());
+            let want = keepalive.read_timeout(now, &ticks(&self.ws), auth.poll_timeout());
             if want != tick && ws::set_tick(&socket, want).is_ok() {
                 tick = want;
             }
@@ -1289,6 +1289,16 @@ impl ConnectionThread {
 /// handshake cannot keep it from three quarters of its time.
 fn pool_patience(timeout: Duration) -> Duration {
     timeout / 4
+}
+
+/// The relay loop's read timeouts from the websocket options.
+fn ticks(ws: &WsOptions) -> crate::core::keepalive::Ticks {
+    crate::core::keepalive::Ticks {
+        busy: ws.tick,
+        idle: ws.idle_tick,
+        quiet: ws.quiet_tick,
+        quiet_after: ws.quiet_after,
+    }
 }
 
 /// Spawns a relay thread named after the relay.

@@ -23,7 +23,7 @@ use crate::engine::forwarder::{Forwarder, ForwarderControl};
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::AddressPolicy;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 use crate::net::ws::SocketWaker;
 
 struct RelayThread {

@@ -33,7 +33,7 @@ use crate::core::time::{Clock, Time};
 use crate::engine::connection::{auth_message, write_text, ForwardItem, MAX_RELAY_TEXT};
 use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
 
 /// Name of the thread reading the own relay connection for the forwarder.

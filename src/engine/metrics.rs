@@ -8,7 +8,7 @@ use parking_lot::RwLock;
 
 use crate::core::dedup::VerifiedSet;
 use crate::core::forward::{admits, ForwardLimits};
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
 #[derive(Debug, Default)]

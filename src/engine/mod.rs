@@ -24,7 +24,7 @@ use crate::engine::coordinator::Coordinator;
 use crate::engine::forwarder::Forwarder;
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::error::Error;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 /// What the coordinator receives.
 #[derive(Debug)]

@@ -21,7 +21,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 /// Why an address is not public, or `None` for a public unicast address.
 ///

@@ -22,7 +22,7 @@ use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Connector, WebSocket};
 
 use crate::net::inbound::Inbound;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 /// A websocket to a relay.
 pub type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
@@ -206,7 +206,7 @@ pub struct WsOptions {
     /// Read timeout after the handshake while the connection is busy: the loop's tick.
     pub tick: Duration,
     /// The longer tick of a connection that has been quiet (no frame, no command) this long
-    /// (see [`crate::core::keepalive::read_timeout`]); a command then waits up to this long.
+    /// (the relay loop picks its tick from these three); a command then waits up to this long.
     /// At or below `tick`: no growth.
     pub idle_tick: Duration,
     /// The still longer tick of a connection quiet for `quiet_after` (at or below
@@ -259,16 +259,6 @@ impl Default for WsOptions {
 }
 
 impl WsOptions {
-    /// The loop's ticks ([`crate::core::keepalive::read_timeout`]).
-    pub fn ticks(&self) -> crate::core::keepalive::Ticks {
-        crate::core::keepalive::Ticks {
-            busy: self.tick,
-            idle: self.idle_tick,
-            quiet: self.quiet_tick,
-            quiet_after: self.quiet_after,
-        }
-    }
-
     /// The tungstenite configuration for these limits.
     pub fn websocket_config(&self) -> WebSocketConfig {
         WebSocketConfig::default()

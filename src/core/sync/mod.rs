@@ -55,8 +55,8 @@ use crate::core::state::{
     RelaySyncNeeds, RepoSyncIndex,
 };
 use crate::core::time::Time;
-use crate::net::nip11::RelayLimits;
-use crate::net::url::RelayUrl;
+use crate::shared::limits::RelayLimits;
+use crate::shared::url::RelayUrl;
 
 pub use persist::{
     with_item_budget, RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS,

@@ -15,7 +15,7 @@ use crate::core::nip34::{Announcement, SelfEventMeaning};
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{SyncConfig, SyncMachine};
 use crate::core::time::Time;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 fn url(s: &str) -> RelayUrl {
     RelayUrl::parse(s).unwrap()

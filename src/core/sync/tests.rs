@@ -12,7 +12,7 @@ use crate::core::state::ConnectionStatus;
 use crate::core::sync::world::{announcement, keys, repo};
 use crate::core::sync::{Command, Report, SubPurpose, SyncConfig, SyncMachine};
 use crate::core::time::Time;
-use crate::net::url::RelayUrl;
+use crate::shared::url::RelayUrl;
 
 const OWN: &str = "ws://own.example";
 
@@ -1139,7 +1139,7 @@ fn nip11_max_subscriptions_sets_the_budget() {
     s.own_connected();
     s.report(Report::Limits {
         relay: url(relay),
-        limits: crate::net::nip11::RelayLimits {
+        limits: crate::shared::limits::RelayLimits {
             max_subscriptions: Some(3),
             ..Default::default()
         },
@@ -1162,7 +1162,7 @@ fn reqs_are_split_below_nip11_max_message_length() {
     s.own_connected();
     s.report(Report::Limits {
         relay: url(relay),
-        limits: crate::net::nip11::RelayLimits {
+        limits: crate::shared::limits::RelayLimits {
             max_message_length: Some(2000),
             ..Default::default()
         },

@@ -31,8 +31,8 @@ use crate::core::paging::PageStats;
 use crate::core::sync::reconcile::{hex_decode, hex_encode};
 use crate::core::sync::{Command, Report, SyncConfig, SyncMachine};
 use crate::core::time::Time;
-use crate::net::nip11::RelayLimits;
-use crate::net::url::RelayUrl;
+use crate::shared::limits::RelayLimits;
+use crate::shared::url::RelayUrl;
 
 /// How a fake relay answers NEG-OPEN / NEG-MSG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
