@@ -41,6 +41,28 @@ pub fn is_auth_required(message: &str) -> bool {
     message.trim_start().starts_with(AUTH_REQUIRED)
 }
 
+/// Signs the NIP-42 AUTH event (kind 22242, tags `relay` and `challenge`, dated `now`) for
+/// `relay` with `keys` and returns its id and the `["AUTH", event]` frame. Used by every
+/// connection that answers challenges (remote relays, the own relay's self-subscription and
+/// the forwarder).
+pub fn auth_event(
+    keys: &nostr::key::Keys,
+    relay: &crate::shared::url::RelayUrl,
+    challenge: &str,
+    now: Time,
+) -> Result<(EventId, String), String> {
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    use nostr::message::ClientMessage;
+    let tag = |name: &str, value: &str| Tag::parse([name, value]).map_err(|e| e.to_string());
+    let event = EventBuilder::new(Kind::Authentication, "")
+        .tag(tag("relay", relay.as_str())?)
+        .tag(tag("challenge", challenge)?)
+        .custom_created_at(now.timestamp())
+        .finalize(keys)
+        .map_err(|e| e.to_string())?;
+    Ok((event.id, ClientMessage::auth(event).as_json()))
+}
+
 /// Limits and deadlines of [`AuthState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuthLimits {

@@ -64,6 +64,11 @@ impl Keepalive {
         self.last_work = self.last_work.max(now);
     }
 
+    /// When work (a frame other than keep-alive traffic, or a command) last came.
+    pub fn last_work(&self) -> Time {
+        self.last_work
+    }
+
     /// How long the loop may block in its next read at `now` ([`read_timeout`] from the last
     /// work, never past this connection's deadlines nor `other`, e.g. a NIP-42 deadline).
     pub fn read_timeout(&self, now: Time, ticks: &Ticks, other: Option<Time>) -> Duration {
@@ -98,6 +103,38 @@ impl Keepalive {
             Some(since) => ping.min(since.plus(self.pong_timeout)),
             None => ping,
         }
+    }
+}
+
+/// Pings a peer while a connection loop is blocked elsewhere and reads nothing (a relay
+/// thread waiting for room in the forward pipeline): a ping every `interval` counted from the
+/// first call, so a relay that cuts idle connections keeps us during a long own-relay outage.
+/// No pong is awaited meanwhile (nothing is read); the connection's [`Keepalive`] takes over
+/// when reading resumes.
+#[derive(Debug, Clone)]
+pub struct BlockedPinger {
+    interval: Duration,
+    last: Option<Time>,
+}
+
+impl BlockedPinger {
+    /// Starts counting at the first [`BlockedPinger::due`].
+    #[must_use]
+    pub fn new(interval: Duration) -> BlockedPinger {
+        BlockedPinger {
+            interval,
+            last: None,
+        }
+    }
+
+    /// Whether a ping is due at `now` (and counts it as sent).
+    pub fn due(&mut self, now: Time) -> bool {
+        let since = *self.last.get_or_insert(now);
+        if now.since(since) >= self.interval {
+            self.last = Some(now);
+            return true;
+        }
+        false
     }
 }
 

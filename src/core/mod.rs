@@ -15,6 +15,7 @@ pub mod keepalive;
 pub mod message;
 pub mod nip34;
 pub mod paging;
+pub mod session;
 pub mod state;
 pub mod sync;
 pub mod time;

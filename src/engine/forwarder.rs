@@ -30,7 +30,9 @@ use crate::core::message::escape_for_log;
 use crate::core::message::{parse_ok_frame, parse_relay_frame, Incoming};
 use crate::core::sync::Report;
 use crate::core::time::{Clock, Time};
-use crate::engine::connection::{auth_message, write_text, ForwardItem, MAX_RELAY_TEXT};
+use crate::core::auth::auth_event;
+use crate::core::session::MAX_RELAY_TEXT;
+use crate::engine::connection::{write_text, ForwardItem};
 use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
 use crate::shared::url::RelayUrl;
@@ -573,7 +575,7 @@ impl Forwarder {
                 let Some(keys) = &self.auth_keys else {
                     return;
                 };
-                match auth_message(keys, &self.url, &challenge) {
+                match auth_event(keys, &self.url, &challenge, now) {
                     Ok((id, text)) => {
                         debug!("forwarder: answering the own relay's AUTH challenge ({id})");
                         auth.auth_sent(id, now);

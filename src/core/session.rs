@@ -1,0 +1,1291 @@
+//! [`RelaySession`]: every decision about one relay's connection, sans-IO.
+//!
+//! The relay thread (`engine::connection`) owns the socket, the clock and the blocking
+//! hand-overs; it feeds the session what happened and carries out what the session asks for,
+//! the way `quinn-proto`'s `Connection` is driven by `quinn`:
+//!
+//! * **in:** [`RelaySession::on_connected`] and the other connection events, a coordinator
+//!   command ([`RelaySession::handle_command`]), a frame read from the socket
+//!   ([`RelaySession::handle_frame`]), and [`RelaySession::handle_timeout`] when
+//!   [`RelaySession::poll_timeout`] has passed — each with `now`;
+//! * **out:** frames to write ([`RelaySession::poll_transmit`]), reports for the coordinator
+//!   ([`RelaySession::poll_report`]), an event for the forwarder (returned by
+//!   [`RelaySession::handle_frame`] as [`FrameOutcome::Forward`]), whether the connection
+//!   ended ([`RelaySession::is_open`]), and counters ([`RelaySession::counters`]) that the
+//!   thread publishes.
+//!
+//! It performs no I/O and reads no clock, so each decision has a unit test in simulated time
+//! (below, and the table in `docs/architecture.md`).
+//!
+//! One session lives as long as its relay thread and spans its connections: what must
+//! outlive one connection (whether the NIP-11 limits are known, which oversized events were
+//! already logged, the counters) stays; the subscriptions, NIP-77 sessions, NIP-42 state and
+//! keep-alive of a connection start fresh at [`RelaySession::on_connected`].
+//!
+//! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
+//! connection is never sent on a later one.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::{debug, info, trace, warn};
+use nostr::event::{Event, EventId};
+use nostr::filter::{Filter, MatchEventOptions};
+use nostr::key::Keys;
+use nostr::message::{ClientMessage, SubscriptionId};
+
+use crate::core::auth::{
+    auth_event, AuthLimits, AuthOutcome, AuthState, ClosedAction, Held, IgnoreReason, OnChallenge,
+};
+use crate::core::dedup::VerifiedSet;
+use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction, Ticks};
+use crate::core::message::{
+    check_parsed_cached, claimed_id, escape_for_log, parse_event, parse_relay_frame,
+    split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
+};
+use crate::core::paging::PageStats;
+use crate::core::sync::Report;
+use crate::core::time::Time;
+use crate::shared::limits::RelayLimits;
+use crate::shared::url::RelayUrl;
+
+/// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
+pub const MAX_RELAY_TEXT: usize = 300;
+
+/// `(created_at, id)` pairs one own-relay query collects at most (`Control::CollectIds`);
+/// beyond, the report says `truncated` and the reconciliation falls back.
+pub const MAX_COLLECTED_IDS: usize = 200_000;
+
+/// Ids of oversized events one session remembers (so each is counted and logged once).
+pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
+
+/// Commands from the coordinator to a relay thread.
+///
+/// `Connect`, `Shutdown` and `Panic` are the thread's (they open or end connections); the
+/// others are the session's ([`RelaySession::handle_command`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Control {
+    /// Open a connection tagged `generation` (closing any open one first).
+    Connect {
+        /// Generation.
+        generation: u64,
+    },
+    /// Send a REQ with one filter.
+    Subscribe {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// Filter.
+        filter: Box<Filter>,
+    },
+    /// Send a CLOSE.
+    Unsubscribe {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+    },
+    /// Send a REQ whose events are only counted as `(created_at, id)` (the own relay's side
+    /// of a NIP-77 reconciliation): reported as `Report::OwnIds` at EOSE.
+    CollectIds {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Subscription id.
+        sub_id: SubscriptionId,
+        /// Filter.
+        filter: Box<Filter>,
+    },
+    /// Send `NEG-OPEN` (NIP-77).
+    NegOpen {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+        /// Filter.
+        filter: Box<Filter>,
+        /// Initial message, hex.
+        message: String,
+    },
+    /// Send `NEG-MSG`.
+    NegMsg {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+        /// Message, hex.
+        message: String,
+    },
+    /// Send `NEG-CLOSE`.
+    NegClose {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// Negentropy subscription id.
+        sub_id: SubscriptionId,
+    },
+    /// Close and end the thread.
+    Shutdown,
+    /// Test hook: panic in the relay thread (to test that the coordinator restarts it).
+    #[cfg(feature = "testing")]
+    Panic,
+}
+
+/// Why a connection failed or ended. [`fmt::Display`] gives the log text, [`Disconnect::label`]
+/// a stable name for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Disconnect {
+    /// The host name did not resolve (the resolver's error).
+    Resolve(String),
+    /// TCP connect failed or timed out for every address (the socket error).
+    Tcp(String),
+    /// The TLS or websocket handshake failed (what failed).
+    Handshake(String),
+    /// The connect deadline passed during the handshakes.
+    ConnectTimeout,
+    /// Writing a frame failed (the socket error).
+    Write(String),
+    /// Reading failed: the socket or the websocket protocol (the error).
+    Read(String),
+    /// The relay sent a websocket close frame.
+    ClosedByRelay {
+        /// The close code, if the frame had one.
+        code: Option<u16>,
+        /// The close reason (escaped, bounded).
+        reason: String,
+    },
+    /// No pong (nor any other frame) arrived before the keep-alive deadline.
+    NoPong,
+}
+
+impl Disconnect {
+    /// Every label, in a fixed order (for metrics).
+    pub const LABELS: [&'static str; 8] = [
+        "resolve",
+        "tcp",
+        "handshake",
+        "connect_timeout",
+        "write",
+        "read",
+        "closed_by_relay",
+        "no_pong",
+    ];
+
+    /// A stable lowercase name for metrics and status.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Disconnect::Resolve(_) => "resolve",
+            Disconnect::Tcp(_) => "tcp",
+            Disconnect::Handshake(_) => "handshake",
+            Disconnect::ConnectTimeout => "connect_timeout",
+            Disconnect::Write(_) => "write",
+            Disconnect::Read(_) => "read",
+            Disconnect::ClosedByRelay { .. } => "closed_by_relay",
+            Disconnect::NoPong => "no_pong",
+        }
+    }
+}
+
+impl fmt::Display for Disconnect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Disconnect::Resolve(e) => write!(f, "cannot resolve host: {e}"),
+            Disconnect::Tcp(e) => write!(f, "TCP connect failed: {e}"),
+            Disconnect::Handshake(e) => write!(f, "handshake failed: {e}"),
+            Disconnect::ConnectTimeout => write!(f, "connect deadline passed during the handshake"),
+            Disconnect::Write(e) => write!(f, "write failed: {e}"),
+            Disconnect::Read(e) => write!(f, "read failed: {e}"),
+            Disconnect::ClosedByRelay { code, reason } => match code {
+                Some(code) if reason.is_empty() => write!(f, "closed by the relay (code {code})"),
+                Some(code) => write!(f, "closed by the relay (code {code}: {reason})"),
+                None => write!(f, "closed by the relay"),
+            },
+            Disconnect::NoPong => write!(f, "no pong before the deadline"),
+        }
+    }
+}
+
+/// What the NIP-11 request before a connect found, as the session needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitsFetch {
+    /// The relay published a document: its `limitation`.
+    Fetched(RelayLimits),
+    /// The relay could not be reached (connect, I/O, deadline): ask again next time.
+    Unreachable,
+    /// The relay answered without a usable document: keep the defaults, do not ask again.
+    NoDocument,
+}
+
+/// Where a session's checked events go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRole {
+    /// A remote relay: checked events go to the forwarder ([`FrameOutcome::Forward`]).
+    Remote,
+    /// The own relay's self-subscription: checked events go to the coordinator
+    /// ([`Report::SelfEvent`]).
+    Own,
+}
+
+/// Settings of one session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// The relay.
+    pub url: RelayUrl,
+    /// Where checked events go.
+    pub role: SessionRole,
+    /// Ping interval.
+    pub ping_interval: Duration,
+    /// Pong deadline.
+    pub pong_timeout: Duration,
+    /// Soft cap: a text frame above it is dropped and counted, the connection kept.
+    pub max_event_size: usize,
+    /// Key answering NIP-42 challenges (none: challenges are ignored).
+    pub auth_keys: Option<Keys>,
+    /// NIP-42 bounds and deadlines.
+    pub auth_limits: AuthLimits,
+}
+
+/// What the shared verified set knows, passed to [`RelaySession::handle_frame`]: the set of
+/// events verified by any relay thread, and the forwarder's epoch (it changes when the
+/// forwarder restarts, which voids every earlier hand-over claim).
+#[derive(Debug, Clone, Copy)]
+pub struct Verified<'a> {
+    /// Events verified recently, by any relay thread.
+    pub set: &'a VerifiedSet,
+    /// The forwarder's epoch (its restart count).
+    pub forward_epoch: u64,
+}
+
+/// A checked event of a remote relay on its way to the forwarder.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// Event id.
+    pub id: EventId,
+    /// The event's JSON exactly as the relay sent it.
+    pub raw: Arc<str>,
+    /// Fetched by `ids` after a NIP-77 reconciliation found the own relay without it: the
+    /// forwarder sends it even if it remembers an earlier `OK` for it.
+    pub missing: bool,
+}
+
+/// A frame read from the socket.
+#[derive(Debug, Clone, Copy)]
+pub enum Frame<'a> {
+    /// A text message.
+    Text(&'a str),
+    /// A binary message (relays send none).
+    Binary,
+    /// A ping (the websocket library queues its pong).
+    Ping,
+    /// A pong.
+    Pong,
+    /// A close frame: code and reason, if any.
+    Close(Option<(u16, &'a str)>),
+}
+
+/// What [`RelaySession::handle_frame`] made of a frame.
+#[derive(Debug, Clone)]
+#[must_use]
+pub enum FrameOutcome {
+    /// A remote relay's copy of an event already handed to the forwarder, recognised by its
+    /// id and dropped unparsed: nothing was queued and nothing waited.
+    DroppedCopy,
+    /// Handled; reports or frames to send may be queued.
+    Handled,
+    /// A checked event to hand to the forwarder.
+    Forward(Forward),
+}
+
+/// Something to write to the socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transmit {
+    /// A text frame.
+    Text(String),
+    /// A websocket ping.
+    Ping,
+}
+
+/// Counters of one session, kept as plain numbers; the relay thread publishes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionCounters {
+    /// EVENT messages received.
+    pub events_received: u64,
+    /// Events that passed every check (handed on).
+    pub events_accepted: u64,
+    /// Events with a bad id or signature, or not an event at all.
+    pub events_invalid: u64,
+    /// Valid events that do not match the subscription they arrived on.
+    pub events_unmatched: u64,
+    /// Events for a subscription not open.
+    pub events_unknown_subscription: u64,
+    /// Frames that are not NIP-01 messages (garbage, binary, unknown types).
+    pub garbage_frames: u64,
+    /// NOTICE messages.
+    pub notices: u64,
+    /// CLOSED messages.
+    pub closed: u64,
+    /// AUTH challenges.
+    pub auth_challenges: u64,
+    /// Connections established.
+    pub connects: u64,
+    /// Connections lost or failed.
+    pub disconnects: u64,
+    /// Frames above the soft size cap (each distinct event counted once).
+    pub oversized_frames: u64,
+    /// Schnorr signature checks done.
+    pub signature_checks: u64,
+    /// Events not handed to the forwarder because a copy already was.
+    pub copies_not_forwarded: u64,
+}
+
+/// The deadlines of a session, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// The next ping, or the pong deadline of the last one ([`Keepalive`]).
+    Keepalive,
+    /// The earliest deadline of a subscription held for NIP-42 ([`AuthState`]).
+    AuthHold,
+}
+
+impl Timer {
+    const ALL: [Timer; 2] = [Timer::Keepalive, Timer::AuthHold];
+}
+
+/// One deadline per [`Timer`] kind.
+#[derive(Debug, Clone, Copy, Default)]
+struct TimerTable {
+    data: [Option<Time>; 2],
+}
+
+impl TimerTable {
+    fn set(&mut self, timer: Timer, at: Option<Time>) {
+        self.data[timer as usize] = at;
+    }
+
+    fn next_timeout(&self) -> Option<Time> {
+        self.data.iter().flatten().min().copied()
+    }
+
+    fn is_expired(&self, timer: Timer, now: Time) -> bool {
+        self.data[timer as usize].is_some_and(|t| t <= now)
+    }
+}
+
+/// A subscription open on the connection.
+#[derive(Debug)]
+struct Sub {
+    filter: Filter,
+    /// What arrived before EOSE (for paging decisions).
+    stats: PageStats,
+    eose: bool,
+    /// A `CollectIds` query: `(created_at, id)` of its events, and whether the bound cut it.
+    ids: Option<(Vec<(u64, EventId)>, bool)>,
+}
+
+/// The state of one open connection.
+#[derive(Debug)]
+struct Connection {
+    generation: u64,
+    subs: HashMap<String, Sub>,
+    /// Open NIP-77 sessions (NEG-OPEN sent, no NEG-ERR/CLOSED/NEG-CLOSE yet).
+    negs: HashSet<String>,
+    auth: AuthState,
+    keepalive: Keepalive,
+}
+
+/// Every decision about one relay's connections. See the module documentation.
+#[derive(Debug)]
+pub struct RelaySession {
+    config: SessionConfig,
+    conn: Option<Connection>,
+    /// The NIP-11 limits were fetched, or the relay answered without a document.
+    limits_known: bool,
+    oversized_seen: HashSet<EventId>,
+    counters: SessionCounters,
+    timers: TimerTable,
+    transmits: VecDeque<Transmit>,
+    reports: VecDeque<Report>,
+}
+
+impl RelaySession {
+    /// A session with no connection yet.
+    #[must_use]
+    pub fn new(config: SessionConfig) -> RelaySession {
+        RelaySession {
+            config,
+            conn: None,
+            limits_known: false,
+            oversized_seen: HashSet::new(),
+            counters: SessionCounters::default(),
+            timers: TimerTable::default(),
+            transmits: VecDeque::new(),
+            reports: VecDeque::new(),
+        }
+    }
+
+    /// The relay.
+    pub fn url(&self) -> &RelayUrl {
+        &self.config.url
+    }
+
+    /// The counters so far (the thread publishes them).
+    pub fn counters(&self) -> &SessionCounters {
+        &self.counters
+    }
+
+    /// True while a connection is open (between [`RelaySession::on_connected`] and its end).
+    pub fn is_open(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// The generation of the open connection.
+    pub fn generation(&self) -> Option<u64> {
+        self.conn.as_ref().map(|c| c.generation)
+    }
+
+    // ----- NIP-11 -----
+
+    /// Whether the NIP-11 document should be asked for before the next connect: until it
+    /// was read, or the relay answered without one.
+    pub fn wants_limits(&self) -> bool {
+        !self.limits_known
+    }
+
+    /// The NIP-11 request's result: limits are reported (before `Connected`, so the first
+    /// REQs already use them); an unreachable relay is asked again on the next connect, one
+    /// that answered without a usable document keeps the defaults.
+    pub fn on_limits(&mut self, fetched: LimitsFetch) {
+        match fetched {
+            LimitsFetch::Fetched(limits) => {
+                debug!("{}: NIP-11 {limits:?}", self.config.url);
+                self.limits_known = true;
+                self.reports.push_back(Report::Limits {
+                    relay: self.config.url.clone(),
+                    limits,
+                });
+            }
+            LimitsFetch::NoDocument => self.limits_known = true,
+            LimitsFetch::Unreachable => {}
+        }
+    }
+
+    /// Marks the limits known without asking (NIP-11 requests are off).
+    pub fn skip_limits(&mut self) {
+        self.limits_known = true;
+    }
+
+    // ----- connection events -----
+
+    /// The engine refused to connect (address policy): reported; the coordinator then
+    /// forgets the relay.
+    pub fn on_refused(&mut self, generation: u64, reason: String) {
+        self.reports.push_back(Report::Refused {
+            relay: self.config.url.clone(),
+            generation,
+            reason,
+        });
+    }
+
+    /// A connect attempt of `generation` failed.
+    pub fn on_connect_failed(&mut self, generation: u64, cause: Disconnect) {
+        self.counters.disconnects += 1;
+        self.reports.push_back(Report::Disconnected {
+            relay: self.config.url.clone(),
+            generation,
+            reason: cause.to_string(),
+        });
+    }
+
+    /// The websocket of `generation` is open at `now`: a fresh connection state, reported.
+    pub fn on_connected(&mut self, generation: u64, now: Time) {
+        self.counters.connects += 1;
+        let has_key = self.config.auth_keys.is_some();
+        self.conn = Some(Connection {
+            generation,
+            subs: HashMap::new(),
+            negs: HashSet::new(),
+            auth: AuthState::new(has_key, self.config.auth_limits),
+            keepalive: Keepalive::new(now, self.config.ping_interval, self.config.pong_timeout),
+        });
+        self.transmits.clear();
+        self.update_timers();
+        self.reports.push_back(Report::Connected {
+            relay: self.config.url.clone(),
+            generation,
+        });
+    }
+
+    /// The open connection was lost (`cause`): reported, and its state forgotten.
+    pub fn on_lost(&mut self, cause: Disconnect) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        self.counters.disconnects += 1;
+        self.transmits.clear();
+        self.timers = TimerTable::default();
+        self.reports.push_back(Report::Disconnected {
+            relay: self.config.url.clone(),
+            generation: conn.generation,
+            reason: cause.to_string(),
+        });
+    }
+
+    /// The thread closes the connection itself (a new `Connect`, or shutdown): its state is
+    /// forgotten without a report.
+    pub fn on_closed_locally(&mut self) {
+        self.conn = None;
+        self.transmits.clear();
+        self.timers = TimerTable::default();
+    }
+
+    // ----- commands -----
+
+    /// A coordinator command at `now`. Commands of another generation than the open
+    /// connection's (or with none open) are dropped; so are the thread's own `Connect`,
+    /// `Shutdown` and `Panic`, which the thread handles before.
+    pub fn handle_command(&mut self, now: Time, command: Control) {
+        let url = &self.config.url;
+        let Some(conn) = self.conn.as_mut() else {
+            trace!("{url}: dropping {command:?} while disconnected");
+            return;
+        };
+        conn.keepalive.on_work(now);
+        let current = conn.generation;
+        let text = match command {
+            Control::Subscribe {
+                generation,
+                sub_id,
+                filter,
+            } if generation == current => Some(open_req(url, conn, sub_id, *filter, None)),
+            Control::CollectIds {
+                generation,
+                sub_id,
+                filter,
+            } if generation == current => Some(open_req(
+                url,
+                conn,
+                sub_id,
+                *filter,
+                Some((Vec::new(), false)),
+            )),
+            Control::NegOpen {
+                generation,
+                sub_id,
+                filter,
+                message,
+            } if generation == current => {
+                conn.negs.insert(sub_id.to_string());
+                let text = ClientMessage::neg_open(sub_id, *filter, message).as_json();
+                trace!("{url} <- {}", escape_for_log(&text, 200));
+                Some(text)
+            }
+            Control::NegMsg {
+                generation,
+                sub_id,
+                message,
+            } if generation == current => Some(
+                ClientMessage::NegMsg {
+                    subscription_id: std::borrow::Cow::Owned(sub_id),
+                    message: std::borrow::Cow::Owned(message),
+                }
+                .as_json(),
+            ),
+            Control::NegClose {
+                generation,
+                sub_id,
+            } if generation == current => conn.negs.remove(sub_id.as_str()).then(|| {
+                ClientMessage::NegClose {
+                    subscription_id: std::borrow::Cow::Owned(sub_id),
+                }
+                .as_json()
+            }),
+            Control::Unsubscribe {
+                generation,
+                sub_id,
+            } if generation == current => {
+                conn.subs.remove(sub_id.as_str());
+                conn.auth.forget(sub_id.as_str());
+                Some(ClientMessage::close(sub_id).as_json())
+            }
+            other => {
+                trace!("{url}: dropping stale {other:?}");
+                None
+            }
+        };
+        if let Some(text) = text {
+            self.transmits.push_back(Transmit::Text(text));
+        }
+        self.update_timers();
+    }
+
+    // ----- frames -----
+
+    /// A frame read at `now`. `verified` is the shared verified set (copies of events
+    /// verified before are not verified again; a remote relay's copy of an event already
+    /// handed to the forwarder is dropped by its id).
+    pub fn handle_frame(&mut self, now: Time, frame: Frame<'_>, verified: Verified<'_>) -> FrameOutcome {
+        let Some(conn) = self.conn.as_mut() else {
+            return FrameOutcome::Handled;
+        };
+        // Keep-alive traffic (the pong to our own ping) is not work: it keeps a quiet
+        // connection on its long tick.
+        conn.keepalive
+            .on_frame(now, matches!(frame, Frame::Ping | Frame::Pong));
+        let outcome = match frame {
+            Frame::Text(text) if text.len() > self.config.max_event_size => {
+                self.oversized(text);
+                FrameOutcome::Handled
+            }
+            Frame::Text(text) => self.handle_text(now, text, verified),
+            Frame::Binary => {
+                self.counters.garbage_frames += 1;
+                debug!("{}: ignoring a binary frame", self.config.url);
+                FrameOutcome::Handled
+            }
+            Frame::Ping | Frame::Pong => FrameOutcome::Handled,
+            Frame::Close(close) => {
+                let (code, reason) = match close {
+                    Some((code, reason)) => (Some(code), escape_for_log(reason, MAX_RELAY_TEXT)),
+                    None => (None, String::new()),
+                };
+                self.on_lost(Disconnect::ClosedByRelay { code, reason });
+                FrameOutcome::Handled
+            }
+        };
+        self.update_timers();
+        outcome
+    }
+
+    fn handle_text(&mut self, now: Time, text: &str, verified: Verified<'_>) -> FrameOutcome {
+        // Most frames are compact EVENT frames: the event is parsed once, without a pass of
+        // the JSON parser over the whole frame first. Any other shape, or JSON that is not
+        // one event, is read by `parse_relay_frame`.
+        if let Some((sub_id, raw)) = split_event_frame(text) {
+            if self.forwarded_copy(sub_id, raw, verified) {
+                return FrameOutcome::DroppedCopy;
+            }
+            if let Ok(event) = parse_event(raw) {
+                return self.on_event(sub_id, raw, event, verified);
+            }
+        }
+        let msg = match parse_relay_frame(text) {
+            Ok(m) => m,
+            Err(e) => {
+                self.counters.garbage_frames += 1;
+                debug!(
+                    "{}: unreadable frame ({e}): {}",
+                    self.config.url,
+                    escape_for_log(text, 120)
+                );
+                return FrameOutcome::Handled;
+            }
+        };
+        match msg {
+            Incoming::Event { sub_id, raw } => {
+                let raw = raw.get();
+                return match parse_event(raw) {
+                    Ok(event) => self.on_event(&sub_id, raw, event, verified),
+                    Err(e) => {
+                        self.malformed_event(&sub_id, &e);
+                        FrameOutcome::Handled
+                    }
+                };
+            }
+            Incoming::Eose(sub_id) => return self.on_eose(&sub_id),
+            Incoming::Closed { sub_id, message } => return self.on_closed(now, &sub_id, &message),
+            Incoming::Notice(text) => {
+                self.counters.notices += 1;
+                // Escaped and bounded: the core only needs to recognise rate-limit texts, and
+                // logs what it gets.
+                let message = escape_for_log(&text, MAX_RELAY_TEXT);
+                debug!("{}: NOTICE {message}", self.config.url);
+                let generation = self.current_generation();
+                self.reports.push_back(Report::Notice {
+                    relay: self.config.url.clone(),
+                    generation,
+                    message,
+                });
+            }
+            Incoming::Auth(challenge) => {
+                self.counters.auth_challenges += 1;
+                self.on_challenge(now, &challenge);
+            }
+            Incoming::Ok {
+                event_id,
+                accepted,
+                message,
+            } => {
+                let outcome = self
+                    .conn
+                    .as_mut()
+                    .and_then(|c| c.auth.on_ok(&event_id, accepted, &message));
+                match outcome {
+                    Some(outcome) => self.on_auth_outcome(outcome),
+                    None => debug!("{}: unexpected OK for {event_id}", self.config.url),
+                }
+            }
+            Incoming::NegMsg { sub_id, message } => {
+                let known = self.conn.as_ref().is_some_and(|c| c.negs.contains(&sub_id));
+                if !known {
+                    self.counters.garbage_frames += 1;
+                    debug!(
+                        "{}: NEG-MSG for unknown session {}; dropped",
+                        self.config.url,
+                        escape_for_log(&sub_id, 64)
+                    );
+                    return FrameOutcome::Handled;
+                }
+                let generation = self.current_generation();
+                self.reports.push_back(Report::NegMsg {
+                    relay: self.config.url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(sub_id),
+                    message,
+                });
+            }
+            Incoming::NegErr { sub_id, message } => {
+                let known = self.conn.as_mut().is_some_and(|c| c.negs.remove(&sub_id));
+                if !known {
+                    self.counters.garbage_frames += 1;
+                    debug!(
+                        "{}: NEG-ERR for unknown session {}; dropped",
+                        self.config.url,
+                        escape_for_log(&sub_id, 64)
+                    );
+                    return FrameOutcome::Handled;
+                }
+                let generation = self.current_generation();
+                self.reports.push_back(Report::NegErr {
+                    relay: self.config.url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(sub_id),
+                    message: escape_for_log(&message, MAX_RELAY_TEXT),
+                    closed: false,
+                });
+            }
+            Incoming::Other(kind) => {
+                self.counters.garbage_frames += 1;
+                debug!("{}: ignoring {kind:?} message", self.config.url);
+            }
+        }
+        FrameOutcome::Handled
+    }
+
+    fn current_generation(&self) -> u64 {
+        self.conn.as_ref().map_or(0, |c| c.generation)
+    }
+
+    /// EOSE: the subscription's history is complete. A `CollectIds` query reports what it
+    /// collected; any other reports what arrived before (for paging). A repeated EOSE, or
+    /// one for a subscription not open, is logged and dropped.
+    fn on_eose(&mut self, sub_id: &str) -> FrameOutcome {
+        let url = &self.config.url;
+        let Some(conn) = self.conn.as_mut() else {
+            return FrameOutcome::Handled;
+        };
+        let Some(sub) = conn.subs.get_mut(sub_id) else {
+            debug!(
+                "{url}: EOSE for unknown subscription {}",
+                escape_for_log(sub_id, 64)
+            );
+            return FrameOutcome::Handled;
+        };
+        if sub.eose {
+            debug!("{url}: repeated EOSE for {}", escape_for_log(sub_id, 64));
+            return FrameOutcome::Handled;
+        }
+        sub.eose = true;
+        let generation = conn.generation;
+        let report = match sub.ids.take() {
+            Some((items, truncated)) => Report::OwnIds {
+                generation,
+                sub_id: SubscriptionId::new(sub_id),
+                stats: sub.stats.clone(),
+                items,
+                truncated,
+            },
+            None => Report::Eose {
+                relay: url.clone(),
+                generation,
+                sub_id: SubscriptionId::new(sub_id),
+                stats: sub.stats.clone(),
+            },
+        };
+        self.reports.push_back(report);
+        FrameOutcome::Handled
+    }
+
+    /// CLOSED: a NIP-77 session's CLOSED is a NEG-ERR; a subscription closed with
+    /// `auth-required:` while NIP-42 may still help is held (not reported) until the relay
+    /// accepted us or the wait is over ([`AuthState::on_closed`]); any other is reported.
+    fn on_closed(&mut self, now: Time, sub_id: &str, message: &str) -> FrameOutcome {
+        self.counters.closed += 1;
+        let url = &self.config.url;
+        let Some(conn) = self.conn.as_mut() else {
+            return FrameOutcome::Handled;
+        };
+        // Relay-supplied text: escaped and capped before it reaches any log line.
+        let message = escape_for_log(message, MAX_RELAY_TEXT);
+        let shown = escape_for_log(sub_id, 64);
+        let generation = conn.generation;
+        if conn.negs.remove(sub_id) {
+            self.reports.push_back(Report::NegErr {
+                relay: url.clone(),
+                generation,
+                sub_id: SubscriptionId::new(sub_id),
+                message,
+                closed: true,
+            });
+            return FrameOutcome::Handled;
+        }
+        if conn.subs.contains_key(sub_id)
+            && conn.auth.on_closed(sub_id, &message, now) == ClosedAction::Hold
+        {
+            debug!("{url}: subscription {shown} held until authenticated: {message}");
+            return FrameOutcome::Handled;
+        }
+        if conn.subs.remove(sub_id).is_some() {
+            self.reports.push_back(Report::Closed {
+                relay: url.clone(),
+                generation,
+                sub_id: SubscriptionId::new(sub_id),
+                message,
+            });
+            return FrameOutcome::Handled;
+        }
+        debug!("{url}: CLOSED for unknown subscription {shown}: {message}");
+        FrameOutcome::Handled
+    }
+
+    /// Answers a NIP-42 challenge with a signed AUTH event when a key is configured.
+    fn on_challenge(&mut self, now: Time, challenge: &str) {
+        let url = &self.config.url;
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        match conn.auth.on_challenge(challenge, now) {
+            OnChallenge::Sign { challenge } => {
+                let Some(keys) = &self.config.auth_keys else {
+                    return;
+                };
+                match auth_event(keys, url, &challenge, now) {
+                    Ok((id, text)) => {
+                        debug!("{url}: answering the AUTH challenge ({id})");
+                        conn.auth.auth_sent(id, now);
+                        self.transmits.push_back(Transmit::Text(text));
+                    }
+                    Err(e) => {
+                        warn!("{url}: cannot sign the NIP-42 AUTH event: {e}");
+                        let released = conn.auth.sign_failed();
+                        self.release(released);
+                    }
+                }
+            }
+            OnChallenge::Ignore(IgnoreReason::NoKey) => info!(
+                "{url}: AUTH challenge received; no key is configured (see --nsec-file), ignoring it"
+            ),
+            OnChallenge::Ignore(other) => debug!("{url}: AUTH challenge ignored ({other:?})"),
+        }
+    }
+
+    /// The relay's `OK` to our AUTH event: held subscriptions are sent again, or released
+    /// (reported as closed) when the relay refused us.
+    fn on_auth_outcome(&mut self, outcome: AuthOutcome) {
+        let url = &self.config.url;
+        match outcome {
+            AuthOutcome::Authenticated { resend } => {
+                let who = self
+                    .config
+                    .auth_keys
+                    .as_ref()
+                    .map(|k| k.public_key().to_hex())
+                    .unwrap_or_default();
+                info!(
+                    "{url}: authenticated (NIP-42) as {who}; sending {} held subscription(s) again",
+                    resend.len()
+                );
+                let Some(conn) = self.conn.as_mut() else {
+                    return;
+                };
+                for sub_id in resend {
+                    let Some(sub) = conn.subs.get_mut(&sub_id) else {
+                        continue;
+                    };
+                    sub.stats = PageStats::default();
+                    sub.eose = false;
+                    if let Some(ids) = sub.ids.as_mut() {
+                        *ids = (Vec::new(), false);
+                    }
+                    let text =
+                        ClientMessage::req(SubscriptionId::new(sub_id), vec![sub.filter.clone()])
+                            .as_json();
+                    trace!("{url} <- {text}");
+                    self.transmits.push_back(Transmit::Text(text));
+                }
+            }
+            AuthOutcome::Failed { reason, release } => {
+                warn!(
+                    "{url}: the relay refused our NIP-42 AUTH ({reason:?}); not trying again on this connection, {} held subscription(s) reported as closed",
+                    release.len()
+                );
+                self.release(release);
+            }
+        }
+    }
+
+    /// Reports the `CLOSED` of held subscriptions that are still open.
+    fn release(&mut self, held: Vec<Held>) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        for h in held {
+            if conn.subs.remove(&h.sub_id).is_some() {
+                self.reports.push_back(Report::Closed {
+                    relay: self.config.url.clone(),
+                    generation: conn.generation,
+                    sub_id: SubscriptionId::new(h.sub_id),
+                    message: h.message,
+                });
+            }
+        }
+    }
+
+    /// A remote relay's copy of an event already verified and handed to the forwarder,
+    /// recognised by the id its JSON claims ([`claimed_id`]) before anything is parsed: it
+    /// is counted (received, not forwarded) and, before EOSE, counted for its page with what
+    /// paging needs of the verified event; the copy's bytes are not read. False (parse and
+    /// check the copy as usual) for the own relay, for reconciliation subscriptions (their
+    /// copies carry information or must be forwarded), for an unknown subscription and for
+    /// any event not verified and forwarded before.
+    fn forwarded_copy(&mut self, sub_id: &str, raw: &str, verified: Verified<'_>) -> bool {
+        if self.config.role != SessionRole::Remote {
+            return false;
+        }
+        let Some(id) = claimed_id(raw) else {
+            return false;
+        };
+        let Some(sub) = self.conn.as_mut().and_then(|c| c.subs.get_mut(sub_id)) else {
+            return false;
+        };
+        if sub.ids.is_some() || sub.filter.ids.is_some() {
+            return false;
+        }
+        let Some(summary) = verified.set.forwarded_copy(&id, verified.forward_epoch) else {
+            return false;
+        };
+        self.counters.events_received += 1;
+        // What the summary can tell (window, kinds, authors) is checked as for a parsed copy:
+        // a relay that ignores `since`/`until` must not fill a page with copies from
+        // outside the window.
+        if !summary_matches(&sub.filter, &summary) {
+            if !sub.eose {
+                sub.stats.record_rejected();
+            }
+            self.unmatched(sub_id);
+            return true;
+        }
+        self.counters.copies_not_forwarded += 1;
+        if !sub.eose {
+            sub.stats.record_summary(&summary);
+        }
+        trace!("{}: {id} already handed to the forwarder", self.config.url);
+        true
+    }
+
+    /// An EVENT frame's event, parsed from `raw` (its JSON as the relay sent it), on
+    /// subscription `sub_id`: checked (id, signature, filter) and handed on.
+    fn on_event(
+        &mut self,
+        sub_id: &str,
+        raw: &str,
+        event: Event,
+        verified: Verified<'_>,
+    ) -> FrameOutcome {
+        self.counters.events_received += 1;
+        let url = &self.config.url;
+        let Some(conn) = self.conn.as_mut() else {
+            return FrameOutcome::Handled;
+        };
+        let generation = conn.generation;
+        let Some(sub) = conn.subs.get_mut(sub_id) else {
+            self.counters.events_unknown_subscription += 1;
+            debug!(
+                "{url}: event for unknown subscription {}",
+                escape_for_log(sub_id, 64)
+            );
+            return FrameOutcome::Handled;
+        };
+        if let Some((items, truncated)) = sub.ids.as_mut() {
+            // The own relay's side of a reconciliation: only (created_at, id) of what it
+            // holds for the filter; no signature check, nothing forwarded.
+            if sub.eose {
+                return FrameOutcome::Handled;
+            }
+            if !sub.filter.match_event(&event, MatchEventOptions::new()) {
+                sub.stats.record_rejected();
+                return FrameOutcome::Handled;
+            }
+            sub.stats.record_event(&event);
+            if items.len() < MAX_COLLECTED_IDS {
+                items.push((event.created_at.as_secs(), event.id));
+            } else {
+                *truncated = true;
+            }
+            return FrameOutcome::Handled;
+        }
+        // A copy (from another relay, another filter, or the own relay reading back what the
+        // forwarder stored) has its id checked but not its signature again.
+        let checked = check_parsed_cached(&event, raw, &sub.filter, verified.set);
+        if matches!(
+            checked,
+            Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
+        ) {
+            self.counters.signature_checks += 1;
+        }
+        let checked = checked.map(|_| ());
+        if !sub.eose {
+            // Paging trusts only checked events inside the window.
+            match checked {
+                Ok(()) => sub.stats.record_event(&event),
+                Err(_) => sub.stats.record_rejected(),
+            }
+        }
+        match checked {
+            Ok(()) => {
+                self.counters.events_accepted += 1;
+                match self.config.role {
+                    SessionRole::Remote => {
+                        // Only a reconciliation's fetch asks a remote by `ids`: the own relay
+                        // was just found without the event, so it goes to the forwarder
+                        // whatever an earlier copy's claim says.
+                        let missing = sub.filter.ids.is_some();
+                        // Only one copy per forwarder epoch: it would drop the others.
+                        if !verified.set.claim_forward(&event.id, verified.forward_epoch)
+                            && !missing
+                        {
+                            self.counters.copies_not_forwarded += 1;
+                            trace!("{url}: {} already handed to the forwarder", event.id);
+                            return FrameOutcome::Handled;
+                        }
+                        FrameOutcome::Forward(Forward {
+                            id: event.id,
+                            raw: Arc::from(raw),
+                            missing,
+                        })
+                    }
+                    SessionRole::Own => {
+                        self.reports.push_back(Report::SelfEvent {
+                            generation,
+                            event: Box::new(event),
+                        });
+                        FrameOutcome::Handled
+                    }
+                }
+            }
+            Err(EventRejection::NotMatching) => {
+                self.unmatched(sub_id);
+                FrameOutcome::Handled
+            }
+            Err(e) => {
+                self.invalid_event(sub_id, &e);
+                FrameOutcome::Handled
+            }
+        }
+    }
+
+    /// An EVENT frame whose event JSON does not parse: counted for its subscription.
+    fn malformed_event(&mut self, sub_id: &str, e: &EventRejection) {
+        self.counters.events_received += 1;
+        let Some(sub) = self.conn.as_mut().and_then(|c| c.subs.get_mut(sub_id)) else {
+            self.counters.events_unknown_subscription += 1;
+            debug!(
+                "{}: event for unknown subscription {}",
+                self.config.url,
+                escape_for_log(sub_id, 64)
+            );
+            return;
+        };
+        if !sub.eose {
+            sub.stats.record_rejected();
+        }
+        self.invalid_event(sub_id, e);
+    }
+
+    /// A valid event that does not match the subscription it arrived on.
+    fn unmatched(&mut self, sub_id: &str) {
+        self.counters.events_unmatched += 1;
+        info!(
+            "{}: dropped an event that does not match subscription {}",
+            self.config.url,
+            escape_for_log(sub_id, 64)
+        );
+    }
+
+    /// Counts an event that failed its checks; the first from this relay is logged at warn
+    /// level, the rest at debug (an invalid event per line would flood the log).
+    fn invalid_event(&mut self, sub_id: &str, e: &EventRejection) {
+        self.counters.events_invalid += 1;
+        let sub_id = escape_for_log(sub_id, 64);
+        if self.counters.events_invalid == 1 {
+            warn!(
+                "{}: dropped an invalid event on {sub_id}: {e} (dropped and counted; further ones are logged at debug level)",
+                self.config.url
+            );
+        } else {
+            debug!("{}: dropped an invalid event on {sub_id}: {e}", self.config.url);
+        }
+    }
+
+    /// A text frame above the soft cap: dropped and counted; the connection is kept, so a
+    /// relay storing one oversized event does not flap for ever (it would be fetched again
+    /// on every reconnect). An event is counted once per relay however often it arrives
+    /// (several subscriptions, reconnects; at most [`MAX_OVERSIZED_REMEMBERED`] ids are
+    /// remembered), and logged at warn level the first time for this relay, then at debug
+    /// level. It still counts as received for its subscription's paging (as an invalid event
+    /// does: its timestamp is not used).
+    fn oversized(&mut self, text: &str) {
+        let url = &self.config.url;
+        let (size, cap) = (text.len(), self.config.max_event_size);
+        let event = match parse_relay_frame(text) {
+            Ok(Incoming::Event { sub_id, raw }) => parse_event(raw.get()).ok().map(|e| (sub_id, e)),
+            _ => None,
+        };
+        let what = match &event {
+            Some((sub_id, e)) => {
+                if let Some(sub) = self.conn.as_mut().and_then(|c| c.subs.get_mut(sub_id)) {
+                    if !sub.eose {
+                        sub.stats.received += 1;
+                    }
+                }
+                if self.oversized_seen.contains(&e.id) {
+                    debug!(
+                        "{url}: dropped event {} again ({size} bytes, above the {cap}-byte cap)",
+                        e.id
+                    );
+                    return;
+                }
+                if self.oversized_seen.len() < MAX_OVERSIZED_REMEMBERED {
+                    self.oversized_seen.insert(e.id);
+                }
+                format!("event {} on {}", e.id, escape_for_log(sub_id, 64))
+            }
+            None => "a frame".to_string(),
+        };
+        self.counters.oversized_frames += 1;
+        if self.counters.oversized_frames == 1 {
+            warn!("{url}: dropped {what} of {size} bytes (above the {cap}-byte cap); the connection is kept, further ones are logged at debug level");
+        } else {
+            debug!("{url}: dropped {what} of {size} bytes (above the {cap}-byte cap)");
+        }
+    }
+
+    // ----- time -----
+
+    /// The earliest deadline: the next ping or pong deadline, or a NIP-42 hold's end.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.next_timeout()
+    }
+
+    /// How long the thread may block in its next read at `now`: its tick by how long the
+    /// connection has been quiet ([`read_timeout`]), never past [`RelaySession::poll_timeout`].
+    #[must_use]
+    pub fn read_timeout(&self, now: Time, ticks: &Ticks) -> Duration {
+        match &self.conn {
+            Some(c) => read_timeout(now, c.keepalive.last_work(), ticks, self.poll_timeout()),
+            None => ticks.busy,
+        }
+    }
+
+    /// Runs every timer due at `now`: a ping to send, a dead connection (no pong in time),
+    /// held subscriptions whose wait for NIP-42 is over (reported as closed).
+    pub fn handle_timeout(&mut self, now: Time) {
+        for timer in Timer::ALL {
+            if !self.timers.is_expired(timer, now) {
+                continue;
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return;
+            };
+            match timer {
+                Timer::Keepalive => match conn.keepalive.poll(now) {
+                    KeepaliveAction::Idle => {}
+                    KeepaliveAction::SendPing => self.transmits.push_back(Transmit::Ping),
+                    KeepaliveAction::Dead => {
+                        self.on_lost(Disconnect::NoPong);
+                        return;
+                    }
+                },
+                Timer::AuthHold => {
+                    let released = conn.auth.handle_timeout(now);
+                    if !released.is_empty() {
+                        info!(
+                            "{}: no NIP-42 authentication in time; reporting {} subscription(s) the relay closed",
+                            self.config.url,
+                            released.len()
+                        );
+                    }
+                    self.release(released);
+                }
+            }
+        }
+        self.update_timers();
+    }
+
+    /// Sets the timer table from the pieces that own the deadlines.
+    fn update_timers(&mut self) {
+        match &self.conn {
+            Some(c) => {
+                self.timers
+                    .set(Timer::Keepalive, Some(c.keepalive.poll_timeout()));
+                self.timers.set(Timer::AuthHold, c.auth.poll_timeout());
+            }
+            None => self.timers = TimerTable::default(),
+        }
+    }
+
+    // ----- output -----
+
+    /// The next frame to write.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next report for the coordinator.
+    #[must_use]
+    pub fn poll_report(&mut self) -> Option<Report> {
+        self.reports.pop_front()
+    }
+
+    /// Whether reports wait to be taken.
+    pub fn has_reports(&self) -> bool {
+        !self.reports.is_empty()
+    }
+}
+
+/// Records a subscription (`ids`: a `CollectIds` query keeping `(created_at, id)` pairs) and
+/// returns its `REQ` frame.
+fn open_req(
+    url: &RelayUrl,
+    conn: &mut Connection,
+    sub_id: SubscriptionId,
+    filter: Filter,
+    ids: Option<(Vec<(u64, EventId)>, bool)>,
+) -> String {
+    let text = ClientMessage::req(sub_id.clone(), vec![filter.clone()]).as_json();
+    trace!("{url} <- {text}");
+    conn.subs.insert(
+        sub_id.to_string(),
+        Sub {
+            filter,
+            stats: PageStats::default(),
+            eose: false,
+            ids,
+        },
+    );
+    text
+}
