@@ -34,11 +34,11 @@ use tungstenite::Message;
 use crate::core::auth::AuthLimits;
 use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::{BlockedPinger, Ticks};
+pub use crate::core::session::{Control, MAX_COLLECTED_IDS, MAX_RELAY_TEXT};
 use crate::core::session::{
     Disconnect, Forward, Frame, FrameOutcome, LimitsFetch, RelaySession, SessionConfig,
     SessionCounters, SessionRole, Transmit, Verified,
 };
-pub use crate::core::session::{Control, MAX_COLLECTED_IDS, MAX_RELAY_TEXT};
 use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
@@ -449,9 +449,11 @@ impl ConnectionThread {
                         Message::Binary(_) | Message::Frame(_) => Frame::Binary,
                         Message::Ping(_) => Frame::Ping,
                         Message::Pong(_) => Frame::Pong,
-                        Message::Close(close) => {
-                            Frame::Close(close.as_ref().map(|c| (u16::from(c.code), c.reason.as_str())))
-                        }
+                        Message::Close(close) => Frame::Close(
+                            close
+                                .as_ref()
+                                .map(|c| (u16::from(c.code), c.reason.as_str())),
+                        ),
                     };
                     // Handling may wait (for the forward pipeline, the coordinator, a
                     // write), unless the frame was a copy dropped by its id; a ping's pong
@@ -544,23 +546,55 @@ impl ConnectionThread {
         }
         let c = &self.counters;
         let pairs: [(&AtomicU64, u64, u64); 14] = [
-            (&c.events_received, now.events_received, published.events_received),
-            (&c.events_accepted, now.events_accepted, published.events_accepted),
-            (&c.events_invalid, now.events_invalid, published.events_invalid),
-            (&c.events_unmatched, now.events_unmatched, published.events_unmatched),
+            (
+                &c.events_received,
+                now.events_received,
+                published.events_received,
+            ),
+            (
+                &c.events_accepted,
+                now.events_accepted,
+                published.events_accepted,
+            ),
+            (
+                &c.events_invalid,
+                now.events_invalid,
+                published.events_invalid,
+            ),
+            (
+                &c.events_unmatched,
+                now.events_unmatched,
+                published.events_unmatched,
+            ),
             (
                 &c.events_unknown_subscription,
                 now.events_unknown_subscription,
                 published.events_unknown_subscription,
             ),
-            (&c.garbage_frames, now.garbage_frames, published.garbage_frames),
+            (
+                &c.garbage_frames,
+                now.garbage_frames,
+                published.garbage_frames,
+            ),
             (&c.notices, now.notices, published.notices),
             (&c.closed, now.closed, published.closed),
-            (&c.auth_challenges, now.auth_challenges, published.auth_challenges),
+            (
+                &c.auth_challenges,
+                now.auth_challenges,
+                published.auth_challenges,
+            ),
             (&c.connects, now.connects, published.connects),
             (&c.disconnects, now.disconnects, published.disconnects),
-            (&c.oversized_frames, now.oversized_frames, published.oversized_frames),
-            (&c.signature_checks, now.signature_checks, published.signature_checks),
+            (
+                &c.oversized_frames,
+                now.oversized_frames,
+                published.oversized_frames,
+            ),
+            (
+                &c.signature_checks,
+                now.signature_checks,
+                published.signature_checks,
+            ),
             (
                 &c.copies_not_forwarded,
                 now.copies_not_forwarded,
@@ -580,7 +614,12 @@ impl ConnectionThread {
     ///
     /// While it waits, the relay still gets a ping every ping interval, so a relay that cuts
     /// idle connections does not drop us during a long own-relay outage.
-    fn forward(&self, forward: &Sender<ForwardItem>, mut item: ForwardItem, socket: &mut Socket) -> bool {
+    fn forward(
+        &self,
+        forward: &Sender<ForwardItem>,
+        mut item: ForwardItem,
+        socket: &mut Socket,
+    ) -> bool {
         let mut pinger = BlockedPinger::new(self.ping_interval);
         // The byte bound: wait (pinging) until the event fits the pipeline and our share.
         let len = item.raw.len() as u64;

@@ -19,6 +19,7 @@ use nostr::event::EventId;
 use nostr::key::Keys;
 use tungstenite::Message;
 
+use crate::core::auth::auth_event;
 use crate::core::auth::{
     is_auth_required, AuthLimits, AuthOutcome, AuthState, IgnoreReason, OnChallenge, WriteAction,
 };
@@ -28,15 +29,14 @@ use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::escape_for_log;
 use crate::core::message::{parse_ok_frame, parse_relay_frame, Incoming};
+use crate::core::session::MAX_RELAY_TEXT;
 use crate::core::sync::Report;
 use crate::core::time::{Clock, Time};
-use crate::core::auth::auth_event;
-use crate::core::session::MAX_RELAY_TEXT;
 use crate::engine::connection::{write_text, ForwardItem};
 use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
-use crate::shared::url::RelayUrl;
 use crate::net::ws::{self, WsOptions};
+use crate::shared::url::RelayUrl;
 
 /// Name of the thread reading the own relay connection for the forwarder.
 pub const READER_THREAD: &str = "forwarder-read";

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use log::{debug, trace};
 use serde_json::Value;
 
+use crate::net::ws::{connect_tcp_checked, tls_config, AddrCheck, ConnectError};
 use crate::shared::limits::RelayLimits;
 use crate::shared::url::RelayUrl;
-use crate::net::ws::{connect_tcp_checked, tls_config, AddrCheck, ConnectError};
 
 /// Largest numeric limit believed; anything above is treated as absent.
 const MAX_PLAUSIBLE: u64 = 1_000_000_000;

@@ -593,19 +593,15 @@ impl RelaySession {
                 }
                 .as_json(),
             ),
-            Control::NegClose {
-                generation,
-                sub_id,
-            } if generation == current => conn.negs.remove(sub_id.as_str()).then(|| {
-                ClientMessage::NegClose {
-                    subscription_id: std::borrow::Cow::Owned(sub_id),
-                }
-                .as_json()
-            }),
-            Control::Unsubscribe {
-                generation,
-                sub_id,
-            } if generation == current => {
+            Control::NegClose { generation, sub_id } if generation == current => {
+                conn.negs.remove(sub_id.as_str()).then(|| {
+                    ClientMessage::NegClose {
+                        subscription_id: std::borrow::Cow::Owned(sub_id),
+                    }
+                    .as_json()
+                })
+            }
+            Control::Unsubscribe { generation, sub_id } if generation == current => {
                 conn.subs.remove(sub_id.as_str());
                 conn.auth.forget(sub_id.as_str());
                 Some(ClientMessage::close(sub_id).as_json())
@@ -626,7 +622,12 @@ impl RelaySession {
     /// A frame read at `now`. `verified` is the shared verified set (copies of events
     /// verified before are not verified again; a remote relay's copy of an event already
     /// handed to the forwarder is dropped by its id).
-    pub fn handle_frame(&mut self, now: Time, frame: Frame<'_>, verified: Verified<'_>) -> FrameOutcome {
+    pub fn handle_frame(
+        &mut self,
+        now: Time,
+        frame: Frame<'_>,
+        verified: Verified<'_>,
+    ) -> FrameOutcome {
         let Some(conn) = self.conn.as_mut() else {
             return FrameOutcome::Handled;
         };
@@ -1063,7 +1064,9 @@ impl RelaySession {
                         // whatever an earlier copy's claim says.
                         let missing = sub.filter.ids.is_some();
                         // Only one copy per forwarder epoch: it would drop the others.
-                        if !verified.set.claim_forward(&event.id, verified.forward_epoch)
+                        if !verified
+                            .set
+                            .claim_forward(&event.id, verified.forward_epoch)
                             && !missing
                         {
                             self.counters.copies_not_forwarded += 1;
@@ -1135,7 +1138,10 @@ impl RelaySession {
                 self.config.url
             );
         } else {
-            debug!("{}: dropped an invalid event on {sub_id}: {e}", self.config.url);
+            debug!(
+                "{}: dropped an invalid event on {sub_id}: {e}",
+                self.config.url
+            );
         }
     }
 
@@ -1289,3 +1295,6 @@ fn open_req(
     );
     text
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,760 @@
+//! [`RelaySession`] in simulated time: one test per decision (the table in
+//! `docs/architecture.md`, "Relay sessions").
+
+use std::time::Duration;
+
+use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind};
+use nostr::filter::Filter;
+use nostr::key::Keys;
+use nostr::message::SubscriptionId;
+use nostr::types::Timestamp;
+
+use super::*;
+
+const PING: Duration = Duration::from_secs(30);
+const PONG: Duration = Duration::from_secs(10);
+const CAP: usize = 4_000;
+const ISSUE: Kind = Kind::Custom(1621);
+
+fn t(secs: u64) -> Time {
+    Time::from_secs(1_700_000_000 + secs)
+}
+
+fn url() -> RelayUrl {
+    RelayUrl::parse("ws://127.0.0.1:7000").unwrap()
+}
+
+fn config(role: SessionRole, keys: Option<Keys>) -> SessionConfig {
+    SessionConfig {
+        url: url(),
+        role,
+        ping_interval: PING,
+        pong_timeout: PONG,
+        max_event_size: CAP,
+        auth_keys: keys,
+        auth_limits: AuthLimits::default(),
+    }
+}
+
+fn issue(keys: &Keys, content: &str, created_at: u64) -> Event {
+    EventBuilder::new(ISSUE, content)
+        .custom_created_at(Timestamp::from(created_at))
+        .finalize(keys)
+        .unwrap()
+}
+
+fn event_frame(sub: &str, event: &Event) -> String {
+    format!(r#"["EVENT","{sub}",{}]"#, event.as_json())
+}
+
+fn issues() -> Filter {
+    Filter::new().kind(ISSUE)
+}
+
+/// A session, the verified set it shares with other relays' sessions, and the forwarder's
+/// epoch.
+struct Harness {
+    s: RelaySession,
+    set: VerifiedSet,
+    epoch: u64,
+}
+
+impl Harness {
+    fn new(role: SessionRole) -> Harness {
+        Harness::with(config(role, None))
+    }
+
+    fn with(config: SessionConfig) -> Harness {
+        let mut s = RelaySession::new(config);
+        s.on_connected(1, t(0));
+        let mut h = Harness {
+            s,
+            set: VerifiedSet::new(1_000),
+            epoch: 0,
+        };
+        assert!(matches!(
+            h.reports()[..],
+            [Report::Connected { generation: 1, .. }]
+        ));
+        h
+    }
+
+    fn subscribe(&mut self, now: Time, sub: &str, filter: Filter) {
+        self.s.handle_command(
+            now,
+            Control::Subscribe {
+                generation: self.s.generation().unwrap(),
+                sub_id: SubscriptionId::new(sub),
+                filter: Box::new(filter),
+            },
+        );
+    }
+
+    fn text(&mut self, now: Time, text: &str) -> FrameOutcome {
+        self.text_with(now, text, &VerifiedSet::new(0), false)
+    }
+
+    /// A text frame checked against `other` instead of the harness's own set when `shared`
+    /// is false (so two harnesses can share one set: pass it explicitly).
+    fn text_with(
+        &mut self,
+        now: Time,
+        text: &str,
+        other: &VerifiedSet,
+        shared: bool,
+    ) -> FrameOutcome {
+        let set = if shared { other } else { &self.set };
+        self.s.handle_frame(
+            now,
+            Frame::Text(text),
+            Verified {
+                set,
+                forward_epoch: self.epoch,
+            },
+        )
+    }
+
+    fn frame(&mut self, now: Time, frame: Frame<'_>) -> FrameOutcome {
+        self.s.handle_frame(
+            now,
+            frame,
+            Verified {
+                set: &self.set,
+                forward_epoch: self.epoch,
+            },
+        )
+    }
+
+    fn reports(&mut self) -> Vec<Report> {
+        std::iter::from_fn(|| self.s.poll_report()).collect()
+    }
+
+    fn transmits(&mut self) -> Vec<Transmit> {
+        std::iter::from_fn(|| self.s.poll_transmit()).collect()
+    }
+}
+
+fn forwarded(outcome: FrameOutcome) -> Forward {
+    match outcome {
+        FrameOutcome::Forward(f) => f,
+        other => panic!("expected a forward, got {other:?}"),
+    }
+}
+
+fn eose_stats(reports: &[Report], sub: &str) -> PageStats {
+    reports
+        .iter()
+        .find_map(|r| match r {
+            Report::Eose { sub_id, stats, .. } if sub_id.as_str() == sub => Some(stats.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no EOSE for {sub} in {reports:?}"))
+}
+
+// ----- which frames belong to which subscription -----
+
+#[test]
+fn a_subscribe_sends_its_req_and_events_are_checked_against_its_filter() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    match &h.transmits()[..] {
+        [Transmit::Text(req)] => assert!(req.starts_with(r#"["REQ","s1","#), "{req}"),
+        other => panic!("expected one REQ, got {other:?}"),
+    }
+    let keys = Keys::generate();
+    let ev = issue(&keys, "hello", 1_000);
+    let f = forwarded(h.text(t(2), &event_frame("s1", &ev)));
+    assert_eq!(f.id, ev.id);
+    assert_eq!(&*f.raw, ev.as_json());
+    assert!(!f.missing);
+    // A valid event of another kind does not match the filter: counted, not forwarded.
+    let note = EventBuilder::new(Kind::TextNote, "x")
+        .finalize(&keys)
+        .unwrap();
+    assert!(matches!(
+        h.text(t(3), &event_frame("s1", &note)),
+        FrameOutcome::Handled
+    ));
+    assert_eq!(h.s.counters().events_unmatched, 1);
+    assert_eq!(h.s.counters().events_accepted, 1);
+    assert_eq!(h.s.counters().signature_checks, 1);
+}
+
+#[test]
+fn eose_reports_what_arrived_before_it_once() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let keys = Keys::generate();
+    let _ = h.text(t(2), &event_frame("s1", &issue(&keys, "a", 1_000)));
+    let _ = h.text(t(2), &event_frame("s1", &issue(&keys, "b", 2_000)));
+    let _ = h.text(t(3), r#"["EOSE","s1"]"#);
+    let stats = eose_stats(&h.reports(), "s1");
+    assert_eq!(
+        (stats.received, stats.oldest, stats.newest),
+        (2, Some(1_000), Some(2_000))
+    );
+    // A live event after EOSE is forwarded but no longer counted for the page; a repeated
+    // EOSE reports nothing.
+    let _ = h.text(t(4), &event_frame("s1", &issue(&keys, "c", 3_000)));
+    let _ = h.text(t(5), r#"["EOSE","s1"]"#);
+    assert!(h.reports().is_empty());
+}
+
+#[test]
+fn an_event_for_a_subscription_not_open_is_counted_and_dropped() {
+    let mut h = Harness::new(SessionRole::Remote);
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    assert!(matches!(
+        h.text(t(1), &event_frame("nope", &ev)),
+        FrameOutcome::Handled
+    ));
+    let _ = h.text(t(1), r#"["EOSE","nope"]"#);
+    let c = h.s.counters();
+    assert_eq!((c.events_received, c.events_unknown_subscription), (1, 1));
+    assert!(h.reports().is_empty());
+}
+
+#[test]
+fn an_invalid_event_is_counted_and_counts_as_rejected_for_its_page() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let ev = issue(&Keys::generate(), "original", 1_000);
+    let forged = event_frame("s1", &ev).replace("original", "forged!!");
+    assert!(matches!(h.text(t(2), &forged), FrameOutcome::Handled));
+    let _ = h.text(t(2), r#"["EVENT","s1",{"id":"zz"}]"#);
+    let _ = h.text(t(3), r#"["EOSE","s1"]"#);
+    let stats = eose_stats(&h.reports(), "s1");
+    assert_eq!((stats.received, stats.rejected, stats.oldest), (0, 2, None));
+    assert_eq!(h.s.counters().events_invalid, 2);
+    assert_eq!(h.s.counters().events_accepted, 0);
+}
+
+#[test]
+fn garbage_and_binary_frames_are_counted() {
+    let mut h = Harness::new(SessionRole::Remote);
+    let _ = h.text(t(1), "not json");
+    let _ = h.text(t(1), r#"["WHAT","x"]"#);
+    let _ = h.frame(t(1), Frame::Binary);
+    assert_eq!(h.s.counters().garbage_frames, 3);
+    assert!(h.s.is_open());
+}
+
+#[test]
+fn the_own_relays_session_reports_events_to_the_coordinator() {
+    let mut h = Harness::new(SessionRole::Own);
+    h.subscribe(t(1), "self", issues());
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    assert!(matches!(
+        h.text(t(2), &event_frame("self", &ev)),
+        FrameOutcome::Handled
+    ));
+    match &h.reports()[..] {
+        [Report::SelfEvent {
+            generation: 1,
+            event,
+        }] => assert_eq!(event.id, ev.id),
+        other => panic!("expected the event, got {other:?}"),
+    }
+}
+
+#[test]
+fn collect_ids_reports_created_at_and_id_at_eose_without_checking_signatures() {
+    let mut h = Harness::new(SessionRole::Own);
+    h.s.handle_command(
+        t(1),
+        Control::CollectIds {
+            generation: 1,
+            sub_id: SubscriptionId::new("own"),
+            filter: Box::new(issues()),
+        },
+    );
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let _ = h.text(t(2), &event_frame("own", &ev));
+    let _ = h.text(t(3), r#"["EOSE","own"]"#);
+    match &h.reports()[..] {
+        [Report::OwnIds {
+            items, truncated, ..
+        }] => {
+            assert_eq!(items, &vec![(1_000, ev.id)]);
+            assert!(!truncated);
+        }
+        other => panic!("expected OwnIds, got {other:?}"),
+    }
+    assert_eq!(h.s.counters().signature_checks, 0);
+}
+
+// ----- when a copy of an event is dropped -----
+
+#[test]
+fn a_copy_of_an_event_already_handed_to_the_forwarder_is_dropped_by_its_id() {
+    let shared = VerifiedSet::new(1_000);
+    let mut a = Harness::new(SessionRole::Remote);
+    let mut b = Harness::new(SessionRole::Remote);
+    a.subscribe(t(1), "s", issues());
+    b.subscribe(t(1), "s", issues());
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let frame = event_frame("s", &ev);
+    let _ = forwarded(a.text_with(t(2), &frame, &shared, true));
+    assert!(matches!(
+        b.text_with(t(2), &frame, &shared, true),
+        FrameOutcome::DroppedCopy
+    ));
+    let _ = b.text(t(3), r#"["EOSE","s"]"#);
+    // The dropped copy still counts for its page, with what the verified event says.
+    let stats = eose_stats(&b.reports(), "s");
+    assert_eq!((stats.received, stats.newest), (1, Some(1_000)));
+    let c = b.s.counters();
+    assert_eq!((c.copies_not_forwarded, c.signature_checks), (1, 0));
+}
+
+#[test]
+fn a_dropped_copy_outside_its_subscriptions_window_counts_as_unmatched() {
+    let shared = VerifiedSet::new(1_000);
+    let mut a = Harness::new(SessionRole::Remote);
+    let mut b = Harness::new(SessionRole::Remote);
+    a.subscribe(t(1), "s", issues());
+    b.subscribe(t(1), "s", issues().since(Timestamp::from(5_000)));
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let frame = event_frame("s", &ev);
+    let _ = forwarded(a.text_with(t(2), &frame, &shared, true));
+    assert!(matches!(
+        b.text_with(t(2), &frame, &shared, true),
+        FrameOutcome::DroppedCopy
+    ));
+    assert_eq!(b.s.counters().events_unmatched, 1);
+    assert_eq!(b.s.counters().copies_not_forwarded, 0);
+}
+
+#[test]
+fn a_fetch_by_ids_forwards_an_event_whatever_an_earlier_copy_claimed() {
+    let shared = VerifiedSet::new(1_000);
+    let mut a = Harness::new(SessionRole::Remote);
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    a.subscribe(t(1), "live", issues());
+    a.subscribe(t(1), "fetch", Filter::new().id(ev.id));
+    let _ = forwarded(a.text_with(t(2), &event_frame("live", &ev), &shared, true));
+    let again = forwarded(a.text_with(t(3), &event_frame("fetch", &ev), &shared, true));
+    assert!(again.missing);
+}
+
+#[test]
+fn a_new_forwarder_epoch_voids_earlier_claims() {
+    let shared = VerifiedSet::new(1_000);
+    let mut a = Harness::new(SessionRole::Remote);
+    a.subscribe(t(1), "s", issues());
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let frame = event_frame("s", &ev);
+    let _ = forwarded(a.text_with(t(2), &frame, &shared, true));
+    assert!(matches!(
+        a.text_with(t(3), &frame, &shared, true),
+        FrameOutcome::DroppedCopy
+    ));
+    // The forwarder restarted: what it held is gone, so the next copy goes to it again.
+    a.epoch = 1;
+    let _ = forwarded(a.text_with(t(4), &frame, &shared, true));
+}
+
+// ----- keep-alive -----
+
+#[test]
+fn a_ping_goes_out_every_interval_and_a_missing_pong_ends_the_connection() {
+    let mut h = Harness::new(SessionRole::Remote);
+    assert_eq!(h.s.poll_timeout(), Some(t(30)));
+    h.s.handle_timeout(t(29));
+    assert!(h.transmits().is_empty());
+    h.s.handle_timeout(t(30));
+    assert_eq!(h.transmits(), vec![Transmit::Ping]);
+    assert_eq!(h.s.poll_timeout(), Some(t(40)), "the pong deadline");
+    h.s.handle_timeout(t(40));
+    assert!(!h.s.is_open());
+    match &h.reports()[..] {
+        [Report::Disconnected {
+            generation: 1,
+            reason,
+            ..
+        }] => assert_eq!(reason, &Disconnect::NoPong.to_string()),
+        other => panic!("expected the loss, got {other:?}"),
+    }
+    assert_eq!(h.s.counters().disconnects, 1);
+    assert_eq!(h.s.poll_timeout(), None);
+}
+
+#[test]
+fn any_frame_answers_a_ping() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.s.handle_timeout(t(30));
+    assert_eq!(h.transmits(), vec![Transmit::Ping]);
+    let _ = h.text(t(35), r#"["NOTICE","busy"]"#);
+    assert_eq!(h.s.poll_timeout(), Some(t(60)), "no pong deadline any more");
+    h.s.handle_timeout(t(40));
+    assert!(h.s.is_open());
+}
+
+#[test]
+fn a_pong_is_not_work_so_a_quiet_connection_keeps_its_long_tick() {
+    let ticks = Ticks {
+        busy: Duration::from_millis(50),
+        idle: Duration::from_secs(2),
+        quiet: Duration::from_secs(10),
+        quiet_after: Duration::from_secs(10),
+    };
+    let mut h = Harness::new(SessionRole::Remote);
+    assert_eq!(h.s.read_timeout(t(0), &ticks), ticks.busy);
+    assert_eq!(h.s.read_timeout(t(15), &ticks), ticks.quiet);
+    let _ = h.frame(t(15), Frame::Pong);
+    assert_eq!(h.s.read_timeout(t(15), &ticks), ticks.quiet);
+    let _ = h.text(t(16), r#"["NOTICE","hi"]"#);
+    assert_eq!(h.s.read_timeout(t(16), &ticks), ticks.busy);
+    // Never past the next ping (at 30 s); a command is work too.
+    assert_eq!(h.s.read_timeout(t(28), &ticks), Duration::from_secs(2));
+    h.subscribe(t(28), "s", issues());
+    assert_eq!(h.s.read_timeout(t(28), &ticks), ticks.busy);
+}
+
+// ----- what a CLOSED means -----
+
+#[test]
+fn closed_is_reported_with_its_message_and_the_subscription_is_gone() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let _ = h.text(t(2), r#"["CLOSED","s1","rate-limited: slow down"]"#);
+    match &h.reports()[..] {
+        [Report::Closed {
+            sub_id, message, ..
+        }] => {
+            assert_eq!(sub_id.as_str(), "s1");
+            assert_eq!(message, "rate-limited: slow down");
+        }
+        other => panic!("expected CLOSED, got {other:?}"),
+    }
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let _ = h.text(t(3), &event_frame("s1", &ev));
+    assert_eq!(h.s.counters().events_unknown_subscription, 1);
+    // A CLOSED for a subscription not open is counted and dropped.
+    let _ = h.text(t(4), r#"["CLOSED","zz","error: what"]"#);
+    assert!(h.reports().is_empty());
+    assert_eq!(h.s.counters().closed, 2);
+}
+
+#[test]
+fn relay_text_in_closed_and_notice_is_escaped_and_bounded() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let long = "x".repeat(2 * MAX_RELAY_TEXT);
+    let _ = h.text(t(2), &format!(r#"["CLOSED","s1","error: a\nb {long}"]"#));
+    let _ = h.text(t(2), &format!(r#"["NOTICE","{long}"]"#));
+    for r in h.reports() {
+        let text = match r {
+            Report::Closed { message, .. } | Report::Notice { message, .. } => message,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert!(!text.contains('\n'));
+        assert!(text.len() < MAX_RELAY_TEXT + 40, "{}", text.len());
+    }
+}
+
+#[test]
+fn closed_of_a_negentropy_session_is_its_neg_err() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.s.handle_command(
+        t(1),
+        Control::NegOpen {
+            generation: 1,
+            sub_id: SubscriptionId::new("n1"),
+            filter: Box::new(issues()),
+            message: "6100".into(),
+        },
+    );
+    assert_eq!(h.transmits().len(), 1);
+    let _ = h.text(t(2), r#"["NEG-MSG","n1","6100"]"#);
+    let _ = h.text(t(3), r#"["CLOSED","n1","blocked: no negentropy"]"#);
+    let reports = h.reports();
+    assert!(matches!(reports[0], Report::NegMsg { .. }));
+    assert!(matches!(reports[1], Report::NegErr { closed: true, .. }));
+    // The session is over: later NEG frames for it are garbage.
+    let _ = h.text(t(4), r#"["NEG-MSG","n1","6100"]"#);
+    let _ = h.text(t(4), r#"["NEG-ERR","n1","closed"]"#);
+    assert!(h.reports().is_empty());
+    assert_eq!(h.s.counters().garbage_frames, 2);
+}
+
+#[test]
+fn neg_close_is_sent_only_for_a_session_still_open() {
+    let mut h = Harness::new(SessionRole::Remote);
+    let open = |sub: &str| Control::NegOpen {
+        generation: 1,
+        sub_id: SubscriptionId::new(sub),
+        filter: Box::new(issues()),
+        message: "6100".into(),
+    };
+    let close = |sub: &str| Control::NegClose {
+        generation: 1,
+        sub_id: SubscriptionId::new(sub),
+    };
+    h.s.handle_command(t(1), open("n1"));
+    let _ = h.text(t(2), r#"["NEG-ERR","n1","blocked: too big"]"#);
+    h.s.handle_command(t(3), close("n1"));
+    assert_eq!(h.transmits().len(), 1, "only the NEG-OPEN");
+    h.s.handle_command(t(4), open("n2"));
+    h.s.handle_command(t(5), close("n2"));
+    assert_eq!(h.transmits().len(), 2);
+}
+
+// ----- NIP-42: holds and their release -----
+
+fn auth_frame_id(transmit: &Transmit, now: Time) -> EventId {
+    let Transmit::Text(text) = transmit else {
+        panic!("expected AUTH, got {transmit:?}");
+    };
+    let v: serde_json::Value = serde_json::from_str(text).unwrap();
+    assert_eq!(v[0], "AUTH");
+    let event = Event::from_json(v[1].to_string()).unwrap();
+    event.verify().unwrap();
+    assert_eq!(event.kind, Kind::Authentication);
+    assert_eq!(
+        event.created_at,
+        now.timestamp(),
+        "dated by the session's now"
+    );
+    event.id
+}
+
+#[test]
+fn closed_auth_required_is_held_and_sent_again_once_authenticated() {
+    let mut h = Harness::with(config(SessionRole::Remote, Some(Keys::generate())));
+    h.subscribe(t(1), "s1", issues());
+    let _ = h.transmits();
+    let _ = h.text(t(2), r#"["CLOSED","s1","auth-required: who are you"]"#);
+    assert!(h.reports().is_empty(), "held, not reported");
+    let _ = h.text(t(3), r#"["AUTH","challenge-1"]"#);
+    let sent = h.transmits();
+    assert_eq!(sent.len(), 1);
+    let id = auth_frame_id(&sent[0], t(3));
+    let _ = h.text(t(4), &format!(r#"["OK","{id}",true,""]"#));
+    match &h.transmits()[..] {
+        [Transmit::Text(req)] => assert!(req.starts_with(r#"["REQ","s1","#), "{req}"),
+        other => panic!("expected the REQ again, got {other:?}"),
+    }
+    assert!(h.reports().is_empty());
+    assert_eq!(h.s.counters().auth_challenges, 1);
+}
+
+#[test]
+fn a_held_subscription_is_reported_closed_when_no_challenge_comes_in_time() {
+    let mut h = Harness::with(config(SessionRole::Remote, Some(Keys::generate())));
+    h.subscribe(t(1), "s1", issues());
+    let _ = h.text(t(2), r#"["CLOSED","s1","auth-required: please"]"#);
+    let wait = AuthLimits::default().challenge_wait;
+    let deadline = t(2).plus(wait);
+    assert_eq!(h.s.poll_timeout(), Some(deadline));
+    h.s.handle_timeout(deadline);
+    match &h.reports()[..] {
+        [Report::Closed {
+            sub_id, message, ..
+        }] => {
+            assert_eq!(sub_id.as_str(), "s1");
+            assert_eq!(message, "auth-required: please");
+        }
+        other => panic!("expected the release, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_refused_authentication_releases_every_held_subscription() {
+    let mut h = Harness::with(config(SessionRole::Remote, Some(Keys::generate())));
+    h.subscribe(t(1), "s1", issues());
+    h.subscribe(t(1), "s2", issues());
+    let _ = h.transmits();
+    let _ = h.text(t(2), r#"["AUTH","c"]"#);
+    let id = auth_frame_id(&h.transmits()[0], t(2));
+    let _ = h.text(t(2), r#"["CLOSED","s1","auth-required: a"]"#);
+    let _ = h.text(t(2), r#"["CLOSED","s2","auth-required: b"]"#);
+    assert!(h.reports().is_empty());
+    let _ = h.text(
+        t(3),
+        &format!(r#"["OK","{id}",false,"restricted: not you"]"#),
+    );
+    let closed: Vec<String> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Closed { sub_id, .. } => sub_id.to_string(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(closed, ["s1", "s2"]);
+}
+
+#[test]
+fn without_a_key_challenges_are_ignored_and_closed_is_reported() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let _ = h.transmits();
+    let _ = h.text(t(2), r#"["AUTH","c"]"#);
+    assert!(h.transmits().is_empty());
+    let _ = h.text(t(3), r#"["CLOSED","s1","auth-required: a"]"#);
+    assert!(matches!(h.reports()[..], [Report::Closed { .. }]));
+}
+
+// ----- NIP-11 -----
+
+#[test]
+fn nip11_is_asked_again_only_while_the_relay_was_unreachable() {
+    let mut s = RelaySession::new(config(SessionRole::Remote, None));
+    assert!(s.wants_limits());
+    s.on_limits(LimitsFetch::Unreachable);
+    assert!(s.wants_limits());
+    s.on_limits(LimitsFetch::NoDocument);
+    assert!(!s.wants_limits());
+    assert!(s.poll_report().is_none());
+
+    let mut s = RelaySession::new(config(SessionRole::Remote, None));
+    let limits = RelayLimits {
+        max_limit: Some(500),
+        ..RelayLimits::default()
+    };
+    s.on_limits(LimitsFetch::Fetched(limits));
+    assert!(!s.wants_limits());
+    match s.poll_report() {
+        Some(Report::Limits { limits: l, .. }) => assert_eq!(l, limits),
+        other => panic!("expected the limits, got {other:?}"),
+    }
+}
+
+// ----- oversized events -----
+
+#[test]
+fn an_oversized_event_is_dropped_and_counted_once_per_relay_across_connections() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let big = issue(&Keys::generate(), &"x".repeat(CAP), 1_000);
+    let frame = event_frame("s1", &big);
+    assert!(matches!(h.text(t(2), &frame), FrameOutcome::Handled));
+    assert!(matches!(h.text(t(2), &frame), FrameOutcome::Handled));
+    let _ = h.text(t(3), r#"["EOSE","s1"]"#);
+    // Counted as received for paging (its timestamp unused), kept connected.
+    let stats = eose_stats(&h.reports(), "s1");
+    assert_eq!((stats.received, stats.oldest), (2, None));
+    assert!(h.s.is_open());
+    h.s.on_closed_locally();
+    h.s.on_connected(2, t(10));
+    h.subscribe(t(10), "s1", issues());
+    let _ = h.text(t(11), &frame);
+    assert_eq!(h.s.counters().oversized_frames, 1);
+    // A frame that is no event is counted each time.
+    let _ = h.text(t(12), &format!(r#"["NOTICE","{}"]"#, "y".repeat(CAP)));
+    assert_eq!(h.s.counters().oversized_frames, 2);
+}
+
+// ----- generations and connection lifecycle -----
+
+#[test]
+fn commands_of_another_generation_are_dropped() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.s.handle_command(
+        t(1),
+        Control::Subscribe {
+            generation: 7,
+            sub_id: SubscriptionId::new("old"),
+            filter: Box::new(issues()),
+        },
+    );
+    assert!(h.transmits().is_empty());
+    h.s.on_closed_locally();
+    h.subscribe_gen(t(2), 1);
+    assert!(h.transmits().is_empty(), "no connection: dropped");
+}
+
+impl Harness {
+    fn subscribe_gen(&mut self, now: Time, generation: u64) {
+        self.s.handle_command(
+            now,
+            Control::Subscribe {
+                generation,
+                sub_id: SubscriptionId::new("x"),
+                filter: Box::new(issues()),
+            },
+        );
+    }
+}
+
+#[test]
+fn a_new_connection_starts_without_the_old_ones_subscriptions() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let _ = h.frame(t(2), Frame::Close(Some((1001, "going away"))));
+    assert!(!h.s.is_open());
+    match &h.reports()[..] {
+        [Report::Disconnected { reason, .. }] => {
+            assert!(
+                reason.contains("1001") && reason.contains("going away"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected the loss, got {other:?}"),
+    }
+    h.s.on_connected(2, t(3));
+    let _ = h.reports();
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let _ = h.text(t(4), &event_frame("s1", &ev));
+    assert_eq!(h.s.counters().events_unknown_subscription, 1);
+    assert_eq!(h.s.counters().connects, 2);
+}
+
+#[test]
+fn unsubscribe_sends_close_and_forgets_the_subscription() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    h.s.handle_command(
+        t(2),
+        Control::Unsubscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("s1"),
+        },
+    );
+    let sent = h.transmits();
+    assert_eq!(
+        sent.last(),
+        Some(&Transmit::Text(r#"["CLOSE","s1"]"#.into()))
+    );
+    let _ = h.text(t(3), r#"["CLOSED","s1","error: bye"]"#);
+    assert!(
+        h.reports().is_empty(),
+        "no report for a subscription we closed"
+    );
+}
+
+#[test]
+fn a_failed_connect_is_reported_with_its_cause() {
+    let mut s = RelaySession::new(config(SessionRole::Remote, None));
+    s.on_connect_failed(3, Disconnect::ConnectTimeout);
+    match s.poll_report() {
+        Some(Report::Disconnected {
+            generation: 3,
+            reason,
+            ..
+        }) => assert_eq!(reason, Disconnect::ConnectTimeout.to_string()),
+        other => panic!("expected the failure, got {other:?}"),
+    }
+    assert_eq!(s.counters().disconnects, 1);
+    assert_eq!(Disconnect::ConnectTimeout.label(), "connect_timeout");
+}
+
+#[test]
+fn every_disconnect_label_is_listed_once() {
+    let all = [
+        Disconnect::Resolve(String::new()),
+        Disconnect::Tcp(String::new()),
+        Disconnect::Handshake(String::new()),
+        Disconnect::ConnectTimeout,
+        Disconnect::Write(String::new()),
+        Disconnect::Read(String::new()),
+        Disconnect::ClosedByRelay {
+            code: None,
+            reason: String::new(),
+        },
+        Disconnect::NoPong,
+    ];
+    let labels: Vec<&str> = all.iter().map(Disconnect::label).collect();
+    assert_eq!(labels, Disconnect::LABELS);
+}
