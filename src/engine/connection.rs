@@ -21,13 +21,12 @@
 //! bytes left over. A copy dropped by its id (most frames of a historic sync) writes and
 //! waits for nothing.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use log::{debug, trace, warn};
-use nostr::event::EventId;
 use nostr::key::Keys;
 use tungstenite::Message;
 
@@ -36,48 +35,22 @@ use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::{BlockedPinger, Ticks};
 pub use crate::core::session::{Control, MAX_COLLECTED_IDS, MAX_RELAY_TEXT};
 use crate::core::session::{
-    Disconnect, Forward, Frame, FrameOutcome, LimitsFetch, RelaySession, SessionConfig,
-    SessionCounters, SessionRole, Transmit, Verified,
+    Disconnect, Frame, FrameOutcome, RelaySession, SessionConfig, SessionCounters, SessionRole,
+    Transmit, Verified,
 };
 use crate::core::sync::Report;
 use crate::core::time::Clock;
+use crate::engine::dial::Dial;
+use crate::engine::forwarder::ForwardItem;
 use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
 use crate::engine::Input;
-use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
-use crate::net::pool;
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
 use crate::shared::url::RelayUrl;
 
 /// Stack of a relay thread. It handles frames and checks events; connects and the NIP-11
 /// request run on the connect pool ([`crate::net::pool`]).
 pub const RELAY_STACK: usize = 256 * 1024;
-
-/// A checked event on its way into the own relay.
-#[derive(Debug)]
-pub struct ForwardItem {
-    /// Event id.
-    pub id: EventId,
-    /// The event's JSON exactly as the remote relay sent it.
-    pub raw: Arc<str>,
-    /// Its bytes' place in the pipeline's byte bound; released when the event is resolved.
-    pub admission: Option<ByteAdmission>,
-    /// Fetched by `ids` after a NIP-77 reconciliation found the own relay without it: the
-    /// forwarder sends it even if it remembers an earlier `OK` for it
-    /// ([`ForwardQueue::offer_missing`](crate::core::forward::ForwardQueue::offer_missing)).
-    pub missing: bool,
-}
-
-impl From<Forward> for ForwardItem {
-    fn from(f: Forward) -> ForwardItem {
-        ForwardItem {
-            id: f.id,
-            raw: f.raw,
-            admission: None,
-            missing: f.missing,
-        }
-    }
-}
 
 /// Where a connection's events go.
 #[derive(Clone)]
@@ -176,7 +149,7 @@ impl ConnectionThread {
                 continue;
             }
             if session.wants_limits() {
-                match self.fetch_limits(&verdict) {
+                match self.dial().fetch_limits(&verdict, self.nip11_timeout) {
                     Ok(fetched) => session.on_limits(fetched),
                     Err(reason) => {
                         if !self.refused(&mut session, generation, reason) {
@@ -187,7 +160,7 @@ impl ConnectionThread {
                 }
             }
             let end = self.session(generation, &verdict, &mut session, &mut published);
-            self.publish(&session, &mut published);
+            self.counters.publish(session.counters(), &mut published);
             // The session's socket is closed: release the waker's copy of it.
             self.waker.set(None);
             match end {
@@ -197,27 +170,6 @@ impl ConnectionThread {
             }
         }
         debug!("{}: thread ends", self.url);
-    }
-
-    /// Checks a resolved address right before a connect: for every remote relay, that it is
-    /// not the own relay's; for relays discovered from events, the whole address policy.
-    /// Owned, so it can go to the connect pool with the connect.
-    fn addr_check(
-        &self,
-        verdict: &UrlVerdict,
-    ) -> impl Fn(std::net::SocketAddr) -> Result<(), String> + Send + 'static {
-        let own = matches!(self.role, Role::Own);
-        let verdict = verdict.clone();
-        let policy = self.policy.clone();
-        move |addr| {
-            if own {
-                return Ok(());
-            }
-            match verdict {
-                UrlVerdict::CheckAddresses => policy.check_addr(addr),
-                _ => policy.check_own(addr),
-            }
-        }
     }
 
     /// The address policy refused this relay: counted, logged once (the machine then drops
@@ -232,66 +184,13 @@ impl ConnectionThread {
         self.send_reports(session)
     }
 
-    /// Asks for the relay's NIP-11 document (on the connect pool). `Err` when the address
-    /// policy refused the relay; what the answer means is the session's to decide
-    /// ([`RelaySession::on_limits`]).
-    fn fetch_limits(&self, verdict: &UrlVerdict) -> Result<LimitsFetch, String> {
-        let deadline = Instant::now() + self.nip11_timeout;
-        let (url, tls, check) = (self.url.clone(), self.tls.clone(), self.addr_check(verdict));
-        let fetched = pool::connect_pool().run(pool_patience(self.nip11_timeout), move || {
-            nip11::fetch_checked(&url, pool::remaining(deadline), 64 * 1024, &tls, &check)
-        });
-        let fetched = match fetched {
-            Ok(f) => f,
-            Err(e) => {
-                debug!("{}: no NIP-11 request ({e}); using defaults", self.url);
-                return Ok(LimitsFetch::Unreachable);
-            }
-        };
-        match fetched {
-            Ok(limits) => Ok(LimitsFetch::Fetched(limits)),
-            Err(nip11::Nip11Error::Refused(reason)) => Err(reason),
-            Err(e) => {
-                debug!("{}: no NIP-11 limits ({e}); using defaults", self.url);
-                Ok(match e {
-                    nip11::Nip11Error::Connect(_)
-                    | nip11::Nip11Error::Io(_)
-                    | nip11::Nip11Error::Timeout => LimitsFetch::Unreachable,
-                    _ => LimitsFetch::NoDocument,
-                })
-            }
+    fn dial(&self) -> Dial {
+        Dial {
+            url: self.url.clone(),
+            tls: self.tls.clone(),
+            policy: self.policy.clone(),
+            own: matches!(self.role, Role::Own),
         }
-    }
-
-    /// Opens the websocket on the connect pool ([`crate::net::pool`]) and waits for it. The
-    /// TCP, TLS and websocket handshakes touch tens of KiB of stack that the relay thread
-    /// would keep resident for the rest of its life (an idle connection needs far less); the
-    /// pool's few threads touch theirs once. The deadline runs from this call: time spent
-    /// waiting for a pool thread is taken from the handshakes' time. A panic in the connect
-    /// is resumed here, so the relay thread fails as it would have.
-    fn connect(&self, verdict: &UrlVerdict) -> Result<Socket, ws::ConnectError> {
-        let deadline = Instant::now() + self.ws.connect_timeout;
-        let (url, tls, check) = (self.url.clone(), self.tls.clone(), self.addr_check(verdict));
-        let mut opts = self.ws;
-        if matches!(self.role, Role::Own) {
-            // The own relay's connection reads the whole own relay at start (and every
-            // event it stores): its reads are not cut (`WsOptions::max_read` is for the
-            // many idle remote relays).
-            opts.max_read = 0;
-        }
-        pool::connect_pool()
-            .run(pool_patience(opts.connect_timeout), move || {
-                let left = pool::remaining(deadline);
-                if left.is_zero() {
-                    return Err(ws::ConnectError::Timeout);
-                }
-                let opts = WsOptions {
-                    connect_timeout: left,
-                    ..opts
-                };
-                ws::connect_checked(&url, &opts, &tls, &check)
-            })
-            .unwrap_or_else(|e| Err(ws::ConnectError::Tcp(std::io::Error::other(e.to_string()))))
     }
 
     fn stopping(&self) -> bool {
@@ -354,7 +253,7 @@ impl ConnectionThread {
         published: &mut SessionCounters,
     ) -> SessionEnd {
         debug!("{}: connecting (generation {generation})", self.url);
-        let mut socket = match self.connect(verdict) {
+        let mut socket = match self.dial().connect(verdict, self.ws) {
             Ok(s) => s,
             Err(ws::ConnectError::Refused(reason)) => {
                 self.refused(session, generation, reason);
@@ -362,14 +261,14 @@ impl ConnectionThread {
             }
             Err(e) => {
                 session.on_connect_failed(generation, connect_cause(e));
-                self.publish(session, published);
+                self.counters.publish(session.counters(), published);
                 self.send_reports(session);
                 return SessionEnd::Lost;
             }
         };
         self.waker.set_socket(&socket);
         session.on_connected(generation, self.clock.now());
-        self.publish(session, published);
+        self.counters.publish(session.counters(), published);
         if !self.send_reports(session) {
             return SessionEnd::Stop;
         }
@@ -471,7 +370,7 @@ impl ConnectionThread {
                 FrameOutcome::DroppedCopy => stale = false,
                 FrameOutcome::Handled => {}
                 FrameOutcome::Forward(f) => {
-                    self.publish(session, published);
+                    self.counters.publish(session.counters(), published);
                     let Some(tx) = forward_to else {
                         unreachable!("the own relay's session forwards nothing");
                     };
@@ -520,7 +419,7 @@ impl ConnectionThread {
         if let Err(e) = write_transmits(socket, session, &mut flush) {
             session.on_lost(e);
         }
-        self.publish(session, published);
+        self.counters.publish(session.counters(), published);
         if session.has_reports() {
             *stale = true;
             return self.send_reports(session);
@@ -530,83 +429,12 @@ impl ConnectionThread {
 
     /// The connection ended: counters published, the loss reported.
     fn lost(&self, session: &mut RelaySession, published: &mut SessionCounters) -> SessionEnd {
-        self.publish(session, published);
+        self.counters.publish(session.counters(), published);
         if self.send_reports(session) {
             SessionEnd::Lost
         } else {
             SessionEnd::Stop
         }
-    }
-
-    /// Adds what the session counted since the last call to this relay's shared counters.
-    fn publish(&self, session: &RelaySession, published: &mut SessionCounters) {
-        let now = *session.counters();
-        if now == *published {
-            return;
-        }
-        let c = &self.counters;
-        let pairs: [(&AtomicU64, u64, u64); 14] = [
-            (
-                &c.events_received,
-                now.events_received,
-                published.events_received,
-            ),
-            (
-                &c.events_accepted,
-                now.events_accepted,
-                published.events_accepted,
-            ),
-            (
-                &c.events_invalid,
-                now.events_invalid,
-                published.events_invalid,
-            ),
-            (
-                &c.events_unmatched,
-                now.events_unmatched,
-                published.events_unmatched,
-            ),
-            (
-                &c.events_unknown_subscription,
-                now.events_unknown_subscription,
-                published.events_unknown_subscription,
-            ),
-            (
-                &c.garbage_frames,
-                now.garbage_frames,
-                published.garbage_frames,
-            ),
-            (&c.notices, now.notices, published.notices),
-            (&c.closed, now.closed, published.closed),
-            (
-                &c.auth_challenges,
-                now.auth_challenges,
-                published.auth_challenges,
-            ),
-            (&c.connects, now.connects, published.connects),
-            (&c.disconnects, now.disconnects, published.disconnects),
-            (
-                &c.oversized_frames,
-                now.oversized_frames,
-                published.oversized_frames,
-            ),
-            (
-                &c.signature_checks,
-                now.signature_checks,
-                published.signature_checks,
-            ),
-            (
-                &c.copies_not_forwarded,
-                now.copies_not_forwarded,
-                published.copies_not_forwarded,
-            ),
-        ];
-        for (counter, current, before) in pairs {
-            if current > before {
-                counter.fetch_add(current - before, Ordering::Relaxed);
-            }
-        }
-        *published = now;
     }
 
     /// Hands an event to the forwarder, waiting while its queue is full (back-pressure:
@@ -716,13 +544,6 @@ fn connect_cause(e: ws::ConnectError) -> Disconnect {
         // Handled before (a refusal is reported as `Refused`).
         ws::ConnectError::Refused(e) => Disconnect::Handshake(format!("refused: {e}")),
     }
-}
-
-/// How long a connect or NIP-11 request with `timeout` waits for a free pool thread before it
-/// runs on a thread of its own: a quarter of its time, so every worker stuck in a slow
-/// handshake cannot keep it from three quarters of its time.
-fn pool_patience(timeout: Duration) -> Duration {
-    timeout / 4
 }
 
 /// The relay loop's read timeouts from the websocket options.

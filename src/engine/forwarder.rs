@@ -29,14 +29,41 @@ use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::escape_for_log;
 use crate::core::message::{parse_ok_frame, parse_relay_frame, Incoming};
+use crate::core::session::Forward;
 use crate::core::session::MAX_RELAY_TEXT;
 use crate::core::sync::Report;
 use crate::core::time::{Clock, Time};
-use crate::engine::connection::{write_text, ForwardItem};
+use crate::engine::connection::write_text;
 use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
 use crate::net::ws::{self, WsOptions};
 use crate::shared::url::RelayUrl;
+
+/// A checked event on its way into the own relay.
+#[derive(Debug)]
+pub struct ForwardItem {
+    /// Event id.
+    pub id: EventId,
+    /// The event's JSON exactly as the remote relay sent it.
+    pub raw: Arc<str>,
+    /// Its bytes' place in the pipeline's byte bound; released when the event is resolved.
+    pub admission: Option<ByteAdmission>,
+    /// Fetched by `ids` after a NIP-77 reconciliation found the own relay without it: the
+    /// forwarder sends it even if it remembers an earlier `OK` for it
+    /// ([`ForwardQueue::offer_missing`](crate::core::forward::ForwardQueue::offer_missing)).
+    pub missing: bool,
+}
+
+impl From<Forward> for ForwardItem {
+    fn from(f: Forward) -> ForwardItem {
+        ForwardItem {
+            id: f.id,
+            raw: f.raw,
+            admission: None,
+            missing: f.missing,
+        }
+    }
+}
 
 /// Name of the thread reading the own relay connection for the forwarder.
 pub const READER_THREAD: &str = "forwarder-read";

@@ -8,6 +8,7 @@ use parking_lot::RwLock;
 
 use crate::core::dedup::VerifiedSet;
 use crate::core::forward::{admits, ForwardLimits};
+use crate::core::session::SessionCounters;
 use crate::shared::url::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
@@ -65,6 +66,78 @@ impl RelayCounters {
     /// Reads `c`.
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
+    }
+
+    /// Adds what a relay session counted since the last call (`published`, updated) to these
+    /// shared counters.
+    pub fn publish(&self, now: &SessionCounters, published: &mut SessionCounters) {
+        let now = *now;
+        if now == *published {
+            return;
+        }
+        let c = self;
+        let pairs: [(&AtomicU64, u64, u64); 14] = [
+            (
+                &c.events_received,
+                now.events_received,
+                published.events_received,
+            ),
+            (
+                &c.events_accepted,
+                now.events_accepted,
+                published.events_accepted,
+            ),
+            (
+                &c.events_invalid,
+                now.events_invalid,
+                published.events_invalid,
+            ),
+            (
+                &c.events_unmatched,
+                now.events_unmatched,
+                published.events_unmatched,
+            ),
+            (
+                &c.events_unknown_subscription,
+                now.events_unknown_subscription,
+                published.events_unknown_subscription,
+            ),
+            (
+                &c.garbage_frames,
+                now.garbage_frames,
+                published.garbage_frames,
+            ),
+            (&c.notices, now.notices, published.notices),
+            (&c.closed, now.closed, published.closed),
+            (
+                &c.auth_challenges,
+                now.auth_challenges,
+                published.auth_challenges,
+            ),
+            (&c.connects, now.connects, published.connects),
+            (&c.disconnects, now.disconnects, published.disconnects),
+            (
+                &c.oversized_frames,
+                now.oversized_frames,
+                published.oversized_frames,
+            ),
+            (
+                &c.signature_checks,
+                now.signature_checks,
+                published.signature_checks,
+            ),
+            (
+                &c.copies_not_forwarded,
+                now.copies_not_forwarded,
+                published.copies_not_forwarded,
+            ),
+        ];
+        for (counter, current, before) in pairs {
+            if current > before {
+                counter.fetch_add(current - before, Ordering::Relaxed);
+            }
+        }
+        *published = now;
     }
 
     fn fields(&self) -> [&AtomicU64; 15] {

@@ -3,6 +3,7 @@
 
 pub mod connection;
 pub mod coordinator;
+mod dial;
 pub mod forwarder;
 pub mod metrics;
 pub mod state_file;
