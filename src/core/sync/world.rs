@@ -1,6 +1,15 @@
 //! A simulated world for [`SyncMachine`] tests: fake relays that answer every [`Command`] the
 //! way real relays do, and a fake own relay fed by a forwarder, all in simulated time.
 //!
+//! The machine's commands reach the fakes the way they reach real relays: each relay has a
+//! [`RelaySession`] (the one the relay threads run), the command goes into it, the frames it
+//! writes (`REQ`, `CLOSE`, `NEG-OPEN`, …, JSON as on a socket) are read by the fake relay, and
+//! the fake's answers (`EVENT`, `EOSE`, `CLOSED`, `NOTICE`, `NEG-MSG`, `NEG-ERR`, pongs) go
+//! back into the session as frames, driven until quiet (as quinn-proto's tests drive a pair
+//! of connections). The machine sees only the reports the sessions make, so a simulated hour
+//! exercises the same decision code as production. Events a session hands to "the
+//! forwarder" are stored on the own relay.
+//!
 //! What the fakes do, because real relays do it (see `docs/relays.md`):
 //! * `since`, `until`, `ids`, `kinds`, `authors` and tags apply to stored **and live** events
 //!   (`Filter::match_event`); `limit` caps only the stored answer (`limit: 0`: none).
@@ -15,10 +24,10 @@
 //!   disconnect mid-session, malformed hex, endless rounds.
 //!
 //! Events a remote relay sends go through the "forwarder" into the own relay, which
-//! delivers them to its matching subscriptions (the self-subscription) as
-//! [`Report::SelfEvent`], as the engine does.
+//! delivers them as `EVENT` frames to its matching subscriptions (the self-subscription's
+//! session then reports [`Report::SelfEvent`]), as the engine does.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use nostr::event::{Event, EventId};
@@ -27,7 +36,12 @@ use nostr::message::SubscriptionId;
 
 use negentropy::{Id, Negentropy, NegentropyStorageVector};
 
-use crate::core::paging::PageStats;
+use crate::core::auth::AuthLimits;
+use crate::core::dedup::VerifiedSet;
+use crate::core::session::{
+    Control, Disconnect, Frame, FrameOutcome, LimitsFetch, RelaySession, SessionConfig,
+    SessionRole, Transmit, Verified,
+};
 use crate::core::sync::reconcile::{hex_decode, hex_encode};
 use crate::core::sync::{Command, Report, SyncConfig, SyncMachine};
 use crate::core::time::Time;
@@ -99,8 +113,8 @@ pub(crate) struct FakeRelay {
     pub no_eose_kind: Option<u16>,
     /// EOSE is held back until [`World::release_eose`] (a slow relay).
     pub hold_eose: bool,
-    /// EOSE held back: (generation, subscription, what it delivered).
-    held: Vec<(u64, SubscriptionId, PageStats)>,
+    /// EOSE held back: (generation, subscription).
+    held: Vec<(u64, SubscriptionId)>,
     /// Every REQ filter received, in order.
     pub reqs: Vec<Filter>,
     /// Largest number of open subscriptions seen at once.
@@ -166,7 +180,33 @@ pub(crate) struct World {
     pub own: FakeRelay,
     pub relays: BTreeMap<RelayUrl, FakeRelay>,
     reports: VecDeque<Report>,
-    nip11_sent: HashSet<RelayUrl>,
+    /// The relay sessions, one per relay with a "thread" (the own relay's included).
+    sessions: BTreeMap<RelayUrl, RelaySession>,
+    /// The verified set the sessions share (one per process).
+    verified: VerifiedSet,
+    /// Frames the sessions wrote (pings excluded), for tests that look at the wire.
+    pub frames_sent: usize,
+}
+
+/// Ping interval and pong deadline of the simulated sessions (the engine's defaults).
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+const PONG_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Events the shared verified set of a simulated process remembers.
+const VERIFIED: usize = 200_000;
+
+/// The `["EVENT", sub, event]` frame of `e`.
+fn event_frame(sub_id: &SubscriptionId, e: &Event) -> String {
+    format!(
+        r#"["EVENT",{},{}]"#,
+        serde_json::to_string(sub_id.as_str()).expect("json"),
+        e.as_json()
+    )
+}
+
+/// A relay frame `[kind, sub, text]`.
+fn frame3(kind: &str, sub_id: &SubscriptionId, text: &str) -> String {
+    serde_json::json!([kind, sub_id.as_str(), text]).to_string()
 }
 
 impl World {
@@ -185,7 +225,9 @@ impl World {
             own: FakeRelay::default(),
             relays: BTreeMap::new(),
             reports: VecDeque::new(),
-            nip11_sent: HashSet::new(),
+            sessions: BTreeMap::new(),
+            verified: VerifiedSet::new(VERIFIED),
+            frames_sent: 0,
         }
     }
 
@@ -233,7 +275,7 @@ impl World {
     /// Moves simulated time forward by `d`, firing every timer on the way.
     pub fn advance(&mut self, d: Duration) {
         let end = self.now.plus(d);
-        while let Some(t) = self.m.poll_timeout() {
+        while let Some(t) = self.next_timeout() {
             if t > end {
                 break;
             }
@@ -242,11 +284,37 @@ impl World {
             if t > self.now {
                 self.now = self.now.plus(t.since(self.now));
             }
-            self.m.handle_timeout(self.now);
-            self.pump();
+            self.fire_timers();
         }
         self.now = end;
-        self.m.handle_timeout(self.now);
+        self.fire_timers();
+    }
+
+    /// The earliest deadline of the machine and of every session.
+    fn next_timeout(&self) -> Option<Time> {
+        let sessions = self
+            .sessions
+            .values()
+            .filter_map(RelaySession::poll_timeout);
+        sessions.chain(self.m.poll_timeout()).min()
+    }
+
+    /// Runs the machine's and the sessions' timers due now, then settles.
+    fn fire_timers(&mut self) {
+        let now = self.now;
+        let due: Vec<RelayUrl> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.poll_timeout().is_some_and(|t| t <= now))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for url in due {
+            if let Some(s) = self.sessions.get_mut(&url) {
+                s.handle_timeout(now);
+            }
+            self.drive(&url);
+        }
+        self.m.handle_timeout(now);
         self.pump();
     }
 
@@ -266,7 +334,8 @@ impl World {
             f.held.clear();
         }
         self.reports.clear();
-        self.nip11_sent.clear();
+        self.sessions.clear();
+        self.verified = VerifiedSet::new(VERIFIED);
         let now = self.now.plus(down);
         let wall = (now.wall_millis() as i64)
             .saturating_add(wall_step_ms)
@@ -288,114 +357,252 @@ impl World {
         }
     }
 
+    /// The session of `relay`, made at its first connect (a relay thread's).
+    fn session(&mut self, relay: &RelayUrl) -> &mut RelaySession {
+        let role = if *relay == self.own_url {
+            SessionRole::Own
+        } else {
+            SessionRole::Remote
+        };
+        self.sessions.entry(relay.clone()).or_insert_with(|| {
+            RelaySession::new(SessionConfig {
+                url: relay.clone(),
+                role,
+                ping_interval: PING_INTERVAL,
+                pong_timeout: PONG_TIMEOUT,
+                max_event_size: 1 << 20,
+                auth_keys: None,
+                auth_limits: AuthLimits::default(),
+            })
+        })
+    }
+
     fn execute(&mut self, c: Command) {
-        match c {
-            Command::Connect { relay, generation } => {
-                let first = self.nip11_sent.insert(relay.clone());
-                let Some(f) = self.fake(&relay) else {
-                    self.reports.push_back(Report::Disconnected {
-                        relay,
-                        generation,
-                        reason: "no such relay".into(),
-                    });
-                    return;
-                };
-                if f.down {
-                    self.reports.push_back(Report::Disconnected {
-                        relay,
-                        generation,
-                        reason: "connection refused".into(),
-                    });
-                    return;
+        let (relay, control) = match c {
+            Command::Connect { relay, generation } => return self.connect(relay, generation),
+            Command::Forget { relay } => {
+                // The thread ends: its connection and its session are gone.
+                self.sessions.remove(&relay);
+                if let Some(f) = self.fake(&relay) {
+                    f.conn = None;
+                    f.subs.clear();
+                    f.held.clear();
+                    f.negs.clear();
                 }
-                f.conn = Some(generation);
-                f.subs.clear();
-                let limits = f.publish_nip11.then(|| f.limits());
-                if let (true, Some(limits)) = (first, limits) {
-                    self.reports.push_back(Report::Limits {
-                        relay: relay.clone(),
-                        limits,
-                    });
-                }
-                self.reports
-                    .push_back(Report::Connected { relay, generation });
+                return;
             }
+            Command::RetryRejected { .. } => return,
             Command::Subscribe {
                 relay,
                 generation,
                 sub_id,
                 filter,
-            } => self.subscribe(relay, generation, sub_id, filter),
+            } => (
+                relay,
+                Control::Subscribe {
+                    generation,
+                    sub_id,
+                    filter: Box::new(filter),
+                },
+            ),
             Command::Unsubscribe {
                 relay,
                 generation,
                 sub_id,
-            } => {
-                if let Some(f) = self.fake(&relay) {
-                    if f.conn == Some(generation) {
-                        f.subs.remove(&sub_id);
-                    }
-                }
-            }
-            Command::Forget { relay } => {
-                if let Some(f) = self.fake(&relay) {
-                    f.conn = None;
-                    f.subs.clear();
-                }
-            }
-            Command::RetryRejected { .. } => {}
+            } => (relay, Control::Unsubscribe { generation, sub_id }),
             Command::CollectIds {
                 generation,
                 sub_id,
                 filter,
-            } => self.collect_ids(generation, sub_id, filter),
+            } => (
+                self.own_url.clone(),
+                Control::CollectIds {
+                    generation,
+                    sub_id,
+                    filter: Box::new(filter),
+                },
+            ),
             Command::NegOpen {
                 relay,
                 generation,
                 sub_id,
                 filter,
                 message,
-            } => self.neg_open(relay, generation, sub_id, filter, message),
+            } => (
+                relay,
+                Control::NegOpen {
+                    generation,
+                    sub_id,
+                    filter: Box::new(filter),
+                    message,
+                },
+            ),
             Command::NegMsg {
                 relay,
                 generation,
                 sub_id,
                 message,
-            } => self.neg_msg(relay, generation, sub_id, message),
+            } => (
+                relay,
+                Control::NegMsg {
+                    generation,
+                    sub_id,
+                    message,
+                },
+            ),
             Command::NegClose {
                 relay,
                 generation,
                 sub_id,
-            } => {
-                if let Some(f) = self.fake(&relay) {
-                    f.negs.remove(&(generation, sub_id));
+            } => (relay, Control::NegClose { generation, sub_id }),
+        };
+        let now = self.now;
+        if let Some(s) = self.sessions.get_mut(&relay) {
+            s.handle_command(now, control);
+        }
+        self.drive(&relay);
+    }
+
+    /// A `Connect`: NIP-11 while the session wants it, then the connection (or its failure).
+    fn connect(&mut self, relay: RelayUrl, generation: u64) {
+        let now = self.now;
+        let fake = if relay == self.own_url {
+            Some(&self.own)
+        } else {
+            self.relays.get(&relay)
+        };
+        let fake = fake.map(|f| (f.down, f.publish_nip11.then(|| f.limits())));
+        let session = self.session(&relay);
+        // A Connect while connected closes the old connection first.
+        session.on_closed_locally();
+        match fake {
+            None => session.on_connect_failed(generation, Disconnect::Tcp("no such relay".into())),
+            Some((true, _)) => {
+                session.on_connect_failed(generation, Disconnect::Tcp("connection refused".into()))
+            }
+            Some((false, limits)) => {
+                if session.wants_limits() {
+                    session.on_limits(limits.map_or(LimitsFetch::NoDocument, LimitsFetch::Fetched));
                 }
+                session.on_connected(generation, now);
+                let f = self.fake(&relay).expect("known");
+                f.conn = Some(generation);
+                f.subs.clear();
+                f.held.clear();
+                f.negs.clear();
+            }
+        }
+        self.drive(&relay);
+    }
+
+    /// Carries the frames `relay`'s session wrote to the fake relay, and everything that
+    /// follows, until the session is quiet; its reports go to the machine.
+    fn drive(&mut self, relay: &RelayUrl) {
+        loop {
+            let Some(t) = self
+                .sessions
+                .get_mut(relay)
+                .and_then(RelaySession::poll_transmit)
+            else {
+                break;
+            };
+            match t {
+                Transmit::Ping => self.send(relay, Frame::Pong),
+                Transmit::Text(text) => {
+                    self.frames_sent += 1;
+                    self.client_frame(relay, &text);
+                }
+            }
+        }
+        self.collect(relay);
+    }
+
+    /// Moves `relay`'s session's reports to the machine's queue.
+    fn collect(&mut self, relay: &RelayUrl) {
+        if let Some(s) = self.sessions.get_mut(relay) {
+            while let Some(r) = s.poll_report() {
+                self.reports.push_back(r);
             }
         }
     }
 
-    /// The own relay answers a `CollectIds` query: its stored answer (capped like any),
-    /// reduced to `(created_at, id)`, then EOSE.
-    fn collect_ids(&mut self, generation: u64, sub_id: SubscriptionId, filter: Filter) {
-        if self.own.conn != Some(generation) {
+    /// The fake relay reads one frame a session wrote.
+    fn client_frame(&mut self, relay: &RelayUrl, text: &str) {
+        let Some(generation) = self.fake(relay).and_then(|f| f.conn) else {
             return;
+        };
+        let msg =
+            nostr::message::ClientMessage::from_json(text).expect("the session writes NIP-01");
+        use nostr::message::ClientMessage as C;
+        match msg {
+            C::Req {
+                subscription_id,
+                mut filters,
+            } => {
+                assert_eq!(filters.len(), 1, "one filter per REQ");
+                let filter = filters.remove(0).into_owned();
+                self.subscribe(
+                    relay.clone(),
+                    generation,
+                    subscription_id.into_owned(),
+                    filter,
+                );
+            }
+            C::Close(sub_id) => {
+                if let Some(f) = self.fake(relay) {
+                    f.subs.remove(&*sub_id);
+                }
+            }
+            C::NegOpen {
+                subscription_id,
+                filter,
+                initial_message,
+            } => self.neg_open(
+                relay.clone(),
+                generation,
+                subscription_id.into_owned(),
+                filter.into_owned(),
+                initial_message.into_owned(),
+            ),
+            C::NegMsg {
+                subscription_id,
+                message,
+            } => self.neg_msg(
+                relay.clone(),
+                generation,
+                subscription_id.into_owned(),
+                message.into_owned(),
+            ),
+            C::NegClose { subscription_id } => {
+                if let Some(f) = self.fake(relay) {
+                    f.negs.remove(&(generation, subscription_id.into_owned()));
+                }
+            }
+            other => panic!("a session wrote {other:?}"),
         }
-        self.own.reqs.push(filter.clone());
-        let answer = self.own.stored_answer(&filter);
-        let mut stats = PageStats::default();
-        let mut items = Vec::new();
-        for e in &answer {
-            stats.record_event(e);
-            items.push((e.created_at.as_secs(), e.id));
+    }
+
+    /// A frame from the fake relay into `relay`'s session; an event it hands to the
+    /// forwarder is stored on the own relay.
+    fn send(&mut self, relay: &RelayUrl, frame: Frame<'_>) {
+        let now = self.now;
+        let Some(s) = self.sessions.get_mut(relay) else {
+            return;
+        };
+        let verified = Verified {
+            set: &self.verified,
+            forward_epoch: 0,
+        };
+        if let FrameOutcome::Forward(f) = s.handle_frame(now, frame, verified) {
+            let e = Event::from_json(&*f.raw).expect("a checked event");
+            self.store_on_own_quietly(&e);
         }
-        // Closed at its EOSE: never registered for live delivery.
-        self.reports.push_back(Report::OwnIds {
-            generation,
-            sub_id,
-            stats,
-            items,
-            truncated: false,
-        });
+        self.collect(relay);
+    }
+
+    /// A text frame from the fake relay.
+    fn send_text(&mut self, relay: &RelayUrl, text: &str) {
+        self.send(relay, Frame::Text(text));
     }
 
     fn neg_open(
@@ -413,39 +620,21 @@ impl World {
             return;
         }
         f.neg_opens.push(filter.clone());
-        match f.nip77 {
-            Nip77Mode::Off => self.reports.push_back(Report::Notice {
-                relay,
-                generation,
-                message: "could not parse command".into(),
-            }),
-            Nip77Mode::Silent => {}
-            Nip77Mode::Err => self.reports.push_back(Report::NegErr {
-                relay,
-                generation,
-                sub_id,
-                message: "blocked: too many records".into(),
-                closed: false,
-            }),
-            Nip77Mode::Closed => self.reports.push_back(Report::NegErr {
-                relay,
-                generation,
-                sub_id,
-                message: "error: shutting down idle subscriptions".into(),
-                closed: true,
-            }),
-            Nip77Mode::BadHex => self.reports.push_back(Report::NegMsg {
-                relay,
-                generation,
-                sub_id,
-                message: "zz-not-hex".into(),
-            }),
+        let answer = match f.nip77 {
+            Nip77Mode::Off => serde_json::json!(["NOTICE", "could not parse command"]).to_string(),
+            Nip77Mode::Silent => return,
+            Nip77Mode::Err => frame3("NEG-ERR", &sub_id, "blocked: too many records"),
+            Nip77Mode::Closed => {
+                frame3("CLOSED", &sub_id, "error: shutting down idle subscriptions")
+            }
+            Nip77Mode::BadHex => frame3("NEG-MSG", &sub_id, "zz-not-hex"),
             _ => {
                 let server = f.neg_server(&filter);
                 f.negs.insert((generation, sub_id.clone()), server);
-                self.neg_msg(relay, generation, sub_id, message);
+                return self.neg_msg(relay, generation, sub_id, message);
             }
-        }
+        };
+        self.send_text(&relay, &answer);
     }
 
     fn neg_msg(&mut self, relay: RelayUrl, generation: u64, sub_id: SubscriptionId, msg: String) {
@@ -478,15 +667,13 @@ impl World {
             }
         };
         f.neg_rounds += 1;
-        self.reports.push_back(Report::NegMsg {
-            relay,
-            generation,
-            sub_id,
-            message: reply,
-        });
+        self.send_text(&relay, &frame3("NEG-MSG", &sub_id, &reply));
     }
 
-    /// The relay sends a NEG-MSG for a session that does not exist.
+    /// The machine gets a NEG-MSG for a session it does not run (one that crossed the
+    /// NEG-CLOSE the machine sent when it ended the session: the relay thread still knew
+    /// it). Reported directly: a relay's NEG-MSG for a session never opened on the
+    /// connection is dropped by the session itself (`core::session`'s tests).
     pub fn stray_neg_msg(&mut self, url: &str, sub: &str) {
         let url = RelayUrl::parse(url).expect("url");
         let Some(generation) = self.relays.get(&url).and_then(|f| f.conn) else {
@@ -508,7 +695,6 @@ impl World {
         sub_id: SubscriptionId,
         filter: Filter,
     ) {
-        let own = relay == self.own_url;
         let Some(f) = self.fake(&relay) else {
             return;
         };
@@ -518,12 +704,8 @@ impl World {
         f.reqs.push(filter.clone());
         if let Some(max) = f.max_subs {
             if !f.subs.contains_key(&sub_id) && f.subs.len() >= max {
-                self.reports.push_back(Report::Closed {
-                    relay,
-                    generation,
-                    sub_id,
-                    message: "error: too many subscriptions".into(),
-                });
+                let closed = frame3("CLOSED", &sub_id, "error: too many subscriptions");
+                self.send_text(&relay, &closed);
                 return;
             }
         }
@@ -547,42 +729,29 @@ impl World {
                     .is_some_and(|ks| ks.contains(&nostr::event::Kind::from(k)))
             });
         let hold = f.hold_eose;
-        let mut stats = PageStats::default();
+        // Open before the stored answer: a live event stored meanwhile reaches it too.
+        f.subs.insert(sub_id.clone(), filter);
+        f.max_open_seen = f.max_open_seen.max(f.subs.len());
         for (i, e) in answer.iter().enumerate() {
             if drop_at == Some(i) {
                 self.drop_connection(&relay);
                 return;
             }
-            stats.record_event(e);
-            self.deliver(own, generation, e);
+            self.send_text(&relay, &event_frame(&sub_id, e));
         }
         let Some(f) = self.fake(&relay) else {
             return;
         };
-        f.subs.insert(sub_id.clone(), filter);
-        f.max_open_seen = f.max_open_seen.max(f.subs.len());
-        if hold && !withhold {
-            f.held.push((generation, sub_id, stats));
-        } else if !withhold {
-            self.reports.push_back(Report::Eose {
-                relay,
-                generation,
-                sub_id,
-                stats,
-            });
+        if f.conn != Some(generation) || !f.subs.contains_key(&sub_id) {
+            return;
         }
-    }
-
-    /// An event arrives at the machine from a subscription: from the own relay it is a
-    /// self-event; from a remote relay the forwarder writes it into the own relay.
-    fn deliver(&mut self, from_own: bool, generation: u64, e: &Event) {
-        if from_own {
-            self.reports.push_back(Report::SelfEvent {
-                generation,
-                event: Box::new(e.clone()),
-            });
-        } else {
-            self.store_on_own_quietly(e);
+        if hold && !withhold {
+            f.held.push((generation, sub_id));
+        } else if !withhold {
+            self.send_text(
+                &relay,
+                &serde_json::json!(["EOSE", sub_id.as_str()]).to_string(),
+            );
         }
     }
 
@@ -599,19 +768,26 @@ impl World {
             return;
         }
         self.own.store.push(e.clone());
-        if let Some(g) = self.own.conn {
-            let n = self
-                .own
-                .subs
-                .values()
-                .filter(|f| f.match_event(e, MatchEventOptions::new()))
-                .count();
-            for _ in 0..n {
-                self.reports.push_back(Report::SelfEvent {
-                    generation: g,
-                    event: Box::new(e.clone()),
-                });
-            }
+        let own = self.own_url.clone();
+        self.deliver_live(&own, e);
+    }
+
+    /// Sends `e` to every open subscription of `url` whose filter matches it.
+    fn deliver_live(&mut self, url: &RelayUrl, e: &Event) {
+        let Some(f) = self.fake(url) else {
+            return;
+        };
+        if f.conn.is_none() {
+            return;
+        }
+        let subs: Vec<SubscriptionId> = f
+            .subs
+            .iter()
+            .filter(|(_, flt)| flt.match_event(e, MatchEventOptions::new()))
+            .map(|(s, _)| s.clone())
+            .collect();
+        for sub_id in subs {
+            self.send_text(url, &event_frame(&sub_id, e));
         }
     }
 
@@ -621,16 +797,7 @@ impl World {
         let url = RelayUrl::parse(relay).expect("relay url");
         let f = self.relays.get_mut(&url).expect("known relay");
         f.store.push(e.clone());
-        if let Some(g) = f.conn {
-            let n = f
-                .subs
-                .values()
-                .filter(|flt| flt.match_event(e, MatchEventOptions::new()))
-                .count();
-            for _ in 0..n {
-                self.deliver(false, g, e);
-            }
-        }
+        self.deliver_live(&url, e);
         self.pump();
     }
 
@@ -638,17 +805,16 @@ impl World {
         let Some(f) = self.fake(url) else {
             return;
         };
-        let Some(generation) = f.conn.take() else {
+        if f.conn.take().is_none() {
             return;
-        };
+        }
         f.subs.clear();
         f.held.clear();
         f.negs.clear();
-        self.reports.push_back(Report::Disconnected {
-            relay: url.clone(),
-            generation,
-            reason: "connection reset".into(),
-        });
+        if let Some(s) = self.sessions.get_mut(url) {
+            s.on_lost(Disconnect::Read("connection reset".into()));
+        }
+        self.collect(url);
     }
 
     /// A batch whose queries answer at different times on `url` (its EOSEs held): the first
@@ -677,15 +843,13 @@ impl World {
         let held = std::mem::take(&mut f.held);
         let due: Vec<_> = held
             .into_iter()
-            .filter(|(g, sub, _)| f.conn == Some(*g) && f.subs.contains_key(sub))
+            .filter(|(g, sub)| f.conn == Some(*g) && f.subs.contains_key(sub))
             .collect();
-        for (generation, sub_id, stats) in due {
-            self.reports.push_back(Report::Eose {
-                relay: url.clone(),
-                generation,
-                sub_id,
-                stats,
-            });
+        for (_, sub_id) in due {
+            self.send_text(
+                &url,
+                &serde_json::json!(["EOSE", sub_id.as_str()]).to_string(),
+            );
         }
         self.pump();
     }
@@ -703,18 +867,10 @@ impl World {
         let Some(f) = self.fake(&url) else {
             return;
         };
-        let Some(generation) = f.conn else {
-            return;
-        };
-        if f.subs.remove(sub).is_none() {
+        if f.conn.is_none() || f.subs.remove(sub).is_none() {
             return;
         }
-        self.reports.push_back(Report::Closed {
-            relay: url,
-            generation,
-            sub_id: sub.clone(),
-            message: message.into(),
-        });
+        self.send_text(&url, &frame3("CLOSED", sub, message));
         self.pump();
     }
 
