@@ -498,14 +498,11 @@ impl World {
     /// Carries the frames `relay`'s session wrote to the fake relay, and everything that
     /// follows, until the session is quiet; its reports go to the machine.
     fn drive(&mut self, relay: &RelayUrl) {
-        loop {
-            let Some(t) = self
-                .sessions
-                .get_mut(relay)
-                .and_then(RelaySession::poll_transmit)
-            else {
-                break;
-            };
+        while let Some(t) = self
+            .sessions
+            .get_mut(relay)
+            .and_then(RelaySession::poll_transmit)
+        {
             match t {
                 Transmit::Ping => self.send(relay, Frame::Pong),
                 Transmit::Text(text) => {
