@@ -192,6 +192,7 @@ fn main() {
         ws.read_buffer_size = b as usize;
     }
     let metrics = Arc::new(Metrics::default());
+    let gate = Arc::new(grasp_sync::core::dedup::ForwardGate::default());
     let (reports, reports_rx) = unbounded::<Input>();
     let (forward, _forward_rx) = unbounded();
     let stopping = Arc::new(AtomicBool::new(false));
@@ -219,6 +220,7 @@ fn main() {
             ping_interval: Duration::from_secs(30),
             pong_timeout: Duration::from_secs(30),
             metrics: metrics.clone(),
+            gate: gate.clone(),
             stopping: stopping.clone(),
             clock: Arc::new(SystemClock),
             nip11_timeout: Duration::ZERO,

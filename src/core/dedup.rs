@@ -276,6 +276,44 @@ impl VerifiedShard {
     }
 }
 
+/// What decides whether a checked event goes to the forwarder, shared by every relay thread:
+/// the events verified recently ([`VerifiedSet`], which also remembers which were handed to
+/// the forwarder) and the forwarder's *epoch*. A new forwarder starts with an empty queue, so
+/// a hand-over claim made for an earlier one no longer means the event is on its way; the
+/// epoch changes when a forwarder is started again, which voids every earlier claim.
+#[derive(Debug, Default)]
+pub struct ForwardGate {
+    verified: VerifiedSet,
+    epoch: std::sync::atomic::AtomicU64,
+}
+
+impl ForwardGate {
+    /// A gate remembering up to `capacity` verified events.
+    #[must_use]
+    pub fn new(capacity: usize) -> ForwardGate {
+        ForwardGate {
+            verified: VerifiedSet::new(capacity),
+            epoch: Default::default(),
+        }
+    }
+
+    /// The verified set.
+    pub fn verified(&self) -> &VerifiedSet {
+        &self.verified
+    }
+
+    /// The current forwarder's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A new forwarder starts: earlier hand-over claims no longer count.
+    pub fn new_epoch(&self) {
+        self.epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Default for VerifiedSet {
     fn default() -> Self {
         VerifiedSet::new(VERIFIED_REMEMBERED)

@@ -31,6 +31,7 @@ use nostr::key::Keys;
 use tungstenite::Message;
 
 use crate::core::auth::AuthLimits;
+use crate::core::dedup::ForwardGate;
 use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::{BlockedPinger, Ticks};
 pub use crate::core::session::{Control, MAX_COLLECTED_IDS, MAX_RELAY_TEXT};
@@ -81,8 +82,10 @@ pub struct ConnectionThread {
     pub pong_timeout: Duration,
     /// Counters of this relay.
     pub counters: Arc<RelayCounters>,
-    /// Shared counters (the forwarder's unresolved count) and the verified set.
+    /// Shared counters (the forwarder's unresolved count and byte bound).
     pub metrics: Arc<Metrics>,
+    /// Which checked events go to the forwarder (shared by every relay thread).
+    pub gate: Arc<ForwardGate>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
     /// Time source.
@@ -338,8 +341,8 @@ impl ConnectionThread {
             now = self.clock.now();
             stale = false;
             let verified = Verified {
-                set: &self.metrics.verified,
-                forward_epoch: self.metrics.forwarder_restarts.load(Ordering::Relaxed),
+                set: self.gate.verified(),
+                forward_epoch: self.gate.epoch(),
             };
             let outcome = match &read {
                 Ok(msg) => {

@@ -16,6 +16,7 @@ use log::{debug, error, info, warn};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
+use crate::core::dedup::ForwardGate;
 use crate::core::sync::{Command, SyncMachine};
 use crate::core::time::Time;
 use crate::engine::connection::{self, ConnectionThread, Control, Role};
@@ -87,6 +88,8 @@ pub struct Coordinator {
     pub config: Config,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Which checked events go to the forwarder (shared with the relay threads).
+    pub gate: Arc<ForwardGate>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
     /// The shutdown deadline, set by `SyncHandle::shutdown` before `stopping`.
@@ -272,6 +275,8 @@ impl Coordinator {
             self.metrics
                 .forwarder_restarts
                 .fetch_add(1, Ordering::Relaxed);
+            // Events claimed for the lost forwarder are handed to the new one again.
+            self.gate.new_epoch();
             let f = &self.metrics.forward;
             f.connected.store(0, Ordering::Relaxed);
             f.unresolved
@@ -492,6 +497,7 @@ impl Coordinator {
             pong_timeout: self.config.pong_timeout,
             counters,
             metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
             stopping: self.stopping.clone(),
             clock: self.config.clock.clone(),
             nip11_timeout: self.config.nip11_timeout,

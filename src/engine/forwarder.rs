@@ -23,6 +23,7 @@ use crate::core::auth::auth_event;
 use crate::core::auth::{
     is_auth_required, AuthLimits, AuthOutcome, AuthState, IgnoreReason, OnChallenge, WriteAction,
 };
+use crate::core::dedup::ForwardGate;
 use crate::core::dedup::IdMap;
 use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
@@ -170,6 +171,8 @@ pub struct Forwarder {
     pub pong_timeout: Duration,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Which checked events the relay threads hand over (a rejected event is released).
+    pub gate: Arc<ForwardGate>,
     /// Set when the engine stops. The forwarder itself ends on [`ForwarderControl::Drain`]
     /// (after flushing) or when its channels close, not on this flag.
     pub stopping: Arc<AtomicBool>,
@@ -733,7 +736,7 @@ impl Forwarder {
             OkOutcome::Rejected(reason) => {
                 self.resolved();
                 // Given up: the next copy from a remote relay is handed over again.
-                self.metrics.verified.release_forward(&event_id);
+                self.gate.verified().release_forward(&event_id);
                 let slot = crate::engine::metrics::reject_reason_slot(&reason);
                 let n =
                     self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);
@@ -972,6 +975,7 @@ mod tests {
             ping_interval: tick,
             pong_timeout: tick,
             metrics: Arc::new(Metrics::default()),
+            gate: Arc::default(),
             stopping: Arc::new(AtomicBool::new(false)),
             drain: std::cell::Cell::new(None),
             clock: Arc::new(SystemClock),

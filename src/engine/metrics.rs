@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::core::dedup::VerifiedSet;
 use crate::core::forward::{admits, ForwardLimits};
 use crate::core::session::SessionCounters;
 use crate::shared::url::RelayUrl;
@@ -341,11 +340,6 @@ pub struct Metrics {
     pub relays_refused: AtomicU64,
     /// The refused relays and why (at most [`MAX_REFUSED_SHOWN`] kept).
     refused: RwLock<std::collections::BTreeMap<RelayUrl, String>>,
-    /// Event signatures verified recently, shared by every relay thread so that a copy of an
-    /// event is not verified again.
-    pub verified: VerifiedSet,
-    /// The state file of `--state-dir` (loaded, ignored, saves).
-    pub state: crate::engine::state_file::StateCounters,
 }
 
 /// Refused relays kept for the status (the counter goes on).

@@ -18,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::core::actions::{RepoScope, TargetReport};
+use crate::core::dedup::ForwardGate;
 use crate::core::health::HealthState;
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Report, SyncMachine};
@@ -242,6 +243,7 @@ impl Status {
 pub struct SyncHandle {
     machine: Arc<RwLock<SyncMachine>>,
     metrics: Arc<Metrics>,
+    state_counters: Arc<state_file::StateCounters>,
     config: Config,
     inputs: Sender<Input>,
     stopping: Arc<AtomicBool>,
@@ -260,6 +262,8 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
     log_scope(&config);
     let mut sync_machine = SyncMachine::new(config.sync_config());
     let metrics = Arc::new(Metrics::default());
+    let gate = Arc::new(ForwardGate::default());
+    let state_counters = Arc::new(state_file::StateCounters::default());
     let state = match &config.state_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| {
@@ -275,7 +279,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
                 &key,
                 &mut sync_machine,
                 config.clock.now(),
-                &metrics.state,
+                &state_counters,
             );
             Some(
                 state_file::StateWriter::new(
@@ -283,7 +287,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
                     own,
                     key,
                     config.state_save_interval,
-                    metrics.clone(),
+                    state_counters.clone(),
                     config.clock.clone(),
                 )
                 .map_err(Error::Spawn)?,
@@ -309,6 +313,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         ping_interval: config.ping_interval,
         pong_timeout: config.pong_timeout,
         metrics: metrics.clone(),
+        gate: gate.clone(),
         stopping: stopping.clone(),
         drain: std::cell::Cell::new(None),
         clock: config.clock.clone(),
@@ -331,6 +336,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         forwarder_restarted: None,
         config: config.clone(),
         metrics: metrics.clone(),
+        gate,
         stopping: stopping.clone(),
         stop_deadline: stop_deadline.clone(),
         policy: Arc::new(config.address_policy(own_addresses(&config))),
@@ -344,6 +350,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
     Ok(SyncHandle {
         machine,
         metrics,
+        state_counters,
         config,
         inputs: inputs_tx,
         stopping,
@@ -486,7 +493,7 @@ impl SyncHandle {
             forward_bytes_peak: f.bytes_peak.load(Ordering::Relaxed),
             repo_scope: self.config.repo_scope(),
             targets: m.target_report(),
-            state_file: self.metrics.state.status(),
+            state_file: self.state_counters.status(),
         }
     }
 

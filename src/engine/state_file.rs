@@ -495,7 +495,7 @@ impl StateWriter {
         own_relay: String,
         config: String,
         interval: Duration,
-        metrics: Arc<Metrics>,
+        counters: Arc<StateCounters>,
         clock: Arc<dyn Clock>,
     ) -> std::io::Result<Self> {
         let (jobs, job_rx) = bounded::<SyncSnapshot>(1);
@@ -505,7 +505,7 @@ impl StateWriter {
             .spawn(move || {
                 for snap in job_rx {
                     let now = clock.now();
-                    if write(&dir, &own_relay, &config, &snap, now, &metrics.state) {
+                    if write(&dir, &own_relay, &config, &snap, now, &counters) {
                         let _ = done_tx.send((snap.relays, now));
                     }
                 }
@@ -794,7 +794,7 @@ mod tests {
             "ws://own".into(),
             "c".into(),
             Duration::from_secs(1),
-            metrics.clone(),
+            Arc::default(),
             clock.clone(),
         )
         .unwrap();
