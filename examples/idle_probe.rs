@@ -244,9 +244,9 @@ fn main() {
     while eose + lost < n && Instant::now() < end {
         match reports_rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Input::Report(Report::Eose { .. })) => eose += 1,
-            Ok(Input::Report(Report::Disconnected { reason, .. })) => {
+            Ok(Input::Report(Report::Disconnected { cause, .. })) => {
                 lost += 1;
-                eprintln!("disconnected: {reason}");
+                eprintln!("disconnected: {cause}");
             }
             _ => {}
         }

@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::core::dedup::ForwardGate;
+use crate::core::session::Disconnect;
 use crate::core::sync::{Command, SyncMachine};
 use crate::core::time::Time;
 use crate::engine::connection::{self, ConnectionThread, Control, Role};
@@ -227,11 +228,8 @@ impl Coordinator {
             let Some(t) = threads.remove(&relay) else {
                 continue;
             };
-            let how = if t.handle.join().is_err() {
-                "panicked"
-            } else {
-                "ended"
-            };
+            let panicked = t.handle.join().is_err();
+            let how = if panicked { "panicked" } else { "ended" };
             error!("{relay}: relay thread {how}; starting it again");
             self.metrics.thread_restarts.fetch_add(1, Ordering::Relaxed);
             RelayCounters::inc(&self.metrics.relay(&relay).thread_restarts);
@@ -249,7 +247,7 @@ impl Coordinator {
                     crate::core::Report::Disconnected {
                         relay: relay.clone(),
                         generation: t.generation,
-                        reason: format!("relay thread {how}"),
+                        cause: Disconnect::ThreadLost { panicked },
                     },
                     self.config.clock.now(),
                 );
@@ -362,7 +360,7 @@ impl Coordinator {
                                     crate::core::Report::Disconnected {
                                         relay: relay.clone(),
                                         generation,
-                                        reason: format!("cannot spawn thread: {e}"),
+                                        cause: Disconnect::Spawn(e.to_string()),
                                     },
                                     self.config.clock.now(),
                                 );

@@ -159,11 +159,19 @@ pub enum Disconnect {
     },
     /// No pong (nor any other frame) arrived before the keep-alive deadline.
     NoPong,
+    /// The relay's thread ended (`panicked` or returned) while connected; the coordinator
+    /// starts it again.
+    ThreadLost {
+        /// The thread panicked.
+        panicked: bool,
+    },
+    /// The relay's thread could not be started (the system's error).
+    Spawn(String),
 }
 
 impl Disconnect {
     /// Every label, in a fixed order (for metrics).
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 10] = [
         "resolve",
         "tcp",
         "handshake",
@@ -172,6 +180,8 @@ impl Disconnect {
         "read",
         "closed_by_relay",
         "no_pong",
+        "thread_lost",
+        "spawn",
     ];
 
     /// A stable lowercase name for metrics and status.
@@ -185,6 +195,8 @@ impl Disconnect {
             Disconnect::Read(_) => "read",
             Disconnect::ClosedByRelay { .. } => "closed_by_relay",
             Disconnect::NoPong => "no_pong",
+            Disconnect::ThreadLost { .. } => "thread_lost",
+            Disconnect::Spawn(_) => "spawn",
         }
     }
 }
@@ -204,6 +216,9 @@ impl fmt::Display for Disconnect {
                 None => write!(f, "closed by the relay"),
             },
             Disconnect::NoPong => write!(f, "no pong before the deadline"),
+            Disconnect::ThreadLost { panicked: true } => write!(f, "relay thread panicked"),
+            Disconnect::ThreadLost { panicked: false } => write!(f, "relay thread ended"),
+            Disconnect::Spawn(e) => write!(f, "cannot spawn thread: {e}"),
         }
     }
 }
@@ -495,7 +510,7 @@ impl RelaySession {
         self.reports.push_back(Report::Disconnected {
             relay: self.config.url.clone(),
             generation,
-            reason: cause.to_string(),
+            cause,
         });
     }
 
@@ -529,7 +544,7 @@ impl RelaySession {
         self.reports.push_back(Report::Disconnected {
             relay: self.config.url.clone(),
             generation: conn.generation,
-            reason: cause.to_string(),
+            cause,
         });
     }
 

@@ -263,7 +263,7 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
         Report::Disconnected {
             relay: a.clone(),
             generation: old_gen,
-            reason: "retired thread".into(),
+            cause: crate::core::session::Disconnect::ThreadLost { panicked: false },
         },
         w.now,
     );

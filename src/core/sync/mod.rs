@@ -174,8 +174,8 @@ pub enum Report {
         relay: RelayUrl,
         /// Generation of the connection.
         generation: u64,
-        /// What went wrong, for the log.
-        reason: String,
+        /// What went wrong.
+        cause: crate::core::session::Disconnect,
     },
     /// End of stored events for a subscription.
     Eose {
@@ -1001,8 +1001,9 @@ impl SyncMachine {
             Report::Disconnected {
                 relay,
                 generation,
-                reason,
+                cause,
             } => {
+                let reason = cause.to_string();
                 if relay == self.config.own_relay {
                     if generation == self.own.generation {
                         self.handle_own_disconnected(&reason, now);

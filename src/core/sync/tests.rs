@@ -117,7 +117,7 @@ impl Sim {
         self.report(Report::Disconnected {
             relay: url(relay),
             generation: g,
-            reason: "test".into(),
+            cause: crate::core::session::Disconnect::Read("test".into()),
         })
     }
 
@@ -564,7 +564,7 @@ fn self_subscription_reconnect_reads_the_whole_history_again() {
     s.report(Report::Disconnected {
         relay: url(OWN),
         generation: g,
-        reason: "test".into(),
+        cause: crate::core::session::Disconnect::Read("test".into()),
     });
     let cmds = s.advance(Duration::from_secs(10));
     s.own_gen = match cmds.as_slice() {
