@@ -10,6 +10,8 @@ mod batches;
 mod complaints;
 mod consolidation;
 mod daily;
+#[cfg(test)]
+mod design_tests;
 mod lifecycle;
 #[cfg(test)]
 mod loss_tests;

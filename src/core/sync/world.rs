@@ -104,6 +104,8 @@ pub(crate) struct FakeRelay {
     pub max_subs: Option<usize>,
     /// Publish the limits above in NIP-11 (else the engine has to guess).
     pub publish_nip11: bool,
+    /// NIP-11 `max_message_length` (published with `publish_nip11`; not enforced).
+    pub max_message_length: Option<usize>,
     /// Never send EOSE.
     pub withhold_eose: bool,
     /// Drop the connection after this many more stored events (counted over the stored
@@ -127,6 +129,7 @@ impl FakeRelay {
             max_subscriptions: self.max_subs,
             max_limit: self.max_limit,
             default_limit: self.default_limit,
+            max_message_length: self.max_message_length,
             supports_nip77: Some(self.advertise_nip77),
             ..RelayLimits::default()
         }
@@ -186,6 +189,8 @@ pub(crate) struct World {
     verified: VerifiedSet,
     /// Frames the sessions wrote (pings excluded), for tests that look at the wire.
     pub frames_sent: usize,
+    /// What the forwarder was asked to retry ([`Command::RetryRejected`]), in order.
+    pub retries: Vec<(Vec<crate::core::nip34::RepoRef>, Vec<EventId>)>,
 }
 
 /// Ping interval and pong deadline of the simulated sessions (the engine's defaults).
@@ -228,6 +233,7 @@ impl World {
             sessions: BTreeMap::new(),
             verified: VerifiedSet::new(VERIFIED),
             frames_sent: 0,
+            retries: Vec::new(),
         }
     }
 
@@ -391,7 +397,10 @@ impl World {
                 }
                 return;
             }
-            Command::RetryRejected { .. } => return,
+            Command::RetryRejected { repos, roots } => {
+                self.retries.push((repos, roots));
+                return;
+            }
             Command::Subscribe {
                 relay,
                 generation,
@@ -848,6 +857,45 @@ impl World {
                 &serde_json::json!(["EOSE", sub_id.as_str()]).to_string(),
             );
         }
+        self.pump();
+    }
+
+    /// Sends the EOSEs held back so far of the subscriptions whose filter matches `pred`
+    /// (still open on the same connection); the others stay held.
+    pub fn release_eose_where(&mut self, url: &str, pred: impl Fn(&Filter) -> bool) {
+        let url = RelayUrl::parse(url).expect("url");
+        let Some(f) = self.fake(&url) else {
+            return;
+        };
+        let held = std::mem::take(&mut f.held);
+        let (due, kept): (Vec<_>, Vec<_>) = held.into_iter().partition(|(g, sub)| {
+            f.conn == Some(*g) && f.subs.get(sub).is_some_and(|flt| pred(flt))
+        });
+        f.held = kept;
+        for (_, sub_id) in due {
+            self.send_text(
+                &url,
+                &serde_json::json!(["EOSE", sub_id.as_str()]).to_string(),
+            );
+        }
+        self.pump();
+    }
+
+    /// The relay sends `["NOTICE", message]` on its open connection.
+    pub fn notice(&mut self, url: &str, message: &str) {
+        let url = RelayUrl::parse(url).expect("url");
+        if self.fake(&url).is_none_or(|f| f.conn.is_none()) {
+            return;
+        }
+        self.send_text(&url, &serde_json::json!(["NOTICE", message]).to_string());
+        self.pump();
+    }
+
+    /// Hands the machine a report no fake relay makes: one from the engine itself
+    /// ([`Report::ForwardBackPressure`]), or one of a connection the world cannot
+    /// reproduce (a stale generation) to test the machine's own defence against it.
+    pub fn inject(&mut self, report: Report) {
+        self.reports.push_back(report);
         self.pump();
     }
 
