@@ -423,3 +423,354 @@ fn disconnect_clears_pending_and_items_are_resubscribed() {
     assert_eq!(batch, first, "the same batch again");
     assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
 }
+
+/// The batch subscriptions (Layers 2/3) open on A.
+fn batch_subs(w: &World) -> Vec<SubscriptionId> {
+    w.open_subs(A, |f| !is_l1(f))
+}
+
+#[test]
+fn withheld_eose_fails_the_batch_and_it_is_retried() {
+    let mut w = discovered(|c| c.eose_timeout = secs(60), |a| a.hold_eose = true);
+    w.release_eose_where(A, is_l1);
+    // One subscription answered, two did not.
+    w.release_eose_where(A, |f| has_tag(f, 'a'));
+    assert_eq!(batch_subs(&w).len(), 3);
+    let before = req_count(&w, A);
+    w.advance(secs(61));
+    assert!(
+        batch_subs(&w).is_empty(),
+        "all the failed batch's subscriptions are closed"
+    );
+    assert_eq!(open(&w, A).len(), 1, "only L1 left");
+    assert_eq!(w.m.subscriptions(&url(A)).len(), 1);
+    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert_eq!(w.m.counters().batches_failed, 1);
+    assert_eq!(req_count(&w, A), before);
+    w.advance(secs(30));
+    let again = reqs_from(&w, A, before);
+    assert_eq!(again.len(), 3, "retried after backoff");
+    assert!(again.iter().all(|f| !is_l1(f) && f.since.is_none()));
+    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+}
+
+#[test]
+fn closed_subscription_fails_its_batch_instead_of_leaving_it_pending() {
+    let mut w = discovered_slow();
+    w.release_eose_where(A, is_l1);
+    let sub = w.open_subs(A, |f| has_tag(f, 'A'))[0].clone();
+    let before = req_count(&w, A);
+    w.close_sub(A, &sub, "error: shutting down");
+    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(batch_subs(&w).is_empty(), "the batch's other queries closed");
+    assert_eq!(w.m.counters().batches_failed, 1);
+    // A refused query is tried again after `refused_retry` (10 min).
+    w.advance(secs(590));
+    assert_eq!(req_count(&w, A), before);
+    w.advance(secs(20));
+    assert_eq!(reqs_from(&w, A, before).len(), 3);
+}
+
+#[test]
+fn idle_relay_is_forgotten_but_bootstrap_and_first_sync_relays_are_not() {
+    let boot = "ws://boot.example";
+    let mut w = world(|c| c.bootstrap = vec![url(boot)]);
+    w.relay(boot);
+    // A never finishes its first sync.
+    w.relay(A).withhold_eose = true;
+    w.relay(B);
+    w.start();
+    assert!(fake(&w, boot).conn.is_some(), "bootstrap connected at start");
+    w.store_on_own(&announcement("r", &[A], 1));
+    w.advance(secs(5));
+    assert!(fake(&w, A).conn.is_some());
+    // First sync in progress (no EOSE) across several checks: kept.
+    w.run_for(secs(200), secs(10));
+    assert!(w.m.relay_index().contains_key(&url(A)));
+    assert!(fake(&w, A).conn.is_some());
+    // The announcement moves the repo elsewhere: A is no longer needed.
+    w.store_on_own(&announcement("r", &[B], 2));
+    // Its unanswered batch keeps it until the batch fails at the EOSE deadline (120 s).
+    w.run_for(secs(60), secs(10));
+    assert!(w.m.relay_index().contains_key(&url(A)));
+    assert!(fake(&w, A).conn.is_some());
+    w.run_for(secs(130), secs(10));
+    assert!(!w.m.relay_index().contains_key(&url(A)));
+    assert!(fake(&w, A).conn.is_none(), "its connection closed");
+    assert!(w.m.relay_index().contains_key(&url(boot)));
+    assert!(fake(&w, boot).conn.is_some(), "bootstrap kept");
+    assert!(fake(&w, B).conn.is_some());
+}
+
+#[test]
+fn self_subscription_reconnect_reads_the_whole_history_again() {
+    let mut w = world(|_| {});
+    w.relay(A);
+    w.start();
+    w.advance(secs(3600));
+    w.drop(OWN);
+    assert_eq!(w.m.own_status(), ConnectionStatus::Disconnected);
+    // Stored while the self-subscription is down, with an old created_at (as the
+    // forwarder copies old events in): a since would miss it.
+    let t = w.secs();
+    let old = announcement("old", &[A], t - 86_400);
+    w.own.store.push(old.clone());
+    w.advance(secs(10));
+    assert_eq!(w.m.own_status(), ConnectionStatus::Connected);
+    assert_eq!(
+        w.own.reqs,
+        vec![self_subscription_filter(None); 2],
+        "the whole history again, no since"
+    );
+    w.advance(secs(5));
+    assert!(w.m.repo_index().contains_key(&repo("old")));
+}
+
+/// An injected report: the world's own relay cannot deliver an event of a connection that
+/// is gone (its frames stop with it), but the machine's own check of the generation is the
+/// defence if an engine's queue ever does.
+#[test]
+fn events_from_an_old_self_subscription_generation_are_ignored() {
+    let mut w = world(|_| {});
+    w.relay(A);
+    w.start();
+    // The first connection (generation 1) is replaced.
+    w.drop(OWN);
+    w.advance(secs(10));
+    assert_eq!(w.m.own_status(), ConnectionStatus::Connected);
+    w.inject(Report::SelfEvent {
+        generation: 1,
+        event: Box::new(announcement("r", &[A], 1)),
+    });
+    w.advance(secs(10));
+    assert!(w.m.repo_index().is_empty());
+    assert!(w.m.relay_index().is_empty());
+    assert!(fake(&w, A).reqs.is_empty());
+}
+
+/// A relay carrying one repo and `n` root events, each added in its own batch (confirmed
+/// at once).
+fn many_batches(n: usize) -> (World, Vec<EventId>) {
+    let mut w = discovered(|_| {}, |_| {});
+    let mut ids = vec![];
+    for i in 0..n {
+        let e = issue("r", &format!("issue {i}"), w.secs());
+        ids.push(e.id);
+        let open_before = open(&w, A);
+        w.store_on_own(&e);
+        w.advance(secs(5));
+        assert!(
+            open_before.is_subset(&open(&w, A)),
+            "no consolidation yet at batch {i}"
+        );
+    }
+    assert!(!w.m.pending_index().contains_key(&url(A)));
+    (w, ids)
+}
+
+#[test]
+fn crossing_the_consolidation_threshold_leaves_fewer_subscriptions_and_loses_nothing() {
+    let (mut w, ids) = many_batches(22);
+    assert_eq!(w.m.subscriptions(&url(A)).len(), 1 + 3 + 22 * 3);
+    let settled = open(&w, A);
+    assert_eq!(settled.len(), 70);
+    let before = req_count(&w, A);
+    w.relay(A).hold_eose = true;
+    let e = issue("r", "the 23rd", w.secs());
+    w.store_on_own(&e);
+    w.advance(secs(5));
+    assert!(
+        settled.is_disjoint(&open(&w, A)),
+        "every settled subscription closed"
+    );
+    let reqs = reqs_from(&w, A, before);
+    // L1 + L2 (3) + L3 for 22 roots (3) live, the same seven as catch-ups with since, and
+    // the new root's batch (3).
+    assert_eq!(reqs.len(), 17);
+    assert_eq!(open(&w, A).len(), 17);
+    assert_eq!(w.m.subscriptions(&url(A)).len(), 17);
+    let want_since = w.now.minus(secs(900)).as_secs();
+    let (live, catchup) = (&reqs[..7], &reqs[7..14]);
+    assert!(live.iter().all(is_live_only));
+    assert!(catchup.iter().all(|f| since(f) == Some(want_since)));
+    assert!(is_l1(&live[0]) && is_l1(&catchup[0]));
+    let covered: HashSet<String> = live.iter().flat_map(|f| tag_values(f, 'e')).collect();
+    let confirmed: HashSet<String> = ids.iter().map(|i| i.to_hex()).collect();
+    assert_eq!(
+        covered, confirmed,
+        "every confirmed root event is still subscribed"
+    );
+    let new_batch = &reqs[14..];
+    assert!(
+        new_batch
+            .iter()
+            .all(|f| f.since.is_none() && !is_live_only(f)),
+        "new items get full history"
+    );
+    assert_eq!(tag_values(&new_batch[0], 'e'), vec![e.id.to_hex()]);
+    w.release_eose(A);
+    assert_eq!(w.m.relay_index()[&url(A)].root_events.len(), 23);
+    assert!(w.m.relay_index()[&url(A)].repos.contains(&repo("r")));
+    assert_eq!(open(&w, A).len(), 10, "the live set and the new batch");
+}
+
+#[test]
+fn consolidation_waits_for_pending_batches_without_blocking() {
+    let (mut w, _) = many_batches(21);
+    assert_eq!(open(&w, A).len(), 67);
+    w.relay(A).hold_eose = true;
+    // Batch 22 (70 open, not above the threshold) stays pending (no EOSE) ...
+    let before = req_count(&w, A);
+    w.store_on_own(&issue("r", "pending one", w.secs()));
+    w.advance(secs(5));
+    assert_eq!(reqs_from(&w, A, before).len(), 3);
+    let settled = open(&w, A);
+    assert_eq!(settled.len(), 70);
+    // ... when batch 23 crosses the threshold: deferred, nothing closed yet.
+    let before = req_count(&w, A);
+    w.store_on_own(&issue("r", "deferred one", w.secs()));
+    w.advance(secs(5));
+    assert_eq!(open(&w, A), settled);
+    assert_eq!(req_count(&w, A), before);
+    // The pending batch completes: consolidation runs at once.
+    w.release_eose(A);
+    assert!(settled.is_disjoint(&open(&w, A)));
+    assert_eq!(reqs_from(&w, A, before).len(), 2 * (1 + 3 + 3) + 3);
+    assert_eq!(w.m.subscriptions(&url(A)).len(), 17);
+}
+
+#[test]
+fn consolidation_deadline_keeps_loading_subscriptions_open() {
+    let (mut w, _) = many_batches(21);
+    let settled = open(&w, A);
+    w.relay(A).hold_eose = true;
+    let never = issue("r", "never answered", w.secs());
+    w.store_on_own(&never);
+    w.advance(secs(5));
+    let pending: BTreeSet<SubscriptionId> = open(&w, A).difference(&settled).cloned().collect();
+    assert_eq!(pending.len(), 3);
+    // One of the pending batch's three subscriptions has seen EOSE: it must stay open too,
+    // or the batch's items would have no live subscription once it confirms.
+    w.release_eose_where(A, |f| has_tag(f, 'e'));
+    w.store_on_own(&issue("r", "deferred", w.secs()));
+    w.advance(secs(5));
+    assert!(settled.is_subset(&open(&w, A)), "deferred");
+    // 30 s later the consolidation runs anyway; the unanswered batch stays open.
+    w.advance(secs(30));
+    let now_open = open(&w, A);
+    assert!(settled.is_disjoint(&now_open), "the 67 settled ones closed");
+    assert!(pending.is_subset(&now_open), "loading subscriptions kept");
+    let machine: BTreeSet<SubscriptionId> =
+        w.m.subscriptions(&url(A)).into_iter().map(|x| x.0).collect();
+    assert!(pending.is_subset(&machine));
+    assert_eq!(w.m.pending_index()[&url(A)].len(), 2);
+}
+
+#[test]
+fn daily_timer_does_a_full_fresh_sync_between_23_and_25_hours() {
+    let (mut w, root) = synced();
+    let start = w.now;
+    let settled = open(&w, A);
+    assert_eq!(settled.len(), 7);
+    let before = req_count(&w, A);
+    w.relay(A).hold_eose = true;
+    while w.m.counters().daily_resyncs == 0 {
+        assert!(w.now.since(start) < secs(26 * 3600), "daily resync fired");
+        w.advance(secs(60));
+    }
+    let h = w.now.since(start).as_secs_f64() / 3600.0;
+    assert!((23.0..=25.1).contains(&h), "fired after {h} h");
+    assert!(settled.is_disjoint(&open(&w, A)), "L1 + L2 + L3 closed");
+    let reqs = reqs_from(&w, A, before);
+    assert_eq!(reqs.len(), 7);
+    assert!(
+        reqs.iter().all(|f| f.since.is_none() && f.limit.is_none()),
+        "full history again"
+    );
+    assert!(
+        w.m.relay_index()[&url(A)].repos.is_empty(),
+        "confirmed cleared"
+    );
+    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    w.release_eose(A);
+    let st = &w.m.relay_index()[&url(A)];
+    assert_eq!((st.repos.len(), st.root_events.len()), (1, 1));
+    assert!(st.root_events.contains(&root.id));
+}
+
+/// Connect attempts so far.
+fn attempts(w: &World) -> u64 {
+    w.m.counters().connect_attempts
+}
+
+#[test]
+fn flapping_relay_backoff_grows() {
+    let mut w = discovered(|_| {}, |_| {});
+    // Every attempt connects and drops a second later: the failure count is never reset.
+    let mut gaps = vec![];
+    let mut last = w.now;
+    for _ in 0..6 {
+        assert_eq!(status(&w, A), ConnectionStatus::Connected);
+        w.advance(secs(1));
+        w.drop(A);
+        let n = attempts(&w);
+        while attempts(&w) == n {
+            w.advance(secs(1));
+        }
+        gaps.push(w.now.since(last).as_secs());
+        last = w.now;
+    }
+    // 5 s × 2^(n−1) ± 25 % (+1 s connected each time).
+    for (i, g) in gaps.iter().enumerate() {
+        let base = 5u64 << i;
+        assert!(
+            *g as f64 >= base as f64 * 0.75 && *g as f64 <= base as f64 * 1.25 + 3.0,
+            "gap {i} = {g} s, base {base} s ({gaps:?})"
+        );
+    }
+    assert!(gaps.windows(2).all(|w| w[1] > w[0]), "{gaps:?}");
+}
+
+#[test]
+fn dead_after_24_hours_then_one_attempt_a_day() {
+    let mut w = discovered(|_| {}, |a| a.down = true);
+    let start = w.now;
+    let mut gaps = vec![];
+    let mut last = w.now;
+    while gaps.len() < 40 {
+        let n = attempts(&w);
+        w.advance(secs(60));
+        if attempts(&w) > n {
+            gaps.push(w.now.since(last));
+            last = w.now;
+        }
+    }
+    let mut at = Duration::ZERO;
+    let mut daily = 0;
+    for g in &gaps {
+        if at < secs(24 * 3600) {
+            // Degraded: exponential backoff capped at 1 h (+25 % jitter, 60 s steps).
+            assert!(*g <= secs(4500 + 60), "gap {g:?} at {at:?}: {gaps:?}");
+        } else {
+            // Dead: once a day (+10 % jitter).
+            assert!(*g >= secs(24 * 3600), "gap {g:?} at {at:?}");
+            assert!(*g <= secs(26 * 3600 + 60), "gap {g:?} at {at:?}");
+            daily += 1;
+        }
+        at += *g;
+    }
+    assert!(daily >= 3, "{gaps:?}");
+    assert_eq!(w.m.relay_statuses(w.now)[0].health, HealthState::Dead);
+    assert!(w.now.since(start) > secs(4 * 24 * 3600));
+    assert!(fake(&w, A).reqs.is_empty());
+    // It comes back: a fresh sync, and healthy again once stable.
+    w.relay(A).down = false;
+    let n = attempts(&w);
+    until_connected(&mut w, A, secs(27 * 3600));
+    assert_eq!(attempts(&w), n + 1);
+    assert_eq!(req_count(&w, A), 4);
+    assert!(fake(&w, A).reqs.iter().all(|f| f.since.is_none()));
+    w.advance(secs(120));
+    assert_eq!(w.m.relay_statuses(w.now)[0].health, HealthState::Healthy);
+    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
+}
