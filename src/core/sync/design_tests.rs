@@ -774,3 +774,482 @@ fn dead_after_24_hours_then_one_attempt_a_day() {
     assert_eq!(w.m.relay_statuses(w.now)[0].health, HealthState::Healthy);
     assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
 }
+
+/// An event of `kind` tagging repository `r`, created at `created_at`.
+fn tagged(kind: u16, text: &str, created_at: u64) -> Event {
+    EventBuilder::new(Kind::Custom(kind), text)
+        .tag(Tag::parse(["a", &repo("r")]).unwrap())
+        .custom_created_at(Timestamp::from_secs(created_at))
+        .finalize(&keys())
+        .unwrap()
+}
+
+#[test]
+fn capped_self_subscription_pages_with_until() {
+    let mut w = world(|c| c.assumed_page_size = 20);
+    w.relay(A);
+    // The own relay answers at most 20 events a REQ and does not say so.
+    w.own.default_limit = Some(20);
+    let mut anns: Vec<Event> = (0..20)
+        .map(|i| announcement(&format!("n{i}"), &[A], 1000 + 50 * i))
+        .collect();
+    anns.extend([900, 950, 999].map(|t| announcement(&format!("o{t}"), &[A], t)));
+    w.own.store = anns.clone();
+    w.start();
+    let page = self_subscription_filter(None).until(Timestamp::from_secs(1000));
+    assert_eq!(
+        w.own.reqs,
+        vec![self_subscription_filter(None), page],
+        "a full page: the next one ends at its oldest second, same kinds"
+    );
+    // The short page ends it and is closed; the live self-subscription stays.
+    let still: Vec<&Filter> = w.own.subs.values().collect();
+    assert_eq!(still, vec![&self_subscription_filter(None)]);
+    assert_eq!(w.m.own_open_subscriptions(), 1);
+    assert_eq!(w.m.counters().pages_requested, 1);
+    w.advance(secs(5));
+    for a in &anns {
+        let d = a.tags.identifier().unwrap();
+        assert!(w.m.repo_index().contains_key(&repo(d.as_ref())), "{d} read");
+    }
+}
+
+#[test]
+fn self_subscription_pages_stay_within_the_own_relays_budget() {
+    let mut w = world(|c| {
+        c.assumed_page_size = 10;
+        c.default_subscription_budget = 3;
+    });
+    w.relay(A);
+    w.own.default_limit = Some(10);
+    // A full page in one second (two events of each of the filter's five kinds) and two
+    // older announcements: split by the five kinds, plus the older seconds.
+    let mut events = vec![announcement("x", &[A], 500), announcement("y", &[A], 500)];
+    for kind in [1617, 1618, 1619, 1621] {
+        for i in 0..2 {
+            events.push(tagged(kind, &format!("{kind}/{i}"), 500));
+        }
+    }
+    events.push(announcement("old1", &[A], 400));
+    events.push(announcement("old2", &[A], 450));
+    w.own.store = events;
+    w.start();
+    assert_eq!(w.own.max_open_seen, 3, "self-subscription + 2 pages = budget 3");
+    let pages = reqs_from(&w, OWN, 1);
+    assert_eq!(
+        pages.len(),
+        6,
+        "older seconds + one query per kind, all sent in the end"
+    );
+    assert_eq!(until(&pages[0]), Some(499));
+    let kinds: BTreeSet<u16> = pages[1..]
+        .iter()
+        .inspect(|f| assert_eq!((since(f), until(f)), (Some(500), Some(500))))
+        .flat_map(|f| f.kinds.clone().unwrap())
+        .map(|k| k.as_u16())
+        .collect();
+    assert_eq!(kinds, [30617, 1617, 1618, 1619, 1621].into());
+    assert_eq!(w.m.own_open_subscriptions(), 1);
+    w.advance(secs(5));
+    for d in ["x", "y", "old1", "old2"] {
+        assert!(w.m.repo_index().contains_key(&repo(d)), "{d} read");
+    }
+}
+
+#[test]
+fn batch_waits_for_its_pages_before_confirming() {
+    let mut w = discovered(|_| {}, |a| {
+        // 20 events a REQ, not published: the engine assumes 20.
+        a.default_limit = Some(20);
+        a.hold_eose = true;
+    });
+    let t = w.secs();
+    let ann = w.own.store[0].clone();
+    let issues: Vec<Event> = (0..25)
+        .map(|i| issue("r", &format!("old {i}"), t - 100 + i))
+        .collect();
+    // Stored before A was asked: restart the sync of A with them in place.
+    w.relay(A).store = issues.clone();
+    w.relay(A).hold_eose = true;
+    let before = req_count(&w, A);
+    w.drop(A);
+    w.advance(secs(10));
+    assert_eq!(status(&w, A), ConnectionStatus::Connected);
+    let first = reqs_from(&w, A, before);
+    assert!(first.iter().any(|f| has_tag(f, 'a')));
+    // L1 and two of the three batch filters answer short; the #a filter is full.
+    w.release_eose_where(A, |f| is_l1(f) || has_tag(f, 'A') || has_tag(f, 'q'));
+    assert!(w.m.relay_index()[&url(A)].repos.is_empty());
+    let before = req_count(&w, A);
+    w.release_eose_where(A, |f| has_tag(f, 'a'));
+    let pages = reqs_from(&w, A, before);
+    assert_eq!(pages.len(), 1);
+    assert_eq!(until(&pages[0]), Some(t - 95), "ends at the page's oldest second");
+    assert_eq!(tag_values(&pages[0], 'a'), vec![repo("r")]);
+    // Pages finish before the batch may confirm.
+    assert!(
+        w.m.relay_index()[&url(A)].repos.is_empty(),
+        "not before the page"
+    );
+    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    w.release_eose_where(A, |f| f.until.is_some());
+    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
+    assert!(!w.m.pending_index().contains_key(&url(A)));
+    let mut want: Vec<&Event> = issues.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+}
+
+#[test]
+fn rate_limited_closed_waits_the_cooldown_then_resubscribes() {
+    let mut w = discovered_slow();
+    let sub = w.open_subs(A, |f| has_tag(f, 'A'))[0].clone();
+    let before = req_count(&w, A);
+    w.close_sub(A, &sub, "rate-limited: slow down");
+    assert_eq!(w.m.counters().rate_limited, 1);
+    assert!(!w.m.pending_index().contains_key(&url(A)));
+    // Not before 65 s ...
+    w.advance(secs(60));
+    assert_eq!(req_count(&w, A), before);
+    // ... then the batch's items again.
+    w.advance(secs(10));
+    let again = reqs_from(&w, A, before);
+    assert_eq!(again.len(), 3);
+    assert!(again.iter().all(|f| !is_l1(f)));
+}
+
+#[test]
+fn closed_layer1_is_reopened_not_silently_gone() {
+    let mut w = discovered(|_| {}, |_| {});
+    let l1 = w.open_subs(A, is_l1);
+    assert_eq!(l1.len(), 1, "Layer 1 stays open after its history");
+    w.close_sub(A, &l1[0], "error: shutting down idle subscriptions");
+    let closed_at = w.now;
+    assert!(!w.m.subscriptions(&url(A)).iter().any(|(id, _)| *id == l1[0]));
+    let before = req_count(&w, A);
+    w.advance(secs(300));
+    assert_eq!(req_count(&w, A), before);
+    w.advance(secs(301));
+    let again = reqs_from(&w, A, before);
+    // Live again (no since) plus a catch-up from the moment it was lost.
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(is_l1));
+    assert!(is_live_only(&again[0]));
+    assert_eq!(since(&again[1]), Some(closed_at.minus(secs(900)).as_secs()));
+    assert!(w
+        .m
+        .subscriptions(&url(A))
+        .iter()
+        .any(|(_, p)| *p == SubPurpose::Announcements));
+    assert_eq!(w.open_subs(A, is_l1).len(), 1, "open on the relay again");
+}
+
+#[test]
+fn refused_batch_fails_and_is_retried_much_later() {
+    for prefix in [
+        "restricted:",
+        "blocked:",
+        "invalid:",
+        "unsupported:",
+        "error:",
+        "auth-required:",
+        "weird",
+    ] {
+        let mut w = discovered_slow();
+        w.release_eose_where(A, is_l1);
+        let sub = w.open_subs(A, |f| has_tag(f, 'q'))[0].clone();
+        let before = req_count(&w, A);
+        w.close_sub(A, &sub, &format!("{prefix} no"));
+        assert!(!w.m.pending_index().contains_key(&url(A)), "{prefix}");
+        assert_eq!(w.m.counters().batches_failed, 1, "{prefix}");
+        w.advance(secs(590));
+        assert_eq!(req_count(&w, A), before, "{prefix}");
+        w.advance(secs(20));
+        assert_eq!(reqs_from(&w, A, before).len(), 3, "{prefix}");
+    }
+}
+
+#[test]
+fn rate_limit_notice_pauses_new_subscriptions() {
+    let mut w = discovered(|_| {}, |_| {});
+    w.notice(A, "ERROR: too many concurrent REQs");
+    let before = req_count(&w, A);
+    w.store_on_own(&issue("r", "new", w.secs()));
+    w.advance(secs(5));
+    assert_eq!(req_count(&w, A), before, "paused");
+    w.advance(secs(65));
+    assert_eq!(
+        reqs_from(&w, A, before).len(),
+        3,
+        "resumed after the cool-down"
+    );
+    // Another kind of NOTICE changes nothing.
+    let before = req_count(&w, A);
+    w.notice(A, "hello");
+    w.store_on_own(&issue("r", "newer", w.secs()));
+    w.advance(secs(5));
+    assert_eq!(reqs_from(&w, A, before).len(), 3, "not paused");
+    assert_eq!(w.m.counters().rate_limited, 1);
+}
+
+#[test]
+fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
+    // The relay closes any REQ beyond five open subscriptions, without saying so in NIP-11;
+    // the engine's default budget is five.
+    let mut w = discovered(|c| c.default_subscription_budget = 5, |a| a.max_subs = Some(5));
+    let ann = w.own.store[0].clone();
+    let mut roots = vec![];
+    let mut replies = vec![];
+    // 250 root events, in 25 batches of 10: 9 Layer-3 filters at the end. A holds a reply
+    // to each.
+    for b in 0..25 {
+        for i in 0..10 {
+            let t = w.secs();
+            let e = issue("r", &format!("issue {b}/{i}"), t);
+            let r = reply(&e, &format!("reply {b}/{i}"), t);
+            w.relay(A).store.push(r.clone());
+            w.store_on_own(&e);
+            roots.push(e);
+            replies.push(r);
+        }
+        w.advance(secs(5));
+    }
+    // Let consolidation deadlines and polls run.
+    w.run_for(secs(300), secs(30));
+    let st = &w.m.relay_index()[&url(A)];
+    let ids: HashSet<EventId> = roots.iter().map(|e| e.id).collect();
+    assert_eq!(st.root_events, ids, "every root event confirmed");
+    assert_eq!(st.repos, [repo("r")].into());
+    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(fake(&w, A).max_open_seen <= 5);
+    assert_eq!(w.m.counters().closed_by_relay, 0, "no REQ refused");
+    // Live: Layer 1 + 3 queries; the other Layer-2/3 queries are polled with since.
+    let before = req_count(&w, A);
+    w.advance(secs(60));
+    let polls = reqs_from(&w, A, before);
+    assert!(!polls.is_empty(), "a poll round runs");
+    assert!(polls.iter().all(|f| f.since.is_some()));
+    assert!(polls.iter().any(|f| !tag_values(f, 'e').is_empty()));
+    // A reply published now to the last root arrives (live or by a poll round).
+    let late = reply(&roots[249], "late", w.secs());
+    w.publish(A, &late);
+    w.run_for(secs(120), secs(30));
+    let mut want: Vec<&Event> = roots.iter().chain(&replies).collect();
+    want.push(&ann);
+    want.push(&late);
+    w.assert_own_holds(&want);
+    assert!(fake(&w, A).max_open_seen <= 5);
+}
+
+#[test]
+fn nip11_max_subscriptions_sets_the_budget() {
+    let mut w = discovered(|_| {}, |a| {
+        a.max_subs = Some(3);
+        a.publish_nip11 = true;
+        a.hold_eose = true;
+    });
+    assert_eq!(w.m.budget(&url(A)), 3);
+    // L1 + the batch's 3 filters, but only 3 at a time.
+    assert_eq!(req_count(&w, A), 3);
+    for _ in 0..10 {
+        w.release_eose(A);
+    }
+    let reqs = reqs_from(&w, A, 0);
+    assert!(is_l1(&reqs[0]));
+    assert!(
+        reqs[1..4].iter().all(|f| !is_l1(f) && f.since.is_none()),
+        "the whole batch sent in the end"
+    );
+    // Then the live set within the budget (one slot kept for history); the rest polled.
+    assert!(fake(&w, A).max_open_seen <= 3);
+    assert!(open(&w, A).len() <= 2);
+    assert_eq!(w.m.counters().closed_by_relay, 0);
+    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
+}
+
+#[test]
+fn reqs_are_split_below_nip11_max_message_length() {
+    let mut w = world(|_| {});
+    let a = w.relay(A);
+    a.max_message_length = Some(2000);
+    a.publish_nip11 = true;
+    w.start();
+    // 60 repositories on one relay: one #a filter of 60 refs would be ~5 KB.
+    let t = w.secs();
+    for i in 0..60 {
+        w.store_on_own(&announcement(&format!("r{i}"), &[A], t));
+    }
+    w.advance(secs(5));
+    let reqs = reqs_from(&w, A, 0);
+    let mut refs: HashSet<String> = HashSet::new();
+    for f in &reqs {
+        // The longest subscription id the machine makes: `gs` and ten digits.
+        let req = format!("[\"REQ\",\"gs0123456789\",{}]", f.as_json());
+        assert!(req.len() <= 2000, "REQ of {} bytes", req.len());
+        refs.extend(tag_values(f, 'a'));
+    }
+    assert_eq!(refs.len(), 60, "every repository still asked for");
+    assert!(reqs.len() > 4, "split into more filters");
+    assert_eq!(w.m.relay_index()[&url(A)].repos.len(), 60);
+}
+
+#[test]
+fn a_query_without_eose_is_sent_again_not_left_loading() {
+    // Layer 1 never gets EOSE (a relay dropped it silently); the batch answers.
+    let mut w = discovered(|_| {}, |a| a.no_eose_kind = Some(30617));
+    let l1 = w.open_subs(A, is_l1);
+    assert_eq!(l1.len(), 1);
+    assert!(!w.m.pending_index().contains_key(&url(A)), "the batch answered");
+    let before = req_count(&w, A);
+    w.advance(secs(100));
+    assert_eq!(req_count(&w, A), before);
+    // Answered next time.
+    w.relay(A).no_eose_kind = None;
+    w.advance(secs(30));
+    assert!(!open(&w, A).contains(&l1[0]), "the silent one closed");
+    let again = reqs_from(&w, A, before);
+    assert_eq!(again, vec![build_announcement_filter(None)], "the same query");
+    assert_eq!(w.m.counters().queries_resent, 1);
+    let before = req_count(&w, A);
+    w.advance(secs(300));
+    assert_eq!(req_count(&w, A), before, "nothing more");
+    assert_eq!(w.m.counters().queries_resent, 1);
+}
+
+#[test]
+fn during_a_rate_limit_cool_down_nothing_is_sent_to_the_relay() {
+    let mut w = world(|_| {});
+    let t = w.secs();
+    let anns: Vec<Event> = (0..25)
+        .map(|i| announcement(&format!("x{i}"), &[A], t - 1000 + 10 * i))
+        .collect();
+    let a = w.relay(A);
+    // 20 events a REQ, not published: the engine assumes 20.
+    a.default_limit = Some(20);
+    a.hold_eose = true;
+    a.store = anns.clone();
+    w.start();
+    w.store_on_own(&announcement("r", &[A], t));
+    w.advance(secs(5));
+    let before = req_count(&w, A);
+    w.notice(A, "rate limit exceeded");
+    // Layer 1 comes back full: its next page must wait for the cool-down (and so must the
+    // batches for the repositories it announced).
+    w.release_eose_where(A, is_l1);
+    w.advance(secs(60));
+    assert_eq!(req_count(&w, A), before, "held during the cool-down");
+    w.advance(secs(6));
+    let sent = reqs_from(&w, A, before);
+    let pages: Vec<&Filter> = sent.iter().filter(|f| is_l1(f)).collect();
+    assert_eq!(pages.len(), 1, "sent when the cool-down ends");
+    // The 20 newest of the 25 announcements: the oldest of them is x5.
+    assert_eq!(until(pages[0]), Some(t - 1000 + 50));
+}
+
+#[test]
+fn no_more_remote_relays_than_max_relays() {
+    let mut w = world(|c| c.max_relays = 3);
+    let relays: Vec<String> = (0..5).map(|i| format!("ws://r{i}.example")).collect();
+    for r in &relays {
+        w.relay(r);
+    }
+    w.start();
+    for (i, r) in relays.iter().enumerate() {
+        w.store_on_own(&announcement(&format!("r{i}"), &[r.as_str()], 1));
+    }
+    w.advance(secs(5));
+    assert_eq!(w.relays.values().filter(|f| f.conn.is_some()).count(), 3);
+    assert_eq!(w.m.relay_index().len(), 3);
+    assert_eq!(w.m.target_report().relays_over_global_cap, 2);
+}
+
+/// Injected reports: [`Report::ForwardBackPressure`] comes from the engine's forwarder,
+/// not from a relay; the world has no forward queue, so it is handed over as the engine
+/// does.
+#[test]
+fn eose_deadlines_are_suspended_while_the_forward_queue_is_full() {
+    let mut w = discovered_slow();
+    w.release_eose_where(A, is_l1);
+    let batch = batch_subs(&w);
+    assert_eq!(batch.len(), 3);
+    // The batch has not seen EOSE when the own relay stops taking events.
+    w.advance(secs(60));
+    w.inject(Report::ForwardBackPressure { active: true });
+    w.advance(secs(600));
+    assert_eq!(
+        batch_subs(&w),
+        batch,
+        "nothing fails while remote reading is paused"
+    );
+    assert_eq!(w.m.counters().batches_failed, 0);
+    w.inject(Report::ForwardBackPressure { active: false });
+    // The deadline resumes where it stopped: 60 s were used, 60 s are left.
+    w.advance(secs(55));
+    assert_eq!(batch_subs(&w), batch);
+    w.advance(secs(10));
+    assert!(batch_subs(&w).is_empty(), "then the batch fails as usual");
+    assert_eq!(w.m.counters().batches_failed, 1);
+}
+
+#[test]
+fn rejected_events_are_retried_only_for_what_a_batch_changed() {
+    let mut w = world(|_| {});
+    w.relay(A);
+    w.start();
+    let t = w.secs();
+    w.store_on_own(&announcement("r", &[A], t));
+    w.advance(secs(5));
+    assert_eq!(w.retries, vec![(vec![repo("r")], vec![])]);
+    let root = issue("r", "a root", t);
+    w.store_on_own(&root);
+    w.advance(secs(5));
+    assert_eq!(w.retries[1..], [(vec![], vec![root.id])]);
+    // The same events read again (an own-relay reconnect re-reads everything) change
+    // nothing: no retry.
+    w.drop(OWN);
+    w.run_for(secs(30), secs(5));
+    assert_eq!(w.own.reqs.len(), 2, "read again");
+    assert_eq!(w.retries.len(), 2);
+}
+
+#[test]
+fn relays_beyond_the_announcement_cap_are_counted() {
+    let mut w = world(|_| {});
+    w.start();
+    let many: Vec<String> = (0..40).map(|i| format!("ws://r{i}.example")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    w.store_on_own(&announcement("r", &refs, 10));
+    w.advance(secs(5));
+    assert_eq!(w.m.counters().announcement_relays_dropped, 8);
+    assert_eq!(w.m.repo_index()[&repo("r")].relays.len(), 32);
+}
+
+#[test]
+fn root_events_are_counted_once_whatever_their_repositories_and_rereads() {
+    let mut w = world(|_| {});
+    w.relay(A);
+    w.relay(B);
+    w.start();
+    let t = w.secs();
+    w.store_on_own(&announcement("r", &[A], t));
+    w.store_on_own(&announcement("q", &[B], t));
+    // One root of both repositories, one of r only, one naming no known repository yet.
+    let both = EventBuilder::new(Kind::Custom(1621), "both")
+        .tag(Tag::parse(["a", &repo("r")]).unwrap())
+        .tag(Tag::parse(["a", &repo("q")]).unwrap())
+        .finalize(&keys())
+        .unwrap();
+    w.store_on_own(&both);
+    w.store_on_own(&issue("r", "only r", t));
+    w.store_on_own(&issue("later", "before its announcement", t));
+    w.advance(secs(5));
+    assert_eq!(w.m.root_event_count(), 3);
+    // The own relay read again (a reconnect re-reads everything): nothing new.
+    w.drop(OWN);
+    w.run_for(secs(30), secs(5));
+    assert_eq!(w.own.reqs.len(), 2, "read again");
+    assert_eq!(w.m.root_event_count(), 3);
+    w.store_on_own(&issue("q", "a new one", t));
+    w.advance(secs(5));
+    assert_eq!(w.m.root_event_count(), 4);
+}
