@@ -4,11 +4,11 @@
 //! relays received (`reqs`, the subscriptions open on them), what the own relay holds, the
 //! machine's read API and the timing.
 //!
-//! Two tests hand the machine a report directly (`World::inject`), each saying why: a report
-//! of a connection generation that is no longer current cannot come out of the world (its
-//! connections answer synchronously), but the machine's defence against it is worth keeping.
-//! The forwarder's back-pressure report comes from the engine, not from a relay, and is
-//! injected as the engine would send it.
+//! Three tests hand the machine a report directly (`World::inject`), each saying why: two
+//! send reports of a connection generation that is no longer current, which cannot come out
+//! of the world (its connections answer synchronously) but against which the machine's own
+//! defence is worth keeping; one sends the forwarder's back-pressure report, which comes from
+//! the engine, not from a relay.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
@@ -129,7 +129,10 @@ fn discovered_slow() -> World {
 fn until_connected(w: &mut World, relay: &str, max: Duration) -> Duration {
     let start = w.now;
     while status(w, relay) != ConnectionStatus::Connected {
-        assert!(w.now.since(start) < max, "{relay} not connected within {max:?}");
+        assert!(
+            w.now.since(start) < max,
+            "{relay} not connected within {max:?}"
+        );
         w.advance(secs(1));
     }
     w.now.since(start)
@@ -158,7 +161,10 @@ fn batch_window_starts_at_first_event_and_does_not_reset() {
     w.store_on_own(&announcement("a", &[A], t));
     w.advance(secs(3));
     w.store_on_own(&announcement("b", &[B], t));
-    assert!(w.relays.values().all(|f| f.conn.is_none() && f.reqs.is_empty()));
+    assert!(w
+        .relays
+        .values()
+        .all(|f| f.conn.is_none() && f.reqs.is_empty()));
     assert!(w.m.relay_index().is_empty());
     // 5 s after the FIRST event, not the second.
     w.advance(secs(2));
@@ -174,7 +180,11 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
     assert_eq!(status(&w, A), ConnectionStatus::Connected);
     let reqs = reqs_from(&w, A, 0);
     assert_eq!(reqs.len(), 4, "L1 + a/A/q");
-    assert_eq!(reqs[0], build_announcement_filter(None), "L1 first, no since");
+    assert_eq!(
+        reqs[0],
+        build_announcement_filter(None),
+        "L1 first, no since"
+    );
     let want: HashSet<String> =
         build_layer2_and_layer3_filters(&[repo("r")].into(), &HashSet::new(), None)
             .iter()
@@ -186,7 +196,10 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
     w.release_eose_where(A, is_l1);
     // Not confirmed until every batch subscription saw EOSE.
     for (i, tag) in ['a', 'A', 'q'].into_iter().enumerate() {
-        assert!(w.m.relay_index()[&url(A)].repos.is_empty(), "after {i} EOSEs");
+        assert!(
+            w.m.relay_index()[&url(A)].repos.is_empty(),
+            "after {i} EOSEs"
+        );
         assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
         w.release_eose_where(A, |f| has_tag(f, tag));
     }
@@ -351,13 +364,19 @@ fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
     let (live, history): (Vec<_>, Vec<_>) = reqs.iter().partition(|f| is_live_only(f));
     assert_eq!((live.len(), history.len()), (7, 7));
     assert!(
-        history.iter().all(|f| since(f) == Some(want) && f.limit.is_none()),
+        history
+            .iter()
+            .all(|f| since(f) == Some(want) && f.limit.is_none()),
         "since {want}"
     );
     assert!(is_l1(live[0]) && is_l1(history[0]));
     assert!(!w.m.pending_index().contains_key(&url(A)));
     assert_eq!(w.m.relay_index()[&url(A)].repos.len(), 1, "confirmed kept");
-    let purposes: Vec<SubPurpose> = w.m.subscriptions(&url(A)).into_iter().map(|x| x.1).collect();
+    let purposes: Vec<SubPurpose> =
+        w.m.subscriptions(&url(A))
+            .into_iter()
+            .map(|x| x.1)
+            .collect();
     let count = |want: SubPurpose| purposes.iter().filter(|p| **p == want).count();
     assert_eq!(
         (count(SubPurpose::Live), count(SubPurpose::CatchUp)),
@@ -462,7 +481,10 @@ fn closed_subscription_fails_its_batch_instead_of_leaving_it_pending() {
     let before = req_count(&w, A);
     w.close_sub(A, &sub, "error: shutting down");
     assert!(!w.m.pending_index().contains_key(&url(A)));
-    assert!(batch_subs(&w).is_empty(), "the batch's other queries closed");
+    assert!(
+        batch_subs(&w).is_empty(),
+        "the batch's other queries closed"
+    );
     assert_eq!(w.m.counters().batches_failed, 1);
     // A refused query is tried again after `refused_retry` (10 min).
     w.advance(secs(590));
@@ -480,7 +502,10 @@ fn idle_relay_is_forgotten_but_bootstrap_and_first_sync_relays_are_not() {
     w.relay(A).withhold_eose = true;
     w.relay(B);
     w.start();
-    assert!(fake(&w, boot).conn.is_some(), "bootstrap connected at start");
+    assert!(
+        fake(&w, boot).conn.is_some(),
+        "bootstrap connected at start"
+    );
     w.store_on_own(&announcement("r", &[A], 1));
     w.advance(secs(5));
     assert!(fake(&w, A).conn.is_some());
@@ -661,7 +686,10 @@ fn consolidation_deadline_keeps_loading_subscriptions_open() {
     assert!(settled.is_disjoint(&now_open), "the 67 settled ones closed");
     assert!(pending.is_subset(&now_open), "loading subscriptions kept");
     let machine: BTreeSet<SubscriptionId> =
-        w.m.subscriptions(&url(A)).into_iter().map(|x| x.0).collect();
+        w.m.subscriptions(&url(A))
+            .into_iter()
+            .map(|x| x.0)
+            .collect();
     assert!(pending.is_subset(&machine));
     assert_eq!(w.m.pending_index()[&url(A)].len(), 2);
 }
@@ -834,7 +862,10 @@ fn self_subscription_pages_stay_within_the_own_relays_budget() {
     events.push(announcement("old2", &[A], 450));
     w.own.store = events;
     w.start();
-    assert_eq!(w.own.max_open_seen, 3, "self-subscription + 2 pages = budget 3");
+    assert_eq!(
+        w.own.max_open_seen, 3,
+        "self-subscription + 2 pages = budget 3"
+    );
     let pages = reqs_from(&w, OWN, 1);
     assert_eq!(
         pages.len(),
@@ -858,25 +889,21 @@ fn self_subscription_pages_stay_within_the_own_relays_budget() {
 
 #[test]
 fn batch_waits_for_its_pages_before_confirming() {
-    let mut w = discovered(|_| {}, |a| {
-        // 20 events a REQ, not published: the engine assumes 20.
-        a.default_limit = Some(20);
-        a.hold_eose = true;
-    });
+    let mut w = world(|_| {});
     let t = w.secs();
-    let ann = w.own.store[0].clone();
     let issues: Vec<Event> = (0..25)
         .map(|i| issue("r", &format!("old {i}"), t - 100 + i))
         .collect();
-    // Stored before A was asked: restart the sync of A with them in place.
-    w.relay(A).store = issues.clone();
-    w.relay(A).hold_eose = true;
-    let before = req_count(&w, A);
-    w.drop(A);
-    w.advance(secs(10));
-    assert_eq!(status(&w, A), ConnectionStatus::Connected);
-    let first = reqs_from(&w, A, before);
-    assert!(first.iter().any(|f| has_tag(f, 'a')));
+    let a = w.relay(A);
+    a.store = issues.clone();
+    // 20 events a REQ, not published: the engine assumes 20.
+    a.default_limit = Some(20);
+    a.hold_eose = true;
+    w.start();
+    let ann = announcement("r", &[A], t);
+    w.store_on_own(&ann);
+    w.advance(secs(5));
+    assert_eq!(req_count(&w, A), 4, "L1 + the batch");
     // L1 and two of the three batch filters answer short; the #a filter is full.
     w.release_eose_where(A, |f| is_l1(f) || has_tag(f, 'A') || has_tag(f, 'q'));
     assert!(w.m.relay_index()[&url(A)].repos.is_empty());
@@ -884,7 +911,11 @@ fn batch_waits_for_its_pages_before_confirming() {
     w.release_eose_where(A, |f| has_tag(f, 'a'));
     let pages = reqs_from(&w, A, before);
     assert_eq!(pages.len(), 1);
-    assert_eq!(until(&pages[0]), Some(t - 95), "ends at the page's oldest second");
+    assert_eq!(
+        until(&pages[0]),
+        Some(t - 95),
+        "ends at the page's oldest second"
+    );
     assert_eq!(tag_values(&pages[0], 'a'), vec![repo("r")]);
     // Pages finish before the batch may confirm.
     assert!(
@@ -925,7 +956,11 @@ fn closed_layer1_is_reopened_not_silently_gone() {
     assert_eq!(l1.len(), 1, "Layer 1 stays open after its history");
     w.close_sub(A, &l1[0], "error: shutting down idle subscriptions");
     let closed_at = w.now;
-    assert!(!w.m.subscriptions(&url(A)).iter().any(|(id, _)| *id == l1[0]));
+    assert!(!w
+        .m
+        .subscriptions(&url(A))
+        .iter()
+        .any(|(id, _)| *id == l1[0]));
     let before = req_count(&w, A);
     w.advance(secs(300));
     assert_eq!(req_count(&w, A), before);
@@ -996,7 +1031,10 @@ fn rate_limit_notice_pauses_new_subscriptions() {
 fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
     // The relay closes any REQ beyond five open subscriptions, without saying so in NIP-11;
     // the engine's default budget is five.
-    let mut w = discovered(|c| c.default_subscription_budget = 5, |a| a.max_subs = Some(5));
+    let mut w = discovered(
+        |c| c.default_subscription_budget = 5,
+        |a| a.max_subs = Some(5),
+    );
     let ann = w.own.store[0].clone();
     let mut roots = vec![];
     let mut replies = vec![];
@@ -1043,11 +1081,14 @@ fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
 
 #[test]
 fn nip11_max_subscriptions_sets_the_budget() {
-    let mut w = discovered(|_| {}, |a| {
-        a.max_subs = Some(3);
-        a.publish_nip11 = true;
-        a.hold_eose = true;
-    });
+    let mut w = discovered(
+        |_| {},
+        |a| {
+            a.max_subs = Some(3);
+            a.publish_nip11 = true;
+            a.hold_eose = true;
+        },
+    );
     assert_eq!(w.m.budget(&url(A)), 3);
     // L1 + the batch's 3 filters, but only 3 at a time.
     assert_eq!(req_count(&w, A), 3);
@@ -1099,7 +1140,10 @@ fn a_query_without_eose_is_sent_again_not_left_loading() {
     let mut w = discovered(|_| {}, |a| a.no_eose_kind = Some(30617));
     let l1 = w.open_subs(A, is_l1);
     assert_eq!(l1.len(), 1);
-    assert!(!w.m.pending_index().contains_key(&url(A)), "the batch answered");
+    assert!(
+        !w.m.pending_index().contains_key(&url(A)),
+        "the batch answered"
+    );
     let before = req_count(&w, A);
     w.advance(secs(100));
     assert_eq!(req_count(&w, A), before);
@@ -1108,7 +1152,11 @@ fn a_query_without_eose_is_sent_again_not_left_loading() {
     w.advance(secs(30));
     assert!(!open(&w, A).contains(&l1[0]), "the silent one closed");
     let again = reqs_from(&w, A, before);
-    assert_eq!(again, vec![build_announcement_filter(None)], "the same query");
+    assert_eq!(
+        again,
+        vec![build_announcement_filter(None)],
+        "the same query"
+    );
     assert_eq!(w.m.counters().queries_resent, 1);
     let before = req_count(&w, A);
     w.advance(secs(300));

@@ -26,8 +26,6 @@ mod plan_tests;
 mod reconcile;
 mod subscriptions;
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod world;
 
 #[cfg(feature = "testing")]

@@ -868,9 +868,11 @@ impl World {
             return;
         };
         let held = std::mem::take(&mut f.held);
-        let (due, kept): (Vec<_>, Vec<_>) = held.into_iter().partition(|(g, sub)| {
-            f.conn == Some(*g) && f.subs.get(sub).is_some_and(|flt| pred(flt))
-        });
+        let (conn, subs) = (f.conn, &f.subs);
+        let (due, kept): (Vec<_>, Vec<_>) = held
+            .into_iter()
+            .filter(|(g, sub)| conn == Some(*g) && subs.contains_key(sub))
+            .partition(|(_, sub)| subs.get(sub).is_some_and(&pred));
         f.held = kept;
         for (_, sub_id) in due {
             self.send_text(
