@@ -7,7 +7,7 @@
 //! through hours of simulated time.
 
 mod batches;
-mod complaints;
+mod closed;
 mod consolidation;
 mod daily;
 mod lifecycle;
