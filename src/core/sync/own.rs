@@ -173,7 +173,7 @@ impl SyncMachine {
             warn!("{line}");
         }
         self.own_link.last_error = Some(reason.to_string());
-        self.own_link.next_attempt = Some(at);
+        self.timers.set(Timer::OwnReconnect, at);
     }
 
     /// CLOSED on the own relay: a page of the history is asked again after a short delay
@@ -224,6 +224,8 @@ impl SyncMachine {
         self.batch.meanings.push(meaning);
         if self.batch.started.is_none() {
             self.batch.started = Some(now);
+            self.timers
+                .set(Timer::SelfBatch, now.plus(self.config.batch_window));
         }
         if self.batch.meanings.len() >= self.config.max_batch_events {
             self.process_batch(now);
@@ -234,6 +236,7 @@ impl SyncMachine {
     pub(super) fn process_batch(&mut self, now: Time) {
         let meanings = std::mem::take(&mut self.batch.meanings);
         self.batch.started = None;
+        self.timers.cancel(&Timer::SelfBatch);
         self.counters.self_batches += 1;
         let mut announcements = 0usize;
         let mut roots = 0usize;

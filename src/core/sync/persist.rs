@@ -252,7 +252,10 @@ impl SyncMachine {
                     catch_up_since: since,
                     repos: sorted_refs(repos),
                     root_events: sorted_ids(roots),
-                    next_daily_ms: self.daily.get(url).map(|t| wall_of(t, now)),
+                    next_daily_ms: self
+                        .timers
+                        .get(&Timer::Daily(url.clone()))
+                        .map(|t| wall_of(t, now)),
                     nip77: None,
                 }
             };
@@ -430,7 +433,7 @@ impl SyncMachine {
         state.root_events = roots;
         state.last_connected = Some(r.until);
         match r.next_daily {
-            Some(t) => self.daily.set(relay, t),
+            Some(t) => self.timers.set(Timer::Daily(relay.clone()), t),
             None => self.schedule_daily(relay, now),
         }
         Some(r.since)

@@ -197,7 +197,6 @@ pub(super) struct Job {
     neg: Option<Negentropy<'static, NegentropyStorageVector>>,
     rounds: u32,
     need: HashSet<EventId>,
-    deadline: Option<Time>,
 }
 
 /// The jobs and what is known per relay.
@@ -210,11 +209,6 @@ pub(super) struct Reconciler {
 }
 
 impl Reconciler {
-    /// The earliest job deadline.
-    pub(super) fn next_deadline(&self) -> Option<Time> {
-        self.jobs.values().filter_map(|j| j.deadline).min()
-    }
-
     /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
     /// does not apply meanwhile: the job has its own).
     pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
@@ -294,10 +288,11 @@ impl SyncMachine {
                 neg: None,
                 rounds: 0,
                 need: HashSet::new(),
-                deadline: None,
             },
         );
         self.recon.by_neg.insert(neg_id, id);
+        // Its batch's EOSE deadline gives way to the job's own deadlines.
+        self.mark_stale(relay);
         self.pump_jobs();
     }
 
@@ -311,8 +306,7 @@ impl SyncMachine {
             return;
         };
         if let Some(b) = self
-            .pending
-            .get_mut(relay)
+            .pending_mut(relay)
             .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == batch))
         {
             b.outstanding_subs.extend(ids);
@@ -369,8 +363,7 @@ impl SyncMachine {
                 continue;
             }
             let queued = job.after.as_ref().is_some_and(|a| {
-                self.links
-                    .get(&job.relay)
+                self.link_of(&job.relay)
                     .is_some_and(|l| l.queue.iter().any(|(s, _)| s == a))
             });
             if queued {
@@ -390,8 +383,8 @@ impl SyncMachine {
             let deadline = self.last_now.plus(self.config.eose_timeout);
             if let Some(job) = self.recon.jobs.get_mut(&id) {
                 job.phase = Phase::OwnRead;
-                job.deadline = Some(deadline);
             }
+            self.timers.set(Timer::JobDeadline(id), deadline);
             self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
         }
     }
@@ -434,6 +427,8 @@ impl SyncMachine {
             return;
         };
         self.recon.by_neg.remove(&job.neg_id);
+        self.timers.cancel(&Timer::JobDeadline(id));
+        self.mark_stale(&job.relay);
         self.close_own_side(id);
         if job.phase == Phase::Negotiating
             && self.connected_generation(&job.relay) == Some(job.generation)
@@ -517,8 +512,7 @@ impl SyncMachine {
     ) -> bool {
         let now = self.last_now;
         let Some(b) = self
-            .pending
-            .get_mut(relay)
+            .pending_mut(relay)
             .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == batch))
         else {
             return false;
@@ -592,7 +586,7 @@ impl SyncMachine {
 
     /// Closes one of our subscriptions on a remote relay (sent, or still queued).
     fn close_remote_sub(&mut self, relay: &RelayUrl, generation: u64, sub: &SubscriptionId) {
-        let Some(link) = self.links.get_mut(relay) else {
+        let Some(link) = self.link_mut(relay) else {
             return;
         };
         link.queue.retain(|(s, _)| s != sub);
@@ -713,7 +707,10 @@ impl SyncMachine {
         };
         job.neg = Some(neg);
         job.phase = Phase::Negotiating;
-        job.deadline = Some(deadline);
+        self.timers.set(Timer::JobDeadline(id), deadline);
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
         debug!(
             "{relay}: NEG-OPEN {} over {} own events",
             job.neg_id,
@@ -811,7 +808,8 @@ impl SyncMachine {
         match out {
             Err(e) => self.fallback(id, FallbackReason::Malformed, &format!("bad NEG-MSG: {e}")),
             Ok(Some(next)) => {
-                job.deadline = Some(now.plus(cfg.round_timeout));
+                self.timers
+                    .set(Timer::JobDeadline(id), now.plus(cfg.round_timeout));
                 let (relay, generation, sub_id, batch) = (
                     job.relay.clone(),
                     job.generation,
@@ -880,33 +878,24 @@ impl SyncMachine {
         }
     }
 
-    /// Jobs whose deadline passed.
-    pub(super) fn expire_jobs(&mut self, now: Time) {
-        let due: Vec<u64> = self
-            .recon
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.deadline.is_some_and(|d| d <= now))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
-            let Some(job) = self.recon.jobs.get(&id) else {
-                continue;
-            };
-            let untried = self.nip77_support(&job.relay) == Nip77Support::Unknown;
-            match job.phase {
-                Phase::OwnRead => self.fallback(
-                    id,
-                    FallbackReason::OwnSide,
-                    "the own relay's side was not read in time",
-                ),
-                Phase::Negotiating if untried && job.rounds == 0 => self.fallback(
-                    id,
-                    FallbackReason::Unsupported,
-                    "no answer to NEG-OPEN in time",
-                ),
-                _ => self.fallback(id, FallbackReason::Timeout, "no NEG-MSG in time"),
-            }
+    /// The deadline of job `id` passed ([`Timer::JobDeadline`]).
+    pub(super) fn expire_job(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
+        let untried = self.nip77_support(&job.relay) == Nip77Support::Unknown;
+        match job.phase {
+            Phase::OwnRead => self.fallback(
+                id,
+                FallbackReason::OwnSide,
+                "the own relay's side was not read in time",
+            ),
+            Phase::Negotiating if untried && job.rounds == 0 => self.fallback(
+                id,
+                FallbackReason::Unsupported,
+                "no answer to NEG-OPEN in time",
+            ),
+            _ => self.fallback(id, FallbackReason::Timeout, "no NEG-MSG in time"),
         }
     }
 
@@ -917,6 +906,8 @@ impl SyncMachine {
             return;
         };
         self.recon.by_neg.remove(&job.neg_id);
+        self.timers.cancel(&Timer::JobDeadline(id));
+        self.mark_stale(&job.relay);
         let relay = job.relay.clone();
         self.commands.push_back(Command::NegClose {
             relay: relay.clone(),
