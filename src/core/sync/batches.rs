@@ -166,9 +166,7 @@ impl SyncMachine {
             return;
         }
         info!("discovered relay {relay_url}");
-        self.relays
-            .insert(relay_url.clone(), RelayState::new(false));
-        self.links.insert(relay_url.clone(), Link::default());
+        self.add_remote(&relay_url, RelayState::new(false));
         self.connect_remote(&relay_url, now);
     }
 
@@ -661,7 +659,7 @@ impl SyncMachine {
                 info!("forward queue full: remote reading pauses; EOSE deadlines suspended");
                 self.forward_paused_since = Some(now);
                 // Every remote EOSE deadline is withdrawn (`eose_deadline_of`).
-                self.timers_stale.extend(self.links.keys().cloned());
+                self.timers_stale.extend(self.remotes.keys().cloned());
             }
             (false, Some(since)) => {
                 let paused = now.since(since);
@@ -672,12 +670,12 @@ impl SyncMachine {
                         b.started_at = b.started_at.plus(paused);
                     }
                 }
-                for link in self.links.values_mut() {
-                    for t in link.loading.values_mut() {
+                for r in self.remotes.values_mut() {
+                    for t in r.link.loading.values_mut() {
                         *t = t.plus(paused);
                     }
                 }
-                self.timers_stale.extend(self.links.keys().cloned());
+                self.timers_stale.extend(self.remotes.keys().cloned());
             }
             _ => {}
         }

@@ -224,7 +224,7 @@ impl SyncMachine {
         }
         let mut merged = std::mem::take(&mut self.link(relay).polled);
         let touched = merge_polled(&mut merged, polled);
-        if self.max_message.contains_key(relay) {
+        if self.nip11_of(relay).max_message.is_some() {
             // A chunk that grew may no longer fit the relay's REQ size.
             let mut fitted = Vec::with_capacity(merged.len());
             for (i, f) in merged.into_iter().enumerate() {

@@ -158,17 +158,7 @@ impl SyncMachine {
             .collect();
         for url in idle {
             info!("{url}: no repository needs this relay any more; disconnecting");
-            self.relays.remove(&url);
-            self.pending.remove(&url);
-            self.links.remove(&url);
-            self.limits.remove(&url);
-            self.budgets.remove(&url);
-            self.max_message.remove(&url);
-            self.timers.cancel_relay(&url);
-            self.restored_forget(&url);
-            self.drop_jobs_of(&url, false);
-            self.recon.support.remove(&url);
-            self.commands.push_back(Command::Forget { relay: url });
+            self.forget_relay(&url);
         }
     }
 }

@@ -10,6 +10,8 @@ mod batches;
 mod closed;
 mod consolidation;
 mod daily;
+#[cfg(test)]
+mod forget_tests;
 mod lifecycle;
 #[cfg(test)]
 mod loss_tests;
@@ -22,6 +24,7 @@ mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
 mod reconcile;
+mod remote;
 mod subscriptions;
 #[cfg(test)]
 mod tests;
@@ -711,14 +714,19 @@ pub struct SyncMachine {
     /// Distinct root events in `repo_index`, counted as they are linked (status reads must
     /// not walk the index under the machine's lock).
     root_events_known: usize,
+    /// Confirmed state per remote relay (the design's index; public read API).
     relays: RelaySyncIndex,
+    /// In-flight batches per remote relay (the design's index; public read API).
     pending: PendingSyncIndex,
-    links: HashMap<RelayUrl, Link>,
-    limits: HashMap<RelayUrl, PageLimits>,
-    budgets: HashMap<RelayUrl, usize>,
-    max_message: HashMap<RelayUrl, usize>,
+    /// Everything else about each remote relay: one entry per relay in `relays`.
+    remotes: HashMap<RelayUrl, remote::RemoteRelay>,
     own: RelayState,
     own_link: Link,
+    /// What the own relay's NIP-11 published (page size, subscription budget).
+    own_nip11: remote::Nip11,
+    /// NIP-11 limits reported for remote relays not known (yet, or any more: a retired
+    /// thread's late report), taken when the relay is discovered; at most `max_relays`.
+    unknown_nip11: HashMap<RelayUrl, remote::Nip11>,
     batch: SelfBatch,
     commands: VecDeque<Command>,
     next_sub: u64,
@@ -765,12 +773,11 @@ impl SyncMachine {
             root_events_known: 0,
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
-            links: HashMap::new(),
-            limits: HashMap::new(),
-            budgets: HashMap::new(),
-            max_message: HashMap::new(),
+            remotes: HashMap::new(),
             own: RelayState::new(false),
             own_link: Link::default(),
+            own_nip11: remote::Nip11::default(),
+            unknown_nip11: HashMap::new(),
             batch: SelfBatch {
                 meanings: Vec::new(),
                 started: None,
@@ -812,8 +819,7 @@ impl SyncMachine {
             }
             let mut s = RelayState::new(true);
             s.connection_status = ConnectionStatus::Disconnected;
-            self.relays.insert(b.clone(), s);
-            self.links.insert(b.clone(), Link::default());
+            self.add_remote(&b, s);
             self.connect_remote(&b, now);
         }
         self.timers.set(
@@ -1012,29 +1018,7 @@ impl SyncMachine {
                     self.handle_eose(&relay, &sub_id, &stats, now);
                 }
             }
-            Report::Limits { relay, limits } => {
-                let page = PageLimits {
-                    page_size: limits.page_size(self.config.assumed_page_size).max(1),
-                    max_limit: limits.max_limit,
-                };
-                info!(
-                    "{relay}: NIP-11 limits: page size {} (max_limit {:?}, default_limit {:?}, max_subscriptions {:?})",
-                    page.page_size, limits.max_limit, limits.default_limit, limits.max_subscriptions
-                );
-                if let Some(max) = limits.max_subscriptions {
-                    self.budgets.insert(relay.clone(), max.max(2));
-                }
-                if let Some(max) = limits.max_message_length {
-                    self.max_message.insert(relay.clone(), max);
-                }
-                if limits.supports_nip77 == Some(true) && relay != self.config.own_relay {
-                    let s = self.recon.support.entry(relay.clone()).or_default();
-                    if *s == Nip77Support::Unknown {
-                        *s = Nip77Support::Advertised;
-                    }
-                }
-                self.limits.insert(relay, page);
-            }
+            Report::Limits { relay, limits } => self.set_limits(&relay, &limits),
             Report::Closed {
                 relay,
                 generation,
@@ -1101,14 +1085,7 @@ impl SyncMachine {
                         self.reselect();
                         self.check_plan();
                     }
-                    self.drop_jobs_of(&relay, false);
-                    self.recon.support.remove(&relay);
-                    self.relays.remove(&relay);
-                    self.pending.remove(&relay);
-                    self.links.remove(&relay);
-                    self.timers.cancel_relay(&relay);
-                    self.restored_forget(&relay);
-                    self.commands.push_back(Command::Forget { relay });
+                    self.forget_relay(&relay);
                 }
             }
         }
@@ -1129,42 +1106,6 @@ impl SyncMachine {
     // ----- own relay (self-subscription) -----
 
     // ----- remote relays -----
-
-    /// Marks the derived timers of `relay` for recomputation ([`Self::refresh_timers`]).
-    fn mark_stale(&mut self, relay: &RelayUrl) {
-        if !self.timers_stale.contains(relay) {
-            self.timers_stale.insert(relay.clone());
-        }
-    }
-
-    /// The working state of `relay`'s connection, for changing it (made when missing).
-    fn link(&mut self, relay: &RelayUrl) -> &mut Link {
-        self.mark_stale(relay);
-        self.links.entry(relay.clone()).or_default()
-    }
-
-    /// The working state of `relay`'s connection, for changing it, if the relay is known.
-    fn link_mut(&mut self, relay: &RelayUrl) -> Option<&mut Link> {
-        self.mark_stale(relay);
-        self.links.get_mut(relay)
-    }
-
-    /// The working state of `relay`'s connection.
-    fn link_of(&self, relay: &RelayUrl) -> Option<&Link> {
-        self.links.get(relay)
-    }
-
-    /// The pending batches of `relay`, for changing them.
-    fn pending_mut(&mut self, relay: &RelayUrl) -> Option<&mut Vec<PendingBatch>> {
-        self.mark_stale(relay);
-        self.pending.get_mut(relay)
-    }
-
-    /// Removes the pending batches of `relay`.
-    fn take_pending(&mut self, relay: &RelayUrl) -> Option<Vec<PendingBatch>> {
-        self.mark_stale(relay);
-        self.pending.remove(relay)
-    }
 
     /// True while `relay` is in a rate-limit cool-down ([`Timer::Cooldown`] not reached).
     fn cooling(&self, relay: &RelayUrl, now: Time) -> bool {
@@ -1203,8 +1144,7 @@ impl SyncMachine {
     /// Open subscriptions per relay and purpose.
     pub fn subscriptions(&self, relay: &RelayUrl) -> Vec<(SubscriptionId, SubPurpose)> {
         let mut v: Vec<_> = self
-            .links
-            .get(relay)
+            .link_of(relay)
             .map(|l| l.subs.iter().map(|(s, i)| (s.clone(), i.purpose)).collect())
             .unwrap_or_default();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -1252,7 +1192,7 @@ impl SyncMachine {
         sorted
             .into_iter()
             .map(|(url, s)| {
-                let link = self.links.get(url);
+                let link = self.link_of(url);
                 let pending = self.pending.get(url).map(|v| v.as_slice()).unwrap_or(&[]);
                 let target = targets.get(url);
                 RelaySyncStatus {

@@ -440,7 +440,7 @@ fn what_a_try_taught_about_nip77_survives_a_restart_and_nothing_else_is_saved() 
         (Nip77Support::Advertised, None),
     ] {
         let (mut w, _) = synced();
-        w.m.recon.support.insert(a.clone(), learnt);
+        w.m.remote_mut(&a).unwrap().nip77 = learnt;
         let snap = through_json(w.m.snapshot(w.now));
         assert_eq!(snap.relays[A].nip77, saved, "{learnt:?}");
         w.restart(Duration::from_secs(MIN), 0, Some(snap));

@@ -204,7 +204,6 @@ pub(super) struct Job {
 pub(super) struct Reconciler {
     jobs: BTreeMap<u64, Job>,
     by_neg: HashMap<SubscriptionId, u64>,
-    pub(super) support: HashMap<RelayUrl, Nip77Support>,
     next_job: u64,
 }
 
@@ -233,7 +232,10 @@ fn history_filter(f: &Filter) -> Filter {
 impl SyncMachine {
     /// The relay's NIP-77 support as known now.
     pub fn nip77_support(&self, relay: &RelayUrl) -> Nip77Support {
-        self.recon.support.get(relay).copied().unwrap_or_default()
+        match self.remote_of(relay) {
+            Some(r) => r.nip77,
+            None => self.persist.nip77_of(relay).unwrap_or_default(),
+        }
     }
 
     /// Queries are reconciled on relays known to speak NIP-77; with `probe_unadvertised`,
@@ -555,9 +557,9 @@ impl SyncMachine {
         self.drop_job(id);
         self.counters.reconcile_fallbacks[reason.index()] += 1;
         if reason == FallbackReason::Unsupported {
-            self.recon
-                .support
-                .insert(relay.clone(), Nip77Support::Unsupported);
+            if let Some(r) = self.remote_mut(&relay) {
+                r.nip77 = Nip77Support::Unsupported;
+            }
             info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
         } else {
             info!(
@@ -668,9 +670,9 @@ impl SyncMachine {
     fn frame_size(&self, relay: &RelayUrl) -> u64 {
         let cfg = self.config.nip77.frame_size;
         let by_relay = self
+            .nip11_of(relay)
             .max_message
-            .get(relay)
-            .map_or(cfg, |m| (*m as u64 / 2).saturating_sub(512));
+            .map_or(cfg, |m| (m as u64 / 2).saturating_sub(512));
         cfg.min(by_relay).max(4096)
     }
 
@@ -914,10 +916,11 @@ impl SyncMachine {
             generation: job.generation,
             sub_id: job.neg_id.clone(),
         });
-        let support = self.recon.support.entry(relay.clone()).or_default();
-        if *support == Nip77Support::Unknown {
-            info!("{relay}: speaks NIP-77; history is reconciled from now on");
-            *support = Nip77Support::Works;
+        if let Some(r) = self.remote_mut(&relay) {
+            if r.nip77 == Nip77Support::Unknown {
+                info!("{relay}: speaks NIP-77; history is reconciled from now on");
+                r.nip77 = Nip77Support::Works;
+            }
         }
         self.counters.reconciliations += 1;
         self.counters.reconcile_ids_fetched += job.need.len() as u64;
@@ -960,8 +963,8 @@ impl SyncMachine {
         let page = self.page_limits(relay).page_size;
         let base = filter.as_json().len() + 200;
         let by_size = self
+            .nip11_of(relay)
             .max_message
-            .get(relay)
             .map_or(MAX_IDS_PER_REQ, |m| m.saturating_sub(base) / 67);
         let chunk = page
             .saturating_sub(1)

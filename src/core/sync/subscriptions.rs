@@ -158,11 +158,11 @@ impl SyncMachine {
         }
     }
 
-    /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default).
+    /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default);
+    /// the own relay's too.
     pub fn budget(&self, relay: &RelayUrl) -> usize {
-        self.budgets
-            .get(relay)
-            .copied()
+        self.nip11_of(relay)
+            .budget
             .unwrap_or(self.config.default_subscription_budget)
             .max(2)
     }
@@ -175,7 +175,7 @@ impl SyncMachine {
     /// Splits (by halving tag values) every filter whose REQ would be longer than the relay's
     /// NIP-11 `max_message_length` (with room for `since`/`until`/`limit` added later).
     pub(super) fn fit_filters(&self, relay: &RelayUrl, filters: Vec<Filter>) -> Vec<Filter> {
-        let Some(max) = self.max_message.get(relay).copied() else {
+        let Some(max) = self.nip11_of(relay).max_message else {
             return filters;
         };
         let budget = max.saturating_sub(120).max(200);
@@ -283,7 +283,7 @@ impl SyncMachine {
     pub(super) fn poll_round(&mut self, relay: &RelayUrl, now: Time) {
         let interval = self.config.poll_interval;
         let margin = self.config.quick_reconnect_window;
-        if !self.links.contains_key(relay) {
+        if !self.remotes.contains_key(relay) {
             return;
         }
         self.timers
@@ -318,10 +318,10 @@ impl SyncMachine {
         }
     }
 
+    /// Page size and `max_limit` of `relay` (the own relay too): published, else assumed.
     pub(super) fn page_limits(&self, relay: &RelayUrl) -> PageLimits {
-        self.limits
-            .get(relay)
-            .copied()
+        self.nip11_of(relay)
+            .page_limits
             .unwrap_or_else(|| PageLimits::assumed(self.config.assumed_page_size))
     }
 }
