@@ -1,6 +1,24 @@
 //! compute_actions → AddFilters → PendingBatch → EOSE (with pages) → confirmed, or failed and retried.
 
-use super::*;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use nostr::event::EventId;
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::actions::{compute_actions_for, machine_policy, AddFilters};
+use crate::core::filters::build_layer2_and_layer3_filters;
+use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::state::{
+    ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
+};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{unbatched_loading, Command, Link, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     /// Runs the selection again after a relay set or the excluded relays changed; the

@@ -1,6 +1,16 @@
 //! What the machine does with CLOSED and NOTICE from remote relays.
 
-use super::*;
+use log::{debug, warn};
+use nostr::message::SubscriptionId;
+
+use crate::core::complaints::{
+    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind,
+};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, live_only, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn handle_closed(

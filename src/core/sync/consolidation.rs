@@ -1,7 +1,18 @@
 //! Scenario 4 (consolidation, never blocking); Scenario 5 (the daily resync) is in `daily.rs`.
 
-use super::*;
-use crate::core::filters::CHUNK_SIZE;
+use std::collections::HashSet;
+
+use log::{debug, info};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::filters::{build_layer2_and_layer3_filters, CHUNK_SIZE};
+use crate::core::state::{ConnectionStatus, PendingItems};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, live_only, Command, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {

@@ -1,6 +1,13 @@
 //! Connection lifecycle of remote relays: connect (fresh, quick, stale), disconnect, idle check.
 
-use super::*;
+use log::{debug, info, warn};
+
+use crate::core::state::ConnectionStatus;
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{Command, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_remote(&mut self, relay: &RelayUrl, _now: Time) {

@@ -39,24 +39,19 @@ pub use reconcile::{FallbackReason, Nip77Config, Nip77Support};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use log::{info, warn};
 use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::actions::{compute_actions_for, machine_policy, AddFilters, Plan, TargetReport};
-use crate::core::complaints::{
-    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
-};
-use crate::core::filters::{
-    build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
-};
+use crate::core::actions::{Plan, TargetReport};
+use crate::core::complaints::RATE_LIMIT_COOLDOWN;
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
-use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
-use crate::core::paging::{bound_plan, plan_pages, PageLimits, PageStats, MAX_QUEUED_PAGES};
+use crate::core::nip34::SelfEventMeaning;
+use crate::core::paging::PageStats;
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
-    RelaySyncNeeds, RepoSyncIndex,
+    RepoSyncIndex,
 };
 use crate::core::time::Time;
 use crate::shared::limits::RelayLimits;

@@ -1,6 +1,21 @@
 //! The self-subscription on the own relay: connect, page its history, batch what it reads.
 
-use super::*;
+use std::collections::HashSet;
+
+use log::{debug, info, warn};
+use nostr::event::{Event, EventId};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::complaints::{classify_closed, ClosedReason};
+use crate::core::filters::self_subscription_filter;
+use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
+use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::state::ConnectionStatus;
+use crate::core::time::Time;
+
+use super::timers::Timer;
+use super::{Command, SubInfo, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_own(&mut self, _now: Time) {

@@ -18,9 +18,21 @@
 //!   says, and it covers history queries that were interrupted (a relay with an interrupted
 //!   query that has no `since` is not saved: its next connect is a fresh sync).
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use log::info;
+use nostr::event::EventId;
+use nostr::filter::Filter;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use crate::core::filters::build_layer2_and_layer3_filters;
+use crate::core::state::{ConnectionStatus, PendingItems};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, is_batch_query, Link, Nip77Support, SubPurpose, SyncMachine};
 
 /// The most relays one snapshot carries (more than `max_relays` by default); the rest get a
 /// fresh sync after a restart.

@@ -21,13 +21,23 @@
 //! query only ([`FallbackReason`]). A job is one entry in its batch's outstanding set, so a
 //! batch is never confirmed while one of its jobs runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
+use log::{debug, info};
 use negentropy::{Id, Negentropy, NegentropyStorageVector};
+use nostr::event::EventId;
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
 
+use crate::core::filters::build_announcement_filter;
 use crate::core::message::escape_for_log;
+use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::state::ConnectionStatus;
+use crate::shared::url::RelayUrl;
 
-use super::*;
+use super::timers::Timer;
+use super::{live_only, Command, SubPurpose, SyncCounters, SyncMachine, MAX_RESUME};
 
 /// NIP-77 settings.
 #[derive(Debug, Clone)]

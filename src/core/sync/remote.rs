@@ -12,12 +12,13 @@
 
 use log::{debug, info};
 
-use super::persist::Late;
-use super::{Link, Nip77Support, SyncMachine};
 use crate::core::paging::PageLimits;
 use crate::core::state::{PendingBatch, PendingItems, RelayState};
 use crate::shared::limits::RelayLimits;
 use crate::shared::url::RelayUrl;
+
+use super::persist::Late;
+use super::{Link, Nip77Support, SyncMachine};
 
 /// Everything the machine keeps about one remote relay besides the design's indexes.
 #[derive(Debug, Default)]

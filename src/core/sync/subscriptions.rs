@@ -1,6 +1,17 @@
 //! Opening subscriptions within a relay's budget: the queue, REQ size, the live set and polling.
 
-use super::*;
+use log::{debug, info};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::filters::{build_announcement_filter, build_layer2_and_layer3_filters};
+use crate::core::paging::PageLimits;
+use crate::core::state::ConnectionStatus;
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, live_only, Command, SubInfo, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     /// Opens one subscription (one REQ, one filter) on a remote relay; it counts as loading
