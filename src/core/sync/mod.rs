@@ -822,6 +822,7 @@ impl SyncMachine {
             now.plus(self.config.disconnect_check_interval),
         );
         self.refresh_timers();
+        self.check_timers();
     }
 
     /// The next command to carry out.
@@ -870,6 +871,7 @@ impl SyncMachine {
                 }
             }
         }
+        self.check_timers();
     }
 
     /// Opens again the subscriptions of `relay` whose delay after its CLOSED passed (when
@@ -929,6 +931,41 @@ impl SyncMachine {
         self.timers.set_or_cancel(Timer::OwnReopen, own_reopen);
     }
 
+    /// Debug builds: every relay in `relays` has its [`remote::RemoteRelay`] and no other
+    /// does, no timer names a relay not known, and the derived timers equal a fresh
+    /// derivation (no change of their inputs went unmarked). Runs after every input.
+    fn check_timers(&self) {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(self.timers_stale.is_empty(), "timers refreshed");
+            debug_assert_eq!(
+                self.relays.len(),
+                self.remotes.len(),
+                "one RemoteRelay each"
+            );
+            for url in self.remotes.keys() {
+                debug_assert!(self.relays.contains_key(url), "{url}: RemoteRelay only");
+                debug_assert_eq!(
+                    self.timers.get(&Timer::EoseDeadline(url.clone())),
+                    self.eose_deadline_of(url),
+                    "{url}: EOSE deadline"
+                );
+                debug_assert_eq!(
+                    self.timers.get(&Timer::Reopen(url.clone())),
+                    self.link_of(url)
+                        .and_then(|l| l.reopen.iter().map(|r| r.0).min()),
+                    "{url}: reopen time"
+                );
+            }
+            for url in self.timers.relays() {
+                debug_assert!(
+                    self.remotes.contains_key(url),
+                    "{url}: timer of a relay not known"
+                );
+            }
+        }
+    }
+
     /// The EOSE deadline of `relay`: the earliest of its queries outside a batch sent
     /// without EOSE, and of its batches that wait for an EOSE ([`Self::batch_awaits_eose`]),
     /// plus the EOSE timeout. None while the forward queue is full (remote reading pauses).
@@ -971,6 +1008,7 @@ impl SyncMachine {
         self.last_now = self.last_now.max(now);
         self.dispatch_report(report, now);
         self.refresh_timers();
+        self.check_timers();
     }
 
     /// [`SyncMachine::handle_report`] without the timer refresh.

@@ -67,7 +67,7 @@ impl Timer {
     }
 
     /// The remote relay the timer belongs to, if any.
-    #[cfg(test)]
+    #[cfg(any(test, debug_assertions))]
     pub(crate) fn relay(&self) -> Option<&RelayUrl> {
         match self {
             Timer::EoseDeadline(r)
@@ -176,6 +176,12 @@ impl TimerTable {
         self.by_deadline.remove(&(at, timer.clone()));
         self.deadlines.remove(&timer);
         Some(timer)
+    }
+
+    /// The remote relays named by timers (once per timer).
+    #[cfg(any(test, debug_assertions))]
+    pub(crate) fn relays(&self) -> impl Iterator<Item = &RelayUrl> + '_ {
+        self.deadlines.keys().filter_map(Timer::relay)
     }
 
     /// Timers set.
