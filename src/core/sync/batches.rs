@@ -1,6 +1,24 @@
 //! compute_actions → AddFilters → PendingBatch → EOSE (with pages) → confirmed, or failed and retried.
 
-use super::*;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use nostr::event::EventId;
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::actions::{compute_actions_for, machine_policy, AddFilters};
+use crate::core::filters::build_layer2_and_layer3_filters;
+use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::state::{
+    ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
+};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{unbatched_loading, Command, Link, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     /// Runs the selection again after a relay set or the excluded relays changed; the
@@ -93,11 +111,7 @@ impl SyncMachine {
             .collect();
         work.sort_by(|a, b| a.0.cmp(&b.0));
         for (relay, action) in work {
-            if self
-                .links
-                .get(&relay)
-                .is_some_and(|l| l.retry_after.is_some())
-            {
+            if self.timers.is_set(&Timer::RetryBatches(relay.clone())) {
                 continue;
             }
             match action {
@@ -112,11 +126,7 @@ impl SyncMachine {
     fn check_deltas(&self, deltas: &[(RelayUrl, RelaySyncNeeds)]) {
         #[cfg(debug_assertions)]
         for (relay, delta) in deltas {
-            if self
-                .links
-                .get(relay)
-                .is_some_and(|l| l.retry_after.is_some())
-            {
+            if self.timers.is_set(&Timer::RetryBatches(relay.clone())) {
                 continue;
             }
             let full = compute_actions_for(
@@ -124,7 +134,7 @@ impl SyncMachine {
                 &self.pending,
                 &self.relays,
             );
-            let deferred = self.links.get(relay).map(|l| &l.deferred);
+            let deferred = self.link_of(relay).map(|l| &l.deferred);
             for a in full {
                 for r in &a.repos {
                     debug_assert!(
@@ -174,9 +184,7 @@ impl SyncMachine {
             return;
         }
         info!("discovered relay {relay_url}");
-        self.relays
-            .insert(relay_url.clone(), RelayState::new(false));
-        self.links.insert(relay_url.clone(), Link::default());
+        self.add_remote(&relay_url, RelayState::new(false));
         self.connect_remote(&relay_url, now);
     }
 
@@ -206,10 +214,9 @@ impl SyncMachine {
             filters = build_layer2_and_layer3_filters(&repos, &root_events, None);
         }
         // maybe_consolidate: checked BEFORE the new filters are added.
-        let open = self.links.get(&relay_url).map_or(0, |l| l.subs.len());
+        let open = self.link_of(&relay_url).map_or(0, |l| l.subs.len());
         let deferring = self
-            .links
-            .get(&relay_url)
+            .link_of(&relay_url)
             .is_some_and(|l| !l.deferred.is_empty());
         let threshold = self.threshold(&relay_url);
         let over = open > 1 && open + filters.len() > threshold;
@@ -224,13 +231,14 @@ impl SyncMachine {
             let link = self.link(&relay_url);
             link.deferred.repos.extend(repos);
             link.deferred.root_events.extend(root_events);
-            if link.consolidate_by.is_none() {
+            let by = Timer::Consolidate(relay_url.clone());
+            if !self.timers.is_set(&by) {
                 info!(
                     "{relay_url}: {open} open + {} new subscriptions exceed {}; consolidating",
                     filters.len(),
                     threshold
                 );
-                link.consolidate_by = Some(now.plus(wait));
+                self.timers.set(by, now.plus(wait));
             }
             self.run_deferred_if_idle(&relay_url, now);
             return;
@@ -256,6 +264,7 @@ impl SyncMachine {
         self.next_batch += 1;
         let batch_id = self.next_batch;
         // The PendingBatch exists before its queries open: a reconciliation may need it.
+        self.mark_stale(&relay_url);
         self.pending
             .entry(relay_url.clone())
             .or_default()
@@ -298,7 +307,7 @@ impl SyncMachine {
         stats: &PageStats,
         now: Time,
     ) {
-        let Some(info) = self.links.get_mut(relay).and_then(|l| {
+        let Some(info) = self.link_mut(relay).and_then(|l| {
             l.loading.remove(sub_id);
             l.subs.get(sub_id).cloned()
         }) else {
@@ -310,7 +319,7 @@ impl SyncMachine {
             _ => None,
         };
         // Pages of older history first, so a batch never confirms before its pages.
-        let queued = self.links.get(relay).map_or(0, |l| {
+        let queued = self.link_of(relay).map_or(0, |l| {
             l.queue
                 .iter()
                 .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
@@ -333,8 +342,7 @@ impl SyncMachine {
             ));
         }
         let constrained = self
-            .links
-            .get(relay)
+            .link_of(relay)
             .is_some_and(|l| !l.queue.is_empty() || !l.polled.is_empty());
         let close = match info.purpose {
             SubPurpose::Page { .. } | SubPurpose::CatchUp => true,
@@ -343,15 +351,13 @@ impl SyncMachine {
             // rebuild when no live set was built on this connection yet.
             SubPurpose::Batch(id) if constrained => {
                 if self
-                    .links
-                    .get(relay)
+                    .link_of(relay)
                     .is_none_or(|l| l.live_built_at.is_none())
                 {
                     self.need_rebuild(relay, now);
                 }
                 if let Some(b) = self
-                    .pending
-                    .get_mut(relay)
+                    .pending_mut(relay)
                     .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == id))
                 {
                     b.uncovered_from.get_or_insert(now);
@@ -361,7 +367,7 @@ impl SyncMachine {
             _ => false,
         };
         if close {
-            if let Some(l) = self.links.get_mut(relay) {
+            if let Some(l) = self.link_mut(relay) {
                 l.subs.remove(sub_id);
             }
             self.commands.push_back(Command::Unsubscribe {
@@ -399,7 +405,7 @@ impl SyncMachine {
             self.run_deferred_if_idle(relay, now);
             return;
         };
-        let Some(batches) = self.pending.get_mut(relay) else {
+        let Some(batches) = self.pending_mut(relay) else {
             return;
         };
         let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
@@ -419,7 +425,7 @@ impl SyncMachine {
     /// Confirms the batch when nothing of it is outstanding any more (every query reached
     /// EOSE, every reconciliation fetched what it found missing).
     pub(super) fn confirm_if_done(&mut self, relay: &RelayUrl, batch_id: u64, now: Time) {
-        let Some(batches) = self.pending.get_mut(relay) else {
+        let Some(batches) = self.pending_mut(relay) else {
             return;
         };
         let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
@@ -446,7 +452,7 @@ impl SyncMachine {
         // catch-up from that moment) at once when it can be extended (departure 63), else
         // at the next rebuild.
         let joins = batch.uncovered_from.is_some()
-            && self.links.get(relay).is_some_and(|l| {
+            && self.link_of(relay).is_some_and(|l| {
                 l.live_built_at.is_some() && !l.rebuild_needed && l.uncovered_since.is_none()
             });
         if let (true, Some(t)) = (joins, batch.uncovered_from) {
@@ -487,7 +493,7 @@ impl SyncMachine {
         why: &str,
         min_delay: Option<Duration>,
     ) {
-        let Some(batches) = self.pending.get_mut(relay) else {
+        let Some(batches) = self.pending_mut(relay) else {
             return;
         };
         let Some(pos) = batches.iter().position(|b| b.batch_id == batch_id) else {
@@ -503,7 +509,8 @@ impl SyncMachine {
         let generation = self.relays.get(relay).map_or(0, |s| s.generation);
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
-        let link = self.links.entry(relay.clone()).or_default();
+        let retry = Timer::RetryBatches(relay.clone());
+        let link = self.link(relay);
         // Close every subscription of the batch, also those that already saw EOSE: the
         // retry opens the same filters again.
         let mut subs: Vec<SubscriptionId> = link
@@ -526,14 +533,9 @@ impl SyncMachine {
                         batch: Some(batch_id),
                     }
         });
-        for sub in subs {
-            link.loading.remove(&sub);
-            link.subs.remove(&sub);
-            self.commands.push_back(Command::Unsubscribe {
-                relay: relay.clone(),
-                generation,
-                sub_id: sub,
-            });
+        for sub in &subs {
+            link.loading.remove(sub);
+            link.subs.remove(sub);
         }
         let delay = policy
             .base
@@ -543,8 +545,15 @@ impl SyncMachine {
             .max(link.health.base_delay(now, &policy))
             .max(min_delay.unwrap_or(Duration::ZERO));
         let at = now.plus(delay);
-        link.retry_after = Some(link.retry_after.map_or(at, |t| t.max(at)));
         let deferred_waiting = !link.deferred.is_empty();
+        for sub in subs {
+            self.commands.push_back(Command::Unsubscribe {
+                relay: relay.clone(),
+                generation,
+                sub_id: sub,
+            });
+        }
+        self.timers.set_latest(retry, at);
         warn!(
             "{relay}: batch {batch_id} failed ({why}); its {} repos and {} root events are retried in {:.0}s",
             batch.items.repos.len(),
@@ -561,58 +570,55 @@ impl SyncMachine {
     /// the consolidation wait (a relay that never stops loading is rebuilt all the same).
     pub(super) fn need_rebuild(&mut self, relay: &RelayUrl, now: Time) {
         let wait = self.config.consolidation_wait;
-        let l = self.link(relay);
-        l.rebuild_needed = true;
-        let by = now.plus(wait);
-        l.consolidate_by = Some(l.consolidate_by.map_or(by, |t| t.min(by)));
+        self.link(relay).rebuild_needed = true;
+        self.timers
+            .set_earliest(Timer::Consolidate(relay.clone()), now.plus(wait));
     }
 
-    pub(super) fn expire_batches(&mut self, now: Time) {
+    /// Fails the batches of `relay` whose EOSE deadline passed (see
+    /// [`SyncMachine::batch_awaits_eose`]).
+    pub(super) fn expire_batches(&mut self, relay: &RelayUrl, now: Time) {
         if self.forward_paused_since.is_some() {
             return;
         }
         let timeout = self.config.eose_timeout;
-        let links = &self.links;
-        let recon = &self.recon;
-        let expired: Vec<(RelayUrl, u64)> = self
+        let link = self.link_of(relay);
+        let expired: Vec<u64> = self
             .pending
-            .iter()
-            .flat_map(|(u, bs)| {
-                bs.iter()
-                    .filter(|b| now.since(b.started_at) >= timeout)
-                    // A running reconciliation has deadlines of its own.
-                    .filter(move |b| !recon.has_batch_job(u, b.batch_id))
-                    .filter(move |b| batch_has_sent_query(links.get(u), b))
-                    .map(|b| (u.clone(), b.batch_id))
-            })
+            .get(relay)
+            .into_iter()
+            .flatten()
+            .filter(|b| now.since(b.started_at) >= timeout)
+            .filter(|b| self.batch_awaits_eose(relay, link, b))
+            .map(|b| b.batch_id)
             .collect();
-        for (relay, batch_id) in expired {
-            self.fail_batch(&relay, batch_id, now, "no EOSE before the deadline");
+        for batch_id in expired {
+            self.fail_batch(relay, batch_id, now, "no EOSE before the deadline");
         }
     }
 
-    /// Queries outside a batch (Layer 1, catch-up, polls, pages, the self-subscription) whose
-    /// EOSE did not come before the deadline: a relay may drop a query silently (nostr-rs-relay
-    /// does under load). They are closed and sent again, never left "loading" for ever.
-    pub(super) fn expire_loading(&mut self, now: Time) {
+    /// Queries of `relay` outside a batch (Layer 1, catch-up, polls, pages) whose EOSE did
+    /// not come before the deadline: a relay may drop a query silently (nostr-rs-relay does
+    /// under load). They are closed and sent again, never left "loading" for ever.
+    pub(super) fn expire_loading(&mut self, url: &RelayUrl, now: Time) {
+        if self.forward_paused_since.is_some() {
+            return;
+        }
         let timeout = self.config.eose_timeout;
-        let paused = self.forward_paused_since.is_some();
-        let overdue: Vec<(RelayUrl, SubscriptionId)> = self
-            .links
-            .iter()
-            .filter(|_| !paused)
-            .flat_map(|(url, link)| {
+        let overdue: Vec<SubscriptionId> = self
+            .link_of(url)
+            .into_iter()
+            .flat_map(|link| {
                 unbatched_loading(link)
                     .filter(|(_, t)| now.since(*t) >= timeout)
-                    .map(|(s, _)| (url.clone(), s.clone()))
-                    .collect::<Vec<_>>()
+                    .map(|(s, _)| s.clone())
             })
             .collect();
-        for (url, sub) in overdue {
-            let Some(generation) = self.relays.get(&url).map(|s| s.generation) else {
+        for sub in overdue {
+            let Some(generation) = self.relays.get(url).map(|s| s.generation) else {
                 continue;
             };
-            let Some(info) = self.links.get_mut(&url).and_then(|l| {
+            let Some(info) = self.link_mut(url).and_then(|l| {
                 l.loading.remove(&sub);
                 l.subs.remove(&sub)
             }) else {
@@ -628,9 +634,15 @@ impl SyncMachine {
                 generation,
                 sub_id: sub,
             });
-            self.open_sub(&url, generation, info.purpose, info.filter);
-            self.drain_queue(&url);
+            self.open_sub(url, generation, info.purpose, info.filter);
+            self.drain_queue(url);
         }
+    }
+
+    /// The same for the own relay (the self-subscription and its pages): not suspended by
+    /// a full forward queue.
+    pub(super) fn expire_own_loading(&mut self, now: Time) {
+        let timeout = self.config.eose_timeout;
         let own_overdue: Vec<SubscriptionId> = unbatched_loading(&self.own_link)
             .filter(|(_, t)| now.since(*t) >= timeout)
             .map(|(s, _)| s.clone())
@@ -664,6 +676,8 @@ impl SyncMachine {
             (true, None) => {
                 info!("forward queue full: remote reading pauses; EOSE deadlines suspended");
                 self.forward_paused_since = Some(now);
+                // Every remote EOSE deadline is withdrawn (`eose_deadline_of`).
+                self.timers_stale.extend(self.remotes.keys().cloned());
             }
             (false, Some(since)) => {
                 let paused = now.since(since);
@@ -674,11 +688,12 @@ impl SyncMachine {
                         b.started_at = b.started_at.plus(paused);
                     }
                 }
-                for link in self.links.values_mut() {
-                    for t in link.loading.values_mut() {
+                for r in self.remotes.values_mut() {
+                    for t in r.link.loading.values_mut() {
                         *t = t.plus(paused);
                     }
                 }
+                self.timers_stale.extend(self.remotes.keys().cloned());
             }
             _ => {}
         }

@@ -1,13 +1,23 @@
 //! Scenario 4 (consolidation, never blocking); Scenario 5 (the daily resync) is in `daily.rs`.
 
-use super::*;
-use crate::core::filters::CHUNK_SIZE;
+use std::collections::HashSet;
+
+use log::{debug, info};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::filters::{build_layer2_and_layer3_filters, CHUNK_SIZE};
+use crate::core::state::{ConnectionStatus, PendingItems};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, live_only, Command, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {
         let ready = self
-            .links
-            .get(relay)
+            .link_of(relay)
             .is_some_and(|l| (!l.deferred.is_empty() || l.rebuild_needed) && l.loading.is_empty());
         if ready {
             self.run_deferred(relay, now);
@@ -26,11 +36,11 @@ impl SyncMachine {
     /// When the live set can be extended instead ([`SyncMachine::can_extend_live_set`]),
     /// nothing is closed or rebuilt: the deferred items only get their batch (departure 63).
     pub(super) fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
-        let Some(link) = self.links.get_mut(relay) else {
+        let Some(link) = self.link_mut(relay) else {
             return;
         };
-        link.consolidate_by = None;
         let items = std::mem::take(&mut link.deferred);
+        self.timers.cancel(&Timer::Consolidate(relay.clone()));
         let connected = self
             .relays
             .get(relay)
@@ -46,7 +56,7 @@ impl SyncMachine {
         }
         self.counters.consolidations += 1;
         let generation = self.relays[relay].generation;
-        let before = self.links.get(relay).map_or(0, |l| l.subs.len());
+        let before = self.link_of(relay).map_or(0, |l| l.subs.len());
         // Subscriptions still loading history (a first Layer 1) and every subscription of a
         // batch that is still pending stay open: closing them would lose what they have not
         // delivered yet, or leave the batch's items without a live subscription once it
@@ -60,14 +70,14 @@ impl SyncMachine {
         // waiting in the queue or to be reopened.
         let waiting_l1 =
             |p: SubPurpose, f: &Filter| p == SubPurpose::Announcements && f.limit != Some(0);
-        let mut keep_l1 = self.links.get(relay).is_some_and(|l| {
+        let mut keep_l1 = self.link_of(relay).is_some_and(|l| {
             l.queue
                 .iter()
                 .any(|(_, i)| waiting_l1(i.purpose, &i.filter))
                 || l.reopen.iter().any(|(_, p, f)| waiting_l1(*p, f))
         });
         let mut old: Vec<SubscriptionId> = Vec::new();
-        if let Some(l) = self.links.get_mut(relay) {
+        if let Some(l) = self.link_mut(relay) {
             let loading = l.loading.clone();
             l.subs.retain(|sub, info| {
                 let purpose = &info.purpose;
@@ -99,7 +109,7 @@ impl SyncMachine {
         // Layer 1 stays). Other history (pages, resumed queries) is kept as it is.
         let margin = self.config.quick_reconnect_window;
         let mut since = now.minus(margin).timestamp();
-        if let Some(l) = self.links.get_mut(relay) {
+        if let Some(l) = self.link_mut(relay) {
             l.rebuild_needed = false;
             let mut from = l.uncovered_since.take().unwrap_or(now);
             let live_queued = l.queue.iter().any(|(_, i)| i.purpose == SubPurpose::Live);
@@ -131,7 +141,7 @@ impl SyncMachine {
         self.open_live_set(relay, since, !keep_l1, now);
         self.subscribe_new_items(relay, items, now);
         self.drain_queue(relay);
-        let after = self.links.get(relay).map_or(0, |l| l.subs.len());
+        let after = self.link_of(relay).map_or(0, |l| l.subs.len());
         info!("{relay}: consolidated {before} subscriptions (plus the new items) into {after}");
     }
 }
@@ -155,7 +165,7 @@ impl SyncMachine {
     /// most [`FRAGMENTS`] more than the confirmed items need in chunks of
     /// [`CHUNK_SIZE`]).
     pub(super) fn can_extend_live_set(&self, relay: &RelayUrl) -> bool {
-        let (Some(l), Some(state)) = (self.links.get(relay), self.relays.get(relay)) else {
+        let (Some(l), Some(state)) = (self.link_of(relay), self.relays.get(relay)) else {
             return false;
         };
         let needed = 3
@@ -225,7 +235,7 @@ impl SyncMachine {
         }
         let mut merged = std::mem::take(&mut self.link(relay).polled);
         let touched = merge_polled(&mut merged, polled);
-        if self.max_message.contains_key(relay) {
+        if self.nip11_of(relay).max_message.is_some() {
             // A chunk that grew may no longer fit the relay's REQ size.
             let mut fitted = Vec::with_capacity(merged.len());
             for (i, f) in merged.into_iter().enumerate() {
@@ -247,8 +257,9 @@ impl SyncMachine {
         );
         link.polled = merged;
         link.poll_since = Some(link.poll_since.map_or(since, |p| p.min(since)));
-        if link.next_poll.is_none() {
-            link.next_poll = Some(now.plus(interval));
+        let poll = Timer::Poll(relay.clone());
+        if !self.timers.is_set(&poll) {
+            self.timers.set(poll, now.plus(interval));
         }
     }
 }

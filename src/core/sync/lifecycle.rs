@@ -1,6 +1,13 @@
 //! Connection lifecycle of remote relays: connect (fresh, quick, stale), disconnect, idle check.
 
-use super::*;
+use log::{debug, info, warn};
+
+use crate::core::state::ConnectionStatus;
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{Command, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_remote(&mut self, relay: &RelayUrl, _now: Time) {
@@ -23,12 +30,15 @@ impl SyncMachine {
         // The first connect of a relay restored from a snapshot (issue 11) may be a quick
         // reconnect across the restart.
         let restored = self.take_restored(relay, now);
+        if !self.relays.contains_key(relay) {
+            return;
+        }
+        let link = self.link(relay);
+        let overflow = std::mem::take(&mut link.resume_overflow);
+        let resume = std::mem::take(&mut link.resume);
         let Some(state) = self.relays.get_mut(relay) else {
             return;
         };
-        let link = self.links.entry(relay.clone()).or_default();
-        let overflow = std::mem::take(&mut link.resume_overflow);
-        let resume = std::mem::take(&mut link.resume);
         let stale = restored.is_none()
             && state.last_connected.is_some()
             && (overflow || state.should_clear_state(now, window));
@@ -100,21 +110,21 @@ impl SyncMachine {
             state.disconnected_at = Some(now);
         }
         state.connection_status = ConnectionStatus::Disconnected;
-        if let Some(batches) = self.pending.remove(relay) {
+        if let Some(batches) = self.take_pending(relay) {
             self.counters.batches_failed += batches.len() as u64;
         }
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
-        let link = self.links.entry(relay.clone()).or_default();
         if was_connected {
-            link.keep_unfinished_history();
+            self.link(relay).keep_unfinished_history();
         }
         self.drop_jobs_of(relay, was_connected);
-        let link = self.links.entry(relay.clone()).or_default();
-        link.forget_subscriptions();
+        self.forget_subscriptions(relay);
+        let link = self.link(relay);
         link.health.record_failure(now, &policy);
         let at = link.health.next_attempt(now, &policy, unit);
-        link.next_attempt = Some(at);
+        self.timers.set(Timer::Reconnect(relay.clone()), at);
+        let link = self.link(relay);
         let verb = if was_connected {
             "lost"
         } else {
@@ -155,17 +165,7 @@ impl SyncMachine {
             .collect();
         for url in idle {
             info!("{url}: no repository needs this relay any more; disconnecting");
-            self.relays.remove(&url);
-            self.pending.remove(&url);
-            self.links.remove(&url);
-            self.limits.remove(&url);
-            self.budgets.remove(&url);
-            self.max_message.remove(&url);
-            self.daily.remove(&url);
-            self.restored_forget(&url);
-            self.drop_jobs_of(&url, false);
-            self.recon.support.remove(&url);
-            self.commands.push_back(Command::Forget { relay: url });
+            self.forget_relay(&url);
         }
     }
 }

@@ -250,7 +250,7 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
     w.advance(Duration::from_secs(70));
     assert!(!w.m.relay_index().contains_key(&a), "A forgotten");
     assert!(
-        !w.m.limits.contains_key(&a) && !w.m.budgets.contains_key(&a),
+        w.m.remote_of(&a).is_none(),
         "its NIP-11 limits are dropped with it"
     );
     // ... and back to A.
@@ -288,7 +288,7 @@ fn a_notice_flood_with_distinct_texts_keeps_the_warned_set_bounded() {
             w.now,
         );
     }
-    assert!(w.m.links[&a].warned.len() <= MAX_WARNED);
+    assert!(w.m.link_of(&a).unwrap().warned.len() <= MAX_WARNED);
 }
 
 #[test]
@@ -679,7 +679,7 @@ fn items_joined_to_the_polled_queries_keep_their_catch_up_through_a_rebuild() {
     // before the gap.
     let a = RelayUrl::parse(A).unwrap();
     w.relay(A).max_subs = Some(50);
-    w.m.budgets.insert(a.clone(), 50);
+    w.m.remote_mut(&a).unwrap().nip11.budget = Some(50);
     w.m.need_rebuild(&a, w.now);
     w.m.run_deferred(&a, w.now);
     w.pump();
@@ -738,7 +738,7 @@ fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
         // The state this test is about: a pending batch none of whose queries was sent.
         queued_batch_seen |= w.m.pending.get(&a).is_some_and(|bs| {
             bs.iter()
-                .any(|b| !super::batches::batch_has_sent_query(w.m.links.get(&a), b))
+                .any(|b| !super::batches::batch_has_sent_query(w.m.link_of(&a), b))
         });
         let due = w.m.poll_timeout();
         assert!(

@@ -7,11 +7,13 @@
 //! through hours of simulated time.
 
 mod batches;
-mod complaints;
+mod closed;
 mod consolidation;
 mod daily;
 #[cfg(test)]
 mod design_tests;
+#[cfg(test)]
+mod forget_tests;
 mod lifecycle;
 #[cfg(test)]
 mod loss_tests;
@@ -24,7 +26,9 @@ mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
 mod reconcile;
+mod remote;
 mod subscriptions;
+mod timers;
 #[cfg(test)]
 mod world;
 
@@ -35,28 +39,24 @@ pub use reconcile::{FallbackReason, Nip77Config, Nip77Support};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use log::{info, warn};
 use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::actions::{compute_actions_for, machine_policy, AddFilters, Plan, TargetReport};
-use crate::core::complaints::{
-    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
-};
-use crate::core::filters::{
-    build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
-};
+use crate::core::actions::{Plan, TargetReport};
+use crate::core::complaints::RATE_LIMIT_COOLDOWN;
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
-use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
-use crate::core::paging::{bound_plan, plan_pages, PageLimits, PageStats, MAX_QUEUED_PAGES};
+use crate::core::nip34::SelfEventMeaning;
+use crate::core::paging::PageStats;
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
-    RelaySyncNeeds, RepoSyncIndex,
+    RepoSyncIndex,
 };
 use crate::core::time::Time;
 use crate::shared::limits::RelayLimits;
 use crate::shared::url::RelayUrl;
+use timers::{Timer, TimerTable};
 
 pub use persist::{
     with_item_budget, RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS,
@@ -496,11 +496,9 @@ impl Link {
         self.loading.clear();
         self.queue.clear();
         self.deferred = PendingItems::default();
-        self.consolidate_by = None;
         self.reopen.clear();
         self.polled.clear();
         self.poll_since = None;
-        self.next_poll = None;
         self.rebuild_needed = false;
         self.uncovered_since = None;
         self.live_built_at = None;
@@ -541,17 +539,11 @@ struct Link {
     /// closes these.
     loading: HashMap<SubscriptionId, Time>,
     health: Health,
-    next_attempt: Option<Time>,
-    /// Batches failed: compute_actions leaves the relay alone until then.
-    retry_after: Option<Time>,
-    /// The relay signalled a rate limit: nothing is sent to it before this time (queries
-    /// wait in the queue).
-    cooldown_until: Option<Time>,
-    /// New items waiting for a consolidation (which waits for pending batches).
+    /// New items waiting for a consolidation (which waits for pending batches; at the
+    /// latest at [`Timer::Consolidate`]).
     deferred: PendingItems,
-    /// Consolidate at this time at the latest, pending batches or not.
-    consolidate_by: Option<Time>,
-    /// Subscriptions (not part of a batch) closed by the relay, to open again at a time.
+    /// Subscriptions (not part of a batch) closed by the relay, to open again at a time
+    /// (the earliest is [`Timer::Reopen`], or [`Timer::OwnReopen`] on the own relay).
     reopen: Vec<(Time, SubPurpose, Filter)>,
     /// CLOSED prefixes and NOTICE texts already logged at warn level for this relay.
     warned: HashSet<String>,
@@ -560,10 +552,8 @@ struct Link {
     /// Layer 2/3 queries of confirmed items that do not fit the budget as live
     /// subscriptions: re-run every poll interval with `since`, closed at EOSE.
     polled: Vec<Filter>,
-    /// `since` of the next poll round.
+    /// `since` of the next poll round (which starts at [`Timer::Poll`]).
     poll_since: Option<nostr::types::Timestamp>,
-    /// When the next poll round starts.
-    next_poll: Option<Time>,
     /// A batch's subscriptions were closed at EOSE to make room: rebuild the live/polled
     /// sets once the relay is idle.
     rebuild_needed: bool,
@@ -719,24 +709,33 @@ pub struct SyncMachine {
     /// Distinct root events in `repo_index`, counted as they are linked (status reads must
     /// not walk the index under the machine's lock).
     root_events_known: usize,
+    /// Confirmed state per remote relay (the design's index; public read API).
     relays: RelaySyncIndex,
+    /// In-flight batches per remote relay (the design's index; public read API).
     pending: PendingSyncIndex,
-    links: HashMap<RelayUrl, Link>,
-    limits: HashMap<RelayUrl, PageLimits>,
-    budgets: HashMap<RelayUrl, usize>,
-    max_message: HashMap<RelayUrl, usize>,
+    /// Everything else about each remote relay: one entry per relay in `relays`.
+    remotes: HashMap<RelayUrl, remote::RemoteRelay>,
     own: RelayState,
     own_link: Link,
+    /// What the own relay's NIP-11 published (page size, subscription budget).
+    own_nip11: remote::Nip11,
+    /// NIP-11 limits reported for remote relays not known (yet, or any more: a retired
+    /// thread's late report), taken when the relay is discovered; at most `max_relays`.
+    unknown_nip11: HashMap<RelayUrl, remote::Nip11>,
     batch: SelfBatch,
     commands: VecDeque<Command>,
     next_sub: u64,
     next_batch: u64,
-    next_disconnect_check: Option<Time>,
+    /// Every deadline of the machine (issue 18): [`SyncMachine::poll_timeout`] is its
+    /// earliest entry.
+    timers: TimerTable,
+    /// Remote relays whose derived timers ([`Timer::EoseDeadline`], [`Timer::Reopen`]) may
+    /// no longer match their state: recomputed before a timer is read again
+    /// ([`SyncMachine::refresh_timers`]).
+    timers_stale: HashSet<RelayUrl>,
     /// One counter for every connection generation (own relay and remote relays), so a
     /// relay forgotten and discovered again never reuses a retired thread's generation.
     next_generation: u64,
-    /// Each relay's next daily resync (issue 11: per relay, not one timer for all).
-    daily: daily::DailyTimers,
     /// State restored from a snapshot, and what else is persisted (issue 11).
     persist: persist::Persisted,
     /// The `now` of the latest input (for bookkeeping inside helpers that take no time).
@@ -769,12 +768,11 @@ impl SyncMachine {
             root_events_known: 0,
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
-            links: HashMap::new(),
-            limits: HashMap::new(),
-            budgets: HashMap::new(),
-            max_message: HashMap::new(),
+            remotes: HashMap::new(),
             own: RelayState::new(false),
             own_link: Link::default(),
+            own_nip11: remote::Nip11::default(),
+            unknown_nip11: HashMap::new(),
             batch: SelfBatch {
                 meanings: Vec::new(),
                 started: None,
@@ -782,9 +780,9 @@ impl SyncMachine {
             commands: VecDeque::new(),
             next_sub: 0,
             next_batch: 0,
-            next_disconnect_check: None,
+            timers: TimerTable::default(),
+            timers_stale: HashSet::new(),
             next_generation: 0,
-            daily: daily::DailyTimers::default(),
             persist: persist::Persisted::default(),
             last_now: Time::default(),
             forward_paused_since: None,
@@ -816,11 +814,15 @@ impl SyncMachine {
             }
             let mut s = RelayState::new(true);
             s.connection_status = ConnectionStatus::Disconnected;
-            self.relays.insert(b.clone(), s);
-            self.links.insert(b.clone(), Link::default());
+            self.add_remote(&b, s);
             self.connect_remote(&b, now);
         }
-        self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
+        self.timers.set(
+            Timer::DisconnectCheck,
+            now.plus(self.config.disconnect_check_interval),
+        );
+        self.refresh_timers();
+        self.check_timers();
     }
 
     /// The next command to carry out.
@@ -830,164 +832,187 @@ impl SyncMachine {
 
     /// The earliest time at which [`SyncMachine::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Time> {
-        let mut t: Option<Time> = None;
-        let mut consider = |x: Option<Time>| {
-            if let Some(x) = x {
-                t = Some(t.map_or(x, |t| t.min(x)));
-            }
-        };
-        consider(self.batch.started.map(|s| s.plus(self.config.batch_window)));
-        consider(self.next_disconnect_check);
-        consider(self.daily.next());
-        consider(self.recon.next_deadline());
-        consider(self.own_link.next_attempt);
-        consider(self.own_link.reopen.iter().map(|r| r.0).min());
-        consider(
-            unbatched_loading(&self.own_link)
-                .map(|(_, t)| t)
-                .min()
-                .map(|t| t.plus(self.config.eose_timeout)),
-        );
-        for (url, link) in &self.links {
-            consider(link.next_attempt);
-            consider(link.retry_after);
-            consider(link.cooldown_until);
-            consider(link.consolidate_by);
-            consider(link.reopen.iter().map(|r| r.0).min());
-            consider(link.next_poll);
-            if self.forward_paused_since.is_some() {
-                // Deadlines of remote queries are suspended while the forwarder is full.
-                continue;
-            }
-            consider(
-                unbatched_loading(link)
-                    .map(|(_, t)| t)
-                    .min()
-                    .map(|t| t.plus(self.config.eose_timeout)),
-            );
-            if let Some(batches) = self.pending.get(url) {
-                consider(
-                    batches
-                        .iter()
-                        // A batch with a reconciliation has the reconciliation's deadlines.
-                        .filter(|b| !self.recon.has_batch_job(url, b.batch_id))
-                        // A batch whose queries all wait in the queue has no deadline yet
-                        // (`expire_batches` skips it; its deadline would stay in the past).
-                        .filter(|b| batches::batch_has_sent_query(Some(link), b))
-                        .map(|b| b.started_at.plus(self.config.eose_timeout))
-                        .min(),
-                );
-            }
-        }
-        t
+        self.timers.next_timeout()
     }
 
-    /// Runs every timer that is due at `now`.
+    /// Runs every timer that is due at `now`, earliest first (timers due at the same
+    /// moment in [`Timer`] order). A timer that is set again to a due deadline while this
+    /// runs waits for the next call, so one call always ends.
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);
-        self.expire_loading(now);
-        self.expire_jobs(now);
-        if let Some(s) = self.batch.started {
-            if now >= s.plus(self.config.batch_window) {
-                self.process_batch(now);
-            }
-        }
-        if self.own_link.next_attempt.is_some_and(|t| t <= now) {
-            self.own_link.next_attempt = None;
-            self.connect_own(now);
-        }
-        if self.own.connection_status == ConnectionStatus::Connected {
-            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.own_link.reopen)
-                .into_iter()
-                .partition(|r| r.0 <= now);
-            self.own_link.reopen = later;
-            for (_, purpose, filter) in due {
-                self.open_own_sub(purpose, filter);
-            }
-        }
-        let due: Vec<RelayUrl> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.next_attempt.is_some_and(|t| t <= now))
-            .map(|(u, _)| u.clone())
-            .collect();
-        for url in due {
-            if let Some(l) = self.links.get_mut(&url) {
-                l.next_attempt = None;
-            }
-            self.connect_remote(&url, now);
-        }
-        self.expire_batches(now);
-        let retry: Vec<RelayUrl> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.retry_after.is_some_and(|t| t <= now))
-            .map(|(u, _)| u.clone())
-            .collect();
-        for url in retry {
-            if let Some(l) = self.links.get_mut(&url) {
-                l.retry_after = None;
-            }
-            self.recompute_actions_for_relay(&url, now);
-        }
-        let reopen: Vec<(RelayUrl, SubPurpose, Filter)> = self
-            .links
-            .iter_mut()
-            .flat_map(|(u, l)| {
-                let (due, later): (Vec<_>, Vec<_>) = l.reopen.drain(..).partition(|r| r.0 <= now);
-                l.reopen = later;
-                due.into_iter().map(move |r| (u.clone(), r.1, r.2))
-            })
-            .collect();
-        for (url, purpose, filter) in reopen {
-            if let Some(state) = self.relays.get(&url) {
-                if state.connection_status == ConnectionStatus::Connected {
-                    let generation = state.generation;
-                    info!("{url}: subscribing again to the {purpose:?} query it closed");
-                    self.open_sub(&url, generation, purpose, filter);
+        let mut fired = HashSet::new();
+        loop {
+            self.refresh_timers();
+            let Some(timer) = self.timers.pop_due(now, &fired) else {
+                break;
+            };
+            fired.insert(timer.clone());
+            match timer {
+                Timer::EoseDeadline(url) => {
+                    self.expire_loading(&url, now);
+                    self.expire_batches(&url, now);
+                }
+                Timer::OwnEoseDeadline => self.expire_own_loading(now),
+                Timer::JobDeadline(id) => self.expire_job(id),
+                Timer::SelfBatch => self.process_batch(now),
+                Timer::OwnReconnect => self.connect_own(now),
+                Timer::OwnReopen => self.reopen_own(now),
+                Timer::Reconnect(url) => self.connect_remote(&url, now),
+                Timer::RetryBatches(url) => self.recompute_actions_for_relay(&url, now),
+                Timer::Reopen(url) => self.reopen(&url, now),
+                Timer::Cooldown(url) => self.drain_queue(&url),
+                Timer::Poll(url) => self.poll_round(&url, now),
+                Timer::Consolidate(url) => self.run_deferred(&url, now),
+                Timer::Daily(url) => self.daily_resync(&url, now),
+                Timer::DisconnectCheck => {
+                    let next = now.plus(self.config.disconnect_check_interval);
+                    self.timers.set(Timer::DisconnectCheck, next);
+                    self.check_disconnects(now);
                 }
             }
         }
-        let cooled: Vec<RelayUrl> = self
-            .links
-            .iter_mut()
-            .filter(|(_, l)| l.cooldown_until.is_some_and(|t| t <= now))
-            .map(|(u, l)| {
-                l.cooldown_until = None;
-                u.clone()
-            })
-            .collect();
-        for url in cooled {
-            self.drain_queue(&url);
+        self.check_timers();
+    }
+
+    /// Opens again the subscriptions of `relay` whose delay after its CLOSED passed (when
+    /// it is still connected; else they are dropped, as everything of the lost connection).
+    fn reopen(&mut self, relay: &RelayUrl, now: Time) {
+        let Some(link) = self.link_mut(relay) else {
+            return;
+        };
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut link.reopen)
+            .into_iter()
+            .partition(|r| r.0 <= now);
+        link.reopen = later;
+        let Some(generation) = self.connected_generation(relay) else {
+            return;
+        };
+        for (_, purpose, filter) in due {
+            info!("{relay}: subscribing again to the {purpose:?} query it closed");
+            self.open_sub(relay, generation, purpose, filter);
         }
-        let polls: Vec<RelayUrl> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.next_poll.is_some_and(|t| t <= now))
-            .map(|(u, _)| u.clone())
-            .collect();
-        for url in polls {
-            self.poll_round(&url, now);
+    }
+
+    /// Opens again the pages of the self-subscription whose delay after their CLOSED passed.
+    fn reopen_own(&mut self, now: Time) {
+        if self.own.connection_status != ConnectionStatus::Connected {
+            return;
         }
-        let consolidate: Vec<RelayUrl> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.consolidate_by.is_some_and(|t| t <= now))
-            .map(|(u, _)| u.clone())
-            .collect();
-        for url in consolidate {
-            self.run_deferred(&url, now);
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.own_link.reopen)
+            .into_iter()
+            .partition(|r| r.0 <= now);
+        self.own_link.reopen = later;
+        for (_, purpose, filter) in due {
+            self.open_own_sub(purpose, filter);
         }
-        self.run_daily(now);
-        if self.next_disconnect_check.is_some_and(|t| t <= now) {
-            self.next_disconnect_check = Some(now.plus(self.config.disconnect_check_interval));
-            self.check_disconnects(now);
+    }
+
+    /// Recomputes the timers derived from several pieces of state: the EOSE deadline and the
+    /// reopen time of every remote relay marked stale, and those of the own relay (a few
+    /// subscriptions). Runs before every timer is read or popped.
+    fn refresh_timers(&mut self) {
+        for url in std::mem::take(&mut self.timers_stale) {
+            let eose = self.eose_deadline_of(&url);
+            self.timers
+                .set_or_cancel(Timer::EoseDeadline(url.clone()), eose);
+            let reopen = self
+                .link_of(&url)
+                .and_then(|l| l.reopen.iter().map(|r| r.0).min());
+            self.timers.set_or_cancel(Timer::Reopen(url), reopen);
         }
+        let own_eose = unbatched_loading(&self.own_link)
+            .map(|(_, t)| t)
+            .min()
+            .map(|t| t.plus(self.config.eose_timeout));
+        self.timers.set_or_cancel(Timer::OwnEoseDeadline, own_eose);
+        let own_reopen = (self.own.connection_status == ConnectionStatus::Connected)
+            .then(|| self.own_link.reopen.iter().map(|r| r.0).min())
+            .flatten();
+        self.timers.set_or_cancel(Timer::OwnReopen, own_reopen);
+    }
+
+    /// Debug builds: every relay in `relays` has its [`remote::RemoteRelay`] and no other
+    /// does, no timer names a relay not known, and the derived timers equal a fresh
+    /// derivation (no change of their inputs went unmarked). Runs after every input.
+    fn check_timers(&self) {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(self.timers_stale.is_empty(), "timers refreshed");
+            debug_assert_eq!(
+                self.relays.len(),
+                self.remotes.len(),
+                "one RemoteRelay each"
+            );
+            for url in self.remotes.keys() {
+                debug_assert!(self.relays.contains_key(url), "{url}: RemoteRelay only");
+                debug_assert_eq!(
+                    self.timers.get(&Timer::EoseDeadline(url.clone())),
+                    self.eose_deadline_of(url),
+                    "{url}: EOSE deadline"
+                );
+                debug_assert_eq!(
+                    self.timers.get(&Timer::Reopen(url.clone())),
+                    self.link_of(url)
+                        .and_then(|l| l.reopen.iter().map(|r| r.0).min()),
+                    "{url}: reopen time"
+                );
+            }
+            for url in self.timers.relays() {
+                debug_assert!(
+                    self.remotes.contains_key(url),
+                    "{url}: timer of a relay not known"
+                );
+            }
+        }
+    }
+
+    /// The EOSE deadline of `relay`: the earliest of its queries outside a batch sent
+    /// without EOSE, and of its batches that wait for an EOSE ([`Self::batch_awaits_eose`]),
+    /// plus the EOSE timeout. None while the forward queue is full (remote reading pauses).
+    fn eose_deadline_of(&self, relay: &RelayUrl) -> Option<Time> {
+        if self.forward_paused_since.is_some() {
+            return None;
+        }
+        let link = self.link_of(relay)?;
+        let loading = unbatched_loading(link).map(|(_, t)| t).min();
+        let batches = self
+            .pending
+            .get(relay)
+            .into_iter()
+            .flatten()
+            .filter(|b| self.batch_awaits_eose(relay, Some(link), b))
+            .map(|b| b.started_at)
+            .min();
+        loading
+            .into_iter()
+            .chain(batches)
+            .min()
+            .map(|t| t.plus(self.config.eose_timeout))
+    }
+
+    /// True when the EOSE deadline of `batch` counts: no reconciliation of it runs (that
+    /// has deadlines of its own) and at least one of its queries was sent (a batch whose
+    /// queries all wait in the queue has no EOSE to wait for yet).
+    fn batch_awaits_eose(
+        &self,
+        relay: &RelayUrl,
+        link: Option<&Link>,
+        batch: &PendingBatch,
+    ) -> bool {
+        !self.recon.has_batch_job(relay, batch.batch_id)
+            && batches::batch_has_sent_query(link, batch)
     }
 
     /// Feeds one report from a connection thread.
     pub fn handle_report(&mut self, report: Report, now: Time) {
         self.last_now = self.last_now.max(now);
+        self.dispatch_report(report, now);
+        self.refresh_timers();
+        self.check_timers();
+    }
+
+    /// [`SyncMachine::handle_report`] without the timer refresh.
+    fn dispatch_report(&mut self, report: Report, now: Time) {
         match report {
             Report::Connected { relay, generation } => {
                 if relay == self.config.own_relay {
@@ -1026,29 +1051,7 @@ impl SyncMachine {
                     self.handle_eose(&relay, &sub_id, &stats, now);
                 }
             }
-            Report::Limits { relay, limits } => {
-                let page = PageLimits {
-                    page_size: limits.page_size(self.config.assumed_page_size).max(1),
-                    max_limit: limits.max_limit,
-                };
-                info!(
-                    "{relay}: NIP-11 limits: page size {} (max_limit {:?}, default_limit {:?}, max_subscriptions {:?})",
-                    page.page_size, limits.max_limit, limits.default_limit, limits.max_subscriptions
-                );
-                if let Some(max) = limits.max_subscriptions {
-                    self.budgets.insert(relay.clone(), max.max(2));
-                }
-                if let Some(max) = limits.max_message_length {
-                    self.max_message.insert(relay.clone(), max);
-                }
-                if limits.supports_nip77 == Some(true) && relay != self.config.own_relay {
-                    let s = self.recon.support.entry(relay.clone()).or_default();
-                    if *s == Nip77Support::Unknown {
-                        *s = Nip77Support::Advertised;
-                    }
-                }
-                self.limits.insert(relay, page);
-            }
+            Report::Limits { relay, limits } => self.set_limits(&relay, &limits),
             Report::Closed {
                 relay,
                 generation,
@@ -1115,19 +1118,13 @@ impl SyncMachine {
                         self.reselect();
                         self.check_plan();
                     }
-                    self.drop_jobs_of(&relay, false);
-                    self.recon.support.remove(&relay);
-                    self.relays.remove(&relay);
-                    self.pending.remove(&relay);
-                    self.links.remove(&relay);
-                    self.daily.remove(&relay);
-                    self.restored_forget(&relay);
-                    self.commands.push_back(Command::Forget { relay });
+                    self.forget_relay(&relay);
                 }
             }
         }
     }
 
+    /// True when `generation` is the current connection of remote `relay`.
     fn is_current(&self, relay: &RelayUrl, generation: u64) -> bool {
         self.relays
             .get(relay)
@@ -1143,8 +1140,21 @@ impl SyncMachine {
 
     // ----- remote relays -----
 
-    fn link(&mut self, relay: &RelayUrl) -> &mut Link {
-        self.links.entry(relay.clone()).or_default()
+    /// True while `relay` is in a rate-limit cool-down ([`Timer::Cooldown`] not reached).
+    fn cooling(&self, relay: &RelayUrl, now: Time) -> bool {
+        self.timers
+            .get(&Timer::Cooldown(relay.clone()))
+            .is_some_and(|t| t > now)
+    }
+
+    /// Forgets every subscription of `relay` and everything waiting to be (re)subscribed,
+    /// with their timers ([`Link::forget_subscriptions`]).
+    fn forget_subscriptions(&mut self, relay: &RelayUrl) {
+        if let Some(link) = self.link_mut(relay) {
+            link.forget_subscriptions();
+        }
+        self.timers.cancel(&Timer::Consolidate(relay.clone()));
+        self.timers.cancel(&Timer::Poll(relay.clone()));
     }
 
     // ----- read access -----
@@ -1167,8 +1177,7 @@ impl SyncMachine {
     /// Open subscriptions per relay and purpose.
     pub fn subscriptions(&self, relay: &RelayUrl) -> Vec<(SubscriptionId, SubPurpose)> {
         let mut v: Vec<_> = self
-            .links
-            .get(relay)
+            .link_of(relay)
             .map(|l| l.subs.iter().map(|(s, i)| (s.clone(), i.purpose)).collect())
             .unwrap_or_default();
         v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -1216,7 +1225,7 @@ impl SyncMachine {
         sorted
             .into_iter()
             .map(|(url, s)| {
-                let link = self.links.get(url);
+                let link = self.link_of(url);
                 let pending = self.pending.get(url).map(|v| v.as_slice()).unwrap_or(&[]);
                 let target = targets.get(url);
                 RelaySyncStatus {
@@ -1235,7 +1244,7 @@ impl SyncMachine {
                     pending_repos: pending.iter().map(|b| b.items.repos.len()).sum(),
                     pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
                     open_subscriptions: link.map_or(0, |l| l.subs.len()),
-                    next_attempt: link.and_then(|l| l.next_attempt),
+                    next_attempt: self.timers.get(&Timer::Reconnect(url.clone())),
                     last_connected: s.last_connected,
                     last_error: link.and_then(|l| l.last_error.clone()),
                     catch_up_since: link.and_then(|l| l.catch_up_since).map(|t| t.as_secs()),

@@ -1,6 +1,21 @@
 //! The self-subscription on the own relay: connect, page its history, batch what it reads.
 
-use super::*;
+use std::collections::HashSet;
+
+use log::{debug, info, warn};
+use nostr::event::{Event, EventId};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::complaints::{classify_closed, ClosedReason};
+use crate::core::filters::self_subscription_filter;
+use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
+use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::state::ConnectionStatus;
+use crate::core::time::Time;
+
+use super::timers::Timer;
+use super::{Command, SubInfo, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_own(&mut self, _now: Time) {
@@ -173,7 +188,7 @@ impl SyncMachine {
             warn!("{line}");
         }
         self.own_link.last_error = Some(reason.to_string());
-        self.own_link.next_attempt = Some(at);
+        self.timers.set(Timer::OwnReconnect, at);
     }
 
     /// CLOSED on the own relay: a page of the history is asked again after a short delay
@@ -224,6 +239,8 @@ impl SyncMachine {
         self.batch.meanings.push(meaning);
         if self.batch.started.is_none() {
             self.batch.started = Some(now);
+            self.timers
+                .set(Timer::SelfBatch, now.plus(self.config.batch_window));
         }
         if self.batch.meanings.len() >= self.config.max_batch_events {
             self.process_batch(now);
@@ -234,6 +251,7 @@ impl SyncMachine {
     pub(super) fn process_batch(&mut self, now: Time) {
         let meanings = std::mem::take(&mut self.batch.meanings);
         self.batch.started = None;
+        self.timers.cancel(&Timer::SelfBatch);
         self.counters.self_batches += 1;
         let mut announcements = 0usize;
         let mut roots = 0usize;

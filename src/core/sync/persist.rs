@@ -18,9 +18,21 @@
 //!   says, and it covers history queries that were interrupted (a relay with an interrupted
 //!   query that has no `since` is not saved: its next connect is a fresh sync).
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use log::info;
+use nostr::event::EventId;
+use nostr::filter::Filter;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use crate::core::filters::build_layer2_and_layer3_filters;
+use crate::core::state::{ConnectionStatus, PendingItems};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, is_batch_query, Link, Nip77Support, SubPurpose, SyncMachine};
 
 /// The most relays one snapshot carries (more than `max_relays` by default); the rest get a
 /// fresh sync after a restart.
@@ -113,15 +125,40 @@ pub(crate) struct Late {
     root_events: HashSet<EventId>,
 }
 
-/// The machine's persistence bookkeeping.
+/// The machine's persistence bookkeeping for relays it may not know yet (a known relay's
+/// restored leftovers, [`Late`] and its incomplete items, are in its
+/// [`super::remote::RemoteRelay`]).
 #[derive(Debug, Default)]
 pub(crate) struct Persisted {
+    /// Relays restored from a snapshot, until their first connect.
     restored: HashMap<RelayUrl, Restored>,
-    late: HashMap<RelayUrl, Late>,
-    /// Items each relay confirmed with an incomplete batch (`incomplete_batches`): in
-    /// memory they count as confirmed until the daily resync, but they are not saved, so
-    /// that a restart reads their history in full again, as it would without the file.
-    incomplete: HashMap<RelayUrl, crate::core::state::PendingItems>,
+    /// NIP-77 support learnt before the restart, of relays not known yet: it moves into
+    /// the relay's state when the relay is discovered.
+    nip77: HashMap<RelayUrl, Nip77Support>,
+}
+
+impl Persisted {
+    /// Takes the NIP-77 support restored for `relay` (it is known from now on).
+    pub(super) fn take_nip77(&mut self, relay: &RelayUrl) -> Option<Nip77Support> {
+        self.nip77.remove(relay)
+    }
+
+    /// The NIP-77 support restored for `relay`, not known yet.
+    pub(super) fn nip77_of(&self, relay: &RelayUrl) -> Option<Nip77Support> {
+        self.nip77.get(relay).copied()
+    }
+
+    /// Drops everything restored for `relay`.
+    pub(super) fn forget(&mut self, relay: &RelayUrl) {
+        self.restored.remove(relay);
+        self.nip77.remove(relay);
+    }
+
+    /// Entries held for `relay` (for tests that a forgotten relay leaves no trace).
+    #[cfg(test)]
+    pub(super) fn entries_of(&self, relay: &RelayUrl) -> usize {
+        usize::from(self.restored.contains_key(relay)) + usize::from(self.nip77.contains_key(relay))
+    }
 }
 
 /// The wall reading (Unix ms) of `t`, seen from `now` (forwards or backwards).
@@ -230,14 +267,14 @@ impl SyncMachine {
                     .minus(window)
                     .timestamp()
                     .as_secs();
-                match self.links.get(url).map(unfinished_history_floor) {
+                match self.link_of(url).map(unfinished_history_floor) {
                     Some(Err(())) => continue,
                     Some(Ok(Some(floor))) => since = since.min(floor),
                     _ => {}
                 }
                 // Restored items still waiting to join the targets (`Late`) are not saved
                 // again: they have had no live coverage since the restart.
-                let incomplete = self.persist.incomplete.get(url);
+                let incomplete = self.remote_of(url).map(|r| &r.incomplete);
                 let repos = state
                     .repos
                     .iter()
@@ -252,12 +289,19 @@ impl SyncMachine {
                     catch_up_since: since,
                     repos: sorted_refs(repos),
                     root_events: sorted_ids(roots),
-                    next_daily_ms: self.daily.get(url).map(|t| wall_of(t, now)),
+                    next_daily_ms: self
+                        .timers
+                        .get(&Timer::Daily(url.clone()))
+                        .map(|t| wall_of(t, now)),
                     nip77: None,
                 }
             };
             let mut entry = entry;
-            entry.nip77 = match self.recon.support.get(url) {
+            let nip77 = match self.remote_of(url) {
+                Some(r) => Some(r.nip77),
+                None => self.persist.nip77.get(url).copied(),
+            };
+            entry.nip77 = match nip77 {
                 Some(Nip77Support::Works) => Some(true),
                 Some(Nip77Support::Unsupported) => Some(false),
                 _ => None,
@@ -299,7 +343,12 @@ impl SyncMachine {
                 } else {
                     Nip77Support::Unsupported
                 };
-                self.recon.support.insert(relay.clone(), support);
+                match self.remotes.get_mut(&relay) {
+                    Some(known) => known.nip77 = support,
+                    None => {
+                        self.persist.nip77.insert(relay.clone(), support);
+                    }
+                }
             }
             let until_ms = if r.connected {
                 snapshot.taken_at_ms
@@ -408,7 +457,7 @@ impl SyncMachine {
             .copied()
             .collect();
         let left_out = r.repos.len() + r.root_events.len() - repos.len() - roots.len();
-        let state = self.relays.get_mut(relay)?;
+        let generation = self.relays.get(relay)?.generation;
         info!(
             "{relay}: restored state: {} repos and {} root events confirmed before the restart ({left_out} saved items not in its targets yet are confirmed with a catch-up if they join them within {window:?})",
             repos.len(),
@@ -416,31 +465,35 @@ impl SyncMachine {
         );
         if left_out > 0 {
             let late = Late {
-                generation: state.generation,
+                generation,
                 until: r.until,
                 since: r.since,
                 repos: r.repos.difference(&repos).cloned().collect(),
                 root_events: r.root_events.difference(&roots).copied().collect(),
             };
-            self.persist.late.insert(relay.clone(), late);
+            self.remote_mut(relay)?.late = Some(late);
         } else {
-            self.persist.late.remove(relay);
+            self.remote_mut(relay)?.late = None;
         }
+        let state = self.relays.get_mut(relay)?;
         state.repos = repos;
         state.root_events = roots;
         state.last_connected = Some(r.until);
         match r.next_daily {
-            Some(t) => self.daily.set(relay, t),
+            Some(t) => self.timers.set(Timer::Daily(relay.clone()), t),
             None => self.schedule_daily(relay, now),
         }
         Some(r.since)
     }
 
-    /// Drops the restored state of `relay` (it is forgotten, or its state is cleared).
+    /// Drops the restored state of `relay` and what it confirmed incompletely (its state is
+    /// cleared by the daily resync).
     pub(super) fn restored_forget(&mut self, relay: &RelayUrl) {
         self.persist.restored.remove(relay);
-        self.persist.late.remove(relay);
-        self.persist.incomplete.remove(relay);
+        if let Some(r) = self.remotes.get_mut(relay) {
+            r.late = None;
+            r.incomplete = PendingItems::default();
+        }
     }
 
     /// A batch of `relay` confirmed `items`: remembers whether their history is complete
@@ -451,23 +504,22 @@ impl SyncMachine {
         items: &crate::core::state::PendingItems,
         incomplete: bool,
     ) {
+        let Some(i) = self.remotes.get_mut(relay).map(|r| &mut r.incomplete) else {
+            return;
+        };
         if incomplete {
-            let i = self.persist.incomplete.entry(relay.clone()).or_default();
             i.repos.extend(items.repos.iter().cloned());
             i.root_events.extend(items.root_events.iter().copied());
-        } else if let Some(i) = self.persist.incomplete.get_mut(relay) {
+        } else {
             i.repos.retain(|r| !items.repos.contains(r));
             i.root_events.retain(|e| !items.root_events.contains(e));
-            if i.repos.is_empty() && i.root_events.is_empty() {
-                self.persist.incomplete.remove(relay);
-            }
         }
     }
 
     /// The restored items of `relay` still waiting to join its targets, if they still count
     /// (same connection, within the quick-reconnect window of the saved moment).
     fn late_for(&self, relay: &RelayUrl, generation: u64, now: Time) -> Option<&Late> {
-        self.persist.late.get(relay).filter(|l| {
+        self.remote_of(relay)?.late.as_ref().filter(|l| {
             l.generation == generation && now.since(l.until) <= self.config.quick_reconnect_window
         })
     }
@@ -483,18 +535,19 @@ impl SyncMachine {
         root_events: &mut HashSet<EventId>,
         now: Time,
     ) -> bool {
-        if !self.persist.late.contains_key(relay) {
+        if self.remote_of(relay).is_none_or(|r| r.late.is_none()) {
             return false;
         }
         let Some(generation) = self.relays.get(relay).map(|s| s.generation) else {
-            self.persist.late.remove(relay);
             return false;
         };
         if self.late_for(relay, generation, now).is_none() {
-            self.persist.late.remove(relay);
+            if let Some(r) = self.remotes.get_mut(relay) {
+                r.late = None;
+            }
             return false;
         }
-        let Some(late) = self.persist.late.get_mut(relay) else {
+        let Some(late) = self.remotes.get_mut(relay).and_then(|r| r.late.as_mut()) else {
             return false;
         };
         let got_repos: HashSet<_> = repos
@@ -509,7 +562,9 @@ impl SyncMachine {
             .collect();
         let since = late.since;
         if late.repos.is_empty() && late.root_events.is_empty() {
-            self.persist.late.remove(relay);
+            if let Some(r) = self.remotes.get_mut(relay) {
+                r.late = None;
+            }
         }
         if got_repos.is_empty() && got_roots.is_empty() {
             return false;

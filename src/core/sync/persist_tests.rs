@@ -310,13 +310,19 @@ fn daily_resyncs_of_different_relays_happen_at_different_times_within_the_window
 fn the_daily_resync_time_survives_a_quick_restart() {
     let (mut w, _) = synced();
     let url = RelayUrl::parse(A).unwrap();
-    let due = w.m.daily.get(&url).expect("scheduled at the fresh sync");
+    let due =
+        w.m.timers
+            .get(&super::timers::Timer::Daily(url.clone()))
+            .expect("scheduled at the fresh sync");
     let wall_due = super::persist::wall_of(due, w.now);
     let snap = through_json(w.m.snapshot(w.now));
     assert_eq!(snap.relays[A].next_daily_ms, Some(wall_due));
     w.restart(Duration::from_secs(5 * MIN), 0, Some(snap));
     w.advance(Duration::from_secs(10));
-    let after = w.m.daily.get(&url).expect("restored");
+    let after =
+        w.m.timers
+            .get(&super::timers::Timer::Daily(url.clone()))
+            .expect("restored");
     assert_eq!(super::persist::wall_of(after, w.now), wall_due);
 }
 
@@ -434,7 +440,7 @@ fn what_a_try_taught_about_nip77_survives_a_restart_and_nothing_else_is_saved() 
         (Nip77Support::Advertised, None),
     ] {
         let (mut w, _) = synced();
-        w.m.recon.support.insert(a.clone(), learnt);
+        w.m.remote_mut(&a).unwrap().nip77 = learnt;
         let snap = through_json(w.m.snapshot(w.now));
         assert_eq!(snap.relays[A].nip77, saved, "{learnt:?}");
         w.restart(Duration::from_secs(MIN), 0, Some(snap));

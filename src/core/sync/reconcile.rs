@@ -21,13 +21,23 @@
 //! query only ([`FallbackReason`]). A job is one entry in its batch's outstanding set, so a
 //! batch is never confirmed while one of its jobs runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
+use log::{debug, info};
 use negentropy::{Id, Negentropy, NegentropyStorageVector};
+use nostr::event::EventId;
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
 
+use crate::core::filters::build_announcement_filter;
 use crate::core::message::escape_for_log;
+use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::state::ConnectionStatus;
+use crate::shared::url::RelayUrl;
 
-use super::*;
+use super::timers::Timer;
+use super::{live_only, Command, SubPurpose, SyncCounters, SyncMachine, MAX_RESUME};
 
 /// NIP-77 settings.
 #[derive(Debug, Clone)]
@@ -197,7 +207,6 @@ pub(super) struct Job {
     neg: Option<Negentropy<'static, NegentropyStorageVector>>,
     rounds: u32,
     need: HashSet<EventId>,
-    deadline: Option<Time>,
 }
 
 /// The jobs and what is known per relay.
@@ -205,16 +214,10 @@ pub(super) struct Job {
 pub(super) struct Reconciler {
     jobs: BTreeMap<u64, Job>,
     by_neg: HashMap<SubscriptionId, u64>,
-    pub(super) support: HashMap<RelayUrl, Nip77Support>,
     next_job: u64,
 }
 
 impl Reconciler {
-    /// The earliest job deadline.
-    pub(super) fn next_deadline(&self) -> Option<Time> {
-        self.jobs.values().filter_map(|j| j.deadline).min()
-    }
-
     /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
     /// does not apply meanwhile: the job has its own).
     pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
@@ -239,7 +242,10 @@ fn history_filter(f: &Filter) -> Filter {
 impl SyncMachine {
     /// The relay's NIP-77 support as known now.
     pub fn nip77_support(&self, relay: &RelayUrl) -> Nip77Support {
-        self.recon.support.get(relay).copied().unwrap_or_default()
+        match self.remote_of(relay) {
+            Some(r) => r.nip77,
+            None => self.persist.nip77_of(relay).unwrap_or_default(),
+        }
     }
 
     /// Queries are reconciled on relays known to speak NIP-77; with `probe_unadvertised`,
@@ -294,10 +300,11 @@ impl SyncMachine {
                 neg: None,
                 rounds: 0,
                 need: HashSet::new(),
-                deadline: None,
             },
         );
         self.recon.by_neg.insert(neg_id, id);
+        // Its batch's EOSE deadline gives way to the job's own deadlines.
+        self.mark_stale(relay);
         self.pump_jobs();
     }
 
@@ -311,8 +318,7 @@ impl SyncMachine {
             return;
         };
         if let Some(b) = self
-            .pending
-            .get_mut(relay)
+            .pending_mut(relay)
             .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == batch))
         {
             b.outstanding_subs.extend(ids);
@@ -369,8 +375,7 @@ impl SyncMachine {
                 continue;
             }
             let queued = job.after.as_ref().is_some_and(|a| {
-                self.links
-                    .get(&job.relay)
+                self.link_of(&job.relay)
                     .is_some_and(|l| l.queue.iter().any(|(s, _)| s == a))
             });
             if queued {
@@ -390,8 +395,8 @@ impl SyncMachine {
             let deadline = self.last_now.plus(self.config.eose_timeout);
             if let Some(job) = self.recon.jobs.get_mut(&id) {
                 job.phase = Phase::OwnRead;
-                job.deadline = Some(deadline);
             }
+            self.timers.set(Timer::JobDeadline(id), deadline);
             self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
         }
     }
@@ -434,6 +439,8 @@ impl SyncMachine {
             return;
         };
         self.recon.by_neg.remove(&job.neg_id);
+        self.timers.cancel(&Timer::JobDeadline(id));
+        self.mark_stale(&job.relay);
         self.close_own_side(id);
         if job.phase == Phase::Negotiating
             && self.connected_generation(&job.relay) == Some(job.generation)
@@ -517,8 +524,7 @@ impl SyncMachine {
     ) -> bool {
         let now = self.last_now;
         let Some(b) = self
-            .pending
-            .get_mut(relay)
+            .pending_mut(relay)
             .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == batch))
         else {
             return false;
@@ -561,9 +567,9 @@ impl SyncMachine {
         self.drop_job(id);
         self.counters.reconcile_fallbacks[reason.index()] += 1;
         if reason == FallbackReason::Unsupported {
-            self.recon
-                .support
-                .insert(relay.clone(), Nip77Support::Unsupported);
+            if let Some(r) = self.remote_mut(&relay) {
+                r.nip77 = Nip77Support::Unsupported;
+            }
             info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
         } else {
             info!(
@@ -592,7 +598,7 @@ impl SyncMachine {
 
     /// Closes one of our subscriptions on a remote relay (sent, or still queued).
     fn close_remote_sub(&mut self, relay: &RelayUrl, generation: u64, sub: &SubscriptionId) {
-        let Some(link) = self.links.get_mut(relay) else {
+        let Some(link) = self.link_mut(relay) else {
             return;
         };
         link.queue.retain(|(s, _)| s != sub);
@@ -674,9 +680,9 @@ impl SyncMachine {
     fn frame_size(&self, relay: &RelayUrl) -> u64 {
         let cfg = self.config.nip77.frame_size;
         let by_relay = self
+            .nip11_of(relay)
             .max_message
-            .get(relay)
-            .map_or(cfg, |m| (*m as u64 / 2).saturating_sub(512));
+            .map_or(cfg, |m| (m as u64 / 2).saturating_sub(512));
         cfg.min(by_relay).max(4096)
     }
 
@@ -713,7 +719,10 @@ impl SyncMachine {
         };
         job.neg = Some(neg);
         job.phase = Phase::Negotiating;
-        job.deadline = Some(deadline);
+        self.timers.set(Timer::JobDeadline(id), deadline);
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
         debug!(
             "{relay}: NEG-OPEN {} over {} own events",
             job.neg_id,
@@ -811,7 +820,8 @@ impl SyncMachine {
         match out {
             Err(e) => self.fallback(id, FallbackReason::Malformed, &format!("bad NEG-MSG: {e}")),
             Ok(Some(next)) => {
-                job.deadline = Some(now.plus(cfg.round_timeout));
+                self.timers
+                    .set(Timer::JobDeadline(id), now.plus(cfg.round_timeout));
                 let (relay, generation, sub_id, batch) = (
                     job.relay.clone(),
                     job.generation,
@@ -880,33 +890,24 @@ impl SyncMachine {
         }
     }
 
-    /// Jobs whose deadline passed.
-    pub(super) fn expire_jobs(&mut self, now: Time) {
-        let due: Vec<u64> = self
-            .recon
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.deadline.is_some_and(|d| d <= now))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
-            let Some(job) = self.recon.jobs.get(&id) else {
-                continue;
-            };
-            let untried = self.nip77_support(&job.relay) == Nip77Support::Unknown;
-            match job.phase {
-                Phase::OwnRead => self.fallback(
-                    id,
-                    FallbackReason::OwnSide,
-                    "the own relay's side was not read in time",
-                ),
-                Phase::Negotiating if untried && job.rounds == 0 => self.fallback(
-                    id,
-                    FallbackReason::Unsupported,
-                    "no answer to NEG-OPEN in time",
-                ),
-                _ => self.fallback(id, FallbackReason::Timeout, "no NEG-MSG in time"),
-            }
+    /// The deadline of job `id` passed ([`Timer::JobDeadline`]).
+    pub(super) fn expire_job(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
+        let untried = self.nip77_support(&job.relay) == Nip77Support::Unknown;
+        match job.phase {
+            Phase::OwnRead => self.fallback(
+                id,
+                FallbackReason::OwnSide,
+                "the own relay's side was not read in time",
+            ),
+            Phase::Negotiating if untried && job.rounds == 0 => self.fallback(
+                id,
+                FallbackReason::Unsupported,
+                "no answer to NEG-OPEN in time",
+            ),
+            _ => self.fallback(id, FallbackReason::Timeout, "no NEG-MSG in time"),
         }
     }
 
@@ -917,16 +918,19 @@ impl SyncMachine {
             return;
         };
         self.recon.by_neg.remove(&job.neg_id);
+        self.timers.cancel(&Timer::JobDeadline(id));
+        self.mark_stale(&job.relay);
         let relay = job.relay.clone();
         self.commands.push_back(Command::NegClose {
             relay: relay.clone(),
             generation: job.generation,
             sub_id: job.neg_id.clone(),
         });
-        let support = self.recon.support.entry(relay.clone()).or_default();
-        if *support == Nip77Support::Unknown {
-            info!("{relay}: speaks NIP-77; history is reconciled from now on");
-            *support = Nip77Support::Works;
+        if let Some(r) = self.remote_mut(&relay) {
+            if r.nip77 == Nip77Support::Unknown {
+                info!("{relay}: speaks NIP-77; history is reconciled from now on");
+                r.nip77 = Nip77Support::Works;
+            }
         }
         self.counters.reconciliations += 1;
         self.counters.reconcile_ids_fetched += job.need.len() as u64;
@@ -969,8 +973,8 @@ impl SyncMachine {
         let page = self.page_limits(relay).page_size;
         let base = filter.as_json().len() + 200;
         let by_size = self
+            .nip11_of(relay)
             .max_message
-            .get(relay)
             .map_or(MAX_IDS_PER_REQ, |m| m.saturating_sub(base) / 67);
         let chunk = page
             .saturating_sub(1)

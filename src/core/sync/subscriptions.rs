@@ -1,6 +1,17 @@
 //! Opening subscriptions within a relay's budget: the queue, REQ size, the live set and polling.
 
-use super::*;
+use log::{debug, info};
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::filters::{build_announcement_filter, build_layer2_and_layer3_filters};
+use crate::core::paging::PageLimits;
+use crate::core::state::ConnectionStatus;
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, live_only, Command, SubInfo, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     /// Opens one subscription (one REQ, one filter) on a remote relay; it counts as loading
@@ -19,10 +30,9 @@ impl SyncMachine {
         }
         let sub_id = self.new_sub_id();
         let budget = self.budget(relay);
-        let last_now = self.last_now;
+        let cooling = self.cooling(relay, self.last_now);
         let link = self.link(relay);
         let info = SubInfo { purpose, filter };
-        let cooling = link.cooldown_until.is_some_and(|t| t > last_now);
         if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
             // Never more open subscriptions than the relay allows: wait for room.
             link.queue.push_back((sub_id.clone(), info));
@@ -45,8 +55,7 @@ impl SyncMachine {
         if let SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) } = info.purpose {
             // The batch's EOSE deadline counts from when its REQs are sent, not queued.
             if let Some(b) = self
-                .pending
-                .get_mut(relay)
+                .pending_mut(relay)
                 .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == id))
             {
                 b.started_at = b.started_at.max(now);
@@ -78,11 +87,12 @@ impl SyncMachine {
         let Some(generation) = self.connected_generation(relay) else {
             return;
         };
+        let cooling = self.cooling(relay, last_now);
         loop {
-            let Some(link) = self.links.get_mut(relay) else {
+            let Some(link) = self.link_mut(relay) else {
                 return;
             };
-            if link.subs.len() >= budget || link.cooldown_until.is_some_and(|t| t > last_now) {
+            if link.subs.len() >= budget || cooling {
                 break;
             }
             let Some((sub_id, info)) = link.queue.pop_front() else {
@@ -100,7 +110,7 @@ impl SyncMachine {
     /// rebuild, so that they become live again.
     pub(super) fn promote_polled(&mut self, relay: &RelayUrl, now: Time) {
         let budget = self.budget(relay);
-        let Some(link) = self.links.get(relay) else {
+        let Some(link) = self.link_of(relay) else {
             return;
         };
         let live = link.subs.values().filter(|i| i.purpose.is_live()).count();
@@ -125,10 +135,10 @@ impl SyncMachine {
     pub(super) fn unstick_queue(&mut self, relay: &RelayUrl) {
         let budget = self.budget(relay);
         let now = self.last_now;
-        let Some(link) = self.links.get_mut(relay) else {
+        let cooling = self.cooling(relay, now);
+        let Some(link) = self.link_of(relay) else {
             return;
         };
-        let cooling = link.cooldown_until.is_some_and(|t| t > now);
         // Only settled live subscriptions never free their slot; a history query about to be
         // closed at its EOSE, or one still loading, will.
         let all_settled_live = link
@@ -154,16 +164,16 @@ impl SyncMachine {
                 link.queue.len(),
                 link.subs.len()
             );
-            link.rebuild_needed = true;
-            link.consolidate_by = Some(now);
+            self.link(relay).rebuild_needed = true;
+            self.timers.set(Timer::Consolidate(relay.clone()), now);
         }
     }
 
-    /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default).
+    /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default);
+    /// the own relay's too.
     pub fn budget(&self, relay: &RelayUrl) -> usize {
-        self.budgets
-            .get(relay)
-            .copied()
+        self.nip11_of(relay)
+            .budget
             .unwrap_or(self.config.default_subscription_budget)
             .max(2)
     }
@@ -176,7 +186,7 @@ impl SyncMachine {
     /// Splits (by halving tag values) every filter whose REQ would be longer than the relay's
     /// NIP-11 `max_message_length` (with room for `since`/`until`/`limit` added later).
     pub(super) fn fit_filters(&self, relay: &RelayUrl, filters: Vec<Filter>) -> Vec<Filter> {
-        let Some(max) = self.max_message.get(relay).copied() else {
+        let Some(max) = self.nip11_of(relay).max_message else {
             return filters;
         };
         let budget = max.saturating_sub(120).max(200);
@@ -230,7 +240,7 @@ impl SyncMachine {
         }
         // Transient history queries (catch-ups, pages, resumed queries) give their slot back at
         // EOSE: only live subscriptions take capacity from the live set.
-        let open = self.links.get(relay).map_or(0, |l| {
+        let open = self.link_of(relay).map_or(0, |l| {
             l.subs.values().filter(|i| i.purpose.is_live()).count()
         });
         let capacity = self
@@ -266,8 +276,8 @@ impl SyncMachine {
         link.live_built_at = Some(now);
         if polled.is_empty() {
             link.polled.clear();
-            link.next_poll = None;
             link.poll_since = None;
+            self.timers.cancel(&Timer::Poll(relay.clone()));
         } else {
             info!(
                 "{relay}: {} queries do not fit the relay's subscription budget; polling them every {interval:?}",
@@ -275,7 +285,7 @@ impl SyncMachine {
             );
             link.polled = polled;
             link.poll_since = Some(link.poll_since.map_or(since, |p| p.min(since)));
-            link.next_poll = Some(now);
+            self.timers.set(Timer::Poll(relay.clone()), now);
         }
     }
 
@@ -284,10 +294,14 @@ impl SyncMachine {
     pub(super) fn poll_round(&mut self, relay: &RelayUrl, now: Time) {
         let interval = self.config.poll_interval;
         let margin = self.config.quick_reconnect_window;
-        let Some(link) = self.links.get_mut(relay) else {
+        if !self.remotes.contains_key(relay) {
+            return;
+        }
+        self.timers
+            .set(Timer::Poll(relay.clone()), now.plus(interval));
+        let Some(link) = self.link_mut(relay) else {
             return;
         };
-        link.next_poll = Some(now.plus(interval));
         let busy = link
             .subs
             .values()
@@ -315,10 +329,10 @@ impl SyncMachine {
         }
     }
 
+    /// Page size and `max_limit` of `relay` (the own relay too): published, else assumed.
     pub(super) fn page_limits(&self, relay: &RelayUrl) -> PageLimits {
-        self.limits
-            .get(relay)
-            .copied()
+        self.nip11_of(relay)
+            .page_limits
             .unwrap_or_else(|| PageLimits::assumed(self.config.assumed_page_size))
     }
 }

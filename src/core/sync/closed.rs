@@ -1,6 +1,16 @@
 //! What the machine does with CLOSED and NOTICE from remote relays.
 
-use super::*;
+use log::{debug, warn};
+use nostr::message::SubscriptionId;
+
+use crate::core::complaints::{
+    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind,
+};
+use crate::core::time::Time;
+use crate::shared::url::RelayUrl;
+
+use super::timers::Timer;
+use super::{history_since, live_only, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn handle_closed(
@@ -11,7 +21,7 @@ impl SyncMachine {
         now: Time,
     ) {
         self.counters.closed_by_relay += 1;
-        let Some((info, sent_at)) = self.links.get_mut(relay).and_then(|l| {
+        let Some((info, sent_at)) = self.link_mut(relay).and_then(|l| {
             let sent_at = l.loading.remove(sub_id);
             l.subs.remove(sub_id).map(|i| (i, sent_at))
         }) else {
@@ -41,9 +51,7 @@ impl SyncMachine {
                 self.counters.rate_limited += 1;
                 // Hold back new batches of this relay for the cool-down, too.
                 let until = now.plus(self.config.rate_limit_cooldown);
-                let l = self.link(relay);
-                l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
-                l.cooldown_until = Some(l.cooldown_until.map_or(until, |t| t.max(until)));
+                self.cool_down(relay, until);
                 self.config.rate_limit_cooldown
             }
             ClosedReason::AuthRequired => {
@@ -109,9 +117,7 @@ impl SyncMachine {
                 self.counters.notices_rate_limit += 1;
                 let until = now.plus(self.config.rate_limit_cooldown);
                 let first = self.link(relay).warn_once(format!("NOTICE {message}"));
-                let l = self.link(relay);
-                l.retry_after = Some(l.retry_after.map_or(until, |t| t.max(until)));
-                l.cooldown_until = Some(l.cooldown_until.map_or(until, |t| t.max(until)));
+                self.cool_down(relay, until);
                 if first {
                     warn!(
                         "{relay}: NOTICE {message:?}: sending nothing to this relay for {:?}",
@@ -126,5 +132,14 @@ impl SyncMachine {
                 debug!("{relay}: NOTICE {message:?}");
             }
         }
+    }
+
+    /// A rate limit: nothing is sent to `relay` and no new batch of it starts before
+    /// `until` (or a later end already set).
+    fn cool_down(&mut self, relay: &RelayUrl, until: Time) {
+        self.timers
+            .set_latest(Timer::RetryBatches(relay.clone()), until);
+        self.timers
+            .set_latest(Timer::Cooldown(relay.clone()), until);
     }
 }
