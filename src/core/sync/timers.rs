@@ -179,7 +179,7 @@ impl TimerTable {
     }
 
     /// The remote relays named by timers (once per timer).
-    #[cfg(any(test, debug_assertions))]
+    #[cfg(debug_assertions)]
     pub(crate) fn relays(&self) -> impl Iterator<Item = &RelayUrl> + '_ {
         self.deadlines.keys().filter_map(Timer::relay)
     }
