@@ -153,7 +153,13 @@ impl ConnectionThread {
             }
             if session.wants_limits() {
                 match self.dial().fetch_limits(&verdict, self.nip11_timeout) {
-                    Ok(fetched) => session.on_limits(fetched),
+                    Ok(fetched) => {
+                        // Reported before the connect, so the first REQs already use them.
+                        session.on_limits(fetched);
+                        if !self.send_reports(&mut session) {
+                            break;
+                        }
+                    }
                     Err(reason) => {
                         if !self.refused(&mut session, generation, reason) {
                             break;
@@ -314,6 +320,9 @@ impl ConnectionThread {
                     session.on_lost(e);
                     break;
                 }
+                if !flush_each {
+                    unflushed = true;
+                }
             }
             if session.is_open() {
                 let had_unflushed = unflushed;
@@ -419,8 +428,9 @@ impl ConnectionThread {
         stale: &mut bool,
     ) -> bool {
         let mut flush = false;
-        if let Err(e) = write_transmits(socket, session, &mut flush) {
-            session.on_lost(e);
+        match write_transmits(socket, session, &mut flush) {
+            Ok(wrote) => *stale |= wrote,
+            Err(e) => session.on_lost(e),
         }
         self.counters.publish(session.counters(), published);
         if session.has_reports() {
@@ -506,19 +516,27 @@ impl ConnectionThread {
 
 /// Writes the session's frames. With `flush_each`, each is flushed at once until a flush
 /// times out (then `flush_each` is cleared and the rest stay buffered).
+///
+/// A write or flush that times out (a relay slow to read) is not an error: tungstenite keeps
+/// the frame in its buffer, and the next turn's flush goes on with it. Returns whether
+/// anything was written (writing may have waited).
 fn write_transmits(
     socket: &mut Socket,
     session: &mut RelaySession,
     flush_each: &mut bool,
-) -> Result<(), Disconnect> {
+) -> Result<bool, Disconnect> {
+    let mut wrote = false;
     while let Some(t) = session.poll_transmit() {
+        wrote = true;
         let msg = match t {
             Transmit::Text(text) => Message::text(text),
             Transmit::Ping => Message::Ping(Vec::new().into()),
         };
-        socket
-            .write(msg)
-            .map_err(|e| Disconnect::Write(e.to_string()))?;
+        match socket.write(msg) {
+            Ok(()) => {}
+            Err(e) if ws::is_timeout(&e) => *flush_each = false,
+            Err(e) => return Err(Disconnect::Write(e.to_string())),
+        }
         if *flush_each {
             match socket.flush() {
                 Ok(()) => {}
@@ -527,7 +545,7 @@ fn write_transmits(
             }
         }
     }
-    Ok(())
+    Ok(wrote)
 }
 
 /// Closes the socket (best effort) and forgets the connection's state without a report.
@@ -544,7 +562,8 @@ fn connect_cause(e: ws::ConnectError) -> Disconnect {
         ws::ConnectError::Tcp(e) => Disconnect::Tcp(e.to_string()),
         ws::ConnectError::Handshake(e) => Disconnect::Handshake(e),
         ws::ConnectError::Timeout => Disconnect::ConnectTimeout,
-        // Handled before (a refusal is reported as `Refused`).
+        // The caller handles a refusal before (it is reported as `Refused`, not counted as a
+        // disconnect); should one arrive here it still ends the attempt.
         ws::ConnectError::Refused(e) => Disconnect::Handshake(format!("refused: {e}")),
     }
 }

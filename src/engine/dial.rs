@@ -72,12 +72,7 @@ impl Dial {
             Err(nip11::Nip11Error::Refused(reason)) => Err(reason),
             Err(e) => {
                 debug!("{}: no NIP-11 limits ({e}); using defaults", self.url);
-                Ok(match e {
-                    nip11::Nip11Error::Connect(_)
-                    | nip11::Nip11Error::Io(_)
-                    | nip11::Nip11Error::Timeout => LimitsFetch::Unreachable,
-                    _ => LimitsFetch::NoDocument,
-                })
+                Ok(unusable(&e))
             }
         }
     }
@@ -123,4 +118,33 @@ impl Dial {
 /// handshake cannot keep it from three quarters of its time.
 fn pool_patience(timeout: Duration) -> Duration {
     timeout / 4
+}
+
+/// What a failed NIP-11 request means for the session: a relay not reached is asked again on
+/// the next connect; one that answered without a usable document (an HTTP error, a body that
+/// is not a JSON object, one above the cap) keeps the defaults.
+fn unusable(e: &nip11::Nip11Error) -> LimitsFetch {
+    match e {
+        nip11::Nip11Error::Connect(_) | nip11::Nip11Error::Io(_) | nip11::Nip11Error::Timeout => {
+            LimitsFetch::Unreachable
+        }
+        _ => LimitsFetch::NoDocument,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nip11::Nip11Error as E;
+
+    #[test]
+    fn nip11_is_asked_again_only_when_the_relay_was_not_reached() {
+        let io = || std::io::Error::other("reset");
+        for e in [E::Connect("refused".into()), E::Io(io()), E::Timeout] {
+            assert_eq!(unusable(&e), LimitsFetch::Unreachable, "{e}");
+        }
+        for e in [E::Status(404), E::Malformed("html".into()), E::TooLarge] {
+            assert_eq!(unusable(&e), LimitsFetch::NoDocument, "{e}");
+        }
+    }
 }

@@ -815,7 +815,9 @@ impl RelaySession {
         }
         sub.eose = true;
         let generation = conn.generation;
-        let report = match sub.ids.take() {
+        // A `CollectIds` query keeps its marker (an empty list): what arrives after its EOSE,
+        // until the machine closes it, is not the own relay's history to report.
+        let report = match sub.ids.as_mut().map(std::mem::take) {
             Some((items, truncated)) => Report::OwnIds {
                 generation,
                 sub_id: SubscriptionId::new(sub_id),

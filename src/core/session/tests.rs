@@ -195,7 +195,7 @@ fn eose_reports_what_arrived_before_it_once() {
     );
     // A live event after EOSE is forwarded but no longer counted for the page; a repeated
     // EOSE reports nothing.
-    let _ = h.text(t(4), &event_frame("s1", &issue(&keys, "c", 3_000)));
+    let _ = forwarded(h.text(t(4), &event_frame("s1", &issue(&keys, "c", 3_000))));
     let _ = h.text(t(5), r#"["EOSE","s1"]"#);
     assert!(h.reports().is_empty());
 }
@@ -443,7 +443,9 @@ fn relay_text_in_closed_and_notice_is_escaped_and_bounded() {
     let long = "x".repeat(2 * MAX_RELAY_TEXT);
     let _ = h.text(t(2), &format!(r#"["CLOSED","s1","error: a\nb {long}"]"#));
     let _ = h.text(t(2), &format!(r#"["NOTICE","{long}"]"#));
-    for r in h.reports() {
+    let reports = h.reports();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    for r in reports {
         let text = match r {
             Report::Closed { message, .. } | Report::Notice { message, .. } => message,
             other => panic!("unexpected {other:?}"),
@@ -660,8 +662,14 @@ fn commands_of_another_generation_are_dropped() {
         },
     );
     assert!(h.transmits().is_empty());
-    h.s.on_closed_locally();
     h.subscribe_gen(t(2), 1);
+    assert_eq!(
+        h.transmits().len(),
+        1,
+        "the current generation's command is sent"
+    );
+    h.s.on_closed_locally();
+    h.subscribe_gen(t(3), 1);
     assert!(h.transmits().is_empty(), "no connection: dropped");
 }
 
@@ -760,4 +768,67 @@ fn every_disconnect_label_is_listed_once() {
     ];
     let labels: Vec<&str> = all.iter().map(Disconnect::label).collect();
     assert_eq!(labels, Disconnect::LABELS);
+    let unique: std::collections::HashSet<&str> = labels.iter().copied().collect();
+    assert_eq!(unique.len(), labels.len(), "labels are distinct");
+    // Every variant is in `all`: this match stops compiling when one is added.
+    for d in &all {
+        match d {
+            Disconnect::Resolve(_)
+            | Disconnect::Tcp(_)
+            | Disconnect::Handshake(_)
+            | Disconnect::ConnectTimeout
+            | Disconnect::Write(_)
+            | Disconnect::Read(_)
+            | Disconnect::ClosedByRelay { .. }
+            | Disconnect::NoPong
+            | Disconnect::ThreadLost { .. }
+            | Disconnect::Spawn(_) => {}
+        }
+    }
+}
+
+#[test]
+fn a_refusal_is_reported_and_not_counted_as_a_disconnect() {
+    let mut s = RelaySession::new(config(SessionRole::Remote, None));
+    s.on_refused(4, "private address".into());
+    assert!(matches!(
+        s.poll_report(),
+        Some(Report::Refused { generation: 4, .. })
+    ));
+    assert_eq!(s.counters().disconnects, 0);
+}
+
+#[test]
+fn a_connection_is_lost_once() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.s.on_lost(Disconnect::Write("broken pipe".into()));
+    h.s.on_lost(Disconnect::Read("reset".into()));
+    match &h.reports()[..] {
+        [Report::Disconnected { cause, .. }] => {
+            assert_eq!(cause, &Disconnect::Write("broken pipe".into()))
+        }
+        other => panic!("expected one loss, got {other:?}"),
+    }
+    assert_eq!(h.s.counters().disconnects, 1);
+    assert_eq!(h.s.poll_timeout(), None);
+}
+
+#[test]
+fn collect_ids_ignores_what_arrives_after_its_eose() {
+    let mut h = Harness::new(SessionRole::Own);
+    h.s.handle_command(
+        t(1),
+        Control::CollectIds {
+            generation: 1,
+            sub_id: SubscriptionId::new("own"),
+            filter: Box::new(issues()),
+        },
+    );
+    let _ = h.text(t(2), r#"["EOSE","own"]"#);
+    assert!(matches!(h.reports()[..], [Report::OwnIds { .. }]));
+    // A live event before the machine's CLOSE: neither collected nor a self-event.
+    let ev = issue(&Keys::generate(), "x", 1_000);
+    let _ = h.text(t(3), &event_frame("own", &ev));
+    assert!(h.reports().is_empty());
+    assert_eq!(h.s.counters().signature_checks, 0);
 }

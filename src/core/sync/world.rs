@@ -481,8 +481,14 @@ impl World {
             self.relays.get(&relay)
         };
         let fake = fake.map(|f| (f.down, f.publish_nip11.then(|| f.limits())));
+        // A Connect while connected closes the old connection first (on both ends).
+        if let Some(f) = self.fake(&relay) {
+            f.conn = None;
+            f.subs.clear();
+            f.held.clear();
+            f.negs.clear();
+        }
         let session = self.session(&relay);
-        // A Connect while connected closes the old connection first.
         session.on_closed_locally();
         match fake {
             None => session.on_connect_failed(generation, Disconnect::Tcp("no such relay".into())),
