@@ -48,8 +48,8 @@ use crate::engine::Input;
 use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::pool;
-use crate::shared::url::RelayUrl;
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
+use crate::shared::url::RelayUrl;
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;

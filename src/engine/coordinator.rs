@@ -23,8 +23,8 @@ use crate::engine::forwarder::{Forwarder, ForwarderControl};
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::AddressPolicy;
-use crate::shared::url::RelayUrl;
 use crate::net::ws::SocketWaker;
+use crate::shared::url::RelayUrl;
 
 struct RelayThread {
     control: Sender<Control>,

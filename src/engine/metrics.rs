@@ -8,6 +8,7 @@ use parking_lot::RwLock;
 
 use crate::core::dedup::VerifiedSet;
 use crate::core::forward::{admits, ForwardLimits};
+use crate::core::relay_text::Prefix;
 use crate::shared::url::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
@@ -131,20 +132,21 @@ pub struct ForwardCounters {
 }
 
 /// The reason prefixes of the own relay's rejections that are counted apart; `other` takes
-/// the rest (a free-text reason never becomes a metric label).
-pub const REJECT_REASONS: [&str; 7] = [
-    "blocked",
-    "invalid",
-    "restricted",
-    "pow",
-    "auth-required",
-    "error",
-    "other",
+/// the rest (a free-text reason never becomes a metric label). Their [`Prefix::label`]s are
+/// the `reason` label values of `events_rejected_total`.
+pub const REJECT_REASONS: [Prefix; 7] = [
+    Prefix::Blocked,
+    Prefix::Invalid,
+    Prefix::Restricted,
+    Prefix::Pow,
+    Prefix::AuthRequired,
+    Prefix::Error,
+    Prefix::Other,
 ];
 
-/// The slot of `message`'s prefix in [`REJECT_REASONS`].
-pub fn reject_reason_slot(message: &str) -> usize {
-    let prefix = message.split(':').next().unwrap_or("").trim();
+/// The slot of `prefix` in [`REJECT_REASONS`] (the last, `other`, for a prefix not counted
+/// apart).
+pub fn reject_reason_slot(prefix: Prefix) -> usize {
     REJECT_REASONS
         .iter()
         .position(|r| *r == prefix)
@@ -352,11 +354,35 @@ mod tests {
         assert_eq!((b[0], b[4], b[5], b[11], b[12]), (1, 1, 2, 2, 3));
         assert_eq!(n, 3);
         assert!((sum - 60.0305).abs() < 1e-6);
-        assert_eq!(reject_reason_slot("blocked: not a GRASP repo"), 0);
+    }
+
+    #[test]
+    fn reject_reasons_keep_their_metric_labels() {
+        // Label values of `events_rejected_total{reason=…}`: dashboards depend on them.
         assert_eq!(
-            reject_reason_slot("anything else"),
-            REJECT_REASONS.len() - 1
+            REJECT_REASONS.map(Prefix::label),
+            [
+                "blocked",
+                "invalid",
+                "restricted",
+                "pow",
+                "auth-required",
+                "error",
+                "other"
+            ]
         );
+        assert_eq!(
+            reject_reason_slot(Prefix::of("blocked: not a GRASP repo")),
+            0
+        );
+        assert_eq!(reject_reason_slot(Prefix::of(" Pow: too low")), 3);
+        for m in ["anything else", "mute: nobody listens", "duplicate: x"] {
+            assert_eq!(
+                reject_reason_slot(Prefix::of(m)),
+                REJECT_REASONS.len() - 1,
+                "{m}"
+            );
+        }
     }
 
     #[test]

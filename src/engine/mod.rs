@@ -470,7 +470,7 @@ impl SyncHandle {
             rejected_by_reason: metrics::REJECT_REASONS
                 .iter()
                 .zip(&f.rejected_by_reason)
-                .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
+                .map(|(r, n)| (r.label(), n.load(Ordering::Relaxed)))
                 .collect(),
             thread_restarts: self.metrics.thread_restarts.load(Ordering::Relaxed),
             forwarder_restarts: self.metrics.forwarder_restarts.load(Ordering::Relaxed),

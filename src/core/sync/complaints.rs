@@ -19,8 +19,8 @@ impl SyncMachine {
         };
         let was_loading = sent_at.is_some();
         self.drain_queue(relay);
-        let reason = classify_closed(message);
-        let prefix = closed_prefix(message).to_string();
+        let prefix = Prefix::of(message);
+        let reason = ClosedReason::from(prefix);
         let first = self.link(relay).warn_once(format!("CLOSED {prefix}"));
         let what = format!(
             "{relay}: subscription {sub_id} ({:?}) closed by the relay: {message:?}",

@@ -41,15 +41,15 @@ use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
 use crate::core::actions::{compute_actions_for, machine_policy, AddFilters, Plan, TargetReport};
-use crate::core::complaints::{
-    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind, RATE_LIMIT_COOLDOWN,
-};
 use crate::core::filters::{
     build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
 };
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
 use crate::core::paging::{bound_plan, plan_pages, PageLimits, PageStats, MAX_QUEUED_PAGES};
+use crate::core::relay_text::{
+    classify_notice, ClosedReason, NoticeKind, Prefix, RATE_LIMIT_COOLDOWN,
+};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RelaySyncNeeds, RepoSyncIndex,

@@ -190,7 +190,7 @@ impl SyncMachine {
             return;
         }
         if let SubPurpose::Page { .. } = info.purpose {
-            let delay = match classify_closed(message) {
+            let delay = match ClosedReason::from(Prefix::of(message)) {
                 ClosedReason::RateLimited => self.config.rate_limit_cooldown,
                 _ => self.config.backoff.base,
             };
