@@ -13,8 +13,8 @@ use crate::core::sync::SyncConfig;
 use crate::core::time::{Clock, SystemClock};
 use crate::error::Error;
 use crate::net::policy::{AddressPolicy, RelayPattern};
-use crate::shared::url::RelayUrl;
 use crate::net::ws::WsOptions;
+use crate::shared::url::RelayUrl;
 
 /// Everything the engine needs. Build with [`Config::new`] and the setter methods.
 #[derive(Clone)]

@@ -49,6 +49,7 @@ use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::pool;
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
@@ -264,7 +265,7 @@ impl ConnectionThread {
     fn addr_check(
         &self,
         verdict: &UrlVerdict,
-    ) -> impl Fn(std::net::SocketAddr) -> Result<(), String> + Send + 'static {
+    ) -> impl Fn(std::net::SocketAddr) -> Result<(), Refusal> + Send + 'static {
         let own = matches!(self.role, Role::Own);
         let verdict = verdict.clone();
         let policy = self.policy.clone();
@@ -281,7 +282,7 @@ impl ConnectionThread {
 
     /// The address policy refused this relay: counted, logged once (the machine then drops
     /// the relay and never asks for it again), and reported.
-    fn refused(&self, generation: u64, reason: String) {
+    fn refused(&self, generation: u64, reason: Refusal) {
         if self.metrics.refuse(&self.url, &reason) {
             warn!("{}: not connecting: {reason}", self.url);
         } else {
@@ -297,7 +298,7 @@ impl ConnectionThread {
     /// Reads the relay's NIP-11 `limitation` and reports it (before `Connected`, so the
     /// first REQs already use it). `Ok(false)` when it should be asked for again; `Err` when
     /// the address policy refused the relay.
-    fn fetch_limits(&self, verdict: &UrlVerdict) -> Result<bool, String> {
+    fn fetch_limits(&self, verdict: &UrlVerdict) -> Result<bool, Refusal> {
         if self.nip11_timeout.is_zero() {
             return Ok(true);
         }

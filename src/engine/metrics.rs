@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use crate::core::dedup::VerifiedSet;
 use crate::core::forward::{admits, ForwardLimits};
 use crate::core::relay_text::Prefix;
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
@@ -269,7 +270,7 @@ pub struct Metrics {
     /// Relays the address policy refused (each counted once).
     pub relays_refused: AtomicU64,
     /// The refused relays and why (at most [`MAX_REFUSED_SHOWN`] kept).
-    refused: RwLock<std::collections::BTreeMap<RelayUrl, String>>,
+    refused: RwLock<std::collections::BTreeMap<RelayUrl, Refusal>>,
     /// Event signatures verified recently, shared by every relay thread so that a copy of an
     /// event is not verified again.
     pub verified: VerifiedSet,
@@ -295,20 +296,20 @@ impl Metrics {
 
     /// Records that the address policy refused `relay` (counted once per relay). True the
     /// first time for this relay.
-    pub fn refuse(&self, relay: &RelayUrl, reason: &str) -> bool {
+    pub fn refuse(&self, relay: &RelayUrl, reason: &Refusal) -> bool {
         let mut m = self.refused.write();
         if m.contains_key(relay) {
             return false;
         }
         self.relays_refused.fetch_add(1, Ordering::Relaxed);
         if m.len() < MAX_REFUSED_SHOWN {
-            m.insert(relay.clone(), reason.to_string());
+            m.insert(relay.clone(), reason.clone());
         }
         true
     }
 
     /// The refused relays and why, sorted by URL.
-    pub fn refused(&self) -> Vec<(RelayUrl, String)> {
+    pub fn refused(&self) -> Vec<(RelayUrl, Refusal)> {
         self.refused
             .read()
             .iter()

@@ -197,7 +197,7 @@ pub struct Status {
     /// Relays refused by the address policy (each counted once).
     pub relays_refused: u64,
     /// The refused relays and why (sorted by URL; at most 1,000 shown).
-    pub refused_relays: Vec<(RelayUrl, String)>,
+    pub refused_relays: Vec<(RelayUrl, crate::shared::Refusal)>,
     /// False once shutdown has begun or the coordinator thread has ended (a bug); nothing
     /// is synced then.
     pub coordinator_running: bool,

@@ -229,8 +229,8 @@ pub enum Report {
         relay: RelayUrl,
         /// Generation of the `Connect` this answers.
         generation: u64,
-        /// Why, for the log.
-        reason: String,
+        /// Why (its `Display` is the log text).
+        reason: crate::shared::Refusal,
     },
     /// EOSE of a [`Command::CollectIds`] query on the own relay, with the `(created_at, id)`
     /// of the events it returned (their signatures are not checked: see
