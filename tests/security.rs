@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::{announcement, repo_ref, root, WAIT};
 use grasp_sync::net::policy::RelayPattern;
+use grasp_sync::shared::Refusal;
 use grasp_sync::testing::{wait_until, TestRelay, TestRelayOptions};
 use grasp_sync::{Config, RelayUrl, SyncHandle};
 use nostr::event::EventId;
@@ -79,7 +80,7 @@ fn config(own: &TestRelay) -> Config {
     c
 }
 
-fn refused(handle: &SyncHandle) -> Vec<(RelayUrl, String)> {
+fn refused(handle: &SyncHandle) -> Vec<(RelayUrl, Refusal)> {
     handle.status().refused_relays
 }
 
@@ -95,8 +96,10 @@ fn discovered_loopback_relays_are_never_contacted_without_the_flag() {
         handle.status()
     );
     for (url, reason) in refused(&handle) {
+        assert_eq!(reason.label(), "non_public_address", "{url}: {reason}");
+        let text = reason.to_string();
         assert!(
-            reason.contains("loopback") && reason.contains("--allow-private-relays"),
+            text.contains("loopback") && text.contains("--allow-private-relays"),
             "{url}: {reason}"
         );
     }
@@ -157,7 +160,8 @@ fn the_own_relay_under_another_spelling_is_never_a_target() {
         handle.status()
     );
     for (url, reason) in refused(&handle) {
-        assert!(reason.contains("own relay"), "{url}: {reason}");
+        assert_eq!(reason.label(), "own_relay", "{url}: {reason}");
+        assert!(reason.to_string().contains("own relay"), "{url}: {reason}");
     }
     // The refusal is counted before its report reaches the machine: wait for the machine.
     assert!(wait_until(WAIT, || handle.with_machine(|m| m.relay_index().is_empty())));
@@ -177,7 +181,16 @@ fn a_denied_relay_is_refused_even_with_the_flag() {
     assert!(wait_until(WAIT, || refused(&handle).len() == 1));
     let (url, reason) = refused(&handle).remove(0);
     assert_eq!(url.host(), "localhost");
-    assert!(reason.contains("--deny-relay localhost"), "{reason}");
+    assert_eq!(
+        reason,
+        Refusal::Denied {
+            pattern: "localhost".into()
+        }
+    );
+    assert!(
+        reason.to_string().contains("--deny-relay localhost"),
+        "{reason}"
+    );
     let denied = s
         .remotes
         .iter()
@@ -201,7 +214,8 @@ fn a_bootstrap_relay_that_is_the_own_relay_is_refused() {
     );
     let (url, reason) = refused(&handle).remove(0);
     assert_eq!(url, alias);
-    assert!(reason.contains("own relay"), "{reason}");
+    assert_eq!(reason.label(), "own_relay", "{reason}");
+    assert!(reason.to_string().contains("own relay"), "{reason}");
     assert!(wait_until(WAIT, || handle.status().is_settled()));
     assert_eq!(own.connections_accepted(), 2);
     common::shutdown_clean(handle, &[&own]);

@@ -21,25 +21,20 @@
 //!   writing until authenticated) or [`WriteAction::Reject`] (no key, failed, or refused
 //!   although authenticated: a plain rejection).
 //!
-//! Every collection is bounded ([`AuthLimits::max_held`]); time is passed in.
+//! Every collection is bounded ([`AuthLimits::max_held`]); time is passed in. The
+//! `auth-required:` prefix is recognised by [`Prefix::parse`], the crate's one reader of
+//! NIP-01 prefixes.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use nostr::event::EventId;
 
+use crate::core::relay_text::Prefix;
 use crate::core::time::Time;
-
-/// The NIP-01 prefix of answers that need NIP-42 authentication.
-pub const AUTH_REQUIRED: &str = "auth-required:";
 
 /// Longest challenge answered (a longer one is ignored).
 pub const MAX_CHALLENGE_LEN: usize = 1024;
-
-/// Whether a `CLOSED` or `OK` message asks for authentication.
-pub fn is_auth_required(message: &str) -> bool {
-    message.trim_start().starts_with(AUTH_REQUIRED)
-}
 
 /// Signs the NIP-42 AUTH event (kind 22242, tags `relay` and `challenge`, dated `now`) for
 /// `relay` with `keys` and returns its id and the `["AUTH", event]` frame. Used by every
@@ -304,7 +299,7 @@ impl AuthState {
 
     /// A `CLOSED` arrived for `sub_id`.
     pub fn on_closed(&mut self, sub_id: &str, message: &str, now: Time) -> ClosedAction {
-        if !self.has_key || !is_auth_required(message) {
+        if !self.has_key || Prefix::of(message) != Prefix::AuthRequired {
             return ClosedAction::Report;
         }
         match self.phase {
@@ -423,11 +418,23 @@ mod tests {
     const AR: &str = "auth-required: please authenticate";
 
     #[test]
-    fn prefix() {
-        assert!(is_auth_required(AR));
-        assert!(is_auth_required("  auth-required:"));
-        assert!(!is_auth_required("restricted: members only"));
-        assert!(!is_auth_required("auth required"));
+    fn only_auth_required_closes_are_held() {
+        for (m, held) in [
+            (AR, true),
+            ("  auth-required:", true),
+            ("AUTH-REQUIRED: case does not matter", true),
+            ("restricted: members only", false),
+            ("auth required", false),
+            ("auth-required : not a prefix", false),
+        ] {
+            let mut a = AuthState::new(true, limits());
+            let want = if held {
+                ClosedAction::Hold
+            } else {
+                ClosedAction::Report
+            };
+            assert_eq!(a.on_closed("s", m, t(0)), want, "{m:?}");
+        }
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //!   only when [`ForwardQueue::retry_rejected`] is called (the repository index changed, so the
 //!   own relay may now accept it); never retried blindly, never remembered as done.
 //! * no `OK` within the deadline, or the connection drops → re-queued and sent again.
+//!
+//! The caller reads the answer's prefix once with [`Prefix::parse`] (leading whitespace
+//! skipped, ASCII case ignored) and hands [`ForwardQueue::on_ok`] the [`Prefix`].
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use log::{debug, info};
 use nostr::event::EventId;
 
 use crate::core::dedup::{IdMap, IdSet, RecentIds};
+use crate::core::relay_text::Prefix;
 use crate::core::time::Time;
 
 /// Limits of the forward queue.
@@ -117,8 +121,8 @@ pub enum OkOutcome {
     /// `error:` (a failure on the relay's side): re-queued after a pause, at most
     /// [`MAX_ERROR_RETRIES`] times, then counted as rejected.
     RelayError,
-    /// Rejected with this reason.
-    Rejected(String),
+    /// Rejected; the prefix of the relay's reason (the caller has the whole text).
+    Rejected(Prefix),
     /// An `OK` for an event we did not send (or answered twice): ignored.
     Unexpected,
 }
@@ -285,15 +289,15 @@ impl ForwardQueue {
         Some((id, raw))
     }
 
-    /// Handles the own relay's `OK`.
-    pub fn on_ok(&mut self, id: EventId, accepted: bool, message: &str, now: Time) -> OkOutcome {
+    /// Handles the own relay's `OK`: `prefix` is its message's ([`Prefix::parse`]).
+    pub fn on_ok(&mut self, id: EventId, accepted: bool, prefix: Prefix, now: Time) -> OkOutcome {
         let Some(flight) = self.in_flight.remove(&id) else {
             return OkOutcome::Unexpected;
         };
-        if accepted || message.starts_with("duplicate:") {
+        if accepted || prefix == Prefix::Duplicate {
             self.error_retries.remove(&id);
         }
-        if message.starts_with("duplicate:") {
+        if prefix == Prefix::Duplicate {
             self.stored.insert(id);
             self.counters.duplicates += 1;
             return OkOutcome::Duplicate;
@@ -303,14 +307,14 @@ impl ForwardQueue {
             self.counters.stored += 1;
             return OkOutcome::Stored;
         }
-        if message.starts_with("rate-limited:") {
+        if prefix == Prefix::RateLimited {
             self.counters.resent += 1;
             self.paused_until = Some(now.plus(self.limits.rate_limit_pause));
             self.queued.insert(id);
             self.queue.push_front((id, flight.raw));
             return OkOutcome::RateLimited;
         }
-        if message.starts_with("error:") {
+        if prefix == Prefix::Error {
             let tries = self.error_retries.entry(id).or_insert(0);
             *tries += 1;
             if *tries <= MAX_ERROR_RETRIES {
@@ -325,7 +329,7 @@ impl ForwardQueue {
         }
         self.counters.rejected += 1;
         self.keep_rejected(id, flight.raw);
-        OkOutcome::Rejected(message.to_string())
+        OkOutcome::Rejected(prefix)
     }
 
     /// Handles an `OK false "auth-required: …"` for `id` when NIP-42 authentication is under
@@ -548,6 +552,28 @@ mod tests {
     }
 
     #[test]
+    fn duplicate_however_spelled() {
+        // The prefix as any relay spells it: leading whitespace and case do not matter
+        // (before the one parser, " duplicate:" and "Duplicate:" were rejections here).
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        for (n, m) in [" duplicate: have it", "Duplicate: have it"]
+            .into_iter()
+            .enumerate()
+        {
+            let e = id(10 + n as u8);
+            q.offer(e, raw(10 + n as u8));
+            assert_eq!(q.poll_send(t).unwrap().0, e);
+            assert_eq!(
+                q.on_ok(e, false, Prefix::of(m), t),
+                OkOutcome::Duplicate,
+                "{m:?}"
+            );
+        }
+        assert_eq!(q.counters().duplicates, 2);
+    }
+
+    #[test]
     fn dedups_and_respects_window() {
         let t = Time::from_secs(0);
         let mut q = ForwardQueue::new(limits());
@@ -561,13 +587,16 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(2));
         assert!(!q.can_send(t));
         assert!(q.poll_send(t).is_none(), "window of 2");
-        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);
         assert_eq!(
-            q.on_ok(id(2), false, "duplicate: have it", t),
+            q.on_ok(id(2), false, Prefix::of("duplicate: have it"), t),
             OkOutcome::Duplicate
         );
-        assert_eq!(q.on_ok(id(2), true, "", t), OkOutcome::Unexpected);
+        assert_eq!(
+            q.on_ok(id(2), true, Prefix::Other, t),
+            OkOutcome::Unexpected
+        );
         assert_eq!(q.poll_send(t).unwrap().0, id(3));
         let c = q.counters();
         assert_eq!((c.stored, c.duplicates, c.deduplicated), (1, 1, 2));
@@ -579,13 +608,13 @@ mod tests {
         let mut q = ForwardQueue::new(limits());
         q.offer(id(1), raw(1));
         q.poll_send(t);
-        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);
         // A reconciliation found the own relay without it: queued and sent again.
         assert_eq!(q.offer_missing(id(1), raw(1)), Offer::Queued);
         assert_eq!(q.offer_missing(id(1), raw(1)), Offer::AlreadyQueued);
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
-        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.counters().stored, 2);
     }
 
@@ -596,8 +625,8 @@ mod tests {
         q.offer(id(1), tagged(1, 1621, &[["a", "30617:pk:r"]]));
         q.poll_send(t);
         assert_eq!(
-            q.on_ok(id(1), false, "blocked: unknown repo", t),
-            OkOutcome::Rejected("blocked: unknown repo".into())
+            q.on_ok(id(1), false, Prefix::of("blocked: unknown repo"), t),
+            OkOutcome::Rejected(Prefix::Blocked)
         );
         assert_eq!(q.offer(id(1), raw(1)), Offer::PreviouslyRejected);
         assert!(q.poll_send(t).is_none());
@@ -605,7 +634,7 @@ mod tests {
         assert_eq!(q.retry_rejected(&other), 0, "another repository changed");
         assert_eq!(q.retry_rejected(&everything()), 1);
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
-        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.counters().rejected, 1);
     }
 
@@ -629,7 +658,7 @@ mod tests {
             let b = i as u8 + 1;
             q.offer(id(b), raw.clone());
             q.poll_send(t);
-            q.on_ok(id(b), false, "blocked: unknown repository", t);
+            q.on_ok(id(b), false, Prefix::of("blocked: unknown repository"), t);
         }
         assert_eq!(q.rejected_kept(), 6);
         // Repository x was announced: its three events and its state event, not y's.
@@ -640,7 +669,7 @@ mod tests {
         assert_eq!((q.backlog(), q.retrying()), (3, 1));
         assert!(!q.is_idle());
         let (first, _) = q.poll_send(t).unwrap();
-        q.on_ok(first, true, "", t);
+        q.on_ok(first, true, Prefix::Other, t);
         q.poll_send(t);
         assert_eq!(q.retrying(), 0, "refilled as room freed up");
         // A root event linked: the reply to it (upper-case E, any hex case).
@@ -654,7 +683,7 @@ mod tests {
         for b in 1..=3 {
             q.offer(id(b), raw(b));
             q.poll_send(t);
-            q.on_ok(id(b), false, "blocked:", t);
+            q.on_ok(id(b), false, Prefix::of("blocked:"), t);
         }
         assert_eq!(q.rejected_kept(), 2);
         // The byte bound holds too.
@@ -665,7 +694,7 @@ mod tests {
         for b in 1..=3 {
             small.offer(id(b), raw(b));
             small.poll_send(t);
-            small.on_ok(id(b), false, "blocked:", t);
+            small.on_ok(id(b), false, Prefix::of("blocked:"), t);
         }
         assert_eq!(small.rejected_kept(), 2, "each raw is 8 bytes");
         let mut tagged_small = ForwardQueue::new(ForwardLimits {
@@ -675,7 +704,7 @@ mod tests {
         for b in 1..=3 {
             tagged_small.offer(id(b), tagged(b, 1621, &[["a", "30617:pk:r"]]));
             tagged_small.poll_send(t);
-            tagged_small.on_ok(id(b), false, "blocked:", t);
+            tagged_small.on_ok(id(b), false, Prefix::of("blocked:"), t);
         }
         assert_eq!(tagged_small.retry_rejected(&everything()), 2);
     }
@@ -697,7 +726,7 @@ mod tests {
         assert_eq!(q.counters().resent, 3);
         let (first, _) = q.poll_send(t2).unwrap();
         assert_eq!(
-            q.on_ok(first, false, "rate-limited: slow down", t2),
+            q.on_ok(first, false, Prefix::of("rate-limited: slow down"), t2),
             OkOutcome::RateLimited
         );
         assert!(q.poll_send(t2).is_none(), "paused");
@@ -717,12 +746,12 @@ mod tests {
         assert_eq!(q.counters().resent, 1);
         assert_eq!(q.counters().rejected, 0);
         assert_eq!(q.poll_send(t).unwrap().0, id(1), "sent first again");
-        assert_eq!(q.on_ok(id(1), true, "", t), OkOutcome::Stored);
+        assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         // Without authentication under way the caller uses on_ok: a rejection.
         q.poll_send(t);
         assert_eq!(
-            q.on_ok(id(2), false, "auth-required: who are you", t),
-            OkOutcome::Rejected("auth-required: who are you".into())
+            q.on_ok(id(2), false, Prefix::of("auth-required: who are you"), t),
+            OkOutcome::Rejected(Prefix::AuthRequired)
         );
     }
 
@@ -734,7 +763,7 @@ mod tests {
         for _ in 0..MAX_ERROR_RETRIES {
             let (sent, _) = q.poll_send(t).unwrap();
             assert_eq!(
-                q.on_ok(sent, false, "error: database is locked", t),
+                q.on_ok(sent, false, Prefix::of("error: database is locked"), t),
                 OkOutcome::RelayError
             );
             assert!(q.poll_send(t).is_none(), "paused");
@@ -742,7 +771,7 @@ mod tests {
         }
         let (sent, _) = q.poll_send(t).unwrap();
         assert!(matches!(
-            q.on_ok(sent, false, "error: database is locked", t),
+            q.on_ok(sent, false, Prefix::of("error: database is locked"), t),
             OkOutcome::Rejected(_)
         ));
         assert_eq!(q.counters().rejected, 1);
@@ -750,10 +779,10 @@ mod tests {
         q.offer(id(2), raw(2));
         t = t.plus(Duration::from_secs(2));
         let (sent, _) = q.poll_send(t).unwrap();
-        q.on_ok(sent, false, "error: try again", t);
+        q.on_ok(sent, false, Prefix::of("error: try again"), t);
         t = t.plus(Duration::from_secs(2));
         let (sent, _) = q.poll_send(t).unwrap();
-        assert_eq!(q.on_ok(sent, true, "", t), OkOutcome::Stored);
+        assert_eq!(q.on_ok(sent, true, Prefix::Other, t), OkOutcome::Stored);
     }
 
     #[test]

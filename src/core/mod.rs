@@ -6,7 +6,6 @@
 
 pub mod actions;
 pub mod auth;
-pub mod complaints;
 pub mod dedup;
 pub mod filters;
 pub mod forward;
@@ -15,6 +14,7 @@ pub mod keepalive;
 pub mod message;
 pub mod nip34;
 pub mod paging;
+pub mod relay_text;
 pub mod session;
 pub mod state;
 pub mod sync;

@@ -47,6 +47,7 @@ use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// Stack of a relay thread. It handles frames and checks events; connects and the NIP-11
@@ -183,7 +184,7 @@ impl ConnectionThread {
 
     /// The address policy refused this relay: counted, logged once (the machine then drops
     /// the relay and never asks for it again), and reported.
-    fn refused(&self, session: &mut RelaySession, generation: u64, reason: String) -> bool {
+    fn refused(&self, session: &mut RelaySession, generation: u64, reason: Refusal) -> bool {
         if self.metrics.refuse(&self.url, &reason) {
             warn!("{}: not connecting: {reason}", self.url);
         } else {

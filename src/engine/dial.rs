@@ -11,6 +11,7 @@ use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::pool;
 use crate::net::ws::{self, Socket, WsOptions};
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// What a connect needs to know of its relay.
@@ -32,7 +33,7 @@ impl Dial {
     fn addr_check(
         &self,
         verdict: &UrlVerdict,
-    ) -> impl Fn(std::net::SocketAddr) -> Result<(), String> + Send + 'static {
+    ) -> impl Fn(std::net::SocketAddr) -> Result<(), Refusal> + Send + 'static {
         let own = self.own;
         let verdict = verdict.clone();
         let policy = self.policy.clone();
@@ -54,7 +55,7 @@ impl Dial {
         &self,
         verdict: &UrlVerdict,
         timeout: Duration,
-    ) -> Result<LimitsFetch, String> {
+    ) -> Result<LimitsFetch, Refusal> {
         let deadline = Instant::now() + timeout;
         let (url, tls, check) = (self.url.clone(), self.tls.clone(), self.addr_check(verdict));
         let fetched = pool::connect_pool().run(pool_patience(timeout), move || {

@@ -21,7 +21,7 @@ use tungstenite::Message;
 
 use crate::core::auth::auth_event;
 use crate::core::auth::{
-    is_auth_required, AuthLimits, AuthOutcome, AuthState, IgnoreReason, OnChallenge, WriteAction,
+    AuthLimits, AuthOutcome, AuthState, IgnoreReason, OnChallenge, WriteAction,
 };
 use crate::core::dedup::ForwardGate;
 use crate::core::dedup::IdMap;
@@ -30,6 +30,7 @@ use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::escape_for_log;
 use crate::core::message::{parse_ok_frame, parse_relay_frame, Incoming};
+use crate::core::relay_text::Prefix;
 use crate::core::session::Forward;
 use crate::core::session::MAX_RELAY_TEXT;
 use crate::core::sync::Report;
@@ -653,13 +654,15 @@ impl Forwarder {
             None => {}
         }
         let sent = queue.sent_at(&event_id);
+        // The one reading of the answer's NIP-01 prefix.
+        let prefix = Prefix::of(message);
         let outcome = if !accepted
-            && is_auth_required(message)
+            && prefix == Prefix::AuthRequired
             && auth.on_write_auth_required(now) == WriteAction::Retry
         {
             queue.requeue_auth_required(event_id)
         } else {
-            queue.on_ok(event_id, accepted, message, now)
+            queue.on_ok(event_id, accepted, prefix, now)
         };
         if let (Some(sent), OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)) =
             (sent, &outcome)
@@ -733,14 +736,14 @@ impl Forwarder {
             OkOutcome::AuthRequired => {
                 debug!("own relay wants NIP-42 AUTH for {event_id}; sent again once authenticated")
             }
-            OkOutcome::Rejected(reason) => {
+            OkOutcome::Rejected(prefix) => {
                 self.resolved();
                 // Given up: the next copy from a remote relay is handed over again.
                 self.gate.verified().release_forward(&event_id);
-                let slot = crate::engine::metrics::reject_reason_slot(&reason);
+                let slot = crate::engine::metrics::reject_reason_slot(prefix);
                 let n =
                     self.metrics.forward.rejected_by_reason[slot].fetch_add(1, Ordering::Relaxed);
-                let reason = escape_for_log(&reason, MAX_RELAY_TEXT);
+                let reason = message();
                 // Mirroring foreign announcements into a GRASP relay is rejected a lot: the
                 // first of each reason at info level, the rest at debug (all counted).
                 if n == 0 {
@@ -826,6 +829,7 @@ mod tests {
     use super::{intake_paused, lazy_oks, write_held, OK_LINGER, WRITE_BATCH, WRITE_LINGER};
     use crate::core::auth::{AuthLimits, AuthState};
     use crate::core::forward::{ForwardLimits, ForwardQueue};
+    use crate::core::relay_text::Prefix;
     use crate::core::time::Time;
     use nostr::event::EventId;
     use std::time::{Duration, Instant};
@@ -917,19 +921,19 @@ mod tests {
         offer(&mut q, 0, 8, t);
         assert!(intake_paused(false, &q), "full");
         // One OK frees one slot: still paused (2 of 8 needed).
-        q.on_ok(id(0), true, "", t);
+        q.on_ok(id(0), true, Prefix::Other, t);
         assert_eq!(q.room(), 1);
         assert!(intake_paused(true, &q));
         // Not paused before (the queue was never full): takes the free slot.
         assert!(!intake_paused(false, &q));
-        q.on_ok(id(1), true, "", t);
+        q.on_ok(id(1), true, Prefix::Other, t);
         assert_eq!(q.room(), q.resume_room());
         assert!(!intake_paused(true, &q), "a quarter free");
         // A backlog of fewer than four events resumes at one free slot, as before.
         let mut small = queue(3, 3);
         offer(&mut small, 10, 13, t);
         assert!(intake_paused(true, &small));
-        small.on_ok(id(10), true, "", t);
+        small.on_ok(id(10), true, Prefix::Other, t);
         assert!(!intake_paused(true, &small));
     }
 

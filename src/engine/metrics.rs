@@ -7,7 +7,9 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::core::forward::{admits, ForwardLimits};
+use crate::core::relay_text::Prefix;
 use crate::core::session::SessionCounters;
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
@@ -203,20 +205,21 @@ pub struct ForwardCounters {
 }
 
 /// The reason prefixes of the own relay's rejections that are counted apart; `other` takes
-/// the rest (a free-text reason never becomes a metric label).
-pub const REJECT_REASONS: [&str; 7] = [
-    "blocked",
-    "invalid",
-    "restricted",
-    "pow",
-    "auth-required",
-    "error",
-    "other",
+/// the rest (a free-text reason never becomes a metric label). Their [`Prefix::label`]s are
+/// the `reason` label values of `events_rejected_total`.
+pub const REJECT_REASONS: [Prefix; 7] = [
+    Prefix::Blocked,
+    Prefix::Invalid,
+    Prefix::Restricted,
+    Prefix::Pow,
+    Prefix::AuthRequired,
+    Prefix::Error,
+    Prefix::Other,
 ];
 
-/// The slot of `message`'s prefix in [`REJECT_REASONS`].
-pub fn reject_reason_slot(message: &str) -> usize {
-    let prefix = message.split(':').next().unwrap_or("").trim();
+/// The slot of `prefix` in [`REJECT_REASONS`] (the last, `other`, for a prefix not counted
+/// apart).
+pub fn reject_reason_slot(prefix: Prefix) -> usize {
     REJECT_REASONS
         .iter()
         .position(|r| *r == prefix)
@@ -339,7 +342,7 @@ pub struct Metrics {
     /// Relays the address policy refused (each counted once).
     pub relays_refused: AtomicU64,
     /// The refused relays and why (at most [`MAX_REFUSED_SHOWN`] kept).
-    refused: RwLock<std::collections::BTreeMap<RelayUrl, String>>,
+    refused: RwLock<std::collections::BTreeMap<RelayUrl, Refusal>>,
 }
 
 /// Refused relays kept for the status (the counter goes on).
@@ -360,20 +363,20 @@ impl Metrics {
 
     /// Records that the address policy refused `relay` (counted once per relay). True the
     /// first time for this relay.
-    pub fn refuse(&self, relay: &RelayUrl, reason: &str) -> bool {
+    pub fn refuse(&self, relay: &RelayUrl, reason: &Refusal) -> bool {
         let mut m = self.refused.write();
         if m.contains_key(relay) {
             return false;
         }
         self.relays_refused.fetch_add(1, Ordering::Relaxed);
         if m.len() < MAX_REFUSED_SHOWN {
-            m.insert(relay.clone(), reason.to_string());
+            m.insert(relay.clone(), reason.clone());
         }
         true
     }
 
     /// The refused relays and why, sorted by URL.
-    pub fn refused(&self) -> Vec<(RelayUrl, String)> {
+    pub fn refused(&self) -> Vec<(RelayUrl, Refusal)> {
         self.refused
             .read()
             .iter()
@@ -419,11 +422,35 @@ mod tests {
         assert_eq!((b[0], b[4], b[5], b[11], b[12]), (1, 1, 2, 2, 3));
         assert_eq!(n, 3);
         assert!((sum - 60.0305).abs() < 1e-6);
-        assert_eq!(reject_reason_slot("blocked: not a GRASP repo"), 0);
+    }
+
+    #[test]
+    fn reject_reasons_keep_their_metric_labels() {
+        // Label values of `events_rejected_total{reason=…}`: dashboards depend on them.
         assert_eq!(
-            reject_reason_slot("anything else"),
-            REJECT_REASONS.len() - 1
+            REJECT_REASONS.map(Prefix::label),
+            [
+                "blocked",
+                "invalid",
+                "restricted",
+                "pow",
+                "auth-required",
+                "error",
+                "other"
+            ]
         );
+        assert_eq!(
+            reject_reason_slot(Prefix::of("blocked: not a GRASP repo")),
+            0
+        );
+        assert_eq!(reject_reason_slot(Prefix::of(" Pow: too low")), 3);
+        for m in ["anything else", "mute: nobody listens", "duplicate: x"] {
+            assert_eq!(
+                reject_reason_slot(Prefix::of(m)),
+                REJECT_REASONS.len() - 1,
+                "{m}"
+            );
+        }
     }
 
     #[test]

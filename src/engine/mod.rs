@@ -199,7 +199,7 @@ pub struct Status {
     /// Relays refused by the address policy (each counted once).
     pub relays_refused: u64,
     /// The refused relays and why (sorted by URL; at most 1,000 shown).
-    pub refused_relays: Vec<(RelayUrl, String)>,
+    pub refused_relays: Vec<(RelayUrl, crate::shared::Refusal)>,
     /// False once shutdown has begun or the coordinator thread has ended (a bug); nothing
     /// is synced then.
     pub coordinator_running: bool,
@@ -478,7 +478,7 @@ impl SyncHandle {
             rejected_by_reason: metrics::REJECT_REASONS
                 .iter()
                 .zip(&f.rejected_by_reason)
-                .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
+                .map(|(r, n)| (r.label(), n.load(Ordering::Relaxed)))
                 .collect(),
             thread_restarts: self.metrics.thread_restarts.load(Ordering::Relaxed),
             forwarder_restarts: self.metrics.forwarder_restarts.load(Ordering::Relaxed),

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use crate::net::ws::{connect_tcp_checked, tls_config, AddrCheck, ConnectError};
 use crate::shared::limits::RelayLimits;
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// Largest numeric limit believed; anything above is treated as absent.
@@ -42,7 +43,7 @@ pub enum Nip11Error {
     /// The answer was larger than the byte cap given to [`fetch`].
     TooLarge,
     /// The address policy refused every resolved address (no connection was made).
-    Refused(String),
+    Refused(Refusal),
     /// The relay answered with an HTTP status other than 200.
     Status(u16),
     /// The answer was not a well-formed HTTP response or its body not a JSON object.

@@ -21,6 +21,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::shared::refusal::{AddressKind, Refusal};
 use crate::shared::url::RelayUrl;
 
 /// Why an address is not public, or `None` for a public unicast address.
@@ -32,59 +33,59 @@ use crate::shared::url::RelayUrl;
 /// assignments (192.0.0/24), reserved (240/4), discard-only (100::/64), and IPv4 addresses
 /// embedded in IPv6 (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`, NAT64
 /// `64:ff9b::/96`, 6to4 `2002::/16`), which are judged by the IPv4 address inside.
-pub fn non_public_reason(ip: IpAddr) -> Option<&'static str> {
+pub fn non_public_reason(ip: IpAddr) -> Option<AddressKind> {
     match ip {
         IpAddr::V4(v4) => v4_reason(v4),
         IpAddr::V6(v6) => v6_reason(v6),
     }
 }
 
-fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
+fn v4_reason(ip: Ipv4Addr) -> Option<AddressKind> {
     let [a, b, c, _] = ip.octets();
     if ip.is_unspecified() {
-        Some("unspecified address")
+        Some(AddressKind::Unspecified)
     } else if ip.is_loopback() {
-        Some("loopback address")
+        Some(AddressKind::Loopback)
     } else if ip.is_private() {
-        Some("private address")
+        Some(AddressKind::Private)
     } else if ip.is_link_local() {
-        Some("link-local address")
+        Some(AddressKind::LinkLocal)
     } else if a == 100 && (64..128).contains(&b) {
-        Some("shared (CGNAT) address")
+        Some(AddressKind::SharedCgnat)
     } else if ip.is_broadcast() {
-        Some("broadcast address")
+        Some(AddressKind::Broadcast)
     } else if ip.is_multicast() {
-        Some("multicast address")
+        Some(AddressKind::Multicast)
     } else if a == 0 {
-        Some("'this network' address")
+        Some(AddressKind::ThisNetwork)
     } else if (a, b, c) == (192, 0, 2) || (a, b, c) == (198, 51, 100) || (a, b, c) == (203, 0, 113)
     {
-        Some("documentation address")
+        Some(AddressKind::Documentation)
     } else if a == 198 && (b == 18 || b == 19) {
-        Some("benchmarking address")
+        Some(AddressKind::Benchmarking)
     } else if (a, b, c) == (192, 0, 0) {
-        Some("IETF protocol address")
+        Some(AddressKind::IetfProtocol)
     } else if a >= 240 {
-        Some("reserved address")
+        Some(AddressKind::Reserved)
     } else {
         None
     }
 }
 
-fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
+fn v6_reason(ip: Ipv6Addr) -> Option<AddressKind> {
     let seg = ip.segments();
     let embedded_v4 =
         |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
     if ip.is_unspecified() {
-        return Some("unspecified address");
+        return Some(AddressKind::Unspecified);
     }
     if ip.is_loopback() {
-        return Some("loopback address");
+        return Some(AddressKind::Loopback);
     }
     // IPv4-mapped ::ffff:a.b.c.d and IPv4-compatible ::a.b.c.d.
     if seg[..5] == [0; 5] && (seg[5] == 0xffff || seg[5] == 0) {
         return v4_reason(embedded_v4(seg[6], seg[7])).or(if seg[5] == 0 {
-            Some("IPv4-compatible address")
+            Some(AddressKind::Ipv4Compatible)
         } else {
             None
         });
@@ -98,17 +99,17 @@ fn v6_reason(ip: Ipv6Addr) -> Option<&'static str> {
         return v4_reason(embedded_v4(seg[1], seg[2]));
     }
     if seg[0] & 0xfe00 == 0xfc00 {
-        Some("unique-local address")
+        Some(AddressKind::UniqueLocal)
     } else if seg[0] & 0xffc0 == 0xfe80 {
-        Some("link-local address")
+        Some(AddressKind::LinkLocal)
     } else if seg[0] & 0xffc0 == 0xfec0 {
-        Some("site-local address")
+        Some(AddressKind::SiteLocal)
     } else if seg[0] & 0xff00 == 0xff00 {
-        Some("multicast address")
+        Some(AddressKind::Multicast)
     } else if seg[0] == 0x2001 && seg[1] == 0x0db8 {
-        Some("documentation address")
+        Some(AddressKind::Documentation)
     } else if seg[..4] == [0x100, 0, 0, 0] {
-        Some("discard-only address")
+        Some(AddressKind::DiscardOnly)
     } else {
         None
     }
@@ -191,7 +192,7 @@ pub enum UrlVerdict {
     /// Discovered: every resolved address is checked ([`AddressPolicy::check_addr`]).
     CheckAddresses,
     /// Refused outright (deny list).
-    Refused(String),
+    Refused(Refusal),
 }
 
 /// The address policy of one engine: built by [`crate::Config::address_policy`], or with
@@ -217,7 +218,9 @@ impl AddressPolicy {
         let own = self.trusted.first() == Some(url);
         if !own {
             if let Some(p) = self.deny.iter().find(|p| p.matches(url)) {
-                return UrlVerdict::Refused(format!("denied by --deny-relay {p}"));
+                return UrlVerdict::Refused(Refusal::Denied {
+                    pattern: p.to_string(),
+                });
             }
         }
         if self.trusted.contains(url) || self.allow.iter().any(|p| p.matches(url)) {
@@ -229,16 +232,16 @@ impl AddressPolicy {
 
     /// Checks one resolved address of a discovered relay, right before connecting to it.
     /// `Err` holds the reason for the log and the status.
-    pub fn check_addr(&self, addr: SocketAddr) -> Result<(), String> {
+    pub fn check_addr(&self, addr: SocketAddr) -> Result<(), Refusal> {
         self.check_own(addr)?;
         if self.allow_private {
             return Ok(());
         }
         match non_public_reason(addr.ip()) {
-            Some(why) => Err(format!(
-                "{} is a {why} (see --allow-private-relays)",
-                addr.ip()
-            )),
+            Some(kind) => Err(Refusal::NonPublicAddress {
+                ip: addr.ip(),
+                kind,
+            }),
             None => Ok(()),
         }
     }
@@ -248,9 +251,9 @@ impl AddressPolicy {
     /// Refuses an address of the own relay (or an alias). Applies to every remote relay,
     /// trusted ones (bootstrap, `--allow-relay`) included: the engine never syncs from the
     /// own relay, however it is spelled.
-    pub fn check_own(&self, addr: SocketAddr) -> Result<(), String> {
+    pub fn check_own(&self, addr: SocketAddr) -> Result<(), Refusal> {
         if self.own_addrs.iter().any(|o| same_endpoint(*o, addr)) {
-            Err(format!("{addr} is the own relay's address"))
+            Err(Refusal::OwnRelay { addr })
         } else {
             Ok(())
         }
@@ -324,7 +327,7 @@ mod tests {
             ("2002:c0a8:101::", "private"),
         ] {
             let r = non_public_reason(ip(a));
-            assert!(r.is_some_and(|r| r.contains(why)), "{a}: {r:?}");
+            assert!(r.is_some_and(|r| r.to_string().contains(why)), "{a}: {r:?}");
         }
         for a in [
             "8.8.8.8",
@@ -382,7 +385,7 @@ mod tests {
         );
         assert!(matches!(
             policy.check_url(&u("wss://x.bad.example")),
-            UrlVerdict::Refused(r) if r.contains("--deny-relay *.bad.example")
+            UrlVerdict::Refused(r) if r.to_string().contains("--deny-relay *.bad.example")
         ));
         assert_eq!(
             policy.check_url(&u("wss://relay.example")),
@@ -391,9 +394,16 @@ mod tests {
         let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert!(policy.check_addr(addr("8.8.8.8:443")).is_ok());
         let e = policy.check_addr(addr("127.0.0.1:9")).unwrap_err();
-        assert!(
-            e.contains("loopback") && e.contains("--allow-private-relays"),
-            "{e}"
+        assert_eq!(
+            e,
+            Refusal::NonPublicAddress {
+                ip: ip("127.0.0.1"),
+                kind: AddressKind::Loopback
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "127.0.0.1 is a loopback address (see --allow-private-relays)"
         );
         assert!(policy.check_addr(addr("[::ffff:192.168.0.1]:9")).is_err());
         let open = AddressPolicy {
@@ -409,7 +419,8 @@ mod tests {
             "[::ffff:127.0.0.1]:7777",
         ] {
             let e = open.check_addr(addr(own_again)).unwrap_err();
-            assert!(e.contains("own relay"), "{own_again}: {e}");
+            assert_eq!(e.label(), "own_relay", "{own_again}: {e}");
+            assert!(e.to_string().contains("own relay"), "{own_again}: {e}");
         }
         assert!(open.check_addr(addr("127.0.0.1:7778")).is_ok());
         assert!(policy.check_own(addr("[::1]:7777")).is_err());

@@ -22,6 +22,7 @@ use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Connector, WebSocket};
 
 use crate::net::inbound::Inbound;
+use crate::shared::refusal::Refusal;
 use crate::shared::url::RelayUrl;
 
 /// A websocket to a relay.
@@ -282,7 +283,7 @@ pub enum ConnectError {
     /// The deadline passed during the handshake.
     Timeout,
     /// The address policy refused every resolved address (no TCP connect was made).
-    Refused(String),
+    Refused(Refusal),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -393,7 +394,7 @@ fn resolve_in(
 
 /// Checks one resolved address right before the TCP connect to it (`Err`: the reason it is
 /// refused). See [`crate::net::policy::AddressPolicy::check_addr`].
-pub type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), String>;
+pub type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), Refusal>;
 
 /// A counting semaphore bounding the DNS helper threads.
 struct Slots {
@@ -474,11 +475,13 @@ pub fn connect_tcp_checked(
     }
     match last {
         Some(e) => Err(ConnectError::Tcp(e)),
-        None if !refused.is_empty() => Err(ConnectError::Refused(refused.join("; "))),
-        None => Err(ConnectError::Tcp(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "no address tried",
-        ))),
+        None => match Refusal::every(refused) {
+            Some(r) => Err(ConnectError::Refused(r)),
+            None => Err(ConnectError::Tcp(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no address tried",
+            ))),
+        },
     }
 }
 
@@ -644,6 +647,26 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::sync::atomic::Ordering;
+
+    #[test]
+    fn every_address_refused_is_a_typed_refusal_without_a_connect() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let url = RelayUrl::parse(&format!("ws://127.0.0.1:{port}")).unwrap();
+        let check = |addr: SocketAddr| Err(Refusal::OwnRelay { addr });
+        match connect_tcp_checked(&url, Duration::from_secs(2), &check) {
+            Err(ConnectError::Refused(r)) => {
+                assert_eq!(r.label(), "own_relay");
+                assert_eq!(
+                    r.to_string(),
+                    format!("127.0.0.1:{port} is the own relay's address")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(listener.accept().is_err(), "no TCP connect was made");
+    }
 
     #[test]
     fn tls_config_builds_without_a_process_provider() {

@@ -329,7 +329,7 @@ pub fn prometheus(status: &Status) -> String {
     for r in crate::core::sync::FallbackReason::ALL {
         p.sample(
             "reconcile_fallbacks_total",
-            &[("reason", r.word())],
+            &[("reason", r.label())],
             c.fallbacks(r),
         );
     }
@@ -569,7 +569,7 @@ pub fn status_json(status: &Status) -> Value {
             "reconcile_ids_fetched": c.reconcile_ids_fetched,
             "reconcile_fallbacks": crate::core::sync::FallbackReason::ALL
                 .iter()
-                .map(|r| (r.word().to_string(), json!(c.fallbacks(*r))))
+                .map(|r| (r.label().to_string(), json!(c.fallbacks(*r))))
                 .collect::<serde_json::Map<String, Value>>(),
             "neg_unknown": c.neg_unknown,
         },
@@ -711,4 +711,32 @@ forwarded: {} · duplicates: {} · rejected: {} · backlog: {}</p>",
     }
     out.push_str("</table><p><a href=\"/metrics\">/metrics</a> · <a href=\"/status\">/status</a> · <a href=\"/healthz\">/healthz</a></p></body></html>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::sync::FallbackReason;
+
+    #[test]
+    fn fallback_labels_are_stable() {
+        // Label values of `reconcile_fallbacks_total{reason=…}` and keys of `/status`:
+        // dashboards depend on them.
+        assert_eq!(
+            FallbackReason::ALL.map(FallbackReason::label),
+            [
+                "neg_err",
+                "closed",
+                "unsupported",
+                "timeout",
+                "malformed",
+                "too_many_ids",
+                "too_many_rounds",
+                "own_side"
+            ]
+        );
+        assert_eq!(
+            FallbackReason::NegErr.to_string(),
+            "the relay answered NEG-ERR"
+        );
+    }
 }

@@ -496,7 +496,7 @@ impl RelaySession {
 
     /// The engine refused to connect (address policy): reported; the coordinator then
     /// forgets the relay.
-    pub fn on_refused(&mut self, generation: u64, reason: String) {
+    pub fn on_refused(&mut self, generation: u64, reason: crate::shared::refusal::Refusal) {
         self.reports.push_back(Report::Refused {
             relay: self.config.url.clone(),
             generation,

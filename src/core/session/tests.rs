@@ -790,7 +790,12 @@ fn every_disconnect_label_is_listed_once() {
 #[test]
 fn a_refusal_is_reported_and_not_counted_as_a_disconnect() {
     let mut s = RelaySession::new(config(SessionRole::Remote, None));
-    s.on_refused(4, "private address".into());
+    s.on_refused(
+        4,
+        crate::shared::refusal::Refusal::Denied {
+            pattern: "*.example".into(),
+        },
+    );
     assert!(matches!(
         s.poll_report(),
         Some(Report::Refused { generation: 4, .. })

@@ -3,9 +3,7 @@
 use log::{debug, warn};
 use nostr::message::SubscriptionId;
 
-use crate::core::complaints::{
-    classify_closed, classify_notice, closed_prefix, ClosedReason, NoticeKind,
-};
+use crate::core::relay_text::{classify_notice, ClosedReason, NoticeKind, Prefix};
 use crate::core::time::Time;
 use crate::shared::url::RelayUrl;
 
@@ -29,8 +27,8 @@ impl SyncMachine {
         };
         let was_loading = sent_at.is_some();
         self.drain_queue(relay);
-        let reason = classify_closed(message);
-        let prefix = closed_prefix(message).to_string();
+        let prefix = Prefix::of(message);
+        let reason = ClosedReason::from(prefix);
         let first = self.link(relay).warn_once(format!("CLOSED {prefix}"));
         let what = format!(
             "{relay}: subscription {sub_id} ({:?}) closed by the relay: {message:?}",

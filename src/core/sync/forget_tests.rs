@@ -64,7 +64,9 @@ fn a_refused_and_an_idle_relay_leave_no_trace_and_the_same_state() {
         Report::Refused {
             relay: a(),
             generation,
-            reason: "test".into(),
+            reason: crate::shared::refusal::Refusal::Denied {
+                pattern: "test".into(),
+            },
         },
         refused.now,
     );
@@ -116,7 +118,9 @@ fn a_relay_refused_in_the_middle_of_a_sync_leaves_no_timer_behind() {
         Report::Refused {
             relay: a(),
             generation,
-            reason: "test".into(),
+            reason: crate::shared::refusal::Refusal::Denied {
+                pattern: "test".into(),
+            },
         },
         w.now,
     );

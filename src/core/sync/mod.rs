@@ -45,10 +45,10 @@ use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
 use crate::core::actions::{Plan, TargetReport};
-use crate::core::complaints::RATE_LIMIT_COOLDOWN;
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::SelfEventMeaning;
 use crate::core::paging::PageStats;
+use crate::core::relay_text::RATE_LIMIT_COOLDOWN;
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
@@ -229,8 +229,8 @@ pub enum Report {
         relay: RelayUrl,
         /// Generation of the `Connect` this answers.
         generation: u64,
-        /// Why, for the log.
-        reason: String,
+        /// Why (its `Display` is the log text).
+        reason: crate::shared::Refusal,
     },
     /// EOSE of a [`Command::CollectIds`] query on the own relay, with the `(created_at, id)`
     /// of the events it returned (their signatures are not checked: see

@@ -7,10 +7,10 @@ use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::complaints::{classify_closed, ClosedReason};
 use crate::core::filters::self_subscription_filter;
 use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
 use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::relay_text::{ClosedReason, Prefix};
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
 
@@ -205,7 +205,7 @@ impl SyncMachine {
             return;
         }
         if let SubPurpose::Page { .. } = info.purpose {
-            let delay = match classify_closed(message) {
+            let delay = match ClosedReason::from(Prefix::of(message)) {
                 ClosedReason::RateLimited => self.config.rate_limit_cooldown,
                 _ => self.config.backoff.base,
             };

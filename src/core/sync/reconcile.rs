@@ -119,8 +119,10 @@ impl Nip77Support {
     }
 }
 
-/// Why a reconciliation gave way to the paged REQ path.
+/// Why a reconciliation gave way to the paged REQ path. [`FallbackReason::label`] is the
+/// metric label and the word in logs; `Display` says it in words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FallbackReason {
     /// The relay answered NEG-ERR.
     NegErr,
@@ -153,8 +155,9 @@ impl FallbackReason {
         FallbackReason::OwnSide,
     ];
 
-    /// The label value of the metric.
-    pub fn word(self) -> &'static str {
+    /// A stable lowercase label: the `reason` label value of
+    /// `reconcile_fallbacks_total`, the key in `/status`, and the word in logs.
+    pub fn label(self) -> &'static str {
         match self {
             FallbackReason::NegErr => "neg_err",
             FallbackReason::Closed => "closed",
@@ -172,6 +175,21 @@ impl FallbackReason {
             .iter()
             .position(|r| *r == self)
             .unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FallbackReason::NegErr => "the relay answered NEG-ERR",
+            FallbackReason::Closed => "the relay closed the negentropy subscription",
+            FallbackReason::Unsupported => "the relay does not speak NIP-77",
+            FallbackReason::Timeout => "no answer in time",
+            FallbackReason::Malformed => "malformed NEG-MSG",
+            FallbackReason::TooManyIds => "the relay claimed too many ids",
+            FallbackReason::TooManyRounds => "too many rounds",
+            FallbackReason::OwnSide => "the own relay's side could not be read",
+        })
     }
 }
 
@@ -574,7 +592,7 @@ impl SyncMachine {
         } else {
             info!(
                 "{relay}: reconciliation of {neg_id} gave way to paged REQs ({}: {why})",
-                reason.word()
+                reason.label()
             );
         }
         if self.connected_generation(&relay) == Some(generation) && self.batch_exists(&relay, batch)
