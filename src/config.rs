@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use nostr::key::Keys;
 
-use crate::core::actions::{RepoScope, TargetLimits};
 use crate::core::forward::ForwardLimits;
 use crate::core::health::BackoffPolicy;
 use crate::core::sync::SyncConfig;
+use crate::core::targets::{RepoScope, TargetLimits};
 use crate::core::time::{Clock, SystemClock};
 use crate::error::Error;
 use crate::net::policy::{AddressPolicy, RelayPattern};
 use crate::net::ws::WsOptions;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 /// Everything the engine needs. Build with [`Config::new`] and the setter methods.
 #[derive(Clone)]
@@ -80,7 +80,7 @@ pub struct Config {
     /// same own relay, each with its own I, split the remote relays (bootstrap relays
     /// included) by FNV-1a 64 of the normalised URL, with no overlap and no coordination.
     /// `None` (default): every relay.
-    pub shard: Option<crate::core::actions::Shard>,
+    pub shard: Option<crate::core::targets::Shard>,
     /// Sync every repository the own relay holds, also those whose announcement does not
     /// list this service (default false). Without `public_urls` every repository is synced
     /// anyway (see [`Config::repo_scope`]).
@@ -267,7 +267,7 @@ impl Config {
             ),
             disconnect_check_interval: Duration::from_secs(60),
             max_relays: 1000,
-            max_relays_per_pubkey: crate::core::actions::MAX_RELAYS_PER_PUBKEY,
+            max_relays_per_pubkey: crate::core::targets::MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
             shard: None,
             state_dir: None,
@@ -497,7 +497,7 @@ mod auth_key_tests {
 
     #[test]
     fn debug_redacts_the_key() {
-        let c = Config::new(crate::shared::url::RelayUrl::parse("ws://127.0.0.1:1").unwrap())
+        let c = Config::new(crate::shared::RelayUrl::parse("ws://127.0.0.1:1").unwrap())
             .auth_keys(Keys::parse(HEX).unwrap());
         let d = format!("{c:?}");
         assert!(d.contains("auth_keys: Some(<redacted>)"), "{d}");

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::shared::url::UrlError;
+use crate::shared::UrlError;
 
 /// An error starting or stopping the engine.
 #[derive(Debug)]

@@ -35,12 +35,13 @@
 //! # }
 //! ```
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod core;
 pub mod engine;
-pub mod error;
+mod error;
 pub mod net;
 pub mod ops;
 pub mod shared;
@@ -52,4 +53,4 @@ pub mod testing;
 pub use config::Config;
 pub use engine::{start, RelayStatus, Status, SyncHandle};
 pub use error::Error;
-pub use shared::url::RelayUrl;
+pub use shared::RelayUrl;

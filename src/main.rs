@@ -453,7 +453,7 @@ fn build_config(args: &Args) -> Result<Config, String> {
         .eose_timeout(secs("eose-timeout", args.eose_timeout)?);
     config.max_relays = at_least("max-relays", args.max_relays as u64, 1, "relay")? as usize;
     config.shard = match &args.shard {
-        Some(s) => Some(grasp_sync::core::actions::Shard::parse(s).map_err(|e| format!("--{e}"))?),
+        Some(s) => Some(grasp_sync::core::targets::Shard::parse(s).map_err(|e| format!("--{e}"))?),
         None => None,
     };
     config.default_subscription_budget = at_least(
@@ -818,7 +818,7 @@ mod tests {
         ])
         .unwrap();
         let c = build_config(&a).unwrap();
-        assert_eq!(c.repo_scope(), grasp_sync::core::actions::RepoScope::All);
+        assert_eq!(c.repo_scope(), grasp_sync::core::targets::RepoScope::All);
         assert_eq!(
             (
                 c.max_relays,
@@ -835,7 +835,7 @@ mod tests {
         let a = args(&["--own-relay", "ws://x", "--shard", "1/3"]).unwrap();
         assert_eq!(
             build_config(&a).unwrap().shard,
-            Some(grasp_sync::core::actions::Shard { index: 1, count: 3 })
+            Some(grasp_sync::core::targets::Shard { index: 1, count: 3 })
         );
         let a = args(&["--own-relay", "ws://x", "--shard", "3/3"]).unwrap();
         assert!(build_config(&a).unwrap_err().contains("--shard"));

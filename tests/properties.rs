@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use grasp_sync::core::actions::{
-    compute_actions, derive_relay_targets, derive_targets, Plan, RepoScope, Shard, TargetPolicy,
-};
 use grasp_sync::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
+};
+use grasp_sync::core::targets::{
+    compute_actions, derive_relay_targets, derive_targets, Plan, RepoScope, Shard, TargetPolicy,
 };
 use grasp_sync::core::Time;
 use grasp_sync::RelayUrl;

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{announcement, has_l2_req, repo_ref, root, url, OneRepo};
-use grasp_sync::core::actions::RepoScope;
+use grasp_sync::core::targets::RepoScope;
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, RelayUrl};
 use nostr::event::EventId;

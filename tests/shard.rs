@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{announcement, comment, repo_ref, root, url, WAIT};
-use grasp_sync::core::actions::Shard;
+use grasp_sync::core::targets::Shard;
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, SyncHandle};
 use nostr::event::{Event, EventId};

@@ -34,15 +34,15 @@ use crate::core::relay_text::Prefix;
 use crate::core::time::Time;
 
 /// Longest challenge answered (a longer one is ignored).
-pub const MAX_CHALLENGE_LEN: usize = 1024;
+pub(crate) const MAX_CHALLENGE_LEN: usize = 1024;
 
 /// Signs the NIP-42 AUTH event (kind 22242, tags `relay` and `challenge`, dated `now`) for
 /// `relay` with `keys` and returns its id and the `["AUTH", event]` frame. Used by every
 /// connection that answers challenges (remote relays, the own relay's self-subscription and
 /// the forwarder).
-pub fn auth_event(
+pub(crate) fn auth_event(
     keys: &nostr::key::Keys,
-    relay: &crate::shared::url::RelayUrl,
+    relay: &crate::shared::RelayUrl,
     challenge: &str,
     now: Time,
 ) -> Result<(EventId, String), String> {
@@ -58,7 +58,7 @@ pub fn auth_event(
     Ok((event.id, ClientMessage::auth(event).as_json()))
 }
 
-/// Limits and deadlines of [`AuthState`].
+/// Limits and deadlines of `AuthState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuthLimits {
     /// Subscriptions held while waiting for authentication, at most (more are reported).
@@ -81,7 +81,7 @@ impl Default for AuthLimits {
 
 /// Where authentication of a connection stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuthPhase {
+pub(crate) enum AuthPhase {
     /// No AUTH event sent (no challenge yet, or no key).
     Idle,
     /// An AUTH event was sent; waiting for its `OK` until `deadline`.
@@ -100,7 +100,7 @@ pub enum AuthPhase {
 
 /// What to do with a challenge.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OnChallenge {
+pub(crate) enum OnChallenge {
     /// Sign a kind-22242 event for this challenge, send it, then call
     /// [`AuthState::auth_sent`].
     Sign {
@@ -113,7 +113,7 @@ pub enum OnChallenge {
 
 /// Why a challenge is ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IgnoreReason {
+pub(crate) enum IgnoreReason {
     /// No key is configured.
     NoKey,
     /// Authentication already failed on this connection.
@@ -129,7 +129,7 @@ pub enum IgnoreReason {
 
 /// A subscription held back until authentication (or released).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     /// Subscription id.
     pub sub_id: String,
     /// The relay's `CLOSED` message (reported as it is when the subscription is released).
@@ -139,7 +139,7 @@ pub struct Held {
 
 /// What an `OK` for our AUTH event meant.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuthOutcome {
+pub(crate) enum AuthOutcome {
     /// Authenticated: send the REQs of these held subscriptions again (and any writes held
     /// back).
     Authenticated {
@@ -157,7 +157,7 @@ pub enum AuthOutcome {
 
 /// What to do with a `CLOSED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClosedAction {
+pub(crate) enum ClosedAction {
     /// Held until authenticated: do not report it.
     Hold,
     /// Report it to the coordinator as usual.
@@ -166,7 +166,7 @@ pub enum ClosedAction {
 
 /// What to do with a write refused with `auth-required:`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteAction {
+pub(crate) enum WriteAction {
     /// Re-queue it; writes pause until authenticated (see [`AuthState::writes_paused`]).
     Retry,
     /// Treat it as an ordinary rejection.
@@ -175,7 +175,7 @@ pub enum WriteAction {
 
 /// NIP-42 state of one connection.
 #[derive(Debug, Clone)]
-pub struct AuthState {
+pub(crate) struct AuthState {
     has_key: bool,
     limits: AuthLimits,
     phase: AuthPhase,
@@ -188,7 +188,7 @@ pub struct AuthState {
 
 impl AuthState {
     /// A fresh connection's state; `has_key` says whether a key is configured.
-    pub fn new(has_key: bool, limits: AuthLimits) -> AuthState {
+    pub(crate) fn new(has_key: bool, limits: AuthLimits) -> AuthState {
         AuthState {
             has_key,
             limits,
@@ -200,37 +200,42 @@ impl AuthState {
     }
 
     /// Whether a key is configured.
-    pub fn has_key(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_key(&self) -> bool {
         self.has_key
     }
 
     /// The phase.
-    pub fn phase(&self) -> &AuthPhase {
+    #[cfg(test)]
+    pub(crate) fn phase(&self) -> &AuthPhase {
         &self.phase
     }
 
     /// True once the relay accepted our AUTH event.
-    pub fn is_authenticated(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_authenticated(&self) -> bool {
         self.phase == AuthPhase::Authenticated
     }
 
     /// True once authentication failed on this connection.
-    pub fn has_failed(&self) -> bool {
+    pub(crate) fn has_failed(&self) -> bool {
         self.phase == AuthPhase::Failed
     }
 
     /// The last challenge received.
-    pub fn challenge(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn challenge(&self) -> Option<&str> {
         self.challenge.as_deref()
     }
 
     /// Subscriptions held now.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
         self.held.len()
     }
 
     /// A challenge arrived.
-    pub fn on_challenge(&mut self, challenge: &str, _now: Time) -> OnChallenge {
+    pub(crate) fn on_challenge(&mut self, challenge: &str, _now: Time) -> OnChallenge {
         if !self.has_key {
             return OnChallenge::Ignore(IgnoreReason::NoKey);
         }
@@ -253,7 +258,7 @@ impl AuthState {
     }
 
     /// The caller sent the AUTH event `event_id` for the last challenge.
-    pub fn auth_sent(&mut self, event_id: EventId, now: Time) {
+    pub(crate) fn auth_sent(&mut self, event_id: EventId, now: Time) {
         self.phase = AuthPhase::Pending {
             event_id,
             deadline: now.plus(self.limits.ok_timeout),
@@ -262,7 +267,7 @@ impl AuthState {
     }
 
     /// Signing failed (not expected with a local key): give up on this connection.
-    pub fn sign_failed(&mut self) -> Vec<Held> {
+    pub(crate) fn sign_failed(&mut self) -> Vec<Held> {
         self.fail()
     }
 
@@ -274,7 +279,7 @@ impl AuthState {
 
     /// An `OK` arrived. `None` when it is not about our pending AUTH event (the caller
     /// handles it as usual).
-    pub fn on_ok(
+    pub(crate) fn on_ok(
         &mut self,
         event_id: &EventId,
         accepted: bool,
@@ -298,7 +303,7 @@ impl AuthState {
     }
 
     /// A `CLOSED` arrived for `sub_id`.
-    pub fn on_closed(&mut self, sub_id: &str, message: &str, now: Time) -> ClosedAction {
+    pub(crate) fn on_closed(&mut self, sub_id: &str, message: &str, now: Time) -> ClosedAction {
         if !self.has_key || Prefix::of(message) != Prefix::AuthRequired {
             return ClosedAction::Report;
         }
@@ -322,14 +327,14 @@ impl AuthState {
     }
 
     /// We closed `sub_id` ourselves: it is no longer held. True if it was.
-    pub fn forget(&mut self, sub_id: &str) -> bool {
+    pub(crate) fn forget(&mut self, sub_id: &str) -> bool {
         let before = self.held.len();
         self.held.retain(|h| h.sub_id != sub_id);
         self.held.len() != before
     }
 
     /// A write was answered `OK false "auth-required: …"`.
-    pub fn on_write_auth_required(&mut self, now: Time) -> WriteAction {
+    pub(crate) fn on_write_auth_required(&mut self, now: Time) -> WriteAction {
         if !self.has_key {
             return WriteAction::Reject;
         }
@@ -347,7 +352,7 @@ impl AuthState {
 
     /// True while writes should wait: an AUTH event awaits its `OK`, or a write was refused
     /// and a challenge is awaited.
-    pub fn writes_paused(&self) -> bool {
+    pub(crate) fn writes_paused(&self) -> bool {
         match self.phase {
             AuthPhase::Pending { .. } => true,
             AuthPhase::Idle => self.writes_waiting.is_some(),
@@ -356,7 +361,7 @@ impl AuthState {
     }
 
     /// The earliest deadline, if any.
-    pub fn poll_timeout(&self) -> Option<Time> {
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
         match self.phase {
             AuthPhase::Pending { deadline, .. } => Some(deadline),
             AuthPhase::Idle => {
@@ -375,7 +380,7 @@ impl AuthState {
     /// No `OK` for our AUTH event in time → failed (everything held is released). Without a
     /// challenge: held subscriptions whose wait is over are released; a write wait that is
     /// over means failed (later refusals are rejections).
-    pub fn handle_timeout(&mut self, now: Time) -> Vec<Held> {
+    pub(crate) fn handle_timeout(&mut self, now: Time) -> Vec<Held> {
         match self.phase {
             AuthPhase::Pending { deadline, .. } if deadline <= now => self.fail(),
             AuthPhase::Idle => {

@@ -103,6 +103,7 @@ pub struct RecentIds {
 
 impl RecentIds {
     /// An empty set that keeps at most `capacity` ids (at least 1).
+    #[must_use]
     pub fn new(capacity: usize) -> RecentIds {
         RecentIds {
             set: IdSet::default(),
@@ -322,6 +323,7 @@ impl Default for VerifiedSet {
 
 impl VerifiedSet {
     /// An empty set that keeps about `capacity` events (at least one per shard).
+    #[must_use]
     pub fn new(capacity: usize) -> VerifiedSet {
         VerifiedSet::with_shards(capacity, VERIFIED_SHARDS)
     }

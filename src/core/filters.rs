@@ -20,10 +20,10 @@ use crate::core::nip34::{
 };
 
 /// How many repo refs or root ids go into one Layer-2/3 filter.
-pub const CHUNK_SIZE: usize = 100;
+pub(crate) const CHUNK_SIZE: usize = 100;
 
 /// Layer 1: announcements and maintainer/state events, optionally since a time.
-pub fn build_announcement_filter(since: Option<Timestamp>) -> Filter {
+pub(crate) fn build_announcement_filter(since: Option<Timestamp>) -> Filter {
     let f = Filter::new().kinds([
         Kind::Custom(KIND_REPO_ANNOUNCEMENT),
         Kind::Custom(KIND_REPO_STATE),
@@ -53,7 +53,7 @@ fn tag_filters(
 }
 
 /// Layer 2: events tagging one of `repos` with `a`, `A` or `q`; three filters per 100 refs.
-pub fn tagged_one_of_our_repo_event_filters(
+pub(crate) fn tagged_one_of_our_repo_event_filters(
     repos: &HashSet<RepoRef>,
     since: Option<Timestamp>,
 ) -> Vec<Filter> {
@@ -72,7 +72,7 @@ pub fn tagged_one_of_our_repo_event_filters(
 
 /// Layer 3: events tagging one of `root_events` with `e`, `E` or `q` (lower-case hex ids);
 /// three filters per 100 ids.
-pub fn tagged_one_of_our_root_event_filters(
+pub(crate) fn tagged_one_of_our_root_event_filters(
     root_events: &HashSet<EventId>,
     since: Option<Timestamp>,
 ) -> Vec<Filter> {
@@ -90,7 +90,7 @@ pub fn tagged_one_of_our_root_event_filters(
 }
 
 /// Layers 2 and 3 together (never Layer 1).
-pub fn build_layer2_and_layer3_filters(
+pub(crate) fn build_layer2_and_layer3_filters(
     repos: &HashSet<RepoRef>,
     root_events: &HashSet<EventId>,
     since: Option<Timestamp>,
@@ -102,7 +102,7 @@ pub fn build_layer2_and_layer3_filters(
 
 /// The self-subscription on the own relay: announcements and root events.
 /// 30618 is deliberately absent (it is only pulled from remote relays).
-pub fn self_subscription_filter(since: Option<Timestamp>) -> Filter {
+pub(crate) fn self_subscription_filter(since: Option<Timestamp>) -> Filter {
     let f = Filter::new().kinds([
         Kind::Custom(KIND_REPO_ANNOUNCEMENT),
         Kind::Custom(KIND_PATCH),

@@ -170,6 +170,7 @@ pub struct ForwardQueue {
 
 impl ForwardQueue {
     /// An empty queue.
+    #[must_use]
     pub fn new(limits: ForwardLimits) -> ForwardQueue {
         ForwardQueue {
             limits,
@@ -266,6 +267,7 @@ impl ForwardQueue {
     }
 
     /// The next event to send now, if the in-flight window and any rate-limit pause allow.
+    #[must_use]
     pub fn poll_send(&mut self, now: Time) -> Option<(EventId, Arc<str>)> {
         self.refill();
         if let Some(until) = self.paused_until {
@@ -447,6 +449,7 @@ impl ForwardQueue {
     }
 
     /// The earliest deadline (OK timeout or end of a pause).
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         let ok = self.in_flight.values().map(|f| f.deadline).min();
         match (ok, self.paused_until) {
@@ -607,7 +610,7 @@ mod tests {
         let t = Time::from_secs(0);
         let mut q = ForwardQueue::new(limits());
         q.offer(id(1), raw(1));
-        q.poll_send(t);
+        let _ = q.poll_send(t);
         assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyStored);
         // A reconciliation found the own relay without it: queued and sent again.
@@ -623,7 +626,7 @@ mod tests {
         let t = Time::from_secs(0);
         let mut q = ForwardQueue::new(limits());
         q.offer(id(1), tagged(1, 1621, &[["a", "30617:pk:r"]]));
-        q.poll_send(t);
+        let _ = q.poll_send(t);
         assert_eq!(
             q.on_ok(id(1), false, Prefix::of("blocked: unknown repo"), t),
             OkOutcome::Rejected(Prefix::Blocked)
@@ -657,7 +660,7 @@ mod tests {
         for (i, raw) in events.iter().enumerate() {
             let b = i as u8 + 1;
             q.offer(id(b), raw.clone());
-            q.poll_send(t);
+            let _ = q.poll_send(t);
             q.on_ok(id(b), false, Prefix::of("blocked: unknown repository"), t);
         }
         assert_eq!(q.rejected_kept(), 6);
@@ -670,7 +673,7 @@ mod tests {
         assert!(!q.is_idle());
         let (first, _) = q.poll_send(t).unwrap();
         q.on_ok(first, true, Prefix::Other, t);
-        q.poll_send(t);
+        let _ = q.poll_send(t);
         assert_eq!(q.retrying(), 0, "refilled as room freed up");
         // A root event linked: the reply to it (upper-case E, any hex case).
         assert_eq!(q.retry_rejected(&HashSet::from([root])), 1);
@@ -682,7 +685,7 @@ mod tests {
         let mut q = ForwardQueue::new(limits());
         for b in 1..=3 {
             q.offer(id(b), raw(b));
-            q.poll_send(t);
+            let _ = q.poll_send(t);
             q.on_ok(id(b), false, Prefix::of("blocked:"), t);
         }
         assert_eq!(q.rejected_kept(), 2);
@@ -693,7 +696,7 @@ mod tests {
         });
         for b in 1..=3 {
             small.offer(id(b), raw(b));
-            small.poll_send(t);
+            let _ = small.poll_send(t);
             small.on_ok(id(b), false, Prefix::of("blocked:"), t);
         }
         assert_eq!(small.rejected_kept(), 2, "each raw is 8 bytes");
@@ -703,7 +706,7 @@ mod tests {
         });
         for b in 1..=3 {
             tagged_small.offer(id(b), tagged(b, 1621, &[["a", "30617:pk:r"]]));
-            tagged_small.poll_send(t);
+            let _ = tagged_small.poll_send(t);
             tagged_small.on_ok(id(b), false, Prefix::of("blocked:"), t);
         }
         assert_eq!(tagged_small.retry_rejected(&everything()), 2);
@@ -715,8 +718,8 @@ mod tests {
         let mut q = ForwardQueue::new(limits());
         q.offer(id(1), raw(1));
         q.offer(id(2), raw(2));
-        q.poll_send(t);
-        q.poll_send(t);
+        let _ = q.poll_send(t);
+        let _ = q.poll_send(t);
         assert_eq!(q.poll_timeout(), Some(t.plus(Duration::from_secs(10))));
         q.handle_timeout(t.plus(Duration::from_secs(10)));
         assert_eq!(q.backlog(), 2);
@@ -748,7 +751,7 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(1), "sent first again");
         assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         // Without authentication under way the caller uses on_ok: a rejection.
-        q.poll_send(t);
+        let _ = q.poll_send(t);
         assert_eq!(
             q.on_ok(id(2), false, Prefix::of("auth-required: who are you"), t),
             OkOutcome::Rejected(Prefix::AuthRequired)

@@ -50,7 +50,7 @@ pub enum HealthState {
 
 /// Failure history of one relay.
 #[derive(Debug, Clone, Default)]
-pub struct Health {
+pub(crate) struct Health {
     failures: u32,
     failing_since: Option<Time>,
     connected_at: Option<Time>,
@@ -58,12 +58,12 @@ pub struct Health {
 
 impl Health {
     /// Records a successful connect at `now`.
-    pub fn record_success(&mut self, now: Time) {
+    pub(crate) fn record_success(&mut self, now: Time) {
         self.connected_at = Some(now);
     }
 
     /// Records a failed connect attempt or a lost connection at `now`.
-    pub fn record_failure(&mut self, now: Time, policy: &BackoffPolicy) {
+    pub(crate) fn record_failure(&mut self, now: Time, policy: &BackoffPolicy) {
         if let Some(up) = self.connected_at.take() {
             if now.since(up) >= policy.stability {
                 // The connection was stable: this is a new failure streak.
@@ -78,12 +78,12 @@ impl Health {
     }
 
     /// Consecutive failures since the last stable connection.
-    pub fn failures(&self) -> u32 {
+    pub(crate) fn failures(&self) -> u32 {
         self.failures
     }
 
     /// The health state at `now`.
-    pub fn state(&self, now: Time, policy: &BackoffPolicy) -> HealthState {
+    pub(crate) fn state(&self, now: Time, policy: &BackoffPolicy) -> HealthState {
         if let Some(up) = self.connected_at {
             if now.since(up) >= policy.stability || self.failures == 0 {
                 return HealthState::Healthy;
@@ -97,7 +97,7 @@ impl Health {
     }
 
     /// The delay before the next attempt, before jitter.
-    pub fn base_delay(&self, now: Time, policy: &BackoffPolicy) -> Duration {
+    pub(crate) fn base_delay(&self, now: Time, policy: &BackoffPolicy) -> Duration {
         if self.state(now, policy) == HealthState::Dead {
             return policy.dead_retry;
         }
@@ -111,7 +111,7 @@ impl Health {
 
     /// The time of the next attempt: `now + base_delay ± 25 %` (`unit` in [0,1) from the
     /// caller's random source). A Dead relay gets no jitter shorter than `dead_retry`.
-    pub fn next_attempt(&self, now: Time, policy: &BackoffPolicy, unit: f64) -> Time {
+    pub(crate) fn next_attempt(&self, now: Time, policy: &BackoffPolicy, unit: f64) -> Time {
         let d = self.base_delay(now, policy);
         if self.state(now, policy) == HealthState::Dead {
             return now.plus(d.mul_f64(1.0 + 0.1 * unit));
@@ -123,11 +123,11 @@ impl Health {
 /// A small deterministic random source (xorshift64*), seeded by the engine, so the pure core
 /// has jitter and random daily delays without reading any global state.
 #[derive(Debug, Clone)]
-pub struct Jitter(u64);
+pub(crate) struct Jitter(u64);
 
 impl Jitter {
     /// A source seeded with `seed` (0 is replaced by a fixed non-zero constant).
-    pub fn new(seed: u64) -> Jitter {
+    pub(crate) fn new(seed: u64) -> Jitter {
         Jitter(if seed == 0 {
             0x9E37_79B9_7F4A_7C15
         } else {
@@ -136,7 +136,7 @@ impl Jitter {
     }
 
     /// A number in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;

@@ -33,6 +33,7 @@ pub struct Keepalive {
 
 impl Keepalive {
     /// Starts counting at `now` (the connect time).
+    #[must_use]
     pub fn new(now: Time, interval: Duration, pong_timeout: Duration) -> Keepalive {
         Keepalive {
             interval,
@@ -97,6 +98,7 @@ impl Keepalive {
 impl Keepalive {
     /// The earliest time [`Keepalive::poll`] has something to do: the next ping, or the pong
     /// deadline of the last one.
+    #[must_use]
     pub fn poll_timeout(&self) -> Time {
         let ping = self.last_ping.plus(self.interval);
         match self.awaiting_since {

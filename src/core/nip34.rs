@@ -6,7 +6,7 @@
 use log::debug;
 use nostr::event::{Event, EventId, Kind};
 
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 /// Kind of a repository announcement.
 pub const KIND_REPO_ANNOUNCEMENT: u16 = 30617;

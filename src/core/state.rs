@@ -13,7 +13,7 @@ use nostr::message::SubscriptionId;
 
 use crate::core::nip34::RepoRef;
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 /// What one repository needs: the relays its announcement lists and its root events.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

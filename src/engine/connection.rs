@@ -47,11 +47,11 @@ use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
-use crate::shared::refusal::Refusal;
-use crate::shared::url::RelayUrl;
+use crate::shared::Refusal;
+use crate::shared::RelayUrl;
 
 /// Stack of a relay thread. It handles frames and checks events; connects and the NIP-11
-/// request run on the connect pool ([`crate::net::pool`]).
+/// request run on the connect pool (`net::pool`).
 pub const RELAY_STACK: usize = 256 * 1024;
 
 /// Where a connection's events go.

@@ -27,7 +27,7 @@ use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::AddressPolicy;
 use crate::net::ws::SocketWaker;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 struct RelayThread {
     control: Sender<Control>,
@@ -52,7 +52,7 @@ const MAX_WAIT: Duration = Duration::from_secs(2);
 const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
-pub fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
+pub(super) fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
     config
         .own_auth_keys
         .clone()
@@ -60,7 +60,7 @@ pub fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
 }
 
 /// Starts the forwarder thread.
-pub fn spawn_forwarder(f: &Forwarder) -> std::io::Result<JoinHandle<()>> {
+pub(super) fn spawn_forwarder(f: &Forwarder) -> std::io::Result<JoinHandle<()>> {
     let f = f.clone();
     std::thread::Builder::new()
         .name("forwarder".into())
@@ -68,7 +68,7 @@ pub fn spawn_forwarder(f: &Forwarder) -> std::io::Result<JoinHandle<()>> {
 }
 
 /// The coordinator's state besides the machine.
-pub struct Coordinator {
+pub(super) struct Coordinator {
     /// The sync machine, shared read-only with status readers.
     pub machine: Arc<RwLock<SyncMachine>>,
     /// Reports in.
@@ -104,7 +104,7 @@ pub struct Coordinator {
 impl Coordinator {
     /// Runs until an `Input::Shutdown`; then stops every relay thread and joins them until
     /// `deadline`. Returns the names of threads that did not end in time.
-    pub fn run(mut self) -> Vec<String> {
+    pub(super) fn run(mut self) -> Vec<String> {
         let clock = self.config.clock.clone();
         let mut threads: HashMap<RelayUrl, RelayThread> = HashMap::new();
         let mut retired: Vec<(String, JoinHandle<()>)> = Vec::new();

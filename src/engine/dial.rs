@@ -11,8 +11,8 @@ use crate::net::nip11;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::pool;
 use crate::net::ws::{self, Socket, WsOptions};
-use crate::shared::refusal::Refusal;
-use crate::shared::url::RelayUrl;
+use crate::shared::Refusal;
+use crate::shared::RelayUrl;
 
 /// What a connect needs to know of its relay.
 pub(crate) struct Dial {

@@ -39,7 +39,7 @@ use crate::engine::connection::write_text;
 use crate::engine::metrics::{ByteAdmission, Metrics};
 use crate::engine::Input;
 use crate::net::ws::{self, WsOptions};
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 /// A checked event on its way into the own relay.
 #[derive(Debug)]

@@ -9,8 +9,8 @@ use parking_lot::RwLock;
 use crate::core::forward::{admits, ForwardLimits};
 use crate::core::relay_text::Prefix;
 use crate::core::session::SessionCounters;
-use crate::shared::refusal::Refusal;
-use crate::shared::url::RelayUrl;
+use crate::shared::Refusal;
+use crate::shared::RelayUrl;
 
 /// Counters of one connection (a remote relay, or the own relay's self-subscription).
 #[derive(Debug, Default)]

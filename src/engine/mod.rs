@@ -2,7 +2,7 @@
 //! included), and the forwarder. [`start`] wires them up and returns a [`SyncHandle`].
 
 pub mod connection;
-pub mod coordinator;
+mod coordinator;
 mod dial;
 pub mod forwarder;
 pub mod metrics;
@@ -17,16 +17,16 @@ use crossbeam_channel::{bounded, unbounded, Sender};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
-use crate::core::actions::{RepoScope, TargetReport};
 use crate::core::dedup::ForwardGate;
 use crate::core::health::HealthState;
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Report, SyncMachine};
+use crate::core::targets::{RepoScope, TargetReport};
 use crate::engine::coordinator::Coordinator;
 use crate::engine::forwarder::Forwarder;
 use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::error::Error;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 /// What the coordinator receives.
 #[derive(Debug)]

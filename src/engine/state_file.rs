@@ -765,7 +765,7 @@ mod tests {
     fn after_a_lost_forwarder_no_relay_is_saved() {
         use crate::core::sync::SyncConfig;
         use crate::core::time::ManualClock;
-        use crate::shared::url::RelayUrl;
+        use crate::shared::RelayUrl;
         let d = dir("forwarder");
         let now = Time::from_millis(snapshot().taken_at_ms + 60_000);
         let clock = Arc::new(ManualClock::new(now));
@@ -825,7 +825,7 @@ mod tests {
         let other = d.join("unrelated");
         fs::write(&other, "x").unwrap();
         let mut m = SyncMachine::new(crate::core::sync::SyncConfig::new(
-            crate::shared::url::RelayUrl::parse("ws://own").unwrap(),
+            crate::shared::RelayUrl::parse("ws://own").unwrap(),
         ));
         let counters = StateCounters::default();
         load_into(&d, "ws://own", "c", &mut m, Time::from_secs(1), &counters);

@@ -24,9 +24,9 @@ use crossbeam_channel::{Receiver, Select, TryRecvError};
 use log::debug;
 
 /// Bytes the pump reads at most at once.
-pub const CHUNK_SIZE: usize = 16 * 1024;
+pub(crate) const CHUNK_SIZE: usize = 16 * 1024;
 /// Chunks waiting for the owner at most.
-pub const CHUNKS: usize = 16;
+pub(crate) const CHUNKS: usize = 16;
 /// Stack of a pump thread (it only reads and sends).
 const PUMP_STACK: usize = 64 * 1024;
 

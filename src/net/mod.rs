@@ -1,8 +1,8 @@
 //! Networking: the address policy and the blocking websocket connector.
 
-pub mod inbound;
+pub(crate) mod inbound;
 pub mod nip11;
 pub mod policy;
-pub mod pool;
+pub(crate) mod pool;
 pub mod tls;
 pub mod ws;

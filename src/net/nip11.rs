@@ -21,9 +21,9 @@ use log::{debug, trace};
 use serde_json::Value;
 
 use crate::net::ws::{connect_tcp_checked, tls_config, AddrCheck, ConnectError};
-use crate::shared::limits::RelayLimits;
-use crate::shared::refusal::Refusal;
-use crate::shared::url::RelayUrl;
+use crate::shared::Refusal;
+use crate::shared::RelayLimits;
+use crate::shared::RelayUrl;
 
 /// Largest numeric limit believed; anything above is treated as absent.
 const MAX_PLAUSIBLE: u64 = 1_000_000_000;

@@ -21,8 +21,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::shared::refusal::{AddressKind, Refusal};
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
+use crate::shared::{AddressKind, Refusal};
 
 /// Why an address is not public, or `None` for a public unicast address.
 ///

@@ -24,13 +24,13 @@ use log::debug;
 
 /// Worker threads of the process-wide pool ([`connect_pool`]): connects running at once
 /// beyond this wait up to their patience, then get a thread of their own.
-pub const CONNECT_POOL_SIZE: usize = 16;
+pub(crate) const CONNECT_POOL_SIZE: usize = 16;
 
 /// Stack of a pool worker (and of a job run on its own thread).
-pub const CONNECT_THREAD_STACK: usize = 256 * 1024;
+pub(crate) const CONNECT_THREAD_STACK: usize = 256 * 1024;
 
 /// A worker without a job this long ends (its stack goes back to glibc's cache).
-pub const WORKER_IDLE_EXIT: Duration = Duration::from_secs(300);
+pub(crate) const WORKER_IDLE_EXIT: Duration = Duration::from_secs(300);
 
 /// A job; it calls its argument right before it hands its answer over (a worker counts
 /// itself idle then, so a caller's next job finds it free).
@@ -67,7 +67,7 @@ struct State {
 
 /// Why [`ConnectPool::run`] could not run a job.
 #[derive(Debug)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// No worker was free and no thread of its own could be started.
     NoThread(std::io::Error),
     /// The job's thread ended without an answer (cannot happen short of an abort).
@@ -87,7 +87,7 @@ impl std::error::Error for RunError {}
 
 /// At most `size` long-lived threads running blocking jobs (connects, NIP-11 requests) for
 /// callers that wait for the answer. See the [module documentation](self).
-pub struct ConnectPool {
+pub(crate) struct ConnectPool {
     size: usize,
     stack: usize,
     name: String,
@@ -108,7 +108,7 @@ impl std::fmt::Debug for ConnectPool {
 }
 
 /// The process-wide pool every relay thread's connect and NIP-11 request run on.
-pub fn connect_pool() -> &'static ConnectPool {
+pub(crate) fn connect_pool() -> &'static ConnectPool {
     static POOL: OnceLock<ConnectPool> = OnceLock::new();
     POOL.get_or_init(|| {
         ConnectPool::new(
@@ -121,7 +121,7 @@ pub fn connect_pool() -> &'static ConnectPool {
 }
 
 /// Time left until `deadline` (zero once it passed).
-pub fn remaining(deadline: Instant) -> Duration {
+pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
@@ -132,7 +132,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl ConnectPool {
     /// A pool of at most `size` (at least 1) threads named `name` with `stack` bytes of stack;
     /// a worker ends after `idle_exit` without a job. No thread starts before the first job.
-    pub fn new(size: usize, stack: usize, name: &str, idle_exit: Duration) -> ConnectPool {
+    pub(crate) fn new(size: usize, stack: usize, name: &str, idle_exit: Duration) -> ConnectPool {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
         ConnectPool {
             size: size.max(1),
@@ -146,18 +146,21 @@ impl ConnectPool {
     }
 
     /// Worker threads alive now.
-    pub fn workers(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn workers(&self) -> usize {
         lock(&self.state).workers
     }
 
     /// The most worker threads that were ever alive at once (never above the pool's size).
-    pub fn peak_workers(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn peak_workers(&self) -> usize {
         lock(&self.state).peak_workers
     }
 
     /// Jobs that ran on a thread of their own because no worker took them within their
     /// patience (or none could be started).
-    pub fn overflowed(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn overflowed(&self) -> u64 {
         lock(&self.state).overflowed
     }
 
@@ -166,7 +169,7 @@ impl ConnectPool {
     /// `patience` after the call (plus the time to start a thread). A panic in `f` is resumed
     /// in the caller; the worker lives on. `f` must bound its own running time (every
     /// connect has a deadline): the caller waits for it.
-    pub fn run<T: Send + 'static>(
+    pub(crate) fn run<T: Send + 'static>(
         &self,
         patience: Duration,
         f: impl FnOnce() -> T + Send + 'static,

@@ -22,8 +22,8 @@ use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Connector, WebSocket};
 
 use crate::net::inbound::Inbound;
-use crate::shared::refusal::Refusal;
-use crate::shared::url::RelayUrl;
+use crate::shared::Refusal;
+use crate::shared::RelayUrl;
 
 /// A websocket to a relay.
 pub type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
@@ -607,14 +607,14 @@ fn stream_of(socket: &Socket) -> &DeadlineStream {
     }
 }
 
-/// Moves the socket's reads to a helper thread named `name` ([`Inbound`]): from now on
+/// Moves the socket's reads to a helper thread named `name` (`Inbound`): from now on
 /// `socket.read()` never blocks (a websocket read with nothing complete fails with
 /// `WouldBlock`, which [`is_timeout`] accepts), and [`inbound`] gives what to wait on
 /// together with the caller's channels, so input and channel items are both handled the
 /// moment they arrive. Writes are unchanged (blocking, with the write timeout). TLS works
 /// alike: the helper moves encrypted bytes, rustls stays in the caller's thread. The read
 /// timeout ([`set_tick`]) no longer applies. The helper waits `linger` after each read that
-/// drained the socket ([`Inbound::start_lingering`]; zero: never). Idempotent.
+/// drained the socket (`Inbound::start_lingering`; zero: never). Idempotent.
 pub fn read_on_helper_thread(
     socket: &mut Socket,
     name: String,

@@ -4,10 +4,10 @@
 //! A leaf: it imports nothing from the rest of the crate, so `core` (the sans-IO decisions)
 //! and `net` (sockets) can both use it without depending on each other.
 
-pub mod limits;
-pub mod refusal;
-pub mod url;
+mod limits;
+mod refusal;
+mod url;
 
 pub use limits::RelayLimits;
 pub use refusal::{AddressKind, Refusal};
-pub use url::RelayUrl;
+pub use url::{RelayUrl, UrlError};

@@ -48,8 +48,8 @@ use crate::core::message::{
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
 use crate::core::time::Time;
-use crate::shared::limits::RelayLimits;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayLimits;
+use crate::shared::RelayUrl;
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;
@@ -496,7 +496,7 @@ impl RelaySession {
 
     /// The engine refused to connect (address policy): reported; the coordinator then
     /// forgets the relay.
-    pub fn on_refused(&mut self, generation: u64, reason: crate::shared::refusal::Refusal) {
+    pub fn on_refused(&mut self, generation: u64, reason: crate::shared::Refusal) {
         self.reports.push_back(Report::Refused {
             relay: self.config.url.clone(),
             generation,

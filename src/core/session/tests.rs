@@ -792,7 +792,7 @@ fn a_refusal_is_reported_and_not_counted_as_a_disconnect() {
     let mut s = RelaySession::new(config(SessionRole::Remote, None));
     s.on_refused(
         4,
-        crate::shared::refusal::Refusal::Denied {
+        crate::shared::Refusal::Denied {
             pattern: "*.example".into(),
         },
     );

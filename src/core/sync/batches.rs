@@ -8,14 +8,14 @@ use nostr::event::EventId;
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::actions::{compute_actions_for, machine_policy, AddFilters};
 use crate::core::filters::build_layer2_and_layer3_filters;
 use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
 };
+use crate::core::targets::{compute_actions_for, machine_policy, AddFilters};
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{unbatched_loading, Command, Link, SubPurpose, SyncMachine};
@@ -34,7 +34,7 @@ impl SyncMachine {
     }
 
     /// [`Self::reselect`] after the relay sets of `repos` changed, in proportion to the
-    /// change ([`crate::core::actions::Plan::reselect_repos`]).
+    /// change ([`crate::core::targets::Plan::reselect_repos`]).
     pub(super) fn reselect_repos(&mut self, repos: &[crate::core::nip34::RepoRef]) {
         let policy = machine_policy(&self.excluded, &self.config);
         let changed = self
@@ -47,7 +47,7 @@ impl SyncMachine {
     pub(super) fn check_plan(&self) {
         #[cfg(debug_assertions)]
         {
-            let fresh = crate::core::actions::machine_targets(
+            let fresh = crate::core::targets::machine_targets(
                 &self.repo_index,
                 &self.excluded,
                 &self.config,

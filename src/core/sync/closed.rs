@@ -5,7 +5,7 @@ use nostr::message::SubscriptionId;
 
 use crate::core::relay_text::{classify_notice, ClosedReason, NoticeKind, Prefix};
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{history_since, live_only, SubPurpose, SyncMachine};

@@ -9,7 +9,7 @@ use nostr::message::SubscriptionId;
 use crate::core::filters::{build_layer2_and_layer3_filters, CHUNK_SIZE};
 use crate::core::state::{ConnectionStatus, PendingItems};
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{history_since, live_only, Command, SubPurpose, SyncMachine};

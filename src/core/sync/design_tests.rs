@@ -25,7 +25,7 @@ use crate::core::filters::{
 use crate::core::health::HealthState;
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Report, SubPurpose, SyncConfig};
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 const OWN: &str = "ws://own.example";
 const A: &str = "ws://a.example";

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::world::{announcement, World};
 use super::{Nip77Support, Report};
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 const OWN: &str = "ws://own.example";
 const A: &str = "ws://a.example";
@@ -64,7 +64,7 @@ fn a_refused_and_an_idle_relay_leave_no_trace_and_the_same_state() {
         Report::Refused {
             relay: a(),
             generation,
-            reason: crate::shared::refusal::Refusal::Denied {
+            reason: crate::shared::Refusal::Denied {
                 pattern: "test".into(),
             },
         },
@@ -118,7 +118,7 @@ fn a_relay_refused_in_the_middle_of_a_sync_leaves_no_timer_behind() {
         Report::Refused {
             relay: a(),
             generation,
-            reason: crate::shared::refusal::Refusal::Denied {
+            reason: crate::shared::Refusal::Denied {
                 pattern: "test".into(),
             },
         },

@@ -4,7 +4,7 @@ use log::{debug, info, warn};
 
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{Command, SubPurpose, SyncMachine};

@@ -12,7 +12,7 @@ use super::world::{announcement, is_l1, issue, keys, reply, repo, World};
 use crate::core::sync::Report;
 use crate::core::sync::MAX_WARNED;
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 const OWN: &str = "ws://own.example";
 const A: &str = "ws://a.example";

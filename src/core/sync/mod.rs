@@ -44,7 +44,6 @@ use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::actions::{Plan, TargetReport};
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::SelfEventMeaning;
 use crate::core::paging::PageStats;
@@ -53,9 +52,10 @@ use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
 };
+use crate::core::targets::{Plan, TargetReport};
 use crate::core::time::Time;
-use crate::shared::limits::RelayLimits;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayLimits;
+use crate::shared::RelayUrl;
 use timers::{Timer, TimerTable};
 
 pub use persist::{
@@ -103,7 +103,7 @@ pub struct SyncConfig {
     /// connection, and relay lists come from announcements anyone can write.
     pub max_relays: usize,
     /// Repository scope, relays per announcing pubkey and per announcement (issue 8).
-    pub target_limits: crate::core::actions::TargetLimits,
+    pub target_limits: crate::core::targets::TargetLimits,
     /// Open subscriptions per relay when NIP-11 does not publish `max_subscriptions`
     /// (default 20).
     pub default_subscription_budget: usize,
@@ -122,13 +122,14 @@ pub struct SyncConfig {
     pub seed: u64,
     /// Only relays of this shard are synced (`--shard I/N`, bootstrap relays included);
     /// `None` syncs every relay.
-    pub shard: Option<crate::core::actions::Shard>,
+    pub shard: Option<crate::core::targets::Shard>,
     /// NIP-77 reconciliation of history queries (issue 11).
     pub nip77: Nip77Config,
 }
 
 impl SyncConfig {
     /// Defaults from the design document for `own_relay`.
+    #[must_use]
     pub fn new(own_relay: RelayUrl) -> SyncConfig {
         SyncConfig {
             own_relay,
@@ -146,7 +147,7 @@ impl SyncConfig {
             daily_max: Duration::from_secs(25 * 3600),
             assumed_page_size: 20,
             max_relays: 1000,
-            target_limits: crate::core::actions::TargetLimits::default(),
+            target_limits: crate::core::targets::TargetLimits::default(),
             default_subscription_budget: 20,
             poll_interval: Duration::from_secs(60),
             rate_limit_cooldown: RATE_LIMIT_COOLDOWN,
@@ -160,6 +161,7 @@ impl SyncConfig {
 
 /// What a connection thread reports.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Report {
     /// The websocket is open.
     Connected {
@@ -282,6 +284,7 @@ pub enum Report {
 
 /// What the engine must do.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Command {
     /// Open a connection (spawning the relay's thread if it has none).
     Connect {
@@ -751,6 +754,7 @@ pub struct SyncMachine {
 
 impl SyncMachine {
     /// A machine with nothing known yet. Call [`SyncMachine::start`] next.
+    #[must_use]
     pub fn new(config: SyncConfig) -> SyncMachine {
         let mut excluded = vec![config.own_relay.clone()];
         for a in &config.own_aliases {
@@ -826,17 +830,19 @@ impl SyncMachine {
     }
 
     /// The next command to carry out.
+    #[must_use]
     pub fn poll_command(&mut self) -> Option<Command> {
         self.commands.pop_front()
     }
 
     /// The earliest time at which [`SyncMachine::handle_timeout`] has work.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         self.timers.next_timeout()
     }
 
     /// Runs every timer that is due at `now`, earliest first (timers due at the same
-    /// moment in [`Timer`] order). A timer that is set again to a due deadline while this
+    /// moment in `Timer` order). A timer that is set again to a due deadline while this
     /// runs waits for the next call, so one call always ends.
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);

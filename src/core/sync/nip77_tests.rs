@@ -11,7 +11,7 @@ use nostr::types::Timestamp;
 
 use super::world::{announcement, keys, repo, FakeRelay, Nip77Mode, World};
 use crate::core::sync::{FallbackReason, Nip77Support, SyncConfig};
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 const OWN: &str = "ws://own.example";
 const A: &str = "ws://a.example";

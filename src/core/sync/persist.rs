@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::filters::build_layer2_and_layer3_filters;
 use crate::core::state::{ConnectionStatus, PendingItems};
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{history_since, is_batch_query, Link, Nip77Support, SubPurpose, SyncMachine};

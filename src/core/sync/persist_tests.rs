@@ -11,7 +11,7 @@ use nostr::types::Timestamp;
 
 use super::world::{announcement, is_l1, issue, keys, reply, repo, World};
 use super::{RelaySnapshot, SyncSnapshot, MAX_RELAY_ITEMS};
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 const OWN: &str = "ws://own.example";
 const A: &str = "ws://a.example";

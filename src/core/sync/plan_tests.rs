@@ -10,12 +10,12 @@ use std::time::Instant;
 
 use nostr::event::EventId;
 
-use crate::core::actions::machine_targets;
 use crate::core::nip34::{Announcement, SelfEventMeaning};
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{SyncConfig, SyncMachine};
+use crate::core::targets::machine_targets;
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 fn url(s: &str) -> RelayUrl {
     RelayUrl::parse(s).unwrap()
@@ -105,7 +105,7 @@ fn plan_timing() {
             let full = machine_targets(&m.repo_index, &m.excluded, &m.config);
             derive = derive.min(ms(t));
             let t = Instant::now();
-            n = crate::core::actions::compute_actions(&full.targets, &m.pending, &m.relays).len();
+            n = crate::core::targets::compute_actions(&full.targets, &m.pending, &m.relays).len();
             compute = compute.min(ms(t));
         }
         let victim = repo_ref(3, 33);

@@ -34,7 +34,7 @@ use crate::core::filters::build_announcement_filter;
 use crate::core::message::escape_for_log;
 use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
 use crate::core::state::ConnectionStatus;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{live_only, Command, SubPurpose, SyncCounters, SyncMachine, MAX_RESUME};

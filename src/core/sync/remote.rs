@@ -14,8 +14,8 @@ use log::{debug, info};
 
 use crate::core::paging::PageLimits;
 use crate::core::state::{PendingBatch, PendingItems, RelayState};
-use crate::shared::limits::RelayLimits;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayLimits;
+use crate::shared::RelayUrl;
 
 use super::persist::Late;
 use super::{Link, Nip77Support, SyncMachine};

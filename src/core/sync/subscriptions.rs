@@ -8,7 +8,7 @@ use crate::core::filters::{build_announcement_filter, build_layer2_and_layer3_fi
 use crate::core::paging::PageLimits;
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{history_since, live_only, Command, SubInfo, SubPurpose, SyncMachine};

@@ -45,8 +45,8 @@ use crate::core::session::{
 use crate::core::sync::reconcile::{hex_decode, hex_encode};
 use crate::core::sync::{Command, Report, SyncConfig, SyncMachine};
 use crate::core::time::Time;
-use crate::shared::limits::RelayLimits;
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayLimits;
+use crate::shared::RelayUrl;
 
 /// How a fake relay answers NEG-OPEN / NEG-MSG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -216,7 +216,7 @@ fn frame3(kind: &str, sub_id: &SubscriptionId, text: &str) -> String {
 
 impl World {
     /// A world whose own relay is `own`; `cfg` adjusts the machine's settings.
-    pub fn new(own: &str, cfg: impl FnOnce(&mut SyncConfig)) -> World {
+    pub(super) fn new(own: &str, cfg: impl FnOnce(&mut SyncConfig)) -> World {
         // `RUST_LOG=grasp_sync=debug cargo test --lib NAME -- --nocapture` shows the machine.
         let _ = env_logger::builder().is_test(true).try_init();
         let own_url = RelayUrl::parse(own).expect("own url");
@@ -238,7 +238,7 @@ impl World {
     }
 
     /// Adds a remote relay.
-    pub fn relay(&mut self, url: &str) -> &mut FakeRelay {
+    pub(super) fn relay(&mut self, url: &str) -> &mut FakeRelay {
         self.relays
             .entry(RelayUrl::parse(url).expect("relay url"))
             .or_default()
@@ -253,18 +253,18 @@ impl World {
     }
 
     /// Starts the machine and runs until nothing more happens now.
-    pub fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         self.m.start(self.now);
         self.pump();
     }
 
     /// The wall-clock second of now, for `created_at`.
-    pub fn secs(&self) -> u64 {
+    pub(super) fn secs(&self) -> u64 {
         self.now.timestamp().as_secs()
     }
 
     /// Carries out every queued command and feeds back every report until quiet.
-    pub fn pump(&mut self) {
+    pub(super) fn pump(&mut self) {
         for _ in 0..1_000_000 {
             if let Some(r) = self.reports.pop_front() {
                 self.m.handle_report(r, self.now);
@@ -279,7 +279,7 @@ impl World {
     }
 
     /// Moves simulated time forward by `d`, firing every timer on the way.
-    pub fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         let end = self.now.plus(d);
         while let Some(t) = self.next_timeout() {
             if t > end {
@@ -327,7 +327,7 @@ impl World {
     /// The process restarts: every connection is gone, `down` passes (on both clocks; then
     /// the wall clock is stepped by `wall_step_ms`), and a new machine with the same settings
     /// starts, restored from `state` when given (issue 11). The relays keep their stores.
-    pub fn restart(
+    pub(super) fn restart(
         &mut self,
         down: Duration,
         wall_step_ms: i64,
@@ -355,7 +355,7 @@ impl World {
     }
 
     /// Advances in steps of `step` for `total`, so that periodic work runs as it would.
-    pub fn run_for(&mut self, total: Duration, step: Duration) {
+    pub(super) fn run_for(&mut self, total: Duration, step: Duration) {
         let mut t = Duration::ZERO;
         while t < total {
             self.advance(step);
@@ -686,7 +686,7 @@ impl World {
     /// NEG-CLOSE the machine sent when it ended the session: the relay thread still knew
     /// it). Reported directly: a relay's NEG-MSG for a session never opened on the
     /// connection is dropped by the session itself (`core::session`'s tests).
-    pub fn stray_neg_msg(&mut self, url: &str, sub: &str) {
+    pub(super) fn stray_neg_msg(&mut self, url: &str, sub: &str) {
         let url = RelayUrl::parse(url).expect("url");
         let Some(generation) = self.relays.get(&url).and_then(|f| f.conn) else {
             return;
@@ -769,7 +769,7 @@ impl World {
 
     /// The own relay stores `e` (once) and delivers it to its matching subscriptions; the
     /// machine sees it at the next [`World::pump`].
-    pub fn store_on_own(&mut self, e: &Event) {
+    pub(super) fn store_on_own(&mut self, e: &Event) {
         self.store_on_own_quietly(e);
         self.pump();
     }
@@ -805,7 +805,7 @@ impl World {
 
     /// Publishes `e` on a remote relay: stored, and delivered live to every open subscription
     /// whose filter matches it (`since`/`until` included, as real relays do).
-    pub fn publish(&mut self, relay: &str, e: &Event) {
+    pub(super) fn publish(&mut self, relay: &str, e: &Event) {
         let url = RelayUrl::parse(relay).expect("relay url");
         let f = self.relays.get_mut(&url).expect("known relay");
         f.store.push(e.clone());
@@ -834,7 +834,11 @@ impl World {
     /// the batch's other queries cover its items), and the other queries answer 17 minutes
     /// after that, past the quick-reconnect window; then the world runs for 10 minutes.
     /// Returns the gap event.
-    pub fn late_batch_with_a_gap(&mut self, url: &str, gap: impl FnOnce(u64) -> Event) -> Event {
+    pub(super) fn late_batch_with_a_gap(
+        &mut self,
+        url: &str,
+        gap: impl FnOnce(u64) -> Event,
+    ) -> Event {
         self.release_eose(url);
         self.advance(Duration::from_secs(60));
         let gap = gap(self.secs());
@@ -847,7 +851,7 @@ impl World {
     }
 
     /// Sends the EOSEs held back so far (for subscriptions still open on the same connection).
-    pub fn release_eose(&mut self, url: &str) {
+    pub(super) fn release_eose(&mut self, url: &str) {
         let url = RelayUrl::parse(url).expect("url");
         let Some(f) = self.fake(&url) else {
             return;
@@ -868,7 +872,7 @@ impl World {
 
     /// Sends the EOSEs held back so far of the subscriptions whose filter matches `pred`
     /// (still open on the same connection); the others stay held.
-    pub fn release_eose_where(&mut self, url: &str, pred: impl Fn(&Filter) -> bool) {
+    pub(super) fn release_eose_where(&mut self, url: &str, pred: impl Fn(&Filter) -> bool) {
         let url = RelayUrl::parse(url).expect("url");
         let Some(f) = self.fake(&url) else {
             return;
@@ -890,7 +894,7 @@ impl World {
     }
 
     /// The relay sends `["NOTICE", message]` on its open connection.
-    pub fn notice(&mut self, url: &str, message: &str) {
+    pub(super) fn notice(&mut self, url: &str, message: &str) {
         let url = RelayUrl::parse(url).expect("url");
         if self.fake(&url).is_none_or(|f| f.conn.is_none()) {
             return;
@@ -902,20 +906,20 @@ impl World {
     /// Hands the machine a report no fake relay makes: one from the engine itself
     /// ([`Report::ForwardBackPressure`]), or one of a connection the world cannot
     /// reproduce (a stale generation) to test the machine's own defence against it.
-    pub fn inject(&mut self, report: Report) {
+    pub(super) fn inject(&mut self, report: Report) {
         self.reports.push_back(report);
         self.pump();
     }
 
     /// Drops the relay's connection (the own relay's too, by its URL).
-    pub fn drop(&mut self, url: &str) {
+    pub(super) fn drop(&mut self, url: &str) {
         let url = RelayUrl::parse(url).expect("url");
         self.drop_connection(&url);
         self.pump();
     }
 
     /// The relay closes subscription `sub` with `message`.
-    pub fn close_sub(&mut self, url: &str, sub: &SubscriptionId, message: &str) {
+    pub(super) fn close_sub(&mut self, url: &str, sub: &SubscriptionId, message: &str) {
         let url = RelayUrl::parse(url).expect("url");
         let Some(f) = self.fake(&url) else {
             return;
@@ -928,7 +932,11 @@ impl World {
     }
 
     /// The relay's open subscriptions whose filter matches `pred`.
-    pub fn open_subs(&self, url: &str, pred: impl Fn(&Filter) -> bool) -> Vec<SubscriptionId> {
+    pub(super) fn open_subs(
+        &self,
+        url: &str,
+        pred: impl Fn(&Filter) -> bool,
+    ) -> Vec<SubscriptionId> {
         let url = RelayUrl::parse(url).expect("url");
         let f = if url == self.own_url {
             &self.own
@@ -943,12 +951,12 @@ impl World {
     }
 
     /// Ids stored on the own relay.
-    pub fn own_ids(&self) -> BTreeSet<EventId> {
+    pub(super) fn own_ids(&self) -> BTreeSet<EventId> {
         self.own.store.iter().map(|e| e.id).collect()
     }
 
     /// Asserts that the own relay holds exactly `want` (as a set).
-    pub fn assert_own_holds(&self, want: &[&Event]) {
+    pub(super) fn assert_own_holds(&self, want: &[&Event]) {
         let want: BTreeSet<EventId> = want.iter().map(|e| e.id).collect();
         let have = self.own_ids();
         let missing: Vec<_> = want.difference(&have).collect();

@@ -1,5 +1,7 @@
-//! `derive_relay_targets` and `compute_actions`: the single decision point for new Layer-2/3
-//! subscriptions (a three-way diff: target − pending − confirmed).
+//! Which relays carry which repositories and root events: the repository scope, the quotas
+//! per pubkey and per announcement, `--shard`, the plan cache, and `derive_relay_targets` and
+//! `compute_actions`, the single decision point for new Layer-2/3 subscriptions (a three-way
+//! diff: target − pending − confirmed).
 
 use std::collections::{HashMap, HashSet};
 
@@ -12,7 +14,7 @@ use crate::core::state::{
     ConnectionStatus, PendingSyncIndex, RelaySyncIndex, RelaySyncNeeds, RepoSyncIndex,
     RepoSyncNeeds,
 };
-use crate::shared::url::RelayUrl;
+use crate::shared::RelayUrl;
 
 /// New Layer-2/3 items one relay should start syncing, with their filters (no `since`).
 #[derive(Debug, Clone)]
