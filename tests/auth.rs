@@ -124,7 +124,7 @@ fn own_relay_requiring_auth_for_reads_and_writes_with_a_key_syncs_completely() {
     assert_eq!(own.authenticated_pubkeys(), vec![keys.public_key()]);
     assert!(remote.authenticated_pubkeys().is_empty());
     // The stored count follows the own relay's OKs, which the forwarder reads in batches
-    // (design departure 64): the events can be in the own relay a few ms before it.
+    // (decision 0064): the events can be in the own relay a few ms before it.
     assert!(
         wait_until(WAIT, || h.status().forwarded >= expected.len() as u64),
         "{:#?}",

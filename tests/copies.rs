@@ -1,7 +1,7 @@
 //! Copies of an event are verified once (issue 10): the same event from three relays, from
 //! two overlapping subscriptions and read back from the own relay costs one Schnorr
 //! signature check, over real sockets on 127.0.0.1. A remote relay's copy of an event already
-//! handed to the forwarder is recognised by its id and dropped unparsed (departure 66).
+//! handed to the forwarder is recognised by its id and dropped unparsed (decision 0066).
 //!
 //! The relay threads are driven directly (no coordinator), one after the other, so that
 //! which thread sees an event first is fixed and every count is exact.

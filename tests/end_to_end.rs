@@ -687,7 +687,7 @@ fn shutdown_closes_every_connection() {
 }
 
 /// A relay thread blocked in a long quiet-tick read is woken when the engine stops
-/// (design departure 67): with a quiet tick of 10 minutes, shutdown still ends within its
+/// (decision 0067): with a quiet tick of 10 minutes, shutdown still ends within its
 /// 30 s deadline, and every connection is closed. Without the wake-up the threads would
 /// notice `Shutdown` only at their next tick and the deadline would pass.
 #[test]

@@ -389,7 +389,7 @@ fn frame_piece() -> impl Strategy<Value = String> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
-    /// The relay threads split compact EVENT frames by hand (design departure 64) and parse
+    /// The relay threads split compact EVENT frames by hand (decision 0064) and parse
     /// only the event; whenever the split and the event parse both succeed, the real frame
     /// parser reads the same subscription id and the same event JSON, so a hostile frame
     /// can never mean one thing to the shortcut and another to the parser. Neither panics.
@@ -433,8 +433,8 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
-    /// A copy is recognised by the id its JSON claims, read without parsing (design departure
-    /// 66). Whenever both the reading and the event parse succeed, they name the same id, so a
+    /// A copy is recognised by the id its JSON claims, read without parsing (decision
+    /// 0066). Whenever both the reading and the event parse succeed, they name the same id, so a
     /// relay cannot make the shortcut see one event and the parser another; neither panics.
     #[test]
     fn the_claimed_id_is_the_id_the_parser_reads(

@@ -52,7 +52,7 @@ impl Keepalive {
     /// A frame from the peer at `now`: it proves the peer alive, and unless it is keep-alive
     /// traffic (`keepalive`: a ping, or the pong to our ping every `interval`) it is work that
     /// keeps the connection on its busy tick. A pong counted as work put every quiet
-    /// connection on the busy tick for `idle` after each ping (design departure 67).
+    /// connection on the busy tick for `idle` after each ping (decision 0067).
     pub fn on_frame(&mut self, now: Time, keepalive: bool) {
         self.on_activity();
         if !keepalive {

@@ -142,7 +142,7 @@ impl PagePlan {
 ///
 /// Never trusts the relay further than the checked events (a remote relay's copy of an
 /// event already forwarded counts with the verified event's summary, after the window, kinds
-/// and authors were checked, not its tags: design departure 66): a page that is full only when
+/// and authors were checked, not its tags: decision 0066): a page that is full only when
 /// rejected events are counted, or statistics outside the query's window, make the query
 /// incomplete (never another page). Every follow-up query either ends strictly before the
 /// oldest second received (`until` strictly decreases) or lies inside that one second and

@@ -42,12 +42,12 @@ struct RelayThread {
 /// it may notice a relay thread that ended (`watch`) or a stop flag whose message did not
 /// fit a full channel, and how coarse the state file's snapshot cadence may get. Each wake
 /// walks every link (`SyncMachine::poll_timeout`), so with 1,000 idle relays a shorter wait
-/// shows in idle CPU (design departure 67).
+/// shows in idle CPU (decision 0067).
 const MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// How often the coordinator looks for relay threads that ended: each look visits every
 /// thread's handle, which with 1,000 relays was most of an idle coordinator's CPU when done
-/// at every wake-up (design departure 67). A relay thread that ended is restarted within
+/// at every wake-up (decision 0067). A relay thread that ended is restarted within
 /// this long (plus `MAX_WAIT`); the forwarder is looked at on every turn.
 const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -153,7 +153,7 @@ impl Coordinator {
             }
             let now = clock.now();
             // Without a report the machine is as it was when `wake` was computed: no second
-            // walk over every link (idle CPU with many relays; design departure 67).
+            // walk over every link (idle CPU with many relays; decision 0067).
             let due = if changed {
                 self.machine.read().poll_timeout()
             } else {

@@ -77,17 +77,17 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 const RETRY_WAIT: Duration = Duration::from_millis(50);
 /// How long `OK`s may wait unread while nothing else needs them (events are in flight, none
 /// is waiting to be sent, the window has room): the next event's wake-up reads them, so a
-/// stream of events costs one wake-up per event instead of two (design departure 64).
+/// stream of events costs one wake-up per event instead of two (decision 0064).
 pub const OK_LINGER: Duration = Duration::from_millis(5);
 /// How long events that arrive right after a write wait to go out together with the next
 /// ones: each write to the own relay costs a system call and, on loopback, the own relay's
-/// side of the TCP stack, so a stream of events is written in batches (design departure 64).
+/// side of the TCP stack, so a stream of events is written in batches (decision 0064).
 /// An event that arrives after a quiet moment (longer than this since the last write) is
 /// written at once.
 pub const WRITE_LINGER: Duration = Duration::from_millis(1);
 /// How long the reader of the own relay connection waits after a read that drained the
 /// socket: the own relay answers each event with its own `OK` frame, so a stream of events
-/// would otherwise wake the reader and the forwarder once per event (design departure 66).
+/// would otherwise wake the reader and the forwarder once per event (decision 0066).
 /// The first frame after a quiet moment is passed on at once.
 pub const READ_LINGER: Duration = Duration::from_millis(1);
 /// Frames from the own relay read in one turn before the freed slots are filled.
@@ -322,7 +322,7 @@ impl Forwarder {
     /// True while no events are taken: the queue is full, or was and has not regained
     /// [`ForwardQueue::resume_room`] yet. The relay threads then wait on the full channel and
     /// are resumed together once the own relay answered a batch, instead of one wake-up per
-    /// `OK` (each costs a futex wake here and a wait there; design departure 64).
+    /// `OK` (each costs a futex wake here and a wait there; decision 0064).
     fn intake_paused(&self, queue: &ForwardQueue) -> bool {
         let paused = intake_paused(self.intake_paused.get(), queue);
         self.intake_paused.set(paused);

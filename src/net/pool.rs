@@ -2,7 +2,7 @@
 //!
 //! A connect (DNS wait, TCP, TLS and websocket handshakes) and a NIP-11 request touch tens of
 //! KiB of stack that a relay thread would keep resident for the rest of its life, so they do
-//! not run on the relay thread (design departure 47). They used to run on a short-lived
+//! not run on the relay thread (decision 0047). They used to run on a short-lived
 //! thread each; glibc keeps the stacks of ended threads cached, each with its top 16–20 KiB
 //! resident, so 1,000 relays connecting at once left hundreds of such stacks behind. A
 //! [`ConnectPool`] runs them on at most `size` threads that live on (started on demand, ended

@@ -63,7 +63,7 @@ pub const BURST_READ: usize = 16 * 1024;
 /// frames costs one system call per 16 KiB instead of one per KiB, while the websocket
 /// layer's own buffer stays as small as the cap keeps it. The buffer is freed once a socket
 /// read comes back less than half full and its bytes are handed out, or on a read timeout:
-/// an idle connection holds none (design departure 66).
+/// an idle connection holds none (decision 0066).
 #[derive(Debug)]
 struct Burst {
     buf: Box<[u8]>,
@@ -565,7 +565,7 @@ pub fn tcp_of(socket: &Socket) -> &TcpStream {
 /// clone of its connection's TCP stream while connected ([`SocketWaker::set`]); [`wake`]
 /// shuts its read side down, so a read blocked for up to the quiet tick returns at once (end
 /// of file). Used when the engine stops or forgets a relay: a quiet connection would notice
-/// its `Shutdown` only at its next tick (design departure 67).
+/// its `Shutdown` only at its next tick (decision 0067).
 ///
 /// [`wake`]: SocketWaker::wake
 #[derive(Debug, Clone, Default)]
@@ -844,7 +844,7 @@ mod tests {
 
     /// A burst (reads that come back full) is read 16 KiB per system call and handed out
     /// `max_read` bytes at a time, every byte in order; the burst buffer is gone once the
-    /// peer is quiet, and a trickle of small frames never gets one (design departure 66).
+    /// peer is quiet, and a trickle of small frames never gets one (decision 0066).
     #[test]
     fn a_burst_is_read_in_large_reads_and_handed_out_capped_then_freed() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -222,7 +222,7 @@ impl SyncMachine {
         let over = open > 1 && open + filters.len() > threshold;
         if over && !deferring && self.can_extend_live_set(&relay_url) {
             // The live set stays; the new items get their batch and join it once confirmed
-            // (departure 63): nothing to wait for.
+            // (decision 0063): nothing to wait for.
             self.subscribe_batch(&relay_url, repos, root_events, filters, now);
             return;
         }
@@ -347,7 +347,7 @@ impl SyncMachine {
         let close = match info.purpose {
             SubPurpose::Page { .. } | SubPurpose::CatchUp => true,
             // Over budget: a batch's history query gives its slot back at EOSE; its items
-            // join the live or polled set once it confirms (departure 63), or at the next
+            // join the live or polled set once it confirms (decision 0063), or at the next
             // rebuild when no live set was built on this connection yet.
             SubPurpose::Batch(id) if constrained => {
                 if self
@@ -449,7 +449,7 @@ impl SyncMachine {
         }
         self.note_confirmed(relay, &batch.items, batch.incomplete);
         // Some of its queries were closed at EOSE: its items join the live set (with a
-        // catch-up from that moment) at once when it can be extended (departure 63), else
+        // catch-up from that moment) at once when it can be extended (decision 0063), else
         // at the next rebuild.
         let joins = batch.uncovered_from.is_some()
             && self.link_of(relay).is_some_and(|l| {

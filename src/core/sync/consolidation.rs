@@ -34,7 +34,7 @@ impl SyncMachine {
     /// batch without `since`.
     ///
     /// When the live set can be extended instead ([`SyncMachine::can_extend_live_set`]),
-    /// nothing is closed or rebuilt: the deferred items only get their batch (departure 63).
+    /// nothing is closed or rebuilt: the deferred items only get their batch (decision 0063).
     pub(super) fn run_deferred(&mut self, relay: &RelayUrl, now: Time) {
         let Some(link) = self.link_mut(relay) else {
             return;
@@ -158,7 +158,7 @@ impl SyncMachine {
     }
 
     /// True when new items of `relay` can join its live/polled set without a rebuild
-    /// (departure 63): the relay is connected, its live set was built on this connection
+    /// (decision 0063): the relay is connected, its live set was built on this connection
     /// and does not fit the budget (queries are polled, so new items would be polled
     /// anyway), and nothing waits for a rebuild: no item lost its coverage, no live query
     /// waits for a slot or to be reopened, and the polled queries are not fragmented (at
@@ -185,7 +185,7 @@ impl SyncMachine {
     }
 
     /// The items of a confirmed batch whose queries were closed at EOSE (from `from` on)
-    /// join the live set without a rebuild (departure 63): as live subscriptions (with a
+    /// join the live set without a rebuild (decision 0063): as live subscriptions (with a
     /// catch-up from `from − 15 min`) while the budget has room and nothing is polled, else
     /// merged into the polled queries (into chunks with room first), whose next round reads
     /// from `from − 15 min` at the latest.

@@ -236,7 +236,7 @@ pub enum Report {
     },
     /// EOSE of a [`Command::CollectIds`] query on the own relay, with the `(created_at, id)`
     /// of the events it returned (their signatures are not checked: see
-    /// `docs/design-departures.md` item 52).
+    /// `docs/decisions/0052-the-own-relay-s-side-is-a-paged.md`).
     OwnIds {
         /// Generation of the own relay connection.
         generation: u64,

@@ -46,7 +46,7 @@ pub struct Nip77Config {
     pub enabled: bool,
     /// Also try NIP-77 once (with Layer 1) on relays whose NIP-11 does not list it, and
     /// remember the outcome (default off: a relay that ignores unknown messages delays
-    /// its Layer 1 by `round_timeout`; departure 51).
+    /// its Layer 1 by `round_timeout`; decision 0051).
     pub probe_unadvertised: bool,
     /// How long one negentropy round may wait for the relay's answer (default 30 s).
     pub round_timeout: Duration,
