@@ -6,6 +6,9 @@
 //! keeps the socket, the clock, the blocking hand-overs (to the coordinator and to the
 //! forwarder) and publishing the session's counters.
 //!
+//! The blocking hand-overs (reports to the coordinator, events to the forwarder) are in
+//! `engine/handover.rs`.
+//!
 //! The thread waits for a `Connect` from the coordinator, asks for the relay's NIP-11
 //! document while the session wants it, connects (with a deadline, on the connect pool), then
 //! loops: carry out the coordinator's commands, read one frame with a read timeout (the
@@ -25,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::{debug, trace, warn};
 use nostr::key::Keys;
 use tungstenite::Message;
@@ -33,17 +36,16 @@ use tungstenite::Message;
 use crate::core::auth::AuthLimits;
 use crate::core::dedup::ForwardGate;
 use crate::core::forward::ForwardLimits;
-use crate::core::keepalive::{BlockedPinger, Ticks};
+use crate::core::keepalive::Ticks;
 pub use crate::core::session::{Control, MAX_COLLECTED_IDS, MAX_RELAY_TEXT};
 use crate::core::session::{
     Disconnect, Frame, FrameOutcome, RelaySession, SessionConfig, SessionCounters, SessionRole,
     Transmit, Verified,
 };
-use crate::core::sync::Report;
 use crate::core::time::Clock;
 use crate::engine::dial::Dial;
 use crate::engine::forwarder::ForwardItem;
-use crate::engine::metrics::{ByteAdmission, Metrics, RelayCounters};
+use crate::engine::metrics::{Metrics, RelayCounters};
 use crate::engine::Input;
 use crate::net::policy::{AddressPolicy, UrlVerdict};
 use crate::net::ws::{self, Socket, SocketWaker, WsOptions};
@@ -203,7 +205,7 @@ impl ConnectionThread {
         }
     }
 
-    fn stopping(&self) -> bool {
+    pub(super) fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Relaxed)
     }
 
@@ -222,34 +224,6 @@ impl ConnectionThread {
                 Ok(other) => trace!("{}: dropping {other:?} while disconnected", self.url),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-    }
-
-    /// Hands the session's reports to the coordinator. False when the engine is stopping.
-    fn send_reports(&self, session: &mut RelaySession) -> bool {
-        while let Some(report) = session.poll_report() {
-            if !self.report(report) {
-                return false;
-            }
-        }
-        true
-    }
-
-    fn report(&self, r: Report) -> bool {
-        // The coordinator never waits on relay threads, so this cannot deadlock; the timeout
-        // loop only lets a stopping engine end the thread.
-        let mut msg = Input::Report(r);
-        loop {
-            match self.reports.send_timeout(msg, Duration::from_millis(200)) {
-                Ok(()) => return true,
-                Err(SendTimeoutError::Timeout(m)) => {
-                    if self.stopping() {
-                        return false;
-                    }
-                    msg = m;
-                }
-                Err(SendTimeoutError::Disconnected(_)) => return false,
             }
         }
     }
@@ -448,69 +422,6 @@ impl ConnectionThread {
             SessionEnd::Lost
         } else {
             SessionEnd::Stop
-        }
-    }
-
-    /// Hands an event to the forwarder, waiting while its queue is full (back-pressure:
-    /// this relay is not read meanwhile). Returns false when the engine is stopping.
-    ///
-    /// While it waits, the relay still gets a ping every ping interval, so a relay that cuts
-    /// idle connections does not drop us during a long own-relay outage.
-    fn forward(
-        &self,
-        forward: &Sender<ForwardItem>,
-        mut item: ForwardItem,
-        socket: &mut Socket,
-    ) -> bool {
-        let mut pinger = BlockedPinger::new(self.ping_interval);
-        // The byte bound: wait (pinging) until the event fits the pipeline and our share.
-        let len = item.raw.len() as u64;
-        let mut waited = false;
-        while item.admission.is_none() {
-            item.admission =
-                ByteAdmission::try_take(&self.metrics, &self.counters, &self.forward_limits, len);
-            if item.admission.is_some() {
-                break;
-            }
-            if !waited {
-                waited = true;
-                RelayCounters::inc(&self.counters.forward_byte_waits);
-                debug!("{}: forward pipeline byte bound reached; waiting", self.url);
-            }
-            if self.stopping() {
-                return false;
-            }
-            self.ping_if_due(socket, &mut pinger);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let unresolved = &self.metrics.forward.unresolved;
-        unresolved.fetch_add(1, Ordering::Relaxed);
-        loop {
-            match forward.send_timeout(item, Duration::from_millis(200)) {
-                Ok(()) => return true,
-                Err(SendTimeoutError::Timeout(i)) => {
-                    if self.stopping() {
-                        unresolved.fetch_sub(1, Ordering::Relaxed);
-                        return false;
-                    }
-                    self.ping_if_due(socket, &mut pinger);
-                    item = i;
-                }
-                Err(SendTimeoutError::Disconnected(_)) => {
-                    unresolved.fetch_sub(1, Ordering::Relaxed);
-                    return false;
-                }
-            }
-        }
-    }
-
-    /// Pings the relay while this thread waits to hand over an event (the clock is read only
-    /// when the hand-over has to wait, not per event).
-    fn ping_if_due(&self, socket: &mut Socket, pinger: &mut BlockedPinger) {
-        if pinger.due(self.clock.now()) {
-            // A failed write shows up as an error on the next read.
-            let _ = socket.write(Message::Ping(Vec::new().into()));
-            let _ = socket.flush();
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod connection;
 mod coordinator;
 mod dial;
 pub mod forwarder;
+mod handover;
 pub mod metrics;
 pub mod state_file;
 
