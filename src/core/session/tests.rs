@@ -134,6 +134,19 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// Asserts that exactly one report came, the loss of the connection with `cause`, and
+    /// that the session is closed with no deadline left.
+    fn assert_lost_with(&mut self, cause: Disconnect) {
+        match &self.reports()[..] {
+            [Report::Disconnected { cause: c, .. }] => assert_eq!(c, &cause),
+            other => panic!("expected the loss ({cause}), got {other:?}"),
+        }
+        assert!(!self.s.is_open());
+        assert_eq!(self.s.poll_timeout(), None);
+    }
+}
+
 fn forwarded(outcome: FrameOutcome) -> Forward {
     match outcome {
         FrameOutcome::Forward(f) => f,
@@ -366,17 +379,8 @@ fn a_ping_goes_out_every_interval_and_a_missing_pong_ends_the_connection() {
     assert_eq!(h.transmits(), vec![Transmit::Ping]);
     assert_eq!(h.s.poll_timeout(), Some(t(40)), "the pong deadline");
     h.s.handle_timeout(t(40));
-    assert!(!h.s.is_open());
-    match &h.reports()[..] {
-        [Report::Disconnected {
-            generation: 1,
-            cause,
-            ..
-        }] => assert_eq!(cause, &Disconnect::NoPong),
-        other => panic!("expected the loss, got {other:?}"),
-    }
+    h.assert_lost_with(Disconnect::NoPong);
     assert_eq!(h.s.counters().disconnects, 1);
-    assert_eq!(h.s.poll_timeout(), None);
 }
 
 #[test]
@@ -691,17 +695,10 @@ fn a_new_connection_starts_without_the_old_ones_subscriptions() {
     let mut h = Harness::new(SessionRole::Remote);
     h.subscribe(t(1), "s1", issues());
     let _ = h.frame(t(2), Frame::Close(Some((1001, "going away"))));
-    assert!(!h.s.is_open());
-    match &h.reports()[..] {
-        [Report::Disconnected { cause, .. }] => assert_eq!(
-            cause,
-            &Disconnect::ClosedByRelay {
-                code: Some(1001),
-                reason: "going away".into()
-            }
-        ),
-        other => panic!("expected the loss, got {other:?}"),
-    }
+    h.assert_lost_with(Disconnect::ClosedByRelay {
+        code: Some(1001),
+        reason: "going away".into(),
+    });
     h.s.on_connected(2, t(3));
     let _ = h.reports();
     let ev = issue(&Keys::generate(), "x", 1_000);
@@ -808,14 +805,8 @@ fn a_connection_is_lost_once() {
     let mut h = Harness::new(SessionRole::Remote);
     h.s.on_lost(Disconnect::Write("broken pipe".into()));
     h.s.on_lost(Disconnect::Read("reset".into()));
-    match &h.reports()[..] {
-        [Report::Disconnected { cause, .. }] => {
-            assert_eq!(cause, &Disconnect::Write("broken pipe".into()))
-        }
-        other => panic!("expected one loss, got {other:?}"),
-    }
+    h.assert_lost_with(Disconnect::Write("broken pipe".into()));
     assert_eq!(h.s.counters().disconnects, 1);
-    assert_eq!(h.s.poll_timeout(), None);
 }
 
 #[test]
