@@ -40,9 +40,9 @@ struct RelayThread {
 
 /// The longest the coordinator sleeps without an input or a timer of the machine: how late
 /// it may notice a relay thread that ended (`watch`) or a stop flag whose message did not
-/// fit a full channel, and how coarse the state file's snapshot cadence may get. Each wake
-/// walks every link (`SyncMachine::poll_timeout`), so with 1,000 idle relays a shorter wait
-/// shows in idle CPU (decision 0067).
+/// fit a full channel, and how coarse the state file's snapshot cadence may get. Each wake costs
+/// a `SyncMachine::poll_timeout` lookup and the watch, so with 1,000 idle relays a much
+/// shorter wait would show in idle CPU (decision 0067).
 const MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// How often the coordinator looks for relay threads that ended: each look visits every
