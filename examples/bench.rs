@@ -1635,7 +1635,7 @@ fn planning_figures(sizes: &Sizes) -> Vec<Figure> {
 /// typical length and root ids), rendered, written atomically, read back and restored.
 fn state_figures() -> Vec<Figure> {
     use grasp_sync::core::sync::{RelaySnapshot, SyncSnapshot, MAX_STATE_ITEMS};
-    use grasp_sync::engine::state_file;
+    use grasp_sync::testing::internals::state_file;
     let relays = 1_000;
     let per_relay = MAX_STATE_ITEMS / relays;
     let now = Time::from_millis(SystemTimeMs::now());

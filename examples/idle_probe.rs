@@ -2,9 +2,9 @@
 //! threads and resident memory per connection.
 //!
 //! ```text
-//! cargo run --release --example idle_probe -- 200 20          # relays, seconds measured
-//! cargo run --release --example idle_probe -- 200 20 fixed    # 50 ms tick always (the old loop)
-//! cargo run --release --example idle_probe -- cost             # checking one event and its copies
+//! cargo run --release --features testing --example idle_probe -- 200 20          # relays, seconds measured
+//! cargo run --release --features testing --example idle_probe -- 200 20 fixed    # 50 ms tick always (the old loop)
+//! cargo run --release --features testing --example idle_probe -- cost             # checking one event and its copies
 //! ```
 //!
 //! `cost` times, on one thread, what a relay thread does with an EVENT frame of a 1 KB NIP-34
@@ -28,10 +28,10 @@ use crossbeam_channel::unbounded;
 use grasp_sync::core::forward::ForwardLimits;
 use grasp_sync::core::sync::Report;
 use grasp_sync::core::time::SystemClock;
-use grasp_sync::engine::connection::{self, ConnectionThread, Control, Role};
-use grasp_sync::engine::metrics::Metrics;
-use grasp_sync::engine::Input;
-use grasp_sync::net::ws::WsOptions;
+use grasp_sync::net::WsOptions;
+use grasp_sync::testing::internals::Input;
+use grasp_sync::testing::internals::Metrics;
+use grasp_sync::testing::internals::{connection, ConnectionThread, Control, Role};
 use grasp_sync::{Config, RelayUrl};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
@@ -201,7 +201,7 @@ fn main() {
             .allow_private_relays(true)
             .address_policy(vec![]),
     );
-    let tls = grasp_sync::net::ws::tls_config();
+    let tls = grasp_sync::net::tls_config();
     // Warm up what every thread shares (allocator arenas, TLS config) before the baseline.
     std::thread::sleep(Duration::from_millis(200));
     let before = rss_kib();

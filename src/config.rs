@@ -36,7 +36,7 @@ pub struct Config {
     /// Websocket limits and deadlines.
     pub ws: WsOptions,
     /// TLS trust for `wss://` relays and NIP-11 over `https://` (default: the webpki roots;
-    /// [`crate::net::tls::client_config`] adds CA files and the system store).
+    /// [`crate::net::client_config`] adds CA files and the system store).
     pub tls: std::sync::Arc<rustls::ClientConfig>,
     /// Ping interval (default 30 s).
     pub ping_interval: Duration,

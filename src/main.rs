@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use argh::FromArgs;
 use grasp_sync::core::{Clock, SystemClock};
-use grasp_sync::net::policy::RelayPattern;
+use grasp_sync::net::RelayPattern;
 use grasp_sync::ops::once::{once_backoff, OnceTracker};
 use grasp_sync::ops::render;
 use grasp_sync::{Config, RelayUrl};
@@ -499,12 +499,12 @@ fn build_config(args: &Args) -> Result<Config, String> {
         .map_err(|e| e.to_string())?;
     config.allow_private_relays = args.allow_private_relays;
     if !args.ca_file.is_empty() || args.system_roots {
-        let trust = grasp_sync::net::tls::TrustOptions {
+        let trust = grasp_sync::net::TrustOptions {
             ca_files: args.ca_file.clone(),
             system_roots: args.system_roots,
             no_webpki_roots: false,
         };
-        config.tls = grasp_sync::net::tls::client_config(&trust).map_err(|e| e.to_string())?;
+        config.tls = grasp_sync::net::client_config(&trust).map_err(|e| e.to_string())?;
     }
     config.deny_relays = parse_patterns("deny-relay", &args.deny_relay)?;
     config.allow_relays = parse_patterns("allow-relay", &args.allow_relay)?;

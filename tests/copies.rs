@@ -16,11 +16,11 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use grasp_sync::core::dedup::ForwardGate;
 use grasp_sync::core::forward::ForwardLimits;
 use grasp_sync::core::time::SystemClock;
-use grasp_sync::engine::connection::{self, ConnectionThread, Control, Role};
-use grasp_sync::engine::forwarder::ForwardItem;
-use grasp_sync::engine::metrics::{Metrics, RelayCounters};
-use grasp_sync::engine::Input;
-use grasp_sync::net::ws::WsOptions;
+use grasp_sync::net::WsOptions;
+use grasp_sync::testing::internals::ForwardItem;
+use grasp_sync::testing::internals::Input;
+use grasp_sync::testing::internals::{connection, ConnectionThread, Control, Role};
+use grasp_sync::testing::internals::{Metrics, RelayCounters};
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, RelayUrl};
 use nostr::event::{Event, FinalizeEvent};
@@ -57,7 +57,7 @@ fn spawn(relay: &TestRelay, role: Role, shared: &Shared, reports: &Sender<Input>
         control: rx,
         reports: reports.clone(),
         ws: WsOptions::default(),
-        tls: grasp_sync::net::ws::tls_config(),
+        tls: grasp_sync::net::tls_config(),
         ping_interval: Duration::from_secs(30),
         pong_timeout: Duration::from_secs(30),
         counters: counters.clone(),

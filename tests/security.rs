@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{announcement, repo_ref, root, WAIT};
-use grasp_sync::net::policy::RelayPattern;
+use grasp_sync::net::RelayPattern;
 use grasp_sync::shared::Refusal;
 use grasp_sync::testing::{wait_until, TestRelay, TestRelayOptions};
 use grasp_sync::{Config, RelayUrl, SyncHandle};

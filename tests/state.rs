@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{url, OneRepo, WAIT};
 use grasp_sync::core::{Clock, ManualClock, SystemClock};
-use grasp_sync::engine::state_file;
+use grasp_sync::testing::internals::state_file;
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, SyncHandle};
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};

@@ -37,7 +37,7 @@ use crate::core::auth::AuthLimits;
 use crate::core::dedup::ForwardGate;
 use crate::core::forward::ForwardLimits;
 use crate::core::keepalive::Ticks;
-pub use crate::core::session::{Control, MAX_COLLECTED_IDS, MAX_RELAY_TEXT};
+pub use crate::core::session::Control;
 use crate::core::session::{
     Disconnect, Frame, FrameOutcome, RelaySession, SessionConfig, SessionCounters, SessionRole,
     Transmit, Verified,

@@ -9,7 +9,7 @@
 //! ordinary rejection.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,7 +68,7 @@ impl From<Forward> for ForwardItem {
 }
 
 /// Name of the thread reading the own relay connection for the forwarder.
-pub const READER_THREAD: &str = "forwarder-read";
+pub(crate) const READER_THREAD: &str = "forwarder-read";
 /// The longest wait without a deadline: a safety net, not a tick (every input wakes the
 /// forwarder at once).
 const MAX_WAIT: Duration = Duration::from_secs(1);
@@ -78,22 +78,22 @@ const RETRY_WAIT: Duration = Duration::from_millis(50);
 /// How long `OK`s may wait unread while nothing else needs them (events are in flight, none
 /// is waiting to be sent, the window has room): the next event's wake-up reads them, so a
 /// stream of events costs one wake-up per event instead of two (decision 0064).
-pub const OK_LINGER: Duration = Duration::from_millis(5);
+pub(crate) const OK_LINGER: Duration = Duration::from_millis(5);
 /// How long events that arrive right after a write wait to go out together with the next
 /// ones: each write to the own relay costs a system call and, on loopback, the own relay's
 /// side of the TCP stack, so a stream of events is written in batches (decision 0064).
 /// An event that arrives after a quiet moment (longer than this since the last write) is
 /// written at once.
-pub const WRITE_LINGER: Duration = Duration::from_millis(1);
+pub(crate) const WRITE_LINGER: Duration = Duration::from_millis(1);
 /// How long the reader of the own relay connection waits after a read that drained the
 /// socket: the own relay answers each event with its own `OK` frame, so a stream of events
 /// would otherwise wake the reader and the forwarder once per event (decision 0066).
 /// The first frame after a quiet moment is passed on at once.
-pub const READ_LINGER: Duration = Duration::from_millis(1);
+pub(crate) const READ_LINGER: Duration = Duration::from_millis(1);
 /// Frames from the own relay read in one turn before the freed slots are filled.
 const READ_BATCH: usize = 256;
 /// Queued events that end a [`WRITE_LINGER`] early.
-pub const WRITE_BATCH: usize = 32;
+pub(crate) const WRITE_BATCH: usize = 32;
 
 /// What a turn of the forwarder's loop leaves to its wait.
 #[derive(Debug, Clone, Copy)]
@@ -113,7 +113,7 @@ struct Open {
 
 /// Commands to the forwarder.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForwarderControl {
+pub(crate) enum ForwarderControl {
     /// Re-offer the events the own relay rejected earlier that name one of these repository
     /// coordinates or root event ids (see [`ForwardQueue::retry_rejected`]).
     RetryRejected {
@@ -151,7 +151,7 @@ impl std::ops::Deref for Admissions {
 
 /// Everything the forwarder thread needs (cloned to restart a forwarder that died).
 #[derive(Clone)]
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     /// The own relay.
     pub url: RelayUrl,
     /// Checked events in.
@@ -174,9 +174,6 @@ pub struct Forwarder {
     pub metrics: Arc<Metrics>,
     /// Which checked events the relay threads hand over (a rejected event is released).
     pub gate: Arc<ForwardGate>,
-    /// Set when the engine stops. The forwarder itself ends on [`ForwarderControl::Drain`]
-    /// (after flushing) or when its channels close, not on this flag.
-    pub stopping: Arc<AtomicBool>,
     /// The drain deadline, once [`ForwarderControl::Drain`] arrived.
     pub drain: std::cell::Cell<Option<std::time::Instant>>,
     /// Time source.
@@ -196,7 +193,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// Runs until shut down.
-    pub fn run(self) {
+    pub(crate) fn run(self) {
         let mut queue = ForwardQueue::new(self.limits);
         let mut health = Health::default();
         let mut jitter = Jitter::new(self.seed);
@@ -980,7 +977,6 @@ mod tests {
             pong_timeout: tick,
             metrics: Arc::new(Metrics::default()),
             gate: Arc::default(),
-            stopping: Arc::new(AtomicBool::new(false)),
             drain: std::cell::Cell::new(None),
             clock: Arc::new(SystemClock),
             seed: 1,

@@ -207,7 +207,7 @@ pub struct ForwardCounters {
 /// The reason prefixes of the own relay's rejections that are counted apart; `other` takes
 /// the rest (a free-text reason never becomes a metric label). Their [`Prefix::label`]s are
 /// the `reason` label values of `events_rejected_total`.
-pub const REJECT_REASONS: [Prefix; 7] = [
+pub(crate) const REJECT_REASONS: [Prefix; 7] = [
     Prefix::Blocked,
     Prefix::Invalid,
     Prefix::Restricted,
@@ -219,7 +219,7 @@ pub const REJECT_REASONS: [Prefix; 7] = [
 
 /// The slot of `prefix` in [`REJECT_REASONS`] (the last, `other`, for a prefix not counted
 /// apart).
-pub fn reject_reason_slot(prefix: Prefix) -> usize {
+pub(crate) fn reject_reason_slot(prefix: Prefix) -> usize {
     REJECT_REASONS
         .iter()
         .position(|r| *r == prefix)
@@ -228,7 +228,8 @@ pub fn reject_reason_slot(prefix: Prefix) -> usize {
 
 /// Upper bounds (milliseconds) of the OK latency histogram's buckets; one more bucket
 /// takes everything slower.
-pub const LATENCY_BUCKETS_MS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000];
+pub(crate) const LATENCY_BUCKETS_MS: [u64; 12] =
+    [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000];
 
 /// A fixed-bucket latency histogram (Prometheus style, cumulative when rendered).
 #[derive(Debug, Default)]
@@ -346,7 +347,7 @@ pub struct Metrics {
 }
 
 /// Refused relays kept for the status (the counter goes on).
-pub const MAX_REFUSED_SHOWN: usize = 1_000;
+pub(crate) const MAX_REFUSED_SHOWN: usize = 1_000;
 
 impl Metrics {
     /// The counters of `relay`, created on first use.

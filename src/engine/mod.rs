@@ -1,13 +1,20 @@
 //! The threads: coordinator, one thread per relay (the own relay's self-subscription
 //! included), and the forwarder. [`start`] wires them up and returns a [`SyncHandle`].
 
-pub mod connection;
+// The relay thread, the forwarder, the counters and the state file are the engine's own parts,
+// not the embedding API: private, reached by tests and benches through
+// `grasp_sync::testing::internals` (feature `testing`), which is why their items stay `pub`.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
+pub(crate) mod connection;
 mod coordinator;
 mod dial;
-pub mod forwarder;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
+pub(crate) mod forwarder;
 mod handover;
-pub mod metrics;
-pub mod state_file;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
+pub(crate) mod metrics;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
+pub(crate) mod state_file;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -315,7 +322,6 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         pong_timeout: config.pong_timeout,
         metrics: metrics.clone(),
         gate: gate.clone(),
-        stopping: stopping.clone(),
         drain: std::cell::Cell::new(None),
         clock: config.clock.clone(),
         seed: config.seed ^ 0x5555,

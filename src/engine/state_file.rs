@@ -344,7 +344,7 @@ fn remove_stale_temporaries(dir: &Path) {
 
 /// Counters of the state file, shared with status readers.
 #[derive(Debug, Default)]
-pub struct StateCounters {
+pub(crate) struct StateCounters {
     /// 1 when `--state-dir` is set.
     pub enabled: AtomicU64,
     /// 1 when the file read at start was used.
@@ -367,7 +367,7 @@ pub struct StateCounters {
 
 impl StateCounters {
     /// Records why the file was not used.
-    pub fn ignored(&self, reason: IgnoredReason, detail: String) {
+    pub(crate) fn ignored(&self, reason: IgnoredReason, detail: String) {
         if let Some(i) = IgnoredReason::ALL.iter().position(|r| *r == reason) {
             self.ignored[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -375,7 +375,7 @@ impl StateCounters {
     }
 
     /// The plain view for [`crate::Status`].
-    pub fn status(&self) -> StateFileStatus {
+    pub(crate) fn status(&self) -> StateFileStatus {
         let last = self.last_save_ms.load(Ordering::Relaxed);
         StateFileStatus {
             enabled: self.enabled.load(Ordering::Relaxed) == 1,
@@ -424,11 +424,11 @@ pub struct StateFileStatus {
 
 /// A snapshot is written again after this long even when nothing changed, so that the
 /// saved moment stays within the quick-reconnect window of a crash.
-pub const REFRESH: Duration = Duration::from_secs(5 * 60);
+pub(crate) const REFRESH: Duration = Duration::from_secs(5 * 60);
 
 /// Reads the state file at start and restores it into `machine`; every outcome is logged
 /// and counted.
-pub fn load_into(
+pub(crate) fn load_into(
     dir: &Path,
     own_relay: &str,
     config: &str,
@@ -471,7 +471,7 @@ pub fn load_into(
 /// handed to the forwarder before the snapshot was answered by the own relay, so that no
 /// saved confirmation is ahead of what the own relay holds. Rendering, writing and fsync run
 /// on a thread of their own (`state-writer`): a slow disk never stalls the coordinator.
-pub struct StateWriter {
+pub(crate) struct StateWriter {
     interval: Duration,
     next_snapshot: Option<Time>,
     last_written: Option<BTreeMap<String, RelaySnapshot>>,
@@ -490,7 +490,7 @@ pub struct StateWriter {
 
 impl StateWriter {
     /// A writer for `dir`, with its thread started.
-    pub fn new(
+    pub(crate) fn new(
         dir: PathBuf,
         own_relay: String,
         config: String,
@@ -549,7 +549,7 @@ impl StateWriter {
     }
 
     /// Called on every coordinator turn.
-    pub fn tick(&mut self, machine: &RwLock<SyncMachine>, now: Time, metrics: &Metrics) {
+    pub(crate) fn tick(&mut self, machine: &RwLock<SyncMachine>, now: Time, metrics: &Metrics) {
         while let Ok((relays, at)) = self.done.try_recv() {
             self.last_written = Some(relays);
             self.last_write = Some(at);
@@ -588,7 +588,7 @@ impl StateWriter {
     /// At shutdown, after the forwarder drained: has the machine saved as it is now, unless
     /// events are still unanswered (then the last file stays), and ends the writer thread.
     /// Returns the thread if it is still writing at `deadline`.
-    pub fn finish(
+    pub(crate) fn finish(
         mut self,
         machine: &RwLock<SyncMachine>,
         now: Time,

@@ -2,7 +2,7 @@
 //! for its input *and* its channels at once, without a polling tick.
 //!
 //! A blocking socket read cannot be woken by a channel, and a read timeout used as a tick
-//! delays whatever arrives on the channel by up to one tick. [`Inbound::start`] spawns a
+//! delays whatever arrives on the channel by up to one tick. [`Inbound::start_lingering`] spawns a
 //! small pump thread that blocks in `read` on a clone of the TCP stream and passes each
 //! chunk of bytes over a bounded channel. The owner reads from [`Inbound::read`] (never
 //! blocking: `WouldBlock` when nothing is there) and waits on the chunk channel together with
@@ -32,7 +32,7 @@ const PUMP_STACK: usize = 64 * 1024;
 
 /// The input side of a socket, read by a helper thread.
 #[derive(Debug)]
-pub struct Inbound {
+pub(crate) struct Inbound {
     chunks: Receiver<io::Result<Vec<u8>>>,
     current: Vec<u8>,
     pos: usize,
@@ -46,16 +46,22 @@ impl Inbound {
     /// Starts the pump thread (named `name`) reading a clone of `tcp`. From now on only the
     /// pump reads the socket: its read timeout is cleared (the pump blocks until data, end of
     /// file, an error or [`Drop`]); writes go on through `tcp` as before.
-    pub fn start(tcp: &TcpStream, name: String) -> io::Result<Inbound> {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn start(tcp: &TcpStream, name: String) -> io::Result<Inbound> {
         Inbound::start_lingering(tcp, name, Duration::ZERO)
     }
 
-    /// [`Inbound::start`] with a pump that, after a read that drained the socket, waits
+    /// Starts the pump thread (named `name`) reading a clone of `tcp`, as `Inbound::start` (tests)
+    /// does, with a pump that, after a read that drained the socket, waits
     /// `linger` before reading again, so that a stream of small frames (an `OK` per event
     /// from a relay that stores a batch) reaches the owner in a few chunks instead of one
     /// chunk, and two thread wake-ups, per frame. The first bytes after a quiet moment are
     /// passed on at once; only the bytes right behind them wait, at most `linger`.
-    pub fn start_lingering(tcp: &TcpStream, name: String, linger: Duration) -> io::Result<Inbound> {
+    pub(crate) fn start_lingering(
+        tcp: &TcpStream,
+        name: String,
+        linger: Duration,
+    ) -> io::Result<Inbound> {
         let mut reader = tcp.try_clone()?;
         let tcp = tcp.try_clone()?;
         tcp.set_read_timeout(None)?;
@@ -105,7 +111,7 @@ impl Inbound {
 
     /// Copies received bytes into `buf`: `Ok(0)` at end of file, the pump's read error once,
     /// `WouldBlock` when nothing has arrived yet.
-    pub fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             if self.pos < self.current.len() {
                 let n = buf.len().min(self.current.len() - self.pos);
@@ -143,7 +149,7 @@ impl Inbound {
     /// It only waits: the bytes stay queued for [`Inbound::read`] (use `Select::ready`, not
     /// `Select::select`). Bytes already taken into this reader's buffer, or into a websocket or
     /// TLS layer above it, do not make it ready: read until `WouldBlock` before waiting.
-    pub fn register<'a>(&'a self, select: &mut Select<'a>) -> usize {
+    pub(crate) fn register<'a>(&'a self, select: &mut Select<'a>) -> usize {
         select.recv(&self.chunks)
     }
 }

@@ -287,7 +287,7 @@ fn decode_chunked(mut rest: &[u8]) -> Result<Vec<u8>, Nip11Error> {
 
 /// Fetches `url`'s NIP-11 document and returns its limits.
 ///
-/// Connects with [`connect_tcp`](crate::net::ws::connect_tcp), wraps the socket in rustls for `wss://`, sends an HTTP/1.0
+/// Connects with `net::ws::connect_tcp_checked`, wraps the socket in rustls for `wss://`, sends an HTTP/1.0
 /// `GET` for the URL's path (or `/`) with `Accept: application/nostr+json` and reads the answer
 /// until the server closes, the `Content-Length` is complete, or more than `max_bytes` arrived
 /// ([`Nip11Error::TooLarge`]). Everything — connect, TLS handshake, request and answer — shares
@@ -302,7 +302,7 @@ pub fn fetch(
 }
 
 /// [`fetch`] with every resolved address checked right before the TCP connect
-/// ([`connect_tcp_checked`]); [`Nip11Error::Refused`] when none passes.
+/// (`net::ws::connect_tcp_checked`); [`Nip11Error::Refused`] when none passes.
 pub fn fetch_checked(
     url: &RelayUrl,
     timeout: Duration,

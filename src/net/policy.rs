@@ -33,7 +33,7 @@ use crate::shared::{AddressKind, Refusal};
 /// assignments (192.0.0/24), reserved (240/4), discard-only (100::/64), and IPv4 addresses
 /// embedded in IPv6 (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`, NAT64
 /// `64:ff9b::/96`, 6to4 `2002::/16`), which are judged by the IPv4 address inside.
-pub fn non_public_reason(ip: IpAddr) -> Option<AddressKind> {
+pub(crate) fn non_public_reason(ip: IpAddr) -> Option<AddressKind> {
     match ip {
         IpAddr::V4(v4) => v4_reason(v4),
         IpAddr::V6(v6) => v6_reason(v6),
@@ -262,7 +262,7 @@ impl AddressPolicy {
 
 /// True when `a` and `b` reach the same listener: equal, or the same port on loopback or
 /// unspecified addresses (all of which reach this machine), IPv4-mapped forms included.
-pub fn same_endpoint(a: SocketAddr, b: SocketAddr) -> bool {
+pub(crate) fn same_endpoint(a: SocketAddr, b: SocketAddr) -> bool {
     if a.port() != b.port() {
         return false;
     }

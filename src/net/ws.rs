@@ -26,12 +26,12 @@ use crate::shared::Refusal;
 use crate::shared::RelayUrl;
 
 /// A websocket to a relay.
-pub type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
+pub(crate) type Socket = WebSocket<MaybeTlsStream<DeadlineStream>>;
 
 /// Most DNS look-ups running at once on helper threads; more wait for a free slot (within
 /// their deadline). A look-up that outlives its deadline keeps its thread until the system
 /// resolver returns, so this bounds the threads a slow resolver can pile up.
-pub const MAX_DNS_IN_FLIGHT: usize = 32;
+pub(crate) const MAX_DNS_IN_FLIGHT: usize = 32;
 
 /// A TCP stream with an optional overall deadline on every read and write.
 ///
@@ -41,7 +41,7 @@ pub const MAX_DNS_IN_FLIGHT: usize = 32;
 /// timeout alone restarts with every byte). After the handshake the deadline is cleared and
 /// the stream is a plain `TcpStream`.
 #[derive(Debug)]
-pub struct DeadlineStream {
+pub(crate) struct DeadlineStream {
     tcp: TcpStream,
     deadline: Option<Instant>,
     /// Set by [`read_on_helper_thread`]: reads come from a pump thread and never block.
@@ -55,7 +55,7 @@ pub struct DeadlineStream {
 }
 
 /// Bytes one socket read takes at most during a burst ([`DeadlineStream`]).
-pub const BURST_READ: usize = 16 * 1024;
+pub(crate) const BURST_READ: usize = 16 * 1024;
 
 /// A buffer that exists only while a connection receives a burst: a capped read that came
 /// back full (more is waiting) makes the next socket reads take up to [`BURST_READ`] bytes
@@ -76,7 +76,7 @@ struct Burst {
 
 impl DeadlineStream {
     /// Wraps `tcp` with an overall `deadline` (none: a plain stream).
-    pub fn new(tcp: TcpStream, deadline: Option<Instant>) -> DeadlineStream {
+    pub(crate) fn new(tcp: TcpStream, deadline: Option<Instant>) -> DeadlineStream {
         DeadlineStream {
             tcp,
             deadline,
@@ -86,23 +86,24 @@ impl DeadlineStream {
         }
     }
 
-    /// True while a burst buffer is held (tests and diagnostics).
-    pub fn in_burst(&self) -> bool {
+    /// True while a burst buffer is held.
+    #[cfg(test)]
+    pub(crate) fn in_burst(&self) -> bool {
         self.burst.is_some()
     }
 
     /// Sets the most bytes one read of the TCP stream takes (0: no cap).
-    pub fn set_max_read(&mut self, max_read: usize) {
+    pub(crate) fn set_max_read(&mut self, max_read: usize) {
         self.max_read = max_read;
     }
 
     /// The TCP stream.
-    pub fn tcp(&self) -> &TcpStream {
+    pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp
     }
 
     /// Sets or clears the deadline.
-    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+    pub(crate) fn set_deadline(&mut self, deadline: Option<Instant>) {
         self.deadline = deadline;
     }
 
@@ -273,7 +274,7 @@ impl WsOptions {
 
 /// Why a connection could not be opened.
 #[derive(Debug)]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     /// The host name did not resolve.
     Resolve(io::Error),
     /// TCP connect failed or timed out (for every resolved address).
@@ -324,7 +325,7 @@ pub fn tls_config() -> Arc<rustls::ClientConfig> {
 
 /// Resolves `url`'s host within `timeout`. An IP literal needs no look-up; a name is looked up
 /// on a helper thread ([`resolve_with`]).
-pub fn resolve(url: &RelayUrl, timeout: Duration) -> Result<Vec<SocketAddr>, ConnectError> {
+pub(crate) fn resolve(url: &RelayUrl, timeout: Duration) -> Result<Vec<SocketAddr>, ConnectError> {
     let host = url.host_for_resolve();
     let port = url.port();
     if let Ok(ip) = host.parse::<std::net::IpAddr>() {
@@ -341,7 +342,7 @@ pub fn resolve(url: &RelayUrl, timeout: Duration) -> Result<Vec<SocketAddr>, Con
 /// once (a look-up that timed out still holds its slot until the resolver returns); a caller
 /// waits for a free slot within the same deadline. The answer of a look-up that timed out is
 /// dropped.
-pub fn resolve_with(
+pub(crate) fn resolve_with(
     timeout: Duration,
     lookup: impl FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
 ) -> Result<Vec<SocketAddr>, ConnectError> {
@@ -394,7 +395,7 @@ fn resolve_in(
 
 /// Checks one resolved address right before the TCP connect to it (`Err`: the reason it is
 /// refused). See [`crate::net::policy::AddressPolicy::check_addr`].
-pub type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), Refusal>;
+pub(crate) type AddrCheck<'a> = &'a dyn Fn(SocketAddr) -> Result<(), Refusal>;
 
 /// A counting semaphore bounding the DNS helper threads.
 struct Slots {
@@ -442,16 +443,11 @@ fn dns_slots() -> &'static Slots {
     &SLOTS
 }
 
-/// Opens a TCP stream to the relay's host and port within `timeout`.
-pub fn connect_tcp(url: &RelayUrl, timeout: Duration) -> Result<TcpStream, ConnectError> {
-    connect_tcp_checked(url, timeout, &|_| Ok(()))
-}
-
-/// [`connect_tcp`], checking each resolved address with `check` right before connecting to
+/// Opens a TCP stream to the relay's host and port within `timeout`, checking each resolved address with `check` right before connecting to
 /// that same address (resolve, check, connect: a DNS answer cannot change in between).
 /// When `check` refuses every address, no connection is attempted and the result is
 /// [`ConnectError::Refused`].
-pub fn connect_tcp_checked(
+pub(crate) fn connect_tcp_checked(
     url: &RelayUrl,
     timeout: Duration,
     check: AddrCheck<'_>,
@@ -487,15 +483,17 @@ pub fn connect_tcp_checked(
 
 /// Connects a websocket to `url` within `opts.connect_timeout`, then sets the read timeout
 /// to `opts.tick`.
-pub fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError> {
+#[cfg(test)]
+pub(crate) fn connect(url: &RelayUrl, opts: &WsOptions) -> Result<Socket, ConnectError> {
     connect_checked(url, opts, &tls_config(), &|_| Ok(()))
 }
 
-/// [`connect`] with every resolved address checked right before the TCP connect
+/// Connects a websocket to `url` within `opts.connect_timeout` (then sets the read timeout to
+/// `opts.tick`), every resolved address checked right before the TCP connect
 /// ([`connect_tcp_checked`]).
 /// `tls` is the trust for `wss://` ([`crate::net::tls::client_config`]; [`tls_config`] is the
 /// default).
-pub fn connect_checked(
+pub(crate) fn connect_checked(
     url: &RelayUrl,
     opts: &WsOptions,
     tls: &Arc<rustls::ClientConfig>,
@@ -552,7 +550,7 @@ pub fn connect_checked(
 }
 
 /// The TCP stream under a websocket (plain or TLS).
-pub fn tcp_of(socket: &Socket) -> &TcpStream {
+pub(crate) fn tcp_of(socket: &Socket) -> &TcpStream {
     match socket.get_ref() {
         MaybeTlsStream::Plain(s) => s.tcp(),
         MaybeTlsStream::Rustls(s) => s.get_ref().tcp(),
@@ -562,29 +560,28 @@ pub fn tcp_of(socket: &Socket) -> &TcpStream {
 }
 
 /// Ends a relay thread's blocking socket read from another thread: the thread registers a
-/// clone of its connection's TCP stream while connected ([`SocketWaker::set`]); [`wake`]
+/// clone of its connection's TCP stream while connected (`SocketWaker::set`); `wake`
 /// shuts its read side down, so a read blocked for up to the quiet tick returns at once (end
 /// of file). Used when the engine stops or forgets a relay: a quiet connection would notice
 /// its `Shutdown` only at its next tick (decision 0067).
-///
-/// [`wake`]: SocketWaker::wake
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct SocketWaker(Arc<parking_lot::Mutex<Option<TcpStream>>>);
 
 impl SocketWaker {
     /// Registers the connection's socket (`None`: no connection).
-    pub fn set(&self, tcp: Option<TcpStream>) {
+    pub(crate) fn set(&self, tcp: Option<TcpStream>) {
         *self.0.lock() = tcp;
     }
 
     /// Registers a clone of `socket`'s TCP stream; an error (no file descriptor left) only
     /// means the thread is woken by its tick instead.
-    pub fn set_socket(&self, socket: &Socket) {
+    pub(crate) fn set_socket(&self, socket: &Socket) {
         self.set(tcp_of(socket).try_clone().ok());
     }
 
     /// Ends a blocked read of the registered socket; the connection is not usable after it.
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         if let Some(tcp) = self.0.lock().take() {
             let _ = tcp.shutdown(std::net::Shutdown::Read);
         }
@@ -615,7 +612,7 @@ fn stream_of(socket: &Socket) -> &DeadlineStream {
 /// alike: the helper moves encrypted bytes, rustls stays in the caller's thread. The read
 /// timeout ([`set_tick`]) no longer applies. The helper waits `linger` after each read that
 /// drained the socket (`Inbound::start_lingering`; zero: never). Idempotent.
-pub fn read_on_helper_thread(
+pub(crate) fn read_on_helper_thread(
     socket: &mut Socket,
     name: String,
     linger: Duration,
@@ -628,17 +625,17 @@ pub fn read_on_helper_thread(
 }
 
 /// The helper-thread reader of a socket after [`read_on_helper_thread`].
-pub fn inbound(socket: &Socket) -> Option<&Inbound> {
+pub(crate) fn inbound(socket: &Socket) -> Option<&Inbound> {
     stream_of(socket).inbound.as_ref()
 }
 
 /// Sets the socket's read timeout (the loop's tick).
-pub fn set_tick(socket: &Socket, tick: Duration) -> io::Result<()> {
+pub(crate) fn set_tick(socket: &Socket, tick: Duration) -> io::Result<()> {
     tcp_of(socket).set_read_timeout(Some(tick))
 }
 
 /// True for the error a read timeout produces (the loop's tick).
-pub fn is_timeout(e: &tungstenite::Error) -> bool {
+pub(crate) fn is_timeout(e: &tungstenite::Error) -> bool {
     matches!(e, tungstenite::Error::Io(io) if matches!(io.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
 }
 

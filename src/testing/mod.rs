@@ -21,6 +21,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod internals;
 mod nip11;
 mod nip77;
 mod relay;
