@@ -574,7 +574,27 @@ impl RelaySession {
                 generation,
                 sub_id,
                 filter,
-            } if generation == current => Some(open_req(url, conn, sub_id, *filter, None)),
+            } if generation == current => {
+                let live_only = filter.limit == Some(0);
+                let text = open_req(url, conn, sub_id.clone(), *filter, None);
+                if live_only {
+                    // A REQ for new events only has no history to end: it is live once sent.
+                    // Its EOSE is reported now, not awaited: nostr-rs-relay never sends one
+                    // for a REQ whose filters all have `limit: 0`, and a relay that does
+                    // sends it right away (a late one is dropped as a repeat).
+                    if let Some(sub) = conn.subs.get_mut(sub_id.as_str()) {
+                        sub.eose = true;
+                    }
+                    trace!("{url}: {sub_id} is live-only: live once sent");
+                    self.reports.push_back(Report::Eose {
+                        relay: url.clone(),
+                        generation: current,
+                        sub_id,
+                        stats: PageStats::default(),
+                    });
+                }
+                Some(text)
+            }
             Control::CollectIds {
                 generation,
                 sub_id,

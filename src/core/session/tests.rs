@@ -214,6 +214,27 @@ fn eose_reports_what_arrived_before_it_once() {
 }
 
 #[test]
+fn a_live_only_subscription_is_live_once_sent_without_waiting_for_eose() {
+    // nostr-rs-relay sends no EOSE for a REQ whose filters all have `limit: 0`: the session
+    // reports the EOSE as the REQ goes out, and a relay's own EOSE later is a repeat.
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "live", issues().limit(0));
+    assert!(matches!(&h.transmits()[..], [Transmit::Text(req)] if req.contains(r#""limit":0"#)));
+    let stats = eose_stats(&h.reports(), "live");
+    assert_eq!(stats.received, 0);
+    let keys = Keys::generate();
+    let _ = forwarded(h.text(t(2), &event_frame("live", &issue(&keys, "new", 2_000))));
+    let _ = h.text(t(3), r#"["EOSE","live"]"#);
+    assert!(h.reports().is_empty(), "a late EOSE is not reported again");
+    // A history query still waits for the relay's EOSE.
+    h.subscribe(t(4), "history", issues().limit(10));
+    let _ = h.transmits();
+    assert!(h.reports().is_empty());
+    let _ = h.text(t(5), r#"["EOSE","history"]"#);
+    let _ = eose_stats(&h.reports(), "history");
+}
+
+#[test]
 fn an_event_for_a_subscription_not_open_is_counted_and_dropped() {
     let mut h = Harness::new(SessionRole::Remote);
     let ev = issue(&Keys::generate(), "x", 1_000);

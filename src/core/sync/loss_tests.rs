@@ -756,3 +756,58 @@ fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
     w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
     assert!(w.own_ids().contains(&new.id));
 }
+
+/// Issue 19, item 3: a live-only subscription is live once sent. On every relay profile
+/// (nostr-rs-relay sends no EOSE for `limit: 0`), a quick reconnect leaves the live set
+/// covering every item without churn: live events published after it all arrive, and in
+/// the steady state the relay sees no REQ and no CLOSE.
+#[test]
+fn live_coverage_after_a_quick_reconnect_needs_no_eose_on_every_profile() {
+    use super::world::SimProfile;
+    for profile in SimProfile::ALL {
+        let mut roots = Vec::new();
+        let (mut w, ann) = one_repo(|w| {
+            let t = w.secs();
+            w.relay(A).profile(profile);
+            for i in 0..12 {
+                let root = issue("r", &format!("root {i}"), t - 5 * DAY + i);
+                w.own.store.push(root.clone());
+                w.relay(A).store.push(root.clone());
+                roots.push(root);
+            }
+        });
+        w.run_for(Duration::from_secs(600), Duration::from_secs(10));
+        w.drop(A);
+        w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+        // Live events, one a minute for ten minutes: new issues and replies to old roots.
+        let mut want: Vec<Event> = vec![ann.clone()];
+        want.extend(roots.iter().cloned());
+        for i in 0..10u64 {
+            let t = w.secs();
+            let e = if i % 2 == 0 {
+                issue("r", &format!("live {profile:?} {i}"), t)
+            } else {
+                reply(&roots[i as usize], &format!("reply {profile:?} {i}"), t)
+            };
+            w.publish(A, &e);
+            want.push(e);
+            w.run_for(Duration::from_secs(60), Duration::from_secs(10));
+        }
+        let refs: Vec<&Event> = want.iter().collect();
+        w.assert_own_holds(&refs);
+        // Steady state: an hour later, nothing was asked again.
+        let reqs_before = w.relay(A).reqs.len();
+        let frames_before = w.frames_sent;
+        w.run_for(Duration::from_secs(3_600), Duration::from_secs(30));
+        assert_eq!(
+            w.relay(A).reqs.len(),
+            reqs_before,
+            "{profile:?}: REQs sent in an hour of steady state"
+        );
+        // Pings go out every 30 s (not counted); any other frame is a REQ, CLOSE or NEG-*.
+        assert_eq!(
+            w.frames_sent, frames_before,
+            "{profile:?}: frames sent in an hour of steady state"
+        );
+    }
+}

@@ -14,7 +14,10 @@
 //! * `since`, `until`, `ids`, `kinds`, `authors` and tags apply to stored **and live** events
 //!   (`Filter::match_event`); `limit` caps only the stored answer (`limit: 0`: none).
 //! * The stored answer is the newest `min(limit or default_limit, max_limit)` matches.
-//! * A subscription budget: a REQ beyond it is answered with CLOSED.
+//! * A subscription budget: a REQ beyond it is answered with CLOSED (or a NOTICE).
+//! * Profiles of real relays ([`SimProfile`]): nostr-rs-relay's missing EOSE for `limit: 0`,
+//!   strfry's silent 500 cap and tag-key limit, LocalRelay's defaults, a relay that lists
+//!   NIP-77 and never answers it.
 //! * Faults on demand: connections dropped (also in the middle of a stored answer), CLOSED on
 //!   any subscription, EOSE withheld, a relay that is down.
 //!
@@ -121,6 +124,83 @@ pub(crate) struct FakeRelay {
     pub reqs: Vec<Filter>,
     /// Largest number of open subscriptions seen at once.
     pub max_open_seen: usize,
+    /// No EOSE for a REQ whose filter has `limit: 0` (nostr-rs-relay's
+    /// `needs_historical_events`); live events still arrive.
+    pub no_eose_for_live_only: bool,
+    /// A REQ beyond `max_subs` gets this NOTICE and nothing else (nostr-rs-relay, strfry)
+    /// instead of a CLOSED.
+    pub too_many_notice: Option<&'static str>,
+    /// Most generic tag keys (`#e`, `#a`, …) in one filter; beyond: CLOSED (strfry: 3).
+    pub max_tag_keys: Option<usize>,
+}
+
+/// The observable behaviour of a real relay, for [`FakeRelay::profile`] (`docs/relays.md`;
+/// `TestRelay` has the same profiles for socket tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SimProfile {
+    /// Whatever the test sets (answers everything, EOSE always, no limits).
+    Plain,
+    /// nostr-rs-relay 0.8.12: no EOSE for `limit: 0`, 32 subscriptions then a NOTICE, no
+    /// limits in NIP-11, no NIP-77 (a NOTICE).
+    NostrRsRelay,
+    /// strfry 1.1: newest 500 per filter silently, 200 subscriptions then a NOTICE, at most
+    /// 3 tag keys per filter, NIP-77 on, its limits in NIP-11.
+    Strfry,
+    /// rust-nostr's LocalRelay: 500 per REQ without `limit`, 500 subscriptions then
+    /// `CLOSED "rate-limited: too many REQs"`, no NIP-11.
+    LocalRelay,
+    /// Lists NIP-77 in NIP-11 and never answers NEG-OPEN.
+    Nip77Refusing,
+}
+
+impl SimProfile {
+    /// Every profile, for tests that run across them.
+    pub(crate) const ALL: [SimProfile; 5] = [
+        SimProfile::Plain,
+        SimProfile::NostrRsRelay,
+        SimProfile::Strfry,
+        SimProfile::LocalRelay,
+        SimProfile::Nip77Refusing,
+    ];
+}
+
+impl FakeRelay {
+    /// Sets the behaviour of `profile` (fields a test set before may be overwritten).
+    pub(crate) fn profile(&mut self, profile: SimProfile) -> &mut FakeRelay {
+        match profile {
+            SimProfile::Plain => {}
+            SimProfile::NostrRsRelay => {
+                self.no_eose_for_live_only = true;
+                self.max_subs = Some(32);
+                self.too_many_notice =
+                    Some("Subscription error: Maximum concurrent subscription count reached");
+                self.publish_nip11 = false;
+                self.nip77 = Nip77Mode::Off;
+            }
+            SimProfile::Strfry => {
+                self.max_limit = Some(500);
+                self.max_subs = Some(200);
+                self.too_many_notice = Some("ERROR: too many concurrent REQs");
+                self.max_tag_keys = Some(3);
+                self.max_message_length = Some(131_072);
+                self.publish_nip11 = true;
+                self.nip77 = Nip77Mode::On;
+                self.advertise_nip77 = true;
+            }
+            SimProfile::LocalRelay => {
+                self.default_limit = Some(500);
+                self.max_subs = Some(500);
+                self.publish_nip11 = false;
+                self.nip77 = Nip77Mode::On;
+            }
+            SimProfile::Nip77Refusing => {
+                self.publish_nip11 = true;
+                self.advertise_nip77 = true;
+                self.nip77 = Nip77Mode::Silent;
+            }
+        }
+        self
+    }
 }
 
 impl FakeRelay {
@@ -716,10 +796,20 @@ impl World {
         f.reqs.push(filter.clone());
         if let Some(max) = f.max_subs {
             if !f.subs.contains_key(&sub_id) && f.subs.len() >= max {
-                let closed = frame3("CLOSED", &sub_id, "error: too many subscriptions");
-                self.send_text(&relay, &closed);
+                let answer = match f.too_many_notice {
+                    Some(text) => serde_json::json!(["NOTICE", text]).to_string(),
+                    None => frame3("CLOSED", &sub_id, "error: too many subscriptions"),
+                };
+                self.send_text(&relay, &answer);
                 return;
             }
+        }
+        if f.max_tag_keys
+            .is_some_and(|max| filter.generic_tags.len() > max)
+        {
+            let closed = frame3("CLOSED", &sub_id, "ERROR: bad req: too many tags in filter");
+            self.send_text(&relay, &closed);
+            return;
         }
         let answer = f.stored_answer(&filter);
         let drop_at = match f.drop_after {
@@ -734,6 +824,7 @@ impl World {
             None => None,
         };
         let withhold = f.withhold_eose
+            || (f.no_eose_for_live_only && filter.limit == Some(0))
             || f.no_eose_kind.is_some_and(|k| {
                 filter
                     .kinds
