@@ -102,6 +102,53 @@ fn own_relay_rate_limiting_writes_loses_nothing() {
     handle.shutdown(Duration::from_secs(10)).unwrap();
 }
 
+/// Issue 19, item 2: nostr-rs-relay answers `OK false "error: …"` while its database is
+/// locked (a backup, say). A spell of many rounds of `error:` answers, longer than any fixed
+/// number of retries, loses nothing: every event is sent again until stored, none is
+/// rejected, and events published meanwhile arrive too.
+#[test]
+fn own_relay_answering_error_for_a_while_loses_nothing() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    let (mut expected, issue) = seed(&own, &remote, 56);
+    own.set_reject_events(Some("error: database is locked".into()));
+    let mut c = config(&own);
+    c.forward.rate_limit_pause = Duration::from_millis(50);
+    let handle = grasp_sync::start(c).unwrap();
+    // At least eight rounds of failures (the old engine gave an event up after five).
+    assert!(
+        wait_until(Duration::from_secs(60), || handle
+            .status()
+            .forward_relay_errors
+            >= 8 * 56),
+        "{:#?}",
+        handle.status()
+    );
+    assert_eq!(own.len(), 2, "nothing stored while the relay fails");
+    assert_eq!(handle.status().rejected, 0, "an error: is not a verdict");
+    // Published during the spell.
+    let keys = Keys::generate();
+    for i in 0..5 {
+        let r = EventBuilder::new(Kind::Custom(1111), format!("during the spell {i}"))
+            .tag(Tag::parse(["e", &issue.id.to_hex()]).unwrap())
+            .finalize(&keys)
+            .unwrap();
+        remote.insert(&r);
+        expected.insert(r.id);
+    }
+    own.set_reject_events(None);
+    let ok = wait_until(Duration::from_secs(120), || own.event_ids() == expected);
+    let missing = expected.difference(&own.event_ids()).count();
+    assert!(ok, "missing {missing}: {:#?}", handle.status());
+    assert_eq!(handle.status().rejected, 0);
+    assert!(wait_until(Duration::from_secs(30), || handle
+        .status()
+        .forward_backlog
+        == 0));
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+}
+
 #[test]
 fn own_relay_rejection_is_counted_and_retried_when_the_index_changes() {
     let _ = env_logger::builder().is_test(true).try_init();

@@ -9,8 +9,11 @@
 //! * `OK false` with `auth-required:` while NIP-42 authentication is under way → re-queued by
 //!   [`ForwardQueue::requeue_auth_required`] (the forwarder pauses sending until
 //!   authenticated); otherwise an ordinary rejection.
-//! * `OK false` with `error:` (a failure of the relay, not a verdict) → re-queued after a
-//!   pause, at most [`MAX_ERROR_RETRIES`] times, then a rejection.
+//! * `OK false` with `error:` (a failure of the relay, not a verdict: nostr-rs-relay says so
+//!   while its database is locked) → re-queued at the back, and sending pauses, longer after
+//!   each `error:` in a row ([`error_pause`]: the rate-limit pause doubled, at most
+//!   [`MAX_ERROR_PAUSE`]) until an answer stores something. Never a rejection, however long
+//!   the spell: the event stays in the queue, whose bytes the pipeline bounds.
 //! * any other `OK false` → counted as rejected with its reason, kept (bounded) and re-offered
 //!   only when [`ForwardQueue::retry_rejected`] is called (the repository index changed, so the
 //!   own relay may now accept it); never retried blindly, never remembered as done.
@@ -91,8 +94,16 @@ impl Default for ForwardLimits {
     }
 }
 
-/// How often an event answered with `error:` is sent again before it counts as rejected.
-pub const MAX_ERROR_RETRIES: u8 = 5;
+/// The longest pause after `error:` answers in a row ([`error_pause`]).
+pub const MAX_ERROR_PAUSE: Duration = Duration::from_secs(60);
+
+/// The pause after the `errors`-th round of `error:` answers in a row (1 for the first):
+/// `base` (the rate-limit pause), doubled for each further one, at most [`MAX_ERROR_PAUSE`].
+pub fn error_pause(base: Duration, errors: u32) -> Duration {
+    let doublings = errors.saturating_sub(1).min(16);
+    base.saturating_mul(1 << doublings)
+        .min(MAX_ERROR_PAUSE.max(base))
+}
 
 /// What happened to an offered event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,8 +129,8 @@ pub enum OkOutcome {
     RateLimited,
     /// `auth-required:` while authentication is under way: re-queued.
     AuthRequired,
-    /// `error:` (a failure on the relay's side): re-queued after a pause, at most
-    /// [`MAX_ERROR_RETRIES`] times, then counted as rejected.
+    /// `error:` (a failure on the relay's side, not a verdict): re-queued; sending pauses
+    /// for [`error_pause`] of the `error:` answers in a row.
     RelayError,
     /// Rejected; the prefix of the relay's reason (the caller has the whole text).
     Rejected(Prefix),
@@ -134,11 +145,13 @@ pub struct ForwardCounters {
     pub stored: u64,
     /// Events the own relay already had.
     pub duplicates: u64,
-    /// Rejections: `OK false` other than `duplicate:` and `rate-limited:`, `auth-required:`
-    /// while authenticating, or `error:` within its retries.
+    /// Rejections: `OK false` other than `duplicate:`, `rate-limited:`, `error:`, and
+    /// `auth-required:` while authenticating.
     pub rejected: u64,
-    /// Re-sends after a timeout, a disconnect or a rate limit.
+    /// Re-sends after a timeout, a disconnect, a rate limit or an `error:`.
     pub resent: u64,
+    /// `error:` answers (each re-queued the event).
+    pub relay_errors: u64,
     /// Copies of an event that was stored or queued already.
     pub deduplicated: u64,
 }
@@ -162,8 +175,12 @@ pub struct ForwardQueue {
     /// Rejected events chosen for a retry, moved into the queue as the backlog has room.
     retrying: VecDeque<(EventId, Arc<str>)>,
     rejected_bytes: usize,
-    /// `error:` answers per event still being retried (bounded by the queue itself).
-    error_retries: IdMap<u8>,
+    /// Rounds of `error:` answers in a row (reset by an answer that stored something).
+    errors_in_a_row: u32,
+    /// Events that left the pipeline without an `OK` of their own since the last
+    /// [`ForwardQueue::take_settled`]: a retry of a rejected event dropped because the event
+    /// was stored or queued meanwhile.
+    settled: u64,
     paused_until: Option<Time>,
     counters: ForwardCounters,
 }
@@ -182,7 +199,8 @@ impl ForwardQueue {
             rejected_order: VecDeque::new(),
             retrying: VecDeque::new(),
             rejected_bytes: 0,
-            error_retries: IdMap::default(),
+            errors_in_a_row: 0,
+            settled: 0,
             paused_until: None,
             counters: ForwardCounters::default(),
         }
@@ -297,7 +315,7 @@ impl ForwardQueue {
             return OkOutcome::Unexpected;
         };
         if accepted || prefix == Prefix::Duplicate {
-            self.error_retries.remove(&id);
+            self.errors_in_a_row = 0;
         }
         if prefix == Prefix::Duplicate {
             self.stored.insert(id);
@@ -317,17 +335,20 @@ impl ForwardQueue {
             return OkOutcome::RateLimited;
         }
         if prefix == Prefix::Error {
-            let tries = self.error_retries.entry(id).or_insert(0);
-            *tries += 1;
-            if *tries <= MAX_ERROR_RETRIES {
-                // A failure of the relay, not a verdict on the event: try again shortly.
-                self.counters.resent += 1;
-                self.paused_until = Some(now.plus(self.limits.rate_limit_pause));
-                self.queued.insert(id);
-                self.queue.push_back((id, flight.raw));
-                return OkOutcome::RelayError;
+            // A failure of the relay, not a verdict on the event: sent again after a pause
+            // that grows while the failures go on, for as long as they last. The answers to
+            // one window of events sent together are one round: only an `error:` after the
+            // pause lengthens the next one.
+            self.counters.resent += 1;
+            self.counters.relay_errors += 1;
+            if self.paused_until.is_none_or(|t| now >= t) {
+                self.errors_in_a_row = self.errors_in_a_row.saturating_add(1);
+                let pause = error_pause(self.limits.rate_limit_pause, self.errors_in_a_row);
+                self.paused_until = Some(now.plus(pause));
             }
-            self.error_retries.remove(&id);
+            self.queued.insert(id);
+            self.queue.push_back((id, flight.raw));
+            return OkOutcome::RelayError;
         }
         self.counters.rejected += 1;
         self.keep_rejected(id, flight.raw);
@@ -407,10 +428,29 @@ impl ForwardQueue {
             let Some((id, raw)) = self.retrying.pop_front() else {
                 return;
             };
-            if !self.stored.contains(&id) && self.queued.insert(id) {
+            if !self.stored.contains(&id)
+                && !self.in_flight.contains_key(&id)
+                && self.queued.insert(id)
+            {
                 self.queue.push_back((id, raw));
+            } else {
+                // Stored, queued or in flight meanwhile: that copy carries the outcome.
+                self.settled += 1;
             }
         }
+    }
+
+    /// How many events left the pipeline without an `OK` of their own since the last call
+    /// (a retry of a rejected event that was stored, queued or in flight meanwhile). The
+    /// forwarder counts them as resolved, as it does an `OK`.
+    pub fn take_settled(&mut self) -> u64 {
+        std::mem::take(&mut self.settled)
+    }
+
+    /// Rounds of `error:` answers in a row, each after the pause of the one before (0 once an
+    /// answer stored something; 1 during the first pause of a spell).
+    pub fn errors_in_a_row(&self) -> u32 {
+        self.errors_in_a_row
     }
 
     /// Rejected events chosen for a retry that still wait for room in the backlog.
@@ -759,33 +799,108 @@ mod tests {
     }
 
     #[test]
-    fn relay_error_is_retried_a_few_times_then_rejected() {
+    fn relay_error_is_never_a_verdict_however_long_it_lasts() {
+        // An own relay answering `error:` for ten minutes (a locked database): the event is
+        // sent again after growing pauses, never rejected, and stored once the relay recovers.
         let mut t = Time::from_secs(0);
         let mut q = ForwardQueue::new(limits());
         q.offer(id(1), raw(1));
-        for _ in 0..MAX_ERROR_RETRIES {
-            let (sent, _) = q.poll_send(t).unwrap();
-            assert_eq!(
-                q.on_ok(sent, false, Prefix::of("error: database is locked"), t),
-                OkOutcome::RelayError
-            );
-            assert!(q.poll_send(t).is_none(), "paused");
-            t = t.plus(Duration::from_secs(2));
+        let mut pauses = Vec::new();
+        let mut last_sent = t;
+        while t.since(Time::from_secs(0)) < Duration::from_secs(600) {
+            match q.poll_send(t) {
+                Some((sent, _)) => {
+                    pauses.push(t.since(last_sent));
+                    last_sent = t;
+                    assert_eq!(
+                        q.on_ok(sent, false, Prefix::of("error: database is locked"), t),
+                        OkOutcome::RelayError
+                    );
+                }
+                None => t = t.plus(Duration::from_secs(1)),
+            }
         }
-        let (sent, _) = q.poll_send(t).unwrap();
-        assert!(matches!(
-            q.on_ok(sent, false, Prefix::of("error: database is locked"), t),
-            OkOutcome::Rejected(_)
-        ));
-        assert_eq!(q.counters().rejected, 1);
-        // A relay error followed by success is simply stored.
-        q.offer(id(2), raw(2));
-        t = t.plus(Duration::from_secs(2));
-        let (sent, _) = q.poll_send(t).unwrap();
-        q.on_ok(sent, false, Prefix::of("error: try again"), t);
-        t = t.plus(Duration::from_secs(2));
+        assert_eq!(q.counters().rejected, 0);
+        assert_eq!(q.rejected_kept(), 0);
+        assert_eq!(q.backlog(), 1, "still queued");
+        assert!(q.counters().relay_errors >= 10, "{pauses:?}");
+        // The pauses grow (2, 4, 8, … s) up to MAX_ERROR_PAUSE.
+        assert_eq!(pauses[1], Duration::from_secs(2));
+        assert_eq!(pauses[2], Duration::from_secs(4));
+        assert_eq!(*pauses.iter().max().unwrap(), MAX_ERROR_PAUSE);
+        // A copy from another relay meanwhile is not lost: the queued one carries it.
+        assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyQueued);
+        assert_eq!(q.offer_missing(id(1), raw(1)), Offer::AlreadyQueued);
+        // The relay recovers: stored, and the next error pauses only briefly again.
+        t = t.plus(MAX_ERROR_PAUSE);
         let (sent, _) = q.poll_send(t).unwrap();
         assert_eq!(q.on_ok(sent, true, Prefix::Other, t), OkOutcome::Stored);
+        assert_eq!(q.errors_in_a_row(), 0);
+        q.offer(id(2), raw(2));
+        let (sent, _) = q.poll_send(t).unwrap();
+        q.on_ok(sent, false, Prefix::of("error: try again"), t);
+        assert!(q.poll_send(t.plus(Duration::from_secs(1))).is_none());
+        assert!(q.poll_send(t.plus(Duration::from_secs(2))).is_some());
+    }
+
+    #[test]
+    fn a_retry_dropped_because_its_event_was_queued_or_stored_meanwhile_is_settled() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        let refs = |n: u8| {
+            let repo = format!("30617:{}:r", "ab".repeat(32));
+            let raw: Arc<str> = format!(
+                r#"{{"id":"{}","kind":1621,"tags":[["a","{repo}"]],"n":{n}}}"#,
+                id(n).to_hex()
+            )
+            .into();
+            (repo, raw)
+        };
+        let (repo, raw1) = refs(1);
+        let (_, raw2) = refs(2);
+        for (n, raw) in [(1, raw1.clone()), (2, raw2.clone())] {
+            q.offer(id(n), raw);
+            let (sent, _) = q.poll_send(t).unwrap();
+            q.on_ok(sent, false, Prefix::of("blocked: not related"), t);
+        }
+        assert_eq!(q.rejected_kept(), 2);
+        // Fill the backlog so the retries wait in `retrying`.
+        for n in 10..10 + limits().backlog as u8 {
+            q.offer(id(n), raw(n));
+        }
+        let changed = [repo].into_iter().collect();
+        assert_eq!(q.retry_rejected(&changed), 2);
+        assert_eq!(q.retrying(), 2);
+        assert_eq!(q.take_settled(), 0);
+        // The backlog drains: the retries enter the queue as it has room.
+        while let Some((sent, _)) = q.poll_send(t) {
+            q.on_ok(sent, true, Prefix::Other, t);
+        }
+        assert_eq!(q.retrying(), 0);
+        // The retries entered the queue (they were not stored yet) and were sent above.
+        assert_eq!(q.take_settled(), 0);
+        // Now the same again, but copies of both arrive (a NIP-77 fetch) while the retries
+        // wait for room: the copies are queued, and the retries find them queued.
+        for (n, raw) in [(3u8, refs(3).1), (4, refs(4).1)] {
+            q.offer(id(n), raw);
+            let (sent, _) = q.poll_send(t).unwrap();
+            q.on_ok(sent, false, Prefix::of("blocked: not related"), t);
+        }
+        for n in 10..10 + limits().backlog as u8 {
+            q.offer(id(n + 100), raw(n + 100));
+        }
+        assert_eq!(q.retry_rejected(&[refs(3).0].into_iter().collect()), 2);
+        q.offer_missing(id(3), refs(3).1);
+        q.offer_missing(id(4), refs(4).1);
+        while let Some((sent, _)) = q.poll_send(t) {
+            q.on_ok(sent, true, Prefix::Other, t);
+        }
+        assert_eq!(
+            q.take_settled(),
+            2,
+            "both retries found their events handled"
+        );
+        assert_eq!(q.take_settled(), 0);
     }
 
     #[test]

@@ -189,6 +189,8 @@ pub(crate) struct Forwarder {
     /// True from the moment the queue was full until it regained
     /// [`ForwardQueue::resume_room`]: no events are taken meanwhile.
     pub(crate) intake_paused: std::cell::Cell<bool>,
+    /// The warning of the current spell of `error:` answers was logged (one per spell).
+    pub(crate) error_spell_warned: std::cell::Cell<bool>,
 }
 
 impl Forwarder {
@@ -211,7 +213,7 @@ impl Forwarder {
                     let stop = self.session(&mut socket, &mut queue);
                     self.metrics.forward.connected.store(0, Ordering::Relaxed);
                     queue.on_disconnect();
-                    self.publish_counters(&queue);
+                    self.publish_counters(&mut queue);
                     if stop {
                         let _ = socket.close(None);
                         let _ = socket.flush();
@@ -382,13 +384,18 @@ impl Forwarder {
         });
     }
 
-    fn publish_counters(&self, queue: &ForwardQueue) {
+    fn publish_counters(&self, queue: &mut ForwardQueue) {
+        // Retries that found their event handled meanwhile are resolved like an `OK`.
+        for _ in 0..queue.take_settled() {
+            self.resolved();
+        }
         let c = queue.counters();
         let f = &self.metrics.forward;
         f.stored.store(c.stored, Ordering::Relaxed);
         f.duplicates.store(c.duplicates, Ordering::Relaxed);
         f.rejected.store(c.rejected, Ordering::Relaxed);
         f.resent.store(c.resent, Ordering::Relaxed);
+        f.relay_errors.store(c.relay_errors, Ordering::Relaxed);
         f.deduplicated.store(c.deduplicated, Ordering::Relaxed);
         f.queue_depth
             .store(queue.backlog() as u64, Ordering::Relaxed);
@@ -666,7 +673,7 @@ impl Forwarder {
         {
             self.metrics.forward.ok_latency.observe(now.since(sent));
         }
-        self.ok_outcome(event_id, message, outcome);
+        self.ok_outcome(event_id, message, outcome, queue.errors_in_a_row());
     }
 
     fn handle_text(
@@ -701,7 +708,13 @@ impl Forwarder {
         }
     }
 
-    fn ok_outcome(&self, event_id: nostr::event::EventId, message: &str, outcome: OkOutcome) {
+    fn ok_outcome(
+        &self,
+        event_id: nostr::event::EventId,
+        message: &str,
+        outcome: OkOutcome,
+        errors_in_a_row: u32,
+    ) {
         // Escaped only for the answers that log it (not once per stored event).
         let message = || escape_for_log(message, MAX_RELAY_TEXT);
         if matches!(
@@ -714,6 +727,7 @@ impl Forwarder {
         }
         match outcome {
             OkOutcome::Stored => {
+                self.error_spell_warned.set(false);
                 self.resolved();
                 debug!("own relay stored {event_id}")
             }
@@ -724,9 +738,15 @@ impl Forwarder {
             OkOutcome::RateLimited => {
                 info!("own relay rate-limits writes ({}); slowing down", message())
             }
+            OkOutcome::RelayError if !self.error_spell_warned.replace(true) => {
+                warn!(
+                    "own relay failed to store {event_id} ({}); it and whatever else fails is sent again, after pauses that grow while the failures last (never given up; counted in forward_relay_errors_total)",
+                    message()
+                )
+            }
             OkOutcome::RelayError => {
-                info!(
-                    "own relay failed to store {event_id} ({}); sending it again shortly",
+                debug!(
+                    "own relay failed to store {event_id} ({}), {errors_in_a_row} failures in a row",
                     message()
                 )
             }
@@ -984,6 +1004,7 @@ mod tests {
             reports,
             admissions: Admissions::default(),
             intake_paused: Default::default(),
+            error_spell_warned: Default::default(),
         };
         let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let thread = std::thread::spawn(move || {

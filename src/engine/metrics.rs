@@ -178,8 +178,10 @@ pub struct ForwardCounters {
     pub duplicates: AtomicU64,
     /// Rejected by the own relay.
     pub rejected: AtomicU64,
-    /// Sent again (timeout, disconnect, rate limit).
+    /// Sent again (timeout, disconnect, rate limit, `error:`).
     pub resent: AtomicU64,
+    /// `OK false "error: …"` answers (each event sent again, never given up).
+    pub relay_errors: AtomicU64,
     /// Copies dropped before sending (already stored or queued).
     pub deduplicated: AtomicU64,
     /// Events handed to the forwarder and not yet resolved (stored, duplicate, rejected or

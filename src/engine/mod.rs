@@ -195,6 +195,8 @@ pub struct Status {
     pub forward_queue_depth: u64,
     /// Events the forwarder sent again (OK timeout, disconnect, rate limit, `error:`).
     pub forward_resent: u64,
+    /// `error:` answers of the own relay (each event sent again, never given up).
+    pub forward_relay_errors: u64,
     /// The own relay's `OK` latency.
     pub ok_latency: LatencySnapshot,
     /// The own relay's rejections by reason prefix (fixed set, `other` last).
@@ -329,6 +331,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         reports: inputs_tx.clone(),
         admissions: Default::default(),
         intake_paused: Default::default(),
+        error_spell_warned: Default::default(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
@@ -473,6 +476,7 @@ impl SyncHandle {
             sync: m.counters(),
             forward_queue_depth: f.queue_depth.load(Ordering::Relaxed),
             forward_resent: f.resent.load(Ordering::Relaxed),
+            forward_relay_errors: f.relay_errors.load(Ordering::Relaxed),
             ok_latency: {
                 let (cumulative, sum_secs, count) = f.ok_latency.snapshot();
                 LatencySnapshot {

@@ -399,6 +399,11 @@ pub fn prometheus(status: &Status) -> String {
             "Events the forwarder sent to the own relay again.",
             status.forward_resent,
         ),
+        (
+            "forward_relay_errors_total",
+            "OK false \"error:\" answers of the own relay (the event is sent again, never given up).",
+            status.forward_relay_errors,
+        ),
     ] {
         p.single(name, "counter", help, v);
     }
@@ -535,6 +540,7 @@ pub fn status_json(status: &Status) -> Value {
             "backlog": status.forward_backlog,
             "queue_depth": status.forward_queue_depth,
             "resent": status.forward_resent,
+            "relay_errors": status.forward_relay_errors,
             "ok_latency_count": status.ok_latency.count,
             "ok_latency_sum_seconds": status.ok_latency.sum_secs,
         },
