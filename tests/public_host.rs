@@ -223,6 +223,9 @@ fn big_events_from_one_relay_stay_within_the_pipeline_byte_bound() {
     });
     let status = handle.status();
     assert!(waiting, "the relay thread waits at its share: {status:#?}");
+    // Back-pressure: the machine knows the relay is not read, its EOSE deadlines wait.
+    assert!(wait_until(DEADLINE, || handle
+        .with_machine(|m| m.is_stalled(&url(&remote)))));
     assert!(status.forward_bytes >= 1 << 20, "{}", status.forward_bytes);
     assert!(
         status.forward_bytes_peak <= 2 << 20,
@@ -238,6 +241,8 @@ fn big_events_from_one_relay_stay_within_the_pipeline_byte_bound() {
         "every big event arrives once the own relay is back: {:#?}",
         handle.status()
     );
+    assert!(wait_until(DEADLINE, || !handle
+        .with_machine(|m| m.is_stalled(&url(&remote)))));
     let status = handle.status();
     assert!(
         status.forward_bytes_peak <= 2 << 20,

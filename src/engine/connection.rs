@@ -361,7 +361,8 @@ impl ConnectionThread {
                     let Some(tx) = forward_to else {
                         unreachable!("the own relay's session forwards nothing");
                     };
-                    if !self.forward(tx, f.into(), &mut socket) {
+                    let generation = session.generation().unwrap_or_default();
+                    if !self.forward(tx, f.into(), &mut socket, generation) {
                         break SessionEnd::Stop;
                     }
                 }

@@ -29,6 +29,14 @@ impl ConnectionThread {
         true
     }
 
+    fn stalled(&self, generation: u64, active: bool) -> Report {
+        Report::RelayStalled {
+            relay: self.url.clone(),
+            generation,
+            active,
+        }
+    }
+
     fn report(&self, r: Report) -> bool {
         // The coordinator never waits on relay threads, so this cannot deadlock; the timeout
         // loop only lets a stopping engine end the thread.
@@ -57,6 +65,7 @@ impl ConnectionThread {
         forward: &Sender<ForwardItem>,
         mut item: ForwardItem,
         socket: &mut Socket,
+        generation: u64,
     ) -> bool {
         let mut pinger = BlockedPinger::new(self.ping_interval);
         // The byte bound: wait (pinging) until the event fits the pipeline and our share.
@@ -72,12 +81,20 @@ impl ConnectionThread {
                 waited = true;
                 RelayCounters::inc(&self.counters.forward_byte_waits);
                 debug!("{}: forward pipeline byte bound reached; waiting", self.url);
+                // Back-pressure like a full queue: this relay is not read meanwhile, so its
+                // EOSE deadlines must not count.
+                if !self.report(self.stalled(generation, true)) {
+                    return false;
+                }
             }
             if self.stopping() {
                 return false;
             }
             self.ping_if_due(socket, &mut pinger);
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if waited && !self.report(self.stalled(generation, false)) {
+            return false;
         }
         let unresolved = &self.metrics.forward.unresolved;
         unresolved.fetch_add(1, Ordering::Relaxed);

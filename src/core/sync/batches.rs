@@ -578,7 +578,7 @@ impl SyncMachine {
     /// Fails the batches of `relay` whose EOSE deadline passed (see
     /// [`SyncMachine::batch_awaits_eose`]).
     pub(super) fn expire_batches(&mut self, relay: &RelayUrl, now: Time) {
-        if self.forward_paused_since.is_some() {
+        if self.forward_paused_since.is_some() || self.is_stalled(relay) {
             return;
         }
         let timeout = self.config.eose_timeout;
@@ -601,7 +601,7 @@ impl SyncMachine {
     /// not come before the deadline: a relay may drop a query silently (nostr-rs-relay does
     /// under load). They are closed and sent again, never left "loading" for ever.
     pub(super) fn expire_loading(&mut self, url: &RelayUrl, now: Time) {
-        if self.forward_paused_since.is_some() {
+        if self.forward_paused_since.is_some() || self.is_stalled(url) {
             return;
         }
         let timeout = self.config.eose_timeout;
@@ -697,6 +697,42 @@ impl SyncMachine {
             }
             _ => {}
         }
+    }
+
+    /// True while the thread of `relay` waits for the forward pipeline's byte bound
+    /// ([`Report::RelayStalled`]): nothing is read from the relay, its EOSE deadlines wait.
+    pub fn is_stalled(&self, relay: &RelayUrl) -> bool {
+        self.remotes
+            .get(relay)
+            .is_some_and(|r| r.stalled_since.is_some())
+    }
+
+    /// The thread of `relay` began (`active`) or ended a wait for the forward pipeline's byte
+    /// bound ([`Report::RelayStalled`]): the relay's EOSE deadlines stop counting meanwhile
+    /// and resume from where they were, as [`Self::handle_back_pressure`] does for all.
+    pub(super) fn handle_relay_stalled(&mut self, relay: &RelayUrl, active: bool, now: Time) {
+        let Some(r) = self.remotes.get_mut(relay) else {
+            return;
+        };
+        match (active, r.stalled_since) {
+            (true, None) => {
+                debug!("{relay}: waiting for the forward pipeline's byte bound; its EOSE deadlines are suspended");
+                r.stalled_since = Some(now);
+            }
+            (false, Some(since)) => {
+                let paused = now.since(since);
+                debug!("{relay}: forward pipeline has room again after {paused:?}; its EOSE deadlines resume");
+                r.stalled_since = None;
+                for t in r.link.loading.values_mut() {
+                    *t = t.plus(paused);
+                }
+                for b in self.pending.get_mut(relay).into_iter().flatten() {
+                    b.started_at = b.started_at.plus(paused);
+                }
+            }
+            _ => return,
+        }
+        self.timers_stale.insert(relay.clone());
     }
 }
 

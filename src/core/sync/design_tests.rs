@@ -1239,6 +1239,50 @@ fn eose_deadlines_are_suspended_while_the_forward_queue_is_full() {
     assert_eq!(w.m.counters().batches_failed, 1);
 }
 
+/// Issue 19, item 5: a relay thread waiting for the forward pipeline's byte bound reads
+/// nothing from its relay, like a full queue: that relay's EOSE deadlines are suspended
+/// ([`Report::RelayStalled`], from the engine's relay thread).
+#[test]
+fn eose_deadlines_are_suspended_while_the_relays_thread_waits_for_the_byte_bound() {
+    let mut w = discovered_slow();
+    w.release_eose_where(A, is_l1);
+    let batch = batch_subs(&w);
+    assert_eq!(batch.len(), 3);
+    let url = RelayUrl::parse(A).unwrap();
+    let generation = w.m.relay_index()[&url].generation;
+    w.advance(secs(60));
+    w.inject(Report::RelayStalled {
+        relay: url.clone(),
+        generation,
+        active: true,
+    });
+    w.advance(secs(600));
+    assert_eq!(
+        batch_subs(&w),
+        batch,
+        "nothing fails while the relay is not read"
+    );
+    assert_eq!(w.m.counters().batches_failed, 0);
+    w.inject(Report::RelayStalled {
+        relay: url.clone(),
+        generation,
+        active: false,
+    });
+    // The deadline resumes where it stopped: 60 s were used, 60 s are left.
+    w.advance(secs(55));
+    assert_eq!(batch_subs(&w), batch);
+    w.advance(secs(10));
+    assert!(batch_subs(&w).is_empty(), "then the batch fails as usual");
+    assert_eq!(w.m.counters().batches_failed, 1);
+    // A report of an earlier connection changes nothing.
+    w.inject(Report::RelayStalled {
+        relay: url,
+        generation: generation.wrapping_sub(1),
+        active: true,
+    });
+    assert!(!w.m.is_stalled(&RelayUrl::parse(A).unwrap()));
+}
+
 #[test]
 fn rejected_events_are_retried_only_for_what_a_batch_changed() {
     let mut w = world(|_| {});

@@ -110,6 +110,10 @@ impl SyncMachine {
             state.disconnected_at = Some(now);
         }
         state.connection_status = ConnectionStatus::Disconnected;
+        if let Some(r) = self.remotes.get_mut(relay) {
+            // Its deadlines go with its subscriptions; a new connection starts unstalled.
+            r.stalled_since = None;
+        }
         if let Some(batches) = self.take_pending(relay) {
             self.counters.batches_failed += batches.len() as u64;
         }

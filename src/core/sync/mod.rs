@@ -215,6 +215,19 @@ pub enum Report {
         /// True when the queue became full.
         active: bool,
     },
+    /// The thread of `relay` waits (`active`) to hand an event over to the forwarder, or has
+    /// stopped waiting: the forward pipeline's byte bound (its total, or the relay's share)
+    /// is reached. While it waits it reads nothing from the relay, so the EOSE deadlines of
+    /// that relay's queries are suspended for that time, as for
+    /// [`Report::ForwardBackPressure`].
+    RelayStalled {
+        /// The relay.
+        relay: RelayUrl,
+        /// Generation of the connection.
+        generation: u64,
+        /// True when the wait began.
+        active: bool,
+    },
     /// A NOTICE from a relay.
     Notice {
         /// Relay.
@@ -974,9 +987,10 @@ impl SyncMachine {
 
     /// The EOSE deadline of `relay`: the earliest of its queries outside a batch sent
     /// without EOSE, and of its batches that wait for an EOSE ([`Self::batch_awaits_eose`]),
-    /// plus the EOSE timeout. None while the forward queue is full (remote reading pauses).
+    /// plus the EOSE timeout. None while the forward queue is full or the relay's thread
+    /// waits for the forward pipeline's byte bound (its reading pauses).
     fn eose_deadline_of(&self, relay: &RelayUrl) -> Option<Time> {
-        if self.forward_paused_since.is_some() {
+        if self.forward_paused_since.is_some() || self.is_stalled(relay) {
             return None;
         }
         let link = self.link_of(relay)?;
@@ -1073,6 +1087,15 @@ impl SyncMachine {
                 }
             }
             Report::ForwardBackPressure { active } => self.handle_back_pressure(active, now),
+            Report::RelayStalled {
+                relay,
+                generation,
+                active,
+            } => {
+                if self.is_current(&relay, generation) {
+                    self.handle_relay_stalled(&relay, active, now);
+                }
+            }
             Report::Notice {
                 relay,
                 generation,

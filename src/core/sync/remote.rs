@@ -33,6 +33,9 @@ pub(super) struct RemoteRelay {
     pub(super) late: Option<Late>,
     /// Items it confirmed with an incomplete batch: confirmed in memory, never saved.
     pub(super) incomplete: PendingItems,
+    /// Since when its thread waits for the forward pipeline's byte bound
+    /// ([`super::Report::RelayStalled`]); its EOSE deadlines are suspended meanwhile.
+    pub(super) stalled_since: Option<crate::core::time::Time>,
 }
 
 /// What a relay's NIP-11 publishes, as the machine uses it.
