@@ -5,7 +5,10 @@
 //!
 //! * `OK true`, or any answer starting with `duplicate:` → stored; the id is remembered in a
 //!   bounded set so the same event arriving from other relays is not sent again.
-//! * `OK false` with `rate-limited:` → re-queued; sending pauses for a cool-down.
+//! * `OK false` with `rate-limited:` → re-queued at the front; sending is paced: one event
+//!   per interval, a quarter longer per round of `rate-limited:` answers (from [`MIN_PACE`]
+//!   to [`MAX_PACE`]) and shorter per event stored, until the relay takes what we send again ([`ForwardQueue::throttle`] tells how long it has throttled us).
+//! * Events are sent announcements first, then root events, then the rest ([`send_class`]).
 //! * `OK false` with `auth-required:` while NIP-42 authentication is under way → re-queued by
 //!   [`ForwardQueue::requeue_auth_required`] (the forwarder pauses sending until
 //!   authenticated); otherwise an ordinary rejection.
@@ -152,6 +155,8 @@ pub struct ForwardCounters {
     pub resent: u64,
     /// `error:` answers (each re-queued the event).
     pub relay_errors: u64,
+    /// `rate-limited:` answers (each re-queued the event).
+    pub rate_limited: u64,
     /// Copies of an event that was stored or queued already.
     pub deduplicated: u64,
 }
@@ -166,7 +171,7 @@ struct InFlight {
 #[derive(Debug)]
 pub struct ForwardQueue {
     limits: ForwardLimits,
-    queue: VecDeque<(EventId, Arc<str>)>,
+    queue: ClassQueue,
     queued: IdSet,
     in_flight: IdMap<InFlight>,
     stored: RecentIds,
@@ -182,7 +187,107 @@ pub struct ForwardQueue {
     /// was stored or queued meanwhile.
     settled: u64,
     paused_until: Option<Time>,
+    /// While the own relay rate-limits us: the interval between two sends.
+    pace: Option<Duration>,
+    /// When the pace last doubled: a `rate-limited:` answer to an event sent before it
+    /// belongs to that round.
+    last_slow_down: Option<Time>,
+    /// Events stored in a row since the last `rate-limited:` answer.
+    successes: u32,
+    /// When the last round of `error:` answers began (the same rule).
+    last_error_round: Option<Time>,
+    /// Since when the own relay rate-limits us, and what it stored since.
+    throttle: Option<Throttle>,
     counters: ForwardCounters,
+}
+
+/// The own relay rate-limits our writes ([`ForwardQueue::throttle`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    /// The first `rate-limited:` answer of this spell.
+    pub since: Time,
+    /// Events stored since.
+    pub stored: u64,
+    /// The interval between two sends now.
+    pub pace: Duration,
+}
+
+impl Throttle {
+    /// Events the own relay stored per minute since the spell began (at `now`).
+    pub fn per_minute(&self, now: Time) -> f64 {
+        let secs = now.since(self.since).as_secs_f64().max(1.0);
+        self.stored as f64 * 60.0 / secs
+    }
+}
+
+/// The shortest interval between sends once the own relay rate-limits us; each further
+/// round of `rate-limited:` answers lengthens it by a quarter.
+pub const MIN_PACE: Duration = Duration::from_millis(100);
+
+/// The longest interval between sends (ngit-relay lets one event a minute through).
+pub const MAX_PACE: Duration = Duration::from_secs(60);
+
+/// The order in which queued events are sent: repository announcements and state (30617,
+/// 30618) first, then root events (patches, PRs, issues: 1617, 1618, 1621), then the rest.
+/// A relay that stores an event only when what it relates to is stored (ngit-relay) then
+/// takes more of a sync at the first try. Read from the JSON without parsing it: a wrong
+/// answer only changes the order.
+pub fn send_class(raw: &str) -> usize {
+    match json_kind(raw) {
+        Some(30617 | 30618) => 0,
+        Some(1617 | 1618 | 1621) => 1,
+        _ => 2,
+    }
+}
+
+/// The `kind` of an event's JSON: the number after the `"kind"` key (a `"kind"` inside a
+/// string has its quotes escaped; a tag value `"kind"` is not followed by a colon).
+fn json_kind(raw: &str) -> Option<u64> {
+    let bytes = raw.as_bytes();
+    let mut from = 0;
+    while let Some(i) = raw[from..].find("\"kind\"").map(|i| i + from) {
+        let backslashes = bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+        from = i + 6;
+        if backslashes % 2 == 1 {
+            continue;
+        }
+        // A tag value "kind" is followed by `,` or `]`; only the key by `:`.
+        let Some(rest) = raw[from..].trim_start().strip_prefix(':') else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        return rest[..digits].parse().ok();
+    }
+    None
+}
+
+/// Queued events by [`send_class`], each class in order.
+#[derive(Debug, Default)]
+struct ClassQueue {
+    classes: [VecDeque<(EventId, Arc<str>)>; 3],
+}
+
+impl ClassQueue {
+    fn push_back(&mut self, item: (EventId, Arc<str>)) {
+        self.classes[send_class(&item.1)].push_back(item);
+    }
+
+    fn push_front(&mut self, item: (EventId, Arc<str>)) {
+        self.classes[send_class(&item.1)].push_front(item);
+    }
+
+    fn pop_front(&mut self) -> Option<(EventId, Arc<str>)> {
+        self.classes.iter_mut().find_map(VecDeque::pop_front)
+    }
+
+    fn len(&self) -> usize {
+        self.classes.iter().map(VecDeque::len).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.classes.iter().all(VecDeque::is_empty)
+    }
 }
 
 impl ForwardQueue {
@@ -191,7 +296,7 @@ impl ForwardQueue {
     pub fn new(limits: ForwardLimits) -> ForwardQueue {
         ForwardQueue {
             limits,
-            queue: VecDeque::new(),
+            queue: ClassQueue::default(),
             queued: IdSet::default(),
             in_flight: IdMap::default(),
             stored: RecentIds::new(limits.remembered),
@@ -202,6 +307,11 @@ impl ForwardQueue {
             errors_in_a_row: 0,
             settled: 0,
             paused_until: None,
+            pace: None,
+            last_slow_down: None,
+            successes: 0,
+            last_error_round: None,
+            throttle: None,
             counters: ForwardCounters::default(),
         }
     }
@@ -299,6 +409,10 @@ impl ForwardQueue {
         }
         let (id, raw) = self.queue.pop_front()?;
         self.queued.remove(&id);
+        if let Some(pace) = self.pace {
+            // Paced while the own relay rate-limits us: one event per interval.
+            self.paused_until = Some(now.plus(pace));
+        }
         self.in_flight.insert(
             id,
             InFlight {
@@ -325,11 +439,14 @@ impl ForwardQueue {
         if accepted {
             self.stored.insert(id);
             self.counters.stored += 1;
+            self.speed_up();
             return OkOutcome::Stored;
         }
         if prefix == Prefix::RateLimited {
             self.counters.resent += 1;
-            self.paused_until = Some(now.plus(self.limits.rate_limit_pause));
+            self.counters.rate_limited += 1;
+            let sent = flight.deadline.minus(self.limits.ok_timeout);
+            self.slow_down(sent, now);
             self.queued.insert(id);
             self.queue.push_front((id, flight.raw));
             return OkOutcome::RateLimited;
@@ -341,7 +458,9 @@ impl ForwardQueue {
             // pause lengthens the next one.
             self.counters.resent += 1;
             self.counters.relay_errors += 1;
-            if self.paused_until.is_none_or(|t| now >= t) {
+            let sent = flight.deadline.minus(self.limits.ok_timeout);
+            if self.last_error_round.is_none_or(|r| sent > r) {
+                self.last_error_round = Some(now);
                 self.errors_in_a_row = self.errors_in_a_row.saturating_add(1);
                 let pause = error_pause(self.limits.rate_limit_pause, self.errors_in_a_row);
                 self.paused_until = Some(now.plus(pause));
@@ -353,6 +472,68 @@ impl ForwardQueue {
         self.counters.rejected += 1;
         self.keep_rejected(id, flight.raw);
         OkOutcome::Rejected(prefix)
+    }
+
+    /// A `rate-limited:` answer to an event sent at `sent`: the first of a round (answers to
+    /// events sent before the last slow-down belong to its round) lengthens the interval
+    /// between sends by a quarter (from [`MIN_PACE`], at most [`MAX_PACE`]) and pauses for a
+    /// quarter of it (the first of a spell for the rate-limit pause). Sending a little too fast costs a
+    /// refused send now and then; too slowly, the relay's rate: the pace errs on the fast side.
+    fn slow_down(&mut self, sent: Time, now: Time) {
+        self.successes = 0;
+        if self.last_slow_down.is_some_and(|s| sent <= s) {
+            return;
+        }
+        self.last_slow_down = Some(now);
+        let (pace, pause) = match self.pace {
+            None => (MIN_PACE, self.limits.rate_limit_pause.max(MIN_PACE)),
+            Some(p) => {
+                let p = p.mul_f64(1.25).clamp(MIN_PACE, MAX_PACE);
+                // Refused just before the relay's next slot: ask again soon, not a whole
+                // interval later.
+                (p, (p / 4).max(MIN_PACE))
+            }
+        };
+        self.pace = Some(pace);
+        self.throttle
+            .get_or_insert(Throttle {
+                since: now,
+                stored: 0,
+                pace,
+            })
+            .pace = pace;
+        self.paused_until = Some(now.plus(pause));
+    }
+
+    /// An event stored: while paced, the interval shrinks, the faster the more events in a
+    /// row were stored (by 5 %, then 10 %, …); below [`MIN_PACE`] pacing ends (the relay takes
+    /// what we send again) and so does the throttle spell.
+    fn speed_up(&mut self) {
+        let Some(pace) = self.pace else {
+            return;
+        };
+        self.successes = self.successes.saturating_add(1);
+        if let Some(t) = self.throttle.as_mut() {
+            t.stored += 1;
+        }
+        let factor = 0.95f64.powi(self.successes.min(20) as i32);
+        let next = pace.mul_f64(factor);
+        if next < MIN_PACE {
+            self.pace = None;
+            self.throttle = None;
+            self.last_slow_down = None;
+        } else {
+            self.pace = Some(next);
+            if let Some(t) = self.throttle.as_mut() {
+                t.pace = next;
+            }
+        }
+    }
+
+    /// The own relay's throttling of our writes, while it lasts: since when, what it stored
+    /// since, the interval between sends now. `None` when it takes what we send.
+    pub fn throttle(&self) -> Option<Throttle> {
+        self.throttle
     }
 
     /// Handles an `OK false "auth-required: …"` for `id` when NIP-42 authentication is under
@@ -901,6 +1082,117 @@ mod tests {
             "both retries found their events handled"
         );
         assert_eq!(q.take_settled(), 0);
+    }
+
+    #[test]
+    fn the_kind_is_read_from_the_key_not_from_strings_or_tag_values() {
+        assert_eq!(json_kind(r#"{"id":"x","kind":1621,"tags":[]}"#), Some(1621));
+        assert_eq!(json_kind(r#"{"kind" : 30617}"#), Some(30617));
+        // Inside the content the quotes are escaped; a tag value is followed by `,` or `]`.
+        assert_eq!(
+            json_kind(
+                r#"{"content":"say \"kind\":1","tags":[["t","kind"],["kind","x"]],"kind":1111}"#
+            ),
+            Some(1111)
+        );
+        // A content ending in a backslash closes its string before the key.
+        assert_eq!(json_kind(r#"{"content":"a\\","kind":7}"#), Some(7));
+        assert_eq!(json_kind(r#"{"kind":"x"}"#), None);
+        assert_eq!(json_kind("garbage"), None);
+        assert_eq!(send_class(r#"{"kind":30618}"#), 0);
+        assert_eq!(send_class(r#"{"kind":1618}"#), 1);
+        assert_eq!(send_class(r#"{"kind":1619}"#), 2);
+    }
+
+    #[test]
+    fn announcements_go_first_then_root_events_then_the_rest() {
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 100,
+            in_flight: 100,
+            ..limits()
+        });
+        let ev = |n: u8, kind: u16| -> Arc<str> { format!(r#"{{"n":{n},"kind":{kind}}}"#).into() };
+        q.offer(id(1), ev(1, 1111));
+        q.offer(id(2), ev(2, 1621));
+        q.offer(id(3), ev(3, 30617));
+        q.offer(id(4), ev(4, 1111));
+        q.offer(id(5), ev(5, 1617));
+        q.offer(id(6), ev(6, 30618));
+        let order: Vec<EventId> = std::iter::from_fn(|| q.poll_send(t).map(|(i, _)| i)).collect();
+        assert_eq!(order, [3, 6, 2, 5, 1, 4].map(id));
+    }
+
+    #[test]
+    fn a_throttling_own_relay_sets_the_pace_and_a_fast_one_ends_it() {
+        // An own relay that stores one event per 10 s and answers the rest `rate-limited:`.
+        let mut t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 1000,
+            in_flight: 64,
+            ..limits()
+        });
+        for n in 0..200u8 {
+            q.offer(id(n), raw(n));
+        }
+        let mut next_ok = t;
+        let mut sent = 0u64;
+        while t.since(Time::from_secs(0)) < Duration::from_secs(1800) {
+            while let Some((i, _)) = q.poll_send(t) {
+                sent += 1;
+                if t >= next_ok {
+                    next_ok = t.plus(Duration::from_secs(10));
+                    assert_eq!(q.on_ok(i, true, Prefix::Other, t), OkOutcome::Stored);
+                } else {
+                    q.on_ok(i, false, Prefix::of("rate-limited: slow down"), t);
+                }
+            }
+            t = t.plus(Duration::from_millis(100));
+        }
+        let stored = q.counters().stored;
+        // About one every 10 s for the half hour, nothing lost or rejected...
+        assert!((150..=181).contains(&stored), "{stored} stored");
+        assert_eq!(q.counters().rejected, 0);
+        assert_eq!(q.backlog() as u64 + stored, 200);
+        // ...without hammering: a few sends per stored event, not one per 100 ms tick.
+        assert!(sent < 4 * stored, "{sent} sends for {stored} stored");
+        let throttle = q.throttle().expect("throttled");
+        assert_eq!(throttle.since, Time::from_secs(0));
+        let rate = throttle.per_minute(t);
+        assert!((5.0..=6.1).contains(&rate), "{rate} a minute");
+        // The relay recovers: answers are fast, the pace shrinks and ends within minutes.
+        let recovered_at = t;
+        while q.throttle().is_some() && t.since(recovered_at) < Duration::from_secs(3600) {
+            match q.poll_send(t) {
+                Some((i, _)) => {
+                    q.on_ok(i, true, Prefix::Other, t);
+                }
+                None => t = t.plus(Duration::from_millis(100)),
+            }
+        }
+        let took = t.since(recovered_at);
+        assert!(
+            took < Duration::from_secs(120),
+            "{took:?} to end the pacing"
+        );
+        assert!(
+            q.throttle().is_none(),
+            "pacing ends once the relay takes what we send"
+        );
+        for n in 200..250u8 {
+            q.offer(id(n), raw(n));
+        }
+        t = t.plus(Duration::from_secs(1));
+        let waiting = q.backlog() as u64;
+        let before = q.counters().stored;
+        while let Some((i, _)) = q.poll_send(t) {
+            q.on_ok(i, true, Prefix::Other, t);
+        }
+        assert_eq!(
+            q.counters().stored - before,
+            waiting,
+            "unpaced again: all at once"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::core::auth::{
 };
 use crate::core::dedup::ForwardGate;
 use crate::core::dedup::IdMap;
-use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome};
+use crate::core::forward::{ForwardLimits, ForwardQueue, Offer, OkOutcome, Throttle};
 use crate::core::health::{BackoffPolicy, Health, Jitter};
 use crate::core::keepalive::{Keepalive, KeepaliveAction};
 use crate::core::message::escape_for_log;
@@ -68,6 +68,18 @@ impl From<Forward> for ForwardItem {
 }
 
 /// Name of the thread reading the own relay connection for the forwarder.
+/// Where the own relay's current spells of failures stand, for the log lines of an `OK`.
+#[derive(Debug, Clone, Copy)]
+struct Spell {
+    /// Rounds of `error:` answers in a row.
+    errors_in_a_row: u32,
+    /// This answer began a spell of rate limiting.
+    throttle_began: bool,
+}
+
+/// How long the own relay may rate-limit our writes before a warning says so.
+pub(crate) const THROTTLE_WARNING: Duration = Duration::from_secs(60);
+
 pub(crate) const READER_THREAD: &str = "forwarder-read";
 /// The longest wait without a deadline: a safety net, not a tick (every input wakes the
 /// forwarder at once).
@@ -191,6 +203,8 @@ pub(crate) struct Forwarder {
     pub(crate) intake_paused: std::cell::Cell<bool>,
     /// The warning of the current spell of `error:` answers was logged (one per spell).
     pub(crate) error_spell_warned: std::cell::Cell<bool>,
+    /// The warning of the current spell of rate limiting was logged (one per spell).
+    pub(crate) throttle_warned: std::cell::Cell<bool>,
 }
 
 impl Forwarder {
@@ -377,6 +391,32 @@ impl Forwarder {
             .fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Warns once per spell when the own relay has rate-limited our writes for more than
+    /// [`THROTTLE_WARNING`]: which relay, what it accepts, how long the backlog takes at that
+    /// rate, and where the fix is documented.
+    fn warn_if_throttled(&self, throttle: Option<Throttle>, waiting: usize, now: Time) {
+        let Some(t) = throttle else {
+            self.throttle_warned.set(false);
+            return;
+        };
+        let lasted = now.since(t.since);
+        if lasted < THROTTLE_WARNING || self.throttle_warned.replace(true) {
+            return;
+        }
+        let rate = t.per_minute(now);
+        let eta = if rate > 0.0 {
+            format!("about {:.0} minutes", waiting as f64 / rate)
+        } else {
+            "an unknown time".to_string()
+        };
+        warn!(
+            "own relay {} has rate-limited our writes for {} s: it stored {} events in that time ({rate:.1} a minute); {waiting} events wait, {eta} at this rate. Exempt grasp-sync's address from the relay's write rate limit: see docs/operations.md, \"Own relay write limits\"",
+            self.url,
+            lasted.as_secs(),
+            t.stored
+        );
+    }
+
     fn resolved(&self) {
         let u = &self.metrics.forward.unresolved;
         let _ = u.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -396,6 +436,11 @@ impl Forwarder {
         f.rejected.store(c.rejected, Ordering::Relaxed);
         f.resent.store(c.resent, Ordering::Relaxed);
         f.relay_errors.store(c.relay_errors, Ordering::Relaxed);
+        f.rate_limited.store(c.rate_limited, Ordering::Relaxed);
+        let throttle = queue.throttle();
+        let pace = throttle.map_or(0, |t| t.pace.as_millis() as u64);
+        f.pace_ms.store(pace, Ordering::Relaxed);
+        self.warn_if_throttled(throttle, queue.backlog(), self.clock.now());
         f.deduplicated.store(c.deduplicated, Ordering::Relaxed);
         f.queue_depth
             .store(queue.backlog() as u64, Ordering::Relaxed);
@@ -658,6 +703,7 @@ impl Forwarder {
             None => {}
         }
         let sent = queue.sent_at(&event_id);
+        let throttled_before = queue.throttle().is_some();
         // The one reading of the answer's NIP-01 prefix.
         let prefix = Prefix::of(message);
         let outcome = if !accepted
@@ -673,7 +719,11 @@ impl Forwarder {
         {
             self.metrics.forward.ok_latency.observe(now.since(sent));
         }
-        self.ok_outcome(event_id, message, outcome, queue.errors_in_a_row());
+        let spell = Spell {
+            errors_in_a_row: queue.errors_in_a_row(),
+            throttle_began: !throttled_before && queue.throttle().is_some(),
+        };
+        self.ok_outcome(event_id, message, outcome, spell);
     }
 
     fn handle_text(
@@ -713,8 +763,12 @@ impl Forwarder {
         event_id: nostr::event::EventId,
         message: &str,
         outcome: OkOutcome,
-        errors_in_a_row: u32,
+        spell: Spell,
     ) {
+        let Spell {
+            errors_in_a_row,
+            throttle_began,
+        } = spell;
         // Escaped only for the answers that log it (not once per stored event).
         let message = || escape_for_log(message, MAX_RELAY_TEXT);
         if matches!(
@@ -735,9 +789,11 @@ impl Forwarder {
                 self.resolved();
                 debug!("own relay already had {event_id}")
             }
-            OkOutcome::RateLimited => {
-                info!("own relay rate-limits writes ({}); slowing down", message())
-            }
+            OkOutcome::RateLimited if throttle_began => info!(
+                "own relay rate-limits writes ({}); sending at the pace it accepts (a warning follows if this lasts a minute)",
+                message()
+            ),
+            OkOutcome::RateLimited => debug!("own relay rate-limited {event_id} ({})", message()),
             OkOutcome::RelayError if !self.error_spell_warned.replace(true) => {
                 warn!(
                     "own relay failed to store {event_id} ({}); it and whatever else fails is sent again, after pauses that grow while the failures last (never given up; counted in forward_relay_errors_total)",
@@ -1005,6 +1061,7 @@ mod tests {
             admissions: Admissions::default(),
             intake_paused: Default::default(),
             error_spell_warned: Default::default(),
+            throttle_warned: Default::default(),
         };
         let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let thread = std::thread::spawn(move || {

@@ -182,6 +182,11 @@ pub struct ForwardCounters {
     pub resent: AtomicU64,
     /// `OK false "error: …"` answers (each event sent again, never given up).
     pub relay_errors: AtomicU64,
+    /// `OK false "rate-limited: …"` answers (each event sent again).
+    pub rate_limited: AtomicU64,
+    /// The interval between sends while the own relay rate-limits us, in milliseconds (0:
+    /// not paced).
+    pub pace_ms: AtomicU64,
     /// Copies dropped before sending (already stored or queued).
     pub deduplicated: AtomicU64,
     /// Events handed to the forwarder and not yet resolved (stored, duplicate, rejected or

@@ -197,6 +197,11 @@ pub struct Status {
     pub forward_resent: u64,
     /// `error:` answers of the own relay (each event sent again, never given up).
     pub forward_relay_errors: u64,
+    /// `rate-limited:` answers of the own relay (each event sent again).
+    pub forward_rate_limited: u64,
+    /// The interval between sends while the own relay rate-limits us, in milliseconds (0:
+    /// not paced).
+    pub forward_pace_ms: u64,
     /// The own relay's `OK` latency.
     pub ok_latency: LatencySnapshot,
     /// The own relay's rejections by reason prefix (fixed set, `other` last).
@@ -332,6 +337,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         admissions: Default::default(),
         intake_paused: Default::default(),
         error_spell_warned: Default::default(),
+        throttle_warned: Default::default(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
@@ -477,6 +483,8 @@ impl SyncHandle {
             forward_queue_depth: f.queue_depth.load(Ordering::Relaxed),
             forward_resent: f.resent.load(Ordering::Relaxed),
             forward_relay_errors: f.relay_errors.load(Ordering::Relaxed),
+            forward_rate_limited: f.rate_limited.load(Ordering::Relaxed),
+            forward_pace_ms: f.pace_ms.load(Ordering::Relaxed),
             ok_latency: {
                 let (cumulative, sum_secs, count) = f.ok_latency.snapshot();
                 LatencySnapshot {

@@ -404,6 +404,11 @@ pub fn prometheus(status: &Status) -> String {
             "OK false \"error:\" answers of the own relay (the event is sent again, never given up).",
             status.forward_relay_errors,
         ),
+        (
+            "forward_rate_limited_total",
+            "OK false \"rate-limited:\" answers of the own relay (the event is sent again, paced).",
+            status.forward_rate_limited,
+        ),
     ] {
         p.single(name, "counter", help, v);
     }
@@ -412,6 +417,12 @@ pub fn prometheus(status: &Status) -> String {
         "gauge",
         "Events queued or in flight in the forwarder.",
         status.forward_queue_depth,
+    );
+    p.single(
+        "forward_pace_seconds",
+        "gauge",
+        "Interval between sends while the own relay rate-limits writes (0: not paced).",
+        status.forward_pace_ms as f64 / 1000.0,
     );
     p.single(
         "forward_backlog",
@@ -541,6 +552,8 @@ pub fn status_json(status: &Status) -> Value {
             "queue_depth": status.forward_queue_depth,
             "resent": status.forward_resent,
             "relay_errors": status.forward_relay_errors,
+            "rate_limited": status.forward_rate_limited,
+            "pace_ms": status.forward_pace_ms,
             "ok_latency_count": status.ok_latency.count,
             "ok_latency_sum_seconds": status.ok_latency.sum_secs,
         },
