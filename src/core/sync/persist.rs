@@ -172,9 +172,13 @@ pub(super) fn wall_of(t: Time, now: Time) -> u64 {
     }
 }
 
-/// The earliest `since` of the history queries that a reconnect would continue; `Err` when
-/// one has no `since` (a first Layer 1, a page of it): then only a fresh sync is safe.
-fn unfinished_history_floor(link: &Link) -> Result<Option<u64>, ()> {
+/// The earliest `since` of the history queries that a reconnect would continue (`jobs`: the
+/// history of NIP-77 reconciliations outside a batch); `Err` when one has no `since` (a
+/// first Layer 1, a page of it): then only a fresh sync is safe.
+fn unfinished_history_floor<'a>(
+    link: &'a Link,
+    jobs: impl Iterator<Item = &'a Filter>,
+) -> Result<Option<u64>, ()> {
     if link.resume_overflow {
         return Err(());
     }
@@ -198,11 +202,13 @@ fn unfinished_history_floor(link: &Link) -> Result<Option<u64>, ()> {
         }
     }
     for (_, purpose, filter) in &link.reopen {
-        if !purpose.is_live() {
+        // A live purpose (Layer 1, a batch's REQ) closed before its EOSE waits to be
+        // reopened with its history: only a live-only filter carries none.
+        if !purpose.is_live() || filter.limit != Some(0) {
             take(filter)?;
         }
     }
-    for f in &link.resume {
+    for f in link.resume.iter().chain(jobs) {
         take(f)?;
     }
     if let (Some(ps), false) = (link.poll_since, link.polled.is_empty()) {
@@ -267,7 +273,10 @@ impl SyncMachine {
                     .minus(window)
                     .timestamp()
                     .as_secs();
-                match self.link_of(url).map(unfinished_history_floor) {
+                let floor = self
+                    .link_of(url)
+                    .map(|l| unfinished_history_floor(l, self.recon.unbatched_history_of(url)));
+                match floor {
                     Some(Err(())) => continue,
                     Some(Ok(Some(floor))) => since = since.min(floor),
                     _ => {}

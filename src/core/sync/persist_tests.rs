@@ -448,3 +448,62 @@ fn what_a_try_taught_about_nip77_survives_a_restart_and_nothing_else_is_saved() 
         assert_eq!(w.m.nip77_support(&a), want, "{learnt:?} after the restart");
     }
 }
+
+/// The own relay announces `r` on A; A's answers to Layer 1 are set up by `cfg` so that its
+/// history is still unread when the snapshot is taken.
+fn layer1_unread(cfg: impl FnOnce(&mut World)) -> World {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann);
+    cfg(&mut w);
+    w.start();
+    w.advance(Duration::from_secs(20));
+    w
+}
+
+/// Restarts from a snapshot while Layer 1 of A is unread; while the process is down, A gets
+/// an announcement five days old (a repository moved here). A quick reconnect's catch-up
+/// (`since` = a few minutes ago) would never read it: Layer 1 history must be read again.
+fn restart_and_expect_the_backdated_announcement(mut w: World, after: impl FnOnce(&mut World)) {
+    let snap = through_json(w.m.snapshot(w.now));
+    let t = w.secs();
+    let moved = announcement("moved", &[A], t - 5 * DAY);
+    w.relay(A).store.push(moved.clone());
+    after(&mut w);
+    w.restart(Duration::from_secs(2 * MIN), 0, Some(snap));
+    w.run_for(Duration::from_secs(30 * MIN), Duration::from_secs(10));
+    let mut want: Vec<Event> = w.relay(A).store.clone();
+    want.retain(|e| e.id != moved.id);
+    want.push(moved);
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+}
+
+/// Issue 19, item 5: a restart while Layer 1 runs as a NIP-77 job (the relay has not
+/// answered it yet). The job's history was not counted as unread, so the snapshot promised
+/// a quick reconnect and Layer 1 history was skipped until the daily resync.
+#[test]
+fn layer1_history_survives_a_restart_during_its_nip77_job() {
+    let w = layer1_unread(|w| {
+        let a = w.relay(A);
+        a.publish_nip11 = true;
+        a.advertise_nip77 = true;
+        a.nip77 = super::world::Nip77Mode::Silent;
+    });
+    restart_and_expect_the_backdated_announcement(w, |_| {});
+}
+
+/// Issue 19, item 5: a restart while a Layer 1 query closed before its EOSE waits to be
+/// reopened (its reopen entry has a live purpose, but carries history).
+#[test]
+fn layer1_history_survives_a_restart_while_it_waits_to_be_reopened() {
+    let mut w = layer1_unread(|w| w.relay(A).hold_eose = true);
+    let l1 = w.open_subs(A, is_l1);
+    assert!(!l1.is_empty(), "Layer 1 is open");
+    for sub in &l1 {
+        w.close_sub(A, sub, "error: shutting down");
+    }
+    assert!(w.open_subs(A, is_l1).is_empty(), "waits to be reopened");
+    restart_and_expect_the_backdated_announcement(w, |w| w.relay(A).hold_eose = false);
+}

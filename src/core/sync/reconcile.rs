@@ -248,6 +248,19 @@ impl Reconciler {
     pub(super) fn jobs_of(&self, relay: &RelayUrl) -> usize {
         self.jobs.values().filter(|j| j.relay == *relay).count()
     }
+
+    /// The history filters of the jobs of `relay` outside a batch (Layer 1, catch-up):
+    /// history not read yet, which a restart must read again (a batch's job is not: its
+    /// batch is not confirmed, so its items are not saved as such).
+    pub(super) fn unbatched_history_of<'a>(
+        &'a self,
+        relay: &'a RelayUrl,
+    ) -> impl Iterator<Item = &'a Filter> + 'a {
+        self.jobs
+            .values()
+            .filter(move |j| j.relay == *relay && j.batch.is_none())
+            .map(|j| &j.filter)
+    }
 }
 
 /// A filter of the history of `f` (no `limit`: paging applies the relay's page size).
