@@ -214,13 +214,16 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
 pub const MAX_QUEUED_PAGES: usize = 256;
 
 /// Bounds a relay's queue of waiting pages: when `queued` (pages waiting for a subscription
-/// slot on the relay) plus the plan's follow-ups would exceed `max`, the follow-ups are dropped and
-/// the query is reported incomplete instead (so a relay whose pages multiply cannot grow
-/// our memory without bound; its batch is confirmed incomplete, never silently).
+/// slot on the relay) plus the plan's follow-ups would exceed `max`, only the first
+/// follow-up is kept (it takes the place of the query that just ended, so the queue does not
+/// grow: a batch of thousands of root events, each of its queries paging on, always reads
+/// complete), and the others, the splits of one crowded second, are dropped and the query
+/// reported incomplete (so a relay whose pages multiply cannot grow our memory without bound;
+/// its batch is confirmed incomplete, never silently).
 pub fn bound_plan(mut plan: PagePlan, queued: usize, max: usize) -> PagePlan {
-    if !plan.next.is_empty() && queued.saturating_add(plan.next.len()) > max {
-        let n = plan.next.len();
-        plan.next.clear();
+    if plan.next.len() > 1 && queued.saturating_add(plan.next.len()) > max {
+        let n = plan.next.len() - 1;
+        plan.next.truncate(1);
         plan.partial_split = false;
         plan.incomplete.get_or_insert(format!(
             "{queued} pages already wait for this relay; {n} more would exceed {max}"
@@ -571,13 +574,20 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_makes_the_query_incomplete_instead_of_growing() {
+    fn a_full_queue_keeps_continuations_and_cuts_splits() {
         let p = plan_pages(&l2(&["x"]), &stats(10, 100, 200), &PageLimits::assumed(10));
         assert_eq!(p.next.len(), 1);
         let kept = bound_plan(p.clone(), MAX_QUEUED_PAGES - 1, MAX_QUEUED_PAGES);
         assert_eq!(kept, p, "room for one more");
-        let cut = bound_plan(p, MAX_QUEUED_PAGES, MAX_QUEUED_PAGES);
-        assert!(cut.next.is_empty());
+        // The next page of a query takes the place of the query: kept on a full queue.
+        let full = bound_plan(p.clone(), MAX_QUEUED_PAGES, MAX_QUEUED_PAGES);
+        assert_eq!(full, p, "a continuation never grows the queue");
+        // The splits of a crowded second do grow it: only the first is kept.
+        let mut split = p.clone();
+        split.next.push(l2(&["y"]));
+        split.next.push(l2(&["z"]));
+        let cut = bound_plan(split, MAX_QUEUED_PAGES, MAX_QUEUED_PAGES);
+        assert_eq!(cut.next, p.next);
         assert!(cut.incomplete.unwrap().contains("wait for this relay"));
         // A complete plan is untouched whatever the queue.
         let done = PagePlan::default();

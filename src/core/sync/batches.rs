@@ -9,7 +9,7 @@ use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
 use crate::core::filters::build_layer2_and_layer3_filters;
-use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
 };
@@ -328,7 +328,7 @@ impl SyncMachine {
         let plan = bound_plan(
             plan_pages(&info.filter, stats, &self.page_limits(relay)),
             queued,
-            MAX_QUEUED_PAGES,
+            self.config.max_queued_pages,
         );
         let generation = self.relays.get(relay).map_or(0, |s| s.generation);
         let mut page_subs = Vec::new();

@@ -811,3 +811,36 @@ fn live_coverage_after_a_quick_reconnect_needs_no_eose_on_every_profile() {
         );
     }
 }
+
+/// Issue 19, item 5: many queries of one batch page on at once while the relay's few
+/// subscription slots make their next pages wait. The bound on waiting pages used to drop
+/// follow-up pages (and confirm the batch incomplete) once it was reached: with the real
+/// bound, a relay with more than about 8,500 root events and capped pages. The next page of
+/// a query takes its place and is never dropped.
+#[test]
+fn every_query_of_a_big_batch_pages_to_the_end_however_many_wait() {
+    let mut w = World::new(OWN, |c| c.max_queued_pages = 2);
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 30 * DAY);
+    w.own.store.push(ann.clone());
+    let a = w.relay(A);
+    a.publish_nip11 = true;
+    a.default_limit = Some(5);
+    a.max_limit = Some(5);
+    a.max_subs = Some(3);
+    a.store.push(ann.clone());
+    let mut want = vec![ann];
+    for i in 0..300u64 {
+        let root = issue("r", &format!("issue {i}"), t - 20 * DAY + i * 60);
+        let re = reply(&root, &format!("reply {i}"), t - 10 * DAY + i * 60);
+        w.own.store.push(root.clone());
+        w.relay(A).store.push(root.clone());
+        w.relay(A).store.push(re.clone());
+        want.push(root);
+        want.push(re);
+    }
+    w.start();
+    w.run_for(Duration::from_secs(3_600), Duration::from_secs(10));
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+    assert_eq!(w.m.counters().incomplete_queries, 0);
+}

@@ -80,6 +80,10 @@ pub struct SyncConfig {
     /// an own relay with 100k repositories and 1M root events takes at most about 100 ms per
     /// tick on a small host; see docs/performance.md, Planning).
     pub max_batch_events: usize,
+    /// Page queries one relay may have waiting for a subscription slot before the splits of
+    /// a crowded second are cut (`core::paging::bound_plan`; default
+    /// [`crate::core::paging::MAX_QUEUED_PAGES`]). The next page of a query is never cut.
+    pub max_queued_pages: usize,
     /// Quick-reconnect window and `since` margin (design: 15 min).
     pub quick_reconnect_window: Duration,
     /// EOSE deadline: a batch with no EOSE for this long (counted from its last EOSE)
@@ -137,6 +141,7 @@ impl SyncConfig {
             bootstrap: Vec::new(),
             batch_window: Duration::from_secs(5),
             max_batch_events: 10_000,
+            max_queued_pages: crate::core::paging::MAX_QUEUED_PAGES,
             quick_reconnect_window: Duration::from_secs(15 * 60),
             eose_timeout: Duration::from_secs(120),
             disconnect_check_interval: Duration::from_secs(60),

@@ -9,7 +9,7 @@ use nostr::message::SubscriptionId;
 
 use crate::core::filters::self_subscription_filter;
 use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
-use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::relay_text::{ClosedReason, Prefix};
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
@@ -123,7 +123,7 @@ impl SyncMachine {
                 .iter()
                 .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
                 .count(),
-            MAX_QUEUED_PAGES,
+            self.config.max_queued_pages,
         );
         if let SubPurpose::Page { .. } = info.purpose {
             self.own_link.subs.remove(sub_id);

@@ -32,7 +32,7 @@ use nostr::message::SubscriptionId;
 
 use crate::core::filters::build_announcement_filter;
 use crate::core::message::escape_for_log;
-use crate::core::paging::{bound_plan, plan_pages, PageStats, MAX_QUEUED_PAGES};
+use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::state::ConnectionStatus;
 use crate::shared::RelayUrl;
 
@@ -684,7 +684,7 @@ impl SyncMachine {
         let plan = bound_plan(
             plan_pages(&info.filter, stats, &self.page_limits(&own)),
             0,
-            MAX_QUEUED_PAGES,
+            self.config.max_queued_pages,
         );
         if let Some(why) = &plan.incomplete {
             // Safe: a pair the own side lacks is only fetched again.
