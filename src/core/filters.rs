@@ -38,9 +38,10 @@ fn tag_filters(
     values: Vec<String>,
     tags: [SingleLetterTag; 3],
     since: Option<Timestamp>,
+    chunk_size: usize,
 ) -> Vec<Filter> {
     let mut filters = Vec::new();
-    for chunk in values.chunks(CHUNK_SIZE) {
+    for chunk in values.chunks(chunk_size.max(1)) {
         for tag in tags {
             let mut f = Filter::new().custom_tags(tag, chunk.iter().cloned());
             if let Some(ts) = since {
@@ -67,6 +68,7 @@ pub(crate) fn tagged_one_of_our_repo_event_filters(
             SingleLetterTag::LOWERCASE_Q,
         ],
         since,
+        CHUNK_SIZE,
     )
 }
 
@@ -86,6 +88,7 @@ pub(crate) fn tagged_one_of_our_root_event_filters(
             SingleLetterTag::LOWERCASE_Q,
         ],
         since,
+        CHUNK_SIZE,
     )
 }
 
@@ -97,6 +100,72 @@ pub(crate) fn build_layer2_and_layer3_filters(
 ) -> Vec<Filter> {
     let mut filters = tagged_one_of_our_repo_event_filters(repos, since);
     filters.extend(tagged_one_of_our_root_event_filters(root_events, since));
+    filters
+}
+
+/// How many Layer 2/3 filters `repos` repositories and `roots` root events take at
+/// `chunk_size` values per filter (three tag keys each side).
+pub(crate) fn layer2_and_layer3_count(repos: usize, roots: usize, chunk_size: usize) -> usize {
+    let chunk_size = chunk_size.max(1);
+    3 * (repos.div_ceil(chunk_size) + roots.div_ceil(chunk_size))
+}
+
+/// Layers 2 and 3 as live filters in at most `slots` filters where that is possible: the
+/// smallest chunk of at least [`CHUNK_SIZE`] and at most `max_chunk` values per filter that
+/// fits (consolidation into fewer, larger filters, so that a relay's subscription budget
+/// holds the whole live set and nothing is polled); `max_chunk` when nothing fits (the rest
+/// is then polled).
+pub(crate) fn live_layer2_and_layer3_filters(
+    repos: &HashSet<RepoRef>,
+    root_events: &HashSet<EventId>,
+    slots: usize,
+    max_chunk: usize,
+) -> Vec<Filter> {
+    let max_chunk = max_chunk.max(CHUNK_SIZE);
+    let fits = |c: usize| layer2_and_layer3_count(repos.len(), root_events.len(), c) <= slots;
+    let chunk = if fits(CHUNK_SIZE) || !fits(max_chunk) {
+        if fits(CHUNK_SIZE) {
+            CHUNK_SIZE
+        } else {
+            max_chunk
+        }
+    } else {
+        // The count falls as the chunk grows: the smallest chunk that fits.
+        let (mut lo, mut hi) = (CHUNK_SIZE, max_chunk);
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    };
+    let mut refs: Vec<String> = repos.iter().cloned().collect();
+    refs.sort();
+    let mut ids: Vec<String> = root_events.iter().map(|id| id.to_hex()).collect();
+    ids.sort();
+    let mut filters = tag_filters(
+        refs,
+        [
+            SingleLetterTag::LOWERCASE_A,
+            SingleLetterTag::UPPERCASE_A,
+            SingleLetterTag::LOWERCASE_Q,
+        ],
+        None,
+        chunk,
+    );
+    filters.extend(tag_filters(
+        ids,
+        [
+            SingleLetterTag::LOWERCASE_E,
+            SingleLetterTag::UPPERCASE_E,
+            SingleLetterTag::LOWERCASE_Q,
+        ],
+        None,
+        chunk,
+    ));
     filters
 }
 

@@ -844,3 +844,47 @@ fn every_query_of_a_big_batch_pages_to_the_end_however_many_wait() {
     w.assert_own_holds(&want.iter().collect::<Vec<_>>());
     assert_eq!(w.m.counters().incomplete_queries, 0);
 }
+
+/// Issue 19, item 6: steady state sends nothing. 1,200 repositories and 600 root events on a
+/// relay that publishes no NIP-11 limits (so the engine assumes 20 subscriptions): with 100
+/// values per filter the live set would take 54 subscriptions, and the rest was polled, about
+/// 38 REQs a minute for ever. Consolidated into fewer, larger filters it fits the budget:
+/// once synced, an hour passes without a REQ or a CLOSE, on every profile, and nothing is
+/// polled.
+#[test]
+fn steady_state_sends_nothing_with_1200_repositories_on_every_profile() {
+    use super::world::SimProfile;
+    for profile in SimProfile::ALL {
+        let mut w = World::new(OWN, |_| {});
+        let t = w.secs();
+        w.relay(A).profile(profile);
+        for i in 0..1_200u64 {
+            let d = format!("repo{i:04}");
+            let ann = announcement(&d, &[A], t - 30 * DAY + i);
+            w.own.store.push(ann.clone());
+            w.relay(A).store.push(ann);
+            if i % 2 == 0 {
+                let root = issue(&d, "an issue", t - 20 * DAY + i);
+                w.own.store.push(root.clone());
+                w.relay(A).store.push(root);
+            }
+        }
+        w.start();
+        w.run_for(Duration::from_secs(3_600), Duration::from_secs(10));
+        let url = RelayUrl::parse(A).unwrap();
+        let status = w.m.relay_statuses(w.now);
+        let a = status.iter().find(|s| s.url == url).unwrap();
+        assert_eq!(a.polled_queries, 0, "{profile:?}: nothing polled");
+        assert_eq!(a.pending_batches, 0, "{profile:?}: synced");
+        let reqs = w.relay(A).reqs.len();
+        let frames = w.frames_sent;
+        w.run_for(Duration::from_secs(3_600), Duration::from_secs(30));
+        assert_eq!(w.relay(A).reqs.len(), reqs, "{profile:?}: REQs in an hour");
+        assert_eq!(w.frames_sent, frames, "{profile:?}: frames in an hour");
+        // And a live event still arrives.
+        let late = issue("repo0007", "live", w.secs() - DAY);
+        w.publish(A, &late);
+        w.advance(Duration::from_secs(5));
+        assert!(w.own_ids().contains(&late.id), "{profile:?}: live");
+    }
+}

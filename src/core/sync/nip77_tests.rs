@@ -190,7 +190,8 @@ fn closed_falls_back_to_paged_reqs_with_the_exact_set() {
 
 #[test]
 fn silence_falls_back_to_paged_reqs_with_the_exact_set() {
-    falls_back_on(Nip77Mode::Silent, FallbackReason::Timeout);
+    // Advertised, never answering (nostr.wine): the first silence is the verdict.
+    falls_back_on(Nip77Mode::Silent, FallbackReason::Unsupported);
 }
 
 #[test]
@@ -199,10 +200,10 @@ fn malformed_hex_falls_back_to_paged_reqs_with_the_exact_set() {
 }
 
 #[test]
-fn an_advertising_relay_answering_with_a_notice_falls_back_at_the_deadline() {
-    // Advertised, yet answering like nostr-rs-relay: the NOTICE is not taken for a verdict
-    // on an advertised relay; the round's deadline is.
-    falls_back_on(Nip77Mode::Off, FallbackReason::Timeout);
+fn an_advertising_relay_answering_with_a_notice_is_read_by_req() {
+    // Advertised, yet answering its first NEG-OPEN with a NOTICE (nos.lol, nostr.mom:
+    // "negentropy disabled"): it does not speak NIP-77, and all its jobs give way at once.
+    falls_back_on(Nip77Mode::Off, FallbackReason::Unsupported);
 }
 
 #[test]

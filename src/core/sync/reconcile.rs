@@ -128,9 +128,10 @@ pub enum FallbackReason {
     NegErr,
     /// The relay closed the negentropy subscription (CLOSED).
     Closed,
-    /// A relay not known to speak NIP-77 answered with a NOTICE or not at all.
+    /// A relay that never answered a NEG-OPEN (advertising NIP-77 or not) answered its
+    /// first one with a NOTICE or not at all: every job of the relay gives way at once.
     Unsupported,
-    /// A round got no answer in time from a relay known to speak NIP-77.
+    /// A round got no answer in time from a relay that answered NEG-OPEN before.
     Timeout,
     /// A NEG-MSG that is not hex or not a valid negentropy message.
     Malformed,
@@ -597,11 +598,22 @@ impl SyncMachine {
         }
         self.drop_job(id);
         self.counters.reconcile_fallbacks[reason.index()] += 1;
+        let mut others = Vec::new();
         if reason == FallbackReason::Unsupported {
-            if let Some(r) = self.remote_mut(&relay) {
-                r.nip77 = Nip77Support::Unsupported;
+            let was = self
+                .remote_mut(&relay)
+                .map(|r| std::mem::replace(&mut r.nip77, Nip77Support::Unsupported));
+            if was.is_some_and(|w| w != Nip77Support::Unsupported) {
+                info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
+                // Its other jobs would each wait out their deadline in vain.
+                others = self
+                    .recon
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| j.relay == relay)
+                    .map(|(id, _)| *id)
+                    .collect();
             }
-            info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
         } else {
             info!(
                 "{relay}: reconciliation of {neg_id} gave way to paged REQs ({}: {why})",
@@ -623,6 +635,13 @@ impl SyncMachine {
                 }
                 self.replace_outstanding(&relay, b, &neg_id, vec![sub]);
             }
+        }
+        for other in others {
+            self.fallback(
+                other,
+                FallbackReason::Unsupported,
+                "the relay does not speak NIP-77",
+            );
         }
         self.pump_jobs();
     }
@@ -899,9 +918,13 @@ impl SyncMachine {
     }
 
     /// A NOTICE from `relay`: a relay not known to speak NIP-77 that answers NEG-OPEN with
-    /// a NOTICE (nostr-rs-relay and others answer unknown messages so) does not speak it.
+    /// a NOTICE (nostr-rs-relay and others answer unknown messages so) does not speak it,
+    /// even if its NIP-11 lists NIP-77 (nos.lol, nostr.mom: "negentropy disabled").
     pub(super) fn neg_notice(&mut self, relay: &RelayUrl, message: &str) {
-        if self.nip77_support(relay) != Nip77Support::Unknown {
+        if !matches!(
+            self.nip77_support(relay),
+            Nip77Support::Unknown | Nip77Support::Advertised
+        ) {
             return;
         }
         let ids: Vec<u64> = self
@@ -926,7 +949,13 @@ impl SyncMachine {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
-        let untried = self.nip77_support(&job.relay) == Nip77Support::Unknown;
+        // Never answered a NEG-OPEN (advertised or not: some relays list NIP-77 and stay
+        // silent, nostr.wine): one silence says it does not speak it, so the next jobs do
+        // not each wait out their deadline.
+        let untried = matches!(
+            self.nip77_support(&job.relay),
+            Nip77Support::Unknown | Nip77Support::Advertised
+        );
         match job.phase {
             Phase::OwnRead => self.fallback(
                 id,

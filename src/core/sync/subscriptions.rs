@@ -4,7 +4,9 @@ use log::{debug, info};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::{build_announcement_filter, build_layer2_and_layer3_filters};
+use crate::core::filters::{
+    build_announcement_filter, layer2_and_layer3_count, live_layer2_and_layer3_filters,
+};
 use crate::core::paging::PageLimits;
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
@@ -12,6 +14,10 @@ use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{history_since, live_only, Command, SubInfo, SubPurpose, SyncMachine};
+
+/// The most tag values in one live filter of a relay that publishes no
+/// `max_message_length` (see `SyncMachine::max_live_chunk`).
+pub(crate) const MAX_LIVE_CHUNK: usize = 1_000;
 
 impl SyncMachine {
     /// Opens one subscription (one REQ, one filter) on a remote relay; it counts as loading
@@ -110,15 +116,24 @@ impl SyncMachine {
     /// rebuild, so that they become live again.
     pub(super) fn promote_polled(&mut self, relay: &RelayUrl, now: Time) {
         let budget = self.budget(relay);
+        let max_chunk = self.max_live_chunk(relay);
         let Some(link) = self.link_of(relay) else {
             return;
         };
         let live = link.subs.values().filter(|i| i.purpose.is_live()).count();
+        // Or the whole live set fits the budget in fewer, larger filters (Layer 1, Layers
+        // 2+3, one slot kept for history): a rebuild consolidates it and polling ends.
+        // (Not while a batch is pending: its subscriptions stay open through a rebuild.)
+        let no_batch = self.pending.get(relay).is_none_or(|b| b.is_empty());
+        let consolidated_fits = no_batch
+            && self.relays.get(relay).is_some_and(|s| {
+                1 + layer2_and_layer3_count(s.repos.len(), s.root_events.len(), max_chunk) < budget
+            });
         if !link.polled.is_empty()
             && link.queue.is_empty()
             && link.loading.is_empty()
             && !link.rebuild_needed
-            && live + 1 < budget
+            && (live + 1 < budget || consolidated_fits)
         {
             debug!(
                 "{relay}: {} polled queries and {} free slots; rebuilding the live set",
@@ -145,13 +160,23 @@ impl SyncMachine {
             .subs
             .iter()
             .all(|(id, i)| i.purpose.is_live() && !link.loading.contains_key(id));
-        // A rebuild keeps the subscriptions of pending batches: it helps only when it can
-        // close one of the others.
+        // A rebuild keeps the subscriptions of pending batches and opens the live set again
+        // in what is left, one slot kept for history: it frees a slot only when more than
+        // one subscription can be closed beyond the budget. (With every slot but one held by
+        // a pending batch, a rebuild would close Layer 1 and open it again, at once, for
+        // ever: seen with a relay that advertises NIP-77 and never answers it.)
         let pending = self.pending.get(relay);
-        let closable = link.subs.values().any(|i| match i.purpose {
-            SubPurpose::Batch(id) => !pending.is_some_and(|bs| bs.iter().any(|b| b.batch_id == id)),
-            _ => true,
-        });
+        let closable_n = link
+            .subs
+            .values()
+            .filter(|i| match i.purpose {
+                SubPurpose::Batch(id) => {
+                    !pending.is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
+                }
+                _ => true,
+            })
+            .count();
+        let closable = closable_n > link.subs.len().saturating_sub(budget) + 1;
         if !link.queue.is_empty()
             && link.subs.len() >= budget
             && all_settled_live
@@ -164,6 +189,7 @@ impl SyncMachine {
                 link.queue.len(),
                 link.subs.len()
             );
+
             self.link(relay).rebuild_needed = true;
             self.timers.set(Timer::Consolidate(relay.clone()), now);
         }
@@ -214,6 +240,17 @@ impl SyncMachine {
         out
     }
 
+    /// The most tag values one live filter of `relay` takes: what fits its NIP-11
+    /// `max_message_length` (a value is 64 hex characters or a coordinate, about 70 bytes
+    /// quoted), else [`MAX_LIVE_CHUNK`] (a REQ of about 70 KB, below the 128 KiB that
+    /// nostr-rs-relay and strfry accept).
+    fn max_live_chunk(&self, relay: &RelayUrl) -> usize {
+        match self.nip11_of(relay).max_message {
+            Some(max) => (max.saturating_sub(400) / 80).clamp(1, MAX_LIVE_CHUNK),
+            None => MAX_LIVE_CHUNK,
+        }
+    }
+
     /// Opens Layer 1 (when `with_l1`) and Layers 2+3 of the confirmed items as live-only
     /// subscriptions (`limit: 0`, no `since`), as many as the budget allows with one slot
     /// left for history queries, each with a history catch-up from `since` that is closed
@@ -230,14 +267,6 @@ impl SyncMachine {
             return;
         };
         let generation = state.generation;
-        let mut queries = Vec::new();
-        if with_l1 {
-            queries.push((SubPurpose::Announcements, build_announcement_filter(None)));
-        }
-        let l23 = build_layer2_and_layer3_filters(&state.repos, &state.root_events, None);
-        for f in self.fit_filters(relay, l23) {
-            queries.push((SubPurpose::Live, f));
-        }
         // Transient history queries (catch-ups, pages, resumed queries) give their slot back at
         // EOSE: only live subscriptions take capacity from the live set.
         let open = self.link_of(relay).map_or(0, |l| {
@@ -248,6 +277,21 @@ impl SyncMachine {
             .saturating_sub(1)
             .saturating_sub(open)
             .max(usize::from(with_l1));
+        let mut queries = Vec::new();
+        if with_l1 {
+            queries.push((SubPurpose::Announcements, build_announcement_filter(None)));
+        }
+        // As few, larger filters as the budget needs, within the relay's message size.
+        let slots = capacity.saturating_sub(usize::from(with_l1));
+        let l23 = live_layer2_and_layer3_filters(
+            &state.repos,
+            &state.root_events,
+            slots,
+            self.max_live_chunk(relay),
+        );
+        for f in self.fit_filters(relay, l23) {
+            queries.push((SubPurpose::Live, f));
+        }
         let polled: Vec<Filter> = if queries.len() > capacity {
             queries
                 .split_off(capacity)
