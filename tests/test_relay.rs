@@ -943,3 +943,177 @@ fn send_closed_closes_one_subscription() {
     assert_eq!(m[2]["id"], e.id.to_hex());
     c.assert_quiet();
 }
+
+// ----- profiles of real relays (issue 19) -----
+
+use grasp_sync::testing::{Profile, WriteRate};
+
+fn reply_to(keys: &Keys, root: &Event, content: &str) -> Event {
+    EventBuilder::new(Kind::Custom(1111), content)
+        .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
+        .finalize(keys)
+        .unwrap()
+}
+
+#[test]
+fn nostr_rs_relay_profile_sends_no_eose_for_limit_0_and_a_notice_beyond_32_subscriptions() {
+    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::NostrRsRelay));
+    let keys = Keys::generate();
+    relay.insert(&issue(&keys, 1000, "stored"));
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["REQ", "live", {"kinds": [1621], "limit": 0}]));
+    c.assert_quiet();
+    // Live events still arrive.
+    let new = issue(&keys, 2000, "new");
+    relay.insert(&new);
+    assert_eq!(c.recv()[2]["id"], new.id.to_hex());
+    // A REQ with history gets its EOSE.
+    c.send_json(json!(["REQ", "hist", {"kinds": [1621]}]));
+    let mut frames = Vec::new();
+    while let Some(t) = c.recv_text_within(WAIT) {
+        let v: Value = serde_json::from_str(&t).unwrap();
+        frames.push(v.clone());
+        if v[0] == "EOSE" {
+            break;
+        }
+    }
+    assert_eq!(frames.last().unwrap(), &json!(["EOSE", "hist"]));
+    for i in 2..32 {
+        c.send_json(json!(["REQ", format!("s{i}"), {"kinds": [1], "limit": 0}]));
+    }
+    c.send_json(json!(["REQ", "s32", {"kinds": [1]}]));
+    let notice = c.recv();
+    assert_eq!(
+        notice,
+        json!([
+            "NOTICE",
+            "Subscription error: Maximum concurrent subscription count reached"
+        ])
+    );
+    c.assert_quiet();
+}
+
+#[test]
+fn strfry_profile_caps_at_500_silently_and_refuses_a_fourth_tag_key() {
+    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::Strfry));
+    let keys = Keys::generate();
+    for i in 0..510 {
+        relay.insert_silently(&issue(&keys, 1000 + i, &format!("issue {i}")));
+    }
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["REQ", "all", {"kinds": [1621]}]));
+    let mut events = 0;
+    loop {
+        let v = c.recv();
+        if v[0] == "EOSE" {
+            break;
+        }
+        events += 1;
+    }
+    assert_eq!(events, 500, "the newest 500, then EOSE");
+    c.send_json(json!(["REQ", "tags", {"#a": ["x"], "#A": ["x"], "#q": ["x"], "#e": ["x"]}]));
+    assert_eq!(
+        c.recv(),
+        json!(["CLOSED", "tags", "ERROR: bad req: too many tags in filter"])
+    );
+}
+
+#[test]
+fn local_relay_profile_rate_limits_writes_per_connection() {
+    let mut opts = TestRelayOptions::profile(Profile::LocalRelay);
+    opts.write_rate = Some(WriteRate {
+        burst: 3,
+        every: Duration::from_secs(3600),
+    });
+    let relay = TestRelay::start_with(opts);
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    for i in 0..3 {
+        assert_eq!(c.publish(&issue(&keys, 1000 + i, "ok"))[2], true);
+    }
+    let refused = c.publish(&issue(&keys, 2000, "over"));
+    assert_eq!(refused[2], false);
+    assert!(
+        refused[3].as_str().unwrap().starts_with("rate-limited:"),
+        "{refused}"
+    );
+    // Per connection: a new one has its own bucket.
+    let mut d = Client::connect(&relay);
+    assert_eq!(d.publish(&issue(&keys, 3000, "other connection"))[2], true);
+    assert_eq!(relay.len(), 4);
+}
+
+#[test]
+fn ngit_relay_profile_stores_only_what_relates_to_a_stored_repository() {
+    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::NgitRelay {
+        domain: "git.example.com".into(),
+    }));
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    let blocked = "blocked: event does not relate to a stored repository";
+    // An issue of a repository not stored yet.
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "repo"]).unwrap())
+        .tag(Tag::parse(["clone", "https://git.example.com/npub/repo.git"]).unwrap())
+        .tag(Tag::parse(["relays", "wss://git.example.com"]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let coordinate = format!("30617:{}:repo", keys.public_key().to_hex());
+    let root = EventBuilder::new(Kind::Custom(1621), "an issue")
+        .tag(Tag::parse(["a", &coordinate]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let reply = reply_to(&keys, &root, "a reply");
+    assert_eq!(
+        c.publish(&root),
+        json!(["OK", root.id.to_hex(), false, blocked])
+    );
+    // An announcement that does not list the domain is refused; one that does is stored.
+    let elsewhere = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "other"]).unwrap())
+        .tag(Tag::parse(["clone", "https://elsewhere.example/other.git"]).unwrap())
+        .tag(Tag::parse(["relays", "wss://git.example.com"]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    assert_eq!(c.publish(&elsewhere)[2], false);
+    assert_eq!(c.publish(&ann)[2], true);
+    // Now the issue relates to it, and the reply to the issue.
+    assert_eq!(c.publish(&reply)[3], blocked, "its root is not stored yet");
+    assert_eq!(c.publish(&root)[2], true);
+    assert_eq!(c.publish(&reply)[2], true);
+    assert_eq!(relay.len(), 3);
+}
+
+#[test]
+fn ngit_relay_profile_takes_15_events_then_rate_limits() {
+    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::NgitRelay {
+        domain: "127.0.0.1".into(),
+    }));
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    let states: Vec<Event> = (0..16)
+        .map(|i| {
+            EventBuilder::new(Kind::Custom(30618), "")
+                .tag(Tag::parse(["d", &format!("repo{i}")]).unwrap())
+                .finalize(&keys)
+                .unwrap()
+        })
+        .collect();
+    for s in &states[..15] {
+        assert_eq!(c.publish(s)[2], true, "30618 is always accepted");
+    }
+    let over = c.publish(&states[15]);
+    assert!(
+        over[3].as_str().unwrap().starts_with("rate-limited:"),
+        "{over}"
+    );
+}
+
+#[test]
+fn a_relay_listing_nip77_and_never_answering_it() {
+    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::Nip77Silent));
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, "6100000200"]));
+    c.assert_quiet();
+    assert_eq!(relay.neg_opens().len(), 1, "received, never answered");
+}

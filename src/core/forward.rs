@@ -1195,6 +1195,53 @@ mod tests {
         );
     }
 
+    /// Issue 19's figure: 2,000 events into an own relay that accepts 120 a minute (a token
+    /// bucket of 15 at once, then two a second, as ngit-relay's limiter with another rate).
+    /// The pace settles near the relay's rate: the sync takes little more than the 16.7
+    /// minutes the relay needs, with few refused sends.
+    #[test]
+    fn two_thousand_events_into_an_own_relay_taking_120_a_minute() {
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 4096,
+            ..ForwardLimits::default()
+        });
+        let id = |n: u16| {
+            EventId::from_byte_array({
+                let mut b = [0u8; 32];
+                b[..2].copy_from_slice(&n.to_be_bytes());
+                b
+            })
+        };
+        for n in 0..2000u16 {
+            q.offer(id(n), Arc::from(format!("{{\"n\":{n}}}")));
+        }
+        let start = Time::from_secs(0);
+        let mut t = start;
+        let (mut tokens, mut last) = (15.0f64, t);
+        let mut sends = 0u64;
+        while q.counters().stored < 2000 {
+            while let Some((i, _)) = q.poll_send(t) {
+                sends += 1;
+                tokens = (tokens + t.since(last).as_secs_f64() * 2.0).min(15.0);
+                last = t;
+                if tokens >= 1.0 {
+                    tokens -= 1.0;
+                    q.on_ok(i, true, Prefix::Other, t);
+                } else {
+                    q.on_ok(i, false, Prefix::of("rate-limited: slow down"), t);
+                }
+            }
+            t = t.plus(Duration::from_millis(50));
+            assert!(t.since(start) < Duration::from_secs(3600), "an hour");
+        }
+        let took = t.since(start);
+        let minutes = took.as_secs_f64() / 60.0;
+        eprintln!("2,000 events at 120 a minute: {minutes:.1} min, {sends} sends");
+        assert!(minutes < 2000.0 / 120.0 * 1.2, "{minutes:.1} min");
+        assert!(sends < 2000 * 2, "{sends} sends");
+        assert_eq!(q.counters().rejected, 0);
+    }
+
     #[test]
     fn byte_admission_bounds_the_total_and_each_relay_share() {
         let l = ForwardLimits {

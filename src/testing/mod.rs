@@ -24,11 +24,13 @@ use std::time::{Duration, Instant};
 pub mod internals;
 mod nip11;
 mod nip77;
+mod profile;
 mod relay;
 pub mod tls;
 
 pub use self::nip77::{Nip77Mode, RecordedNegOpen};
-pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions};
+pub use self::profile::Profile;
+pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions, WriteRate};
 
 /// Polls `cond` every 10 ms until it returns `true` (then returns `true`) or
 /// `deadline` has passed (then returns `false`). `cond` is always called at

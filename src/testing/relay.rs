@@ -144,6 +144,31 @@ pub struct TestRelayOptions {
     /// `["NEG-ERR", sub_id, "blocked: too many query results"]` (strfry's `maxSyncEvents`).
     /// `None`: no cap.
     pub nip77_max_records: Option<usize>,
+    /// No EOSE for a REQ whose filters all have `limit: 0` (nostr-rs-relay 0.8.12's
+    /// `needs_historical_events`); live events still arrive.
+    pub no_eose_for_live_only: bool,
+    /// Most generic tag keys (`#e`, `#a`, …) in one filter; a REQ with a filter beyond it is
+    /// answered `["CLOSED", sub, "ERROR: bad req: too many tags in filter"]` (strfry: 3).
+    pub max_tag_keys: Option<usize>,
+    /// Writes per connection as a token bucket: `burst` events at once, then one per `every`;
+    /// beyond it `["OK", id, false, "rate-limited: slow down"]` (ngit-relay: 15, then one a
+    /// minute; rust-nostr's relay builder: 60 a minute).
+    pub write_rate: Option<WriteRate>,
+    /// ngit-relay's rule for what it stores (`Some(domain)`): repository state (30618)
+    /// always; an announcement (30617) only when a `clone` and a `relays` tag both contain
+    /// `://<domain>`; any other event only when it refers to a stored event or address
+    /// (`e`, `E`, `a`, `A`, `q`) or a stored event refers to it. Otherwise
+    /// `["OK", id, false, "blocked: event does not relate to a stored repository"]`.
+    pub relates_to_stored: Option<String>,
+}
+
+/// A write rate limit ([`TestRelayOptions::write_rate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteRate {
+    /// Events accepted at once.
+    pub burst: u32,
+    /// One more token per this long.
+    pub every: Duration,
 }
 
 impl Default for TestRelayOptions {
@@ -162,6 +187,10 @@ impl Default for TestRelayOptions {
             ignore_time_window: false,
             nip77: Nip77Mode::Off,
             nip77_max_records: None,
+            no_eose_for_live_only: false,
+            max_tag_keys: None,
+            write_rate: None,
+            relates_to_stored: None,
         }
     }
 }
@@ -319,6 +348,25 @@ struct Conn {
     neg_sessions: HashMap<String, Session>,
     /// `NEG-MSG` replies sent on this connection ([`Nip77Mode::DropAfter`]).
     neg_replies: u64,
+    /// Write tokens left ([`TestRelayOptions::write_rate`]) and when they were counted.
+    write_tokens: Option<(f64, Instant)>,
+}
+
+impl Conn {
+    /// Takes a write token (true), or the connection is over its rate.
+    fn take_write_token(&mut self, rate: WriteRate) -> bool {
+        let now = Instant::now();
+        let (tokens, at) = self.write_tokens.unwrap_or((f64::from(rate.burst), now));
+        let refill = now.duration_since(at).as_secs_f64() / rate.every.as_secs_f64().max(1e-9);
+        let tokens = (tokens + refill).min(f64::from(rate.burst));
+        if tokens >= 1.0 {
+            self.write_tokens = Some((tokens - 1.0, now));
+            true
+        } else {
+            self.write_tokens = Some((tokens, now));
+            false
+        }
+    }
 }
 
 impl Conn {
@@ -1182,6 +1230,7 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
                 authed: false,
                 neg_sessions: HashMap::new(),
                 neg_replies: 0,
+                write_tokens: None,
             },
         );
     }
@@ -1572,6 +1621,24 @@ fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
     if let Some(msg) = &state.opts.reject_events {
         return Handled::frame(ok_frame(&event.id, false, msg));
     }
+    if let Some(rate) = state.opts.write_rate {
+        let limited = state
+            .conns
+            .get_mut(&conn_id)
+            .is_some_and(|c| !c.take_write_token(rate));
+        if limited {
+            return Handled::frame(ok_frame(&event.id, false, "rate-limited: slow down"));
+        }
+    }
+    if let Some(domain) = &state.opts.relates_to_stored {
+        if !state.store.contains(&event.id) && !relates_to_stored(&state.store, &event, domain) {
+            return Handled::frame(ok_frame(
+                &event.id,
+                false,
+                "blocked: event does not relate to a stored repository",
+            ));
+        }
+    }
     let id = event.id;
     if is_ephemeral(&event) {
         state.deliver(&event, raw);
@@ -1617,6 +1684,15 @@ fn handle_req(
     if let Some(msg) = &opts.closed_on_req {
         conn.subs.remove(&sub_id);
         return Handled::frame(closed_frame(&sub_id, msg));
+    }
+    if let Some(max) = opts.max_tag_keys {
+        if filters.iter().any(|f| f.generic_tags.len() > max) {
+            conn.subs.remove(&sub_id);
+            return Handled::frame(closed_frame(
+                &sub_id,
+                "ERROR: bad req: too many tags in filter",
+            ));
+        }
     }
     if let Some(max) = opts.max_subscriptions {
         if !conn.subs.contains_key(&sub_id) && conn.subs.len() >= max {
@@ -1676,6 +1752,7 @@ fn handle_req(
 
     state.next_generation += 1;
     let generation = state.next_generation;
+    let live_only = opts.no_eose_for_live_only && filters.iter().all(|f| f.limit == Some(0));
     conn.subs.insert(
         sub_id.clone(),
         Sub {
@@ -1686,7 +1763,7 @@ fn handle_req(
     state.max_subs_per_conn = state.max_subs_per_conn.max(conn.subs.len());
 
     let mut delayed_eose = None;
-    if !opts.withhold_eose {
+    if !opts.withhold_eose && !live_only {
         match opts.eose_delay {
             Some(delay) if !delay.is_zero() => {
                 delayed_eose = Some(PendingEose {
@@ -1702,4 +1779,49 @@ fn handle_req(
         frames,
         delayed_eose,
     }
+}
+
+/// ngit-relay's rule ([`TestRelayOptions::relates_to_stored`]).
+fn relates_to_stored(store: &Store, event: &Event, domain: &str) -> bool {
+    let kind = event.kind.as_u16();
+    let tag_values = |e: &Event, names: &[&str]| -> Vec<String> {
+        e.tags
+            .iter()
+            .filter(|t| {
+                t.as_slice()
+                    .first()
+                    .is_some_and(|n| names.contains(&n.as_str()))
+            })
+            .filter_map(|t| t.content().map(str::to_string))
+            .collect()
+    };
+    match kind {
+        30618 => return true,
+        30617 => {
+            let needle = format!("://{domain}");
+            let lists = |name: &str| {
+                event.tags.iter().any(|t| {
+                    t.as_slice().first().is_some_and(|n| n == name)
+                        && t.as_slice()[1..].iter().any(|v| v.contains(&needle))
+                })
+            };
+            return lists("clone") && lists("relays");
+        }
+        _ => {}
+    }
+    let address = |e: &Event| -> Option<String> {
+        let d = e.tags.identifier()?;
+        Some(format!("{}:{}:{d}", e.kind.as_u16(), e.pubkey.to_hex()))
+    };
+    let refs = tag_values(event, &["e", "E", "a", "A", "q"]);
+    let own_id = event.id.to_hex();
+    let own_address = address(event);
+    store.iter().any(|s| {
+        let stored = &s.event;
+        refs.iter()
+            .any(|r| *r == stored.id.to_hex() || address(stored).is_some_and(|a| a == *r))
+            || tag_values(stored, &["e", "E", "a", "A", "q"])
+                .iter()
+                .any(|r| *r == own_id || own_address.as_ref().is_some_and(|a| a == r))
+    })
 }
