@@ -1,6 +1,7 @@
 //! "No event lost" (issue 7): a seeded, randomized fault test over real sockets.
 //!
-//! Four remote test relays and the own relay (also a `TestRelay`) run on 127.0.0.1. A seeded
+//! Four remote test relays and the own relay (also a `TestRelay`) run on 127.0.0.1; each
+//! remote relay has the profile of a real relay, drawn from the seed. A seeded
 //! RNG builds a world of repositories (kind 30617 announcements whose `relays` tags name some
 //! of the remote relays, sometimes the own relay too), repository states (30618), root
 //! events (patches 1617, pull requests 1618, issues 1621), replies (1111 with `E`/`e`, 1622
@@ -51,7 +52,7 @@ use std::fmt::Write as _;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::testing::{wait_until, Profile, TestRelay, TestRelayOptions};
 use grasp_sync::Config;
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
 use nostr::filter::MatchEventOptions;
@@ -243,6 +244,8 @@ impl Faults {
 struct World {
     seed: u64,
     rng: StdRng,
+    /// The profile of each remote relay (`None`: the plain `TestRelay`).
+    profiles: Vec<Option<Profile>>,
     own: Option<TestRelay>,
     remotes: Vec<Option<TestRelay>>,
     remote_urls: Vec<String>,
@@ -299,11 +302,34 @@ enum Age {
 
 impl World {
     fn new(seed: u64) -> World {
+        let mut rng = StdRng::seed_from_u64(seed);
+        // Each remote relay behaves like a real one, chosen by the seed (issue 19).
+        let profiles: Vec<Option<Profile>> = (0..REMOTES)
+            .map(|_| match rng.random_range(0..5) {
+                0 => None,
+                1 => Some(Profile::NostrRsRelay),
+                2 => Some(Profile::Strfry),
+                3 => Some(Profile::LocalRelay),
+                _ => Some(Profile::Nip77Silent),
+            })
+            .collect();
         let own = TestRelay::start();
-        let remotes: Vec<TestRelay> = (0..REMOTES).map(|_| TestRelay::start()).collect();
+        let remotes: Vec<TestRelay> = profiles
+            .iter()
+            .map(|p| match p {
+                Some(p) => TestRelay::start_with(TestRelayOptions::profile(p.clone())),
+                None => TestRelay::start(),
+            })
+            .collect();
+        let log = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("setup: R{i} profile {p:?}"))
+            .collect();
         World {
             seed,
-            rng: StdRng::seed_from_u64(seed),
+            rng,
+            profiles,
             own_url: own.url(),
             remote_urls: remotes.iter().map(TestRelay::url).collect(),
             own: Some(own),
@@ -317,9 +343,22 @@ impl World {
             step: None,
             counter: 0,
             faults: Faults::default(),
-            log: Vec::new(),
+            log,
             closed: Vec::new(),
         }
+    }
+
+    /// Sets the result cap of `p`, except on a relay with strfry's profile: strfry caps at
+    /// the `max_limit` its NIP-11 publishes (500), and a cap below it would be a relay that
+    /// lies about its limit.
+    fn set_cap(&mut self, p: Place, cap: Option<usize>) -> bool {
+        if let Place::Remote(i) = p {
+            if self.profiles[i] == Some(Profile::Strfry) {
+                return false;
+            }
+        }
+        self.relay(p).set_result_cap(cap);
+        true
     }
 
     fn own(&self) -> &TestRelay {
@@ -484,8 +523,9 @@ impl World {
         }
         for i in 0..REMOTES {
             let cap = CAPS[self.rng.random_range(0..CAPS.len())];
-            self.remote(i).set_result_cap(cap);
-            self.note(format!("R{i} cap {cap:?}"));
+            if self.set_cap(Place::Remote(i), cap) {
+                self.note(format!("R{i} cap {cap:?}"));
+            }
         }
         // The first sync reads whole histories: cut some of them mid-answer (always one
         // remote relay).
@@ -781,9 +821,10 @@ impl World {
             _ => {
                 let p = self.random_place(0.2);
                 let cap = CAPS[self.rng.random_range(0..CAPS.len())];
-                self.relay(p).set_result_cap(cap);
-                self.faults.caps += 1;
-                self.note(format!("cap {} = {cap:?}", p.label()));
+                if self.set_cap(p, cap) {
+                    self.faults.caps += 1;
+                    self.note(format!("cap {} = {cap:?}", p.label()));
+                }
             }
         }
     }

@@ -214,6 +214,39 @@ impl NostrRsRelay {
         panic!("nostr-rs-relay did not start:\n{}", failures.join("\n"));
     }
 
+    /// Stops the relay and starts it again on the same port with the same database (a
+    /// restart the engine meets as a quick reconnect).
+    fn restart(&mut self) {
+        let bin = relay_binary().expect("the binary that started it");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = File::options()
+            .append(true)
+            .open(self.dir.join("relay.log"))
+            .expect("open relay.log");
+        self.child = Command::new(bin)
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .arg("--db")
+            .arg(&self.dir)
+            .env(
+                "RUST_LOG",
+                std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("restart nostr-rs-relay");
+        let took = self.wait_ready().unwrap_or_else(|why| {
+            panic!(
+                "nostr-rs-relay did not restart: {why}\n{}",
+                self.log_tail(20)
+            )
+        });
+        eprintln!("nostr-rs-relay restarted on port {} in {took:?}", self.port);
+    }
+
     /// Polls until the relay serves its NIP-11 document (which implies a TCP connect), and
     /// checks that it is nostr-rs-relay answering, not some other listener on the port.
     fn wait_ready(&mut self) -> Result<Duration, String> {
@@ -707,6 +740,8 @@ struct Remote40 {
     seeds: Seeds,
     /// The announcements, in the order they are put on the own relay.
     announcements: Vec<Event>,
+    /// The issue of each repository (on nostr-rs-relay).
+    issues: Vec<Event>,
     roots: usize,
 }
 
@@ -819,6 +854,7 @@ fn remote40(test: &str, announce_now: bool) -> Option<Remote40> {
         nrr,
         seeds: s,
         announcements,
+        issues,
         roots: REPOS + 1,
     })
 }
@@ -886,6 +922,56 @@ fn nostr_rs_relay_as_a_remote_relay() {
     );
     let handle = engine(url(&net.own));
     check_remote("nostr-rs-relay as a remote relay", &net, &handle);
+    stop(handle, &[&net.own]);
+}
+
+/// nostr-rs-relay sends no EOSE for a REQ whose filters all have `limit: 0` (issue 19). After
+/// it restarts (a quick reconnect), every live event published on it reaches the own relay,
+/// and in steady state no query is asked again at its EOSE deadline (the live subscriptions
+/// used to be closed and sent again every deadline, losing what was published in the gaps).
+#[test]
+fn nostr_rs_relay_restarted_delivers_live_events_without_churn() {
+    init_logging();
+    let Some(mut net) = remote40(
+        "nostr_rs_relay_restarted_delivers_live_events_without_churn",
+        true,
+    ) else {
+        return;
+    };
+    let handle = engine(url(&net.own));
+    check_remote("nostr-rs-relay before its restart", &net, &handle);
+    let ux = net.nrr.relay_url();
+    let connects = handle.status().relay(&ux).map_or(0, |r| r.connects);
+    net.nrr.restart();
+    assert!(
+        wait_until(DEADLINE, || handle
+            .status()
+            .relay(&ux)
+            .is_some_and(
+                |r| r.connects > connects && r.connection_status == ConnectionStatus::Connected
+            )),
+        "{:#?}",
+        handle.status()
+    );
+    let eve = Keys::generate();
+    for (i, issue) in net.issues.iter().take(10).enumerate() {
+        let reply = comment(&eve, issue, &format!("live after the restart {i}"));
+        net.nrr.publish(std::slice::from_ref(&reply));
+        net.seeds
+            .book
+            .expect(&format!("live reply {i} (nrr)"), &reply, &[]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    check_remote("nostr-rs-relay after its restart", &net, &handle);
+    let resent = handle.with_machine(|m| m.counters().queries_resent);
+    std::thread::sleep(EOSE_TIMEOUT * 2 + Duration::from_secs(2));
+    let again = handle.with_machine(|m| m.counters().queries_resent);
+    assert_eq!(
+        again,
+        resent,
+        "queries asked again in steady state: {:#?}",
+        handle.status()
+    );
     stop(handle, &[&net.own]);
 }
 
