@@ -1153,3 +1153,154 @@ fn nostr_rs_relay_answers_nip77_as_the_test_relay_does_when_off() {
     }
     assert_eq!(answers(ws), real);
 }
+
+// ----- an own relay answering `error:` for a while (issue 19) -----
+
+/// A websocket proxy on 127.0.0.1 in front of `upstream`: frames pass through both ways,
+/// except that while `failing` is set every `EVENT` from the client is answered
+/// `["OK", id, false, "error: database is locked"]` and not passed on, as nostr-rs-relay
+/// answers while its SQLite database is locked (a backup, a long read).
+struct ErrorProxy {
+    port: u16,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    errors: std::sync::Arc<AtomicU64>,
+}
+
+impl ErrorProxy {
+    fn start(upstream: String) -> ErrorProxy {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let failing = Arc::new(AtomicBool::new(false));
+        let errors = Arc::new(AtomicU64::new(0));
+        let (f, e) = (failing.clone(), errors.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (f, e, up) = (f.clone(), e.clone(), upstream.clone());
+                std::thread::spawn(move || proxy_connection(stream, &up, &f, &e));
+            }
+        });
+        ErrorProxy {
+            port,
+            failing,
+            errors,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("ws://127.0.0.1:{}", self.port)
+    }
+}
+
+fn proxy_connection(
+    stream: TcpStream,
+    upstream: &str,
+    failing: &std::sync::atomic::AtomicBool,
+    errors: &AtomicU64,
+) {
+    let Ok(mut client) = tungstenite::accept(stream) else {
+        return;
+    };
+    let Ok((mut server, _)) = tungstenite::connect(upstream) else {
+        return;
+    };
+    let tick = Some(Duration::from_millis(5));
+    let _ = client.get_ref().set_read_timeout(tick);
+    if let MaybeTlsStream::Plain(s) = server.get_ref() {
+        let _ = s.set_read_timeout(tick);
+    }
+    let timeout = |e: &tungstenite::Error| matches!(e, tungstenite::Error::Io(io) if matches!(io.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut));
+    loop {
+        match client.read() {
+            Ok(Message::Text(t)) => {
+                let text = t.as_str();
+                let event = serde_json::from_str::<Value>(text)
+                    .ok()
+                    .filter(|v| v[0] == "EVENT");
+                match event {
+                    Some(v) if failing.load(Ordering::SeqCst) => {
+                        errors.fetch_add(1, Ordering::SeqCst);
+                        let ok = serde_json::json!([
+                            "OK",
+                            v[1]["id"],
+                            false,
+                            "error: database is locked"
+                        ]);
+                        if client.send(Message::text(ok.to_string())).is_err() {
+                            return;
+                        }
+                    }
+                    _ => {
+                        if server.send(Message::text(text)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            Ok(Message::Close(_)) => return,
+            Ok(m) => {
+                if server.send(m).is_err() {
+                    return;
+                }
+            }
+            Err(e) if timeout(&e) => {}
+            Err(_) => return,
+        }
+        match server.read() {
+            Ok(Message::Close(_)) => return,
+            Ok(m) => {
+                if client.send(m).is_err() {
+                    return;
+                }
+            }
+            Err(e) if timeout(&e) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// nostr-rs-relay as the own relay, answering every write `error:` for 12 seconds mid-sync
+/// (through a proxy that injects the answer nostr-rs-relay gives while its database is
+/// locked). An `error:` is never a verdict: every event is sent again until stored, nothing
+/// is rejected, and the own relay ends with the exact set (issue 19; 25 of 56 events were
+/// lost for good in the try that found it).
+#[test]
+fn nostr_rs_relay_as_the_own_relay_answering_error_for_a_while_loses_nothing() {
+    init_logging();
+    let Some(nrr) = NostrRsRelay::start_or_skip(
+        "nostr_rs_relay_as_the_own_relay_answering_error_for_a_while_loses_nothing",
+    ) else {
+        return;
+    };
+    let proxy = ErrorProxy::start(nrr.url());
+    let remote = TestRelay::start();
+    let r = OneRepo::new(&remote);
+    nrr.publish(std::slice::from_ref(&r.ann));
+    remote.insert(&r.ann);
+    remote.insert(&r.issue);
+    let mut expected: HashSet<EventId> = [r.ann.id, r.issue.id].into();
+    for i in 0..56 {
+        let reply = r.reply(&format!("reply {i}"));
+        remote.insert(&reply);
+        expected.insert(reply.id);
+    }
+    proxy.failing.store(true, Ordering::SeqCst);
+    let handle = engine(RelayUrl::parse(&proxy.url()).unwrap());
+    assert!(
+        wait_until(DEADLINE, || proxy.errors.load(Ordering::SeqCst) > 0),
+        "no write reached the failing relay"
+    );
+    std::thread::sleep(Duration::from_secs(12));
+    proxy.failing.store(false, Ordering::SeqCst);
+    let ok = wait_until(DEADLINE, || nrr.event_ids() == expected);
+    let status = handle.status();
+    assert!(
+        ok,
+        "own relay lacks {} events after the spell\n{status:#?}",
+        expected.difference(&nrr.event_ids()).count()
+    );
+    assert_eq!(status.rejected, 0, "{status:#?}");
+    assert!(status.forward_relay_errors > 0, "{status:#?}");
+    stop(handle, &[&remote]);
+}

@@ -45,6 +45,12 @@ impl LocalRelay {
     /// Starts the relay for `test`, or returns `None` after printing why when `NIP77_RELAY` is
     /// unset outside CI; panics when it is unset under CI or the binary does not start.
     fn start_or_skip(test: &str) -> Option<LocalRelay> {
+        LocalRelay::start_limited(test, None)
+    }
+
+    /// [`LocalRelay::start_or_skip`] with rust-nostr's write rate limit set to
+    /// `notes_per_minute` per connection (`None`: lifted).
+    fn start_limited(test: &str, notes_per_minute: Option<u32>) -> Option<LocalRelay> {
         let bin = match std::env::var_os("NIP77_RELAY").filter(|v| !v.is_empty()) {
             Some(bin) => PathBuf::from(bin),
             None => {
@@ -61,7 +67,11 @@ impl LocalRelay {
             "{test}: NIP77_RELAY={} does not exist; {BUILD}",
             bin.display()
         );
-        let mut child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if let Some(n) = notes_per_minute {
+            cmd.env("NIP77_RELAY_NOTES_PER_MINUTE", n.to_string());
+        }
+        let mut child = cmd
             .arg("0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -108,6 +118,28 @@ impl LocalRelay {
             if frame[0] == "OK" {
                 assert_eq!(frame[2], true, "refused: {frame}");
                 pending.remove(frame[1].as_str().unwrap_or_default());
+            }
+        }
+    }
+}
+
+impl LocalRelay {
+    /// The ids of every event it holds (`REQ {}` until EOSE; at most its 500 per REQ).
+    fn event_ids(&self) -> HashSet<EventId> {
+        let mut c = Client::connect(&self.url);
+        c.send(r#"["REQ","dump",{}]"#);
+        let mut ids = HashSet::new();
+        loop {
+            let frame = c
+                .recv_within(WAIT)
+                .expect("relay connection")
+                .expect("an answer to the dump");
+            match frame[0].as_str() {
+                Some("EVENT") => {
+                    ids.insert(EventId::from_hex(frame[2]["id"].as_str().unwrap()).unwrap());
+                }
+                Some("EOSE") => return ids,
+                _ => {}
             }
         }
     }
@@ -248,4 +280,51 @@ fn local_relay_engine_reconciles_after_the_probe_and_the_own_relay_ends_complete
         st.sync
     );
     common::shutdown_clean(handle, &[&own]);
+}
+
+/// LocalRelay as the own relay with its default write rate limit (rust-nostr's
+/// `notes_per_minute`: 60 a minute per connection, the first 60 at once; ngit-grasp has the
+/// same, ngit-relay a stricter one): every
+/// `rate-limited:` answer is a refusal for now, not a verdict. The sync completes at the pace
+/// the relay accepts, nothing is rejected (issue 19).
+#[test]
+fn local_relay_as_a_rate_limited_own_relay_gets_the_whole_set() {
+    use common::{announcement, comment, repo_ref, root};
+    use grasp_sync::testing::{wait_until, TestRelay};
+    use std::time::Duration;
+
+    let test = "local_relay_as_a_rate_limited_own_relay_gets_the_whole_set";
+    let Some(own) = LocalRelay::start_limited(test, Some(60)) else {
+        return;
+    };
+    common::init_logging();
+    let remote = TestRelay::start();
+    let keys = nostr::key::Keys::generate();
+    let ann = announcement(&keys, "r", &[&[&remote.url()]]);
+    let repo = repo_ref(&keys, "r");
+    own.seed(std::slice::from_ref(&ann));
+    remote.insert(&ann);
+    let mut expected: HashSet<EventId> = [ann.id].into();
+    for i in 0..40 {
+        let issue = root(&keys, 1621, &repo, &format!("issue {i}"), &[]);
+        let reply = comment(&keys, &issue, "a comment");
+        remote.insert(&issue);
+        remote.insert(&reply);
+        expected.insert(issue.id);
+        expected.insert(reply.id);
+    }
+    let config = grasp_sync::Config::new(grasp_sync::RelayUrl::parse(&own.url).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
+    let handle = grasp_sync::start(config).unwrap();
+    let ok = wait_until(Duration::from_secs(90), || own.event_ids() == expected);
+    let status = handle.status();
+    assert!(
+        ok,
+        "{test}: own relay lacks {:?}\n{status:#?}",
+        expected.difference(&own.event_ids())
+    );
+    assert!(status.forward_rate_limited > 0, "{test}: never throttled");
+    assert_eq!(status.rejected, 0, "{test}: {status:#?}");
+    handle.shutdown(Duration::from_secs(10)).unwrap();
 }

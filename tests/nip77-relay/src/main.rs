@@ -3,8 +3,10 @@
 //! line of stdout, and exits when stdin closes (so a test that dies takes the relay with it).
 //!
 //! The write rate limit is lifted (rust-nostr's default is 60 events per minute per
-//! connection) so that tests can seed thousands of events; everything else is the default
-//! (500 results per REQ without `limit`, 500 subscriptions per connection).
+//! connection) so that tests can seed thousands of events, unless
+//! `NIP77_RELAY_NOTES_PER_MINUTE` sets it (an own relay that throttles writes); everything
+//! else is the default (500 results per REQ without `limit`, 500 subscriptions per
+//! connection).
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -23,11 +25,21 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let notes_per_minute = match std::env::var("NIP77_RELAY_NOTES_PER_MINUTE") {
+        Err(_) => u32::MAX,
+        Ok(v) => match v.parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("nip77-relay: NIP77_RELAY_NOTES_PER_MINUTE must be a positive number");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let mut builder = LocalRelay::builder()
         .addr(IpAddr::V4(Ipv4Addr::LOCALHOST))
         .rate_limit(RateLimit {
             max_reqs: 500,
-            notes_per_minute: u32::MAX,
+            notes_per_minute,
         });
     // Without a port the relay picks a free one itself (`.port(0)` would report port 0).
     if port != 0 {
