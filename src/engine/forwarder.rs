@@ -68,6 +68,23 @@ impl From<Forward> for ForwardItem {
 }
 
 /// Name of the thread reading the own relay connection for the forwarder.
+/// The warning of an own relay that has rate-limited our writes since `t.since`: which relay,
+/// what it stored meanwhile and at what rate, how long `waiting` events take at that rate,
+/// and where the fix is documented.
+fn throttle_warning(url: &RelayUrl, t: &Throttle, waiting: usize, now: Time) -> String {
+    let rate = t.per_minute(now);
+    let eta = if rate > 0.0 {
+        format!("about {:.0} minutes", waiting as f64 / rate)
+    } else {
+        "an unknown time".to_string()
+    };
+    format!(
+        "own relay {url} has rate-limited our writes for {} s: it stored {} events in that time ({rate:.1} a minute); {waiting} events wait, {eta} at this rate. Exempt grasp-sync's address from the relay's write rate limit: see docs/operations.md, \"Own relay write limits\"",
+        now.since(t.since).as_secs(),
+        t.stored
+    )
+}
+
 /// Where the own relay's current spells of failures stand, for the log lines of an `OK`.
 #[derive(Debug, Clone, Copy)]
 struct Spell {
@@ -399,22 +416,10 @@ impl Forwarder {
             self.throttle_warned.set(false);
             return;
         };
-        let lasted = now.since(t.since);
-        if lasted < THROTTLE_WARNING || self.throttle_warned.replace(true) {
+        if now.since(t.since) < THROTTLE_WARNING || self.throttle_warned.replace(true) {
             return;
         }
-        let rate = t.per_minute(now);
-        let eta = if rate > 0.0 {
-            format!("about {:.0} minutes", waiting as f64 / rate)
-        } else {
-            "an unknown time".to_string()
-        };
-        warn!(
-            "own relay {} has rate-limited our writes for {} s: it stored {} events in that time ({rate:.1} a minute); {waiting} events wait, {eta} at this rate. Exempt grasp-sync's address from the relay's write rate limit: see docs/operations.md, \"Own relay write limits\"",
-            self.url,
-            lasted.as_secs(),
-            t.stored
-        );
+        warn!("{}", throttle_warning(&self.url, &t, waiting, now));
     }
 
     fn resolved(&self) {
@@ -899,7 +904,9 @@ fn event_frame(raw: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{intake_paused, lazy_oks, write_held, OK_LINGER, WRITE_BATCH, WRITE_LINGER};
+    use super::{
+        intake_paused, lazy_oks, throttle_warning, write_held, OK_LINGER, WRITE_BATCH, WRITE_LINGER,
+    };
     use crate::core::auth::{AuthLimits, AuthState};
     use crate::core::forward::{ForwardLimits, ForwardQueue};
     use crate::core::relay_text::Prefix;
@@ -1099,5 +1106,24 @@ mod tests {
             "the drain did not end the forwarder within {deadline:?} (tick {tick:?})"
         );
         thread.join().unwrap();
+    }
+
+    #[test]
+    fn the_throttle_warning_names_the_relay_the_rate_and_the_fix() {
+        use crate::core::forward::Throttle;
+        let since = Time::from_secs(1_000);
+        let t = Throttle {
+            since,
+            stored: 3,
+            pace: Duration::from_secs(20),
+        };
+        let url = crate::shared::RelayUrl::parse("ws://127.0.0.1:7777").unwrap();
+        let w = throttle_warning(&url, &t, 120, since.plus(Duration::from_secs(180)));
+        assert!(w.contains("ws://127.0.0.1:7777"), "{w}");
+        assert!(w.contains("for 180 s"), "{w}");
+        assert!(w.contains("stored 3 events"), "{w}");
+        assert!(w.contains("(1.0 a minute)"), "{w}");
+        assert!(w.contains("120 events wait, about 120 minutes"), "{w}");
+        assert!(w.contains("docs/operations.md"), "{w}");
     }
 }
