@@ -8,7 +8,7 @@ use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
 use nostr::types::Timestamp;
 
-use super::world::{announcement, is_l1, issue, keys, reply, repo, World};
+use super::world::{announcement, is_l1, issue, keys, reply, repo, SimProfile, World};
 use crate::core::sync::Report;
 use crate::core::sync::MAX_WARNED;
 use crate::core::time::Time;
@@ -27,14 +27,22 @@ fn has_tag(f: &Filter, tag: char) -> bool {
 
 const DAY: u64 = 86_400;
 
+thread_local! {
+    /// The profile relay A of [`one_repo`] gets (see
+    /// `the_loss_tests_on_one_repository_hold_on_every_profile`).
+    static PROFILE: std::cell::Cell<SimProfile> = const { std::cell::Cell::new(SimProfile::Plain) };
+}
+
 /// The own relay holds `repo r` announced on A (plus what `extra` adds); A holds the
-/// announcement too. Started and synced.
+/// announcement too, and has the profile of [`PROFILE`] (before `cfg` changes anything).
+/// Started and synced.
 fn one_repo(cfg: impl FnOnce(&mut World)) -> (World, Event) {
     let mut w = World::new(OWN, |_| {});
     let t = w.secs();
     let ann = announcement("r", &[A], t - 10 * DAY);
     w.own.store.push(ann.clone());
     w.relay(A).store.push(ann.clone());
+    w.relay(A).profile(PROFILE.get());
     cfg(&mut w);
     w.start();
     w.advance(Duration::from_secs(30));
@@ -763,7 +771,6 @@ fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
 /// the steady state the relay sees no REQ and no CLOSE.
 #[test]
 fn live_coverage_after_a_quick_reconnect_needs_no_eose_on_every_profile() {
-    use super::world::SimProfile;
     for profile in SimProfile::ALL {
         let mut roots = Vec::new();
         let (mut w, ann) = one_repo(|w| {
@@ -853,7 +860,6 @@ fn every_query_of_a_big_batch_pages_to_the_end_however_many_wait() {
 /// polled.
 #[test]
 fn steady_state_sends_nothing_with_1200_repositories_on_every_profile() {
-    use super::world::SimProfile;
     for profile in SimProfile::ALL {
         let mut w = World::new(OWN, |_| {});
         let t = w.secs();
@@ -887,4 +893,74 @@ fn steady_state_sends_nothing_with_1200_repositories_on_every_profile() {
         w.advance(Duration::from_secs(5));
         assert!(w.own_ids().contains(&late.id), "{profile:?}: live");
     }
+}
+
+/// Issue 19: the loss tests built on [`one_repo`] again, with relay A behaving like each real
+/// relay in turn (`SimProfile`); a failure names the profile and the test (each run with
+/// `RUST_LOG` shows the panic).
+#[test]
+fn the_loss_tests_on_one_repository_hold_on_every_profile() {
+    let tests: [(&str, fn()); 11] = [
+        (
+            "old_root",
+            old_root_events_copied_after_an_own_relay_reconnect_are_indexed_and_synced,
+        ),
+        (
+            "backdated",
+            backdated_event_after_a_quick_reconnect_arrives_live,
+        ),
+        (
+            "closed_live",
+            closed_live_subscription_of_a_confirmed_batch_is_reopened_with_catch_up,
+        ),
+        (
+            "l1_mid_page",
+            layer1_history_interrupted_mid_page_resumes_after_a_quick_reconnect,
+        ),
+        (
+            "catch_up_paging",
+            interrupted_catch_up_paging_resumes_from_its_page,
+        ),
+        (
+            "rebuild",
+            rebuild_catches_up_from_when_items_lost_their_subscription,
+        ),
+        (
+            "queued",
+            a_history_query_queued_behind_settled_subscriptions_gets_a_slot,
+        ),
+        (
+            "deadline",
+            batch_deadline_counts_from_when_its_reqs_were_sent,
+        ),
+        (
+            "refused_live",
+            a_live_subscription_refused_before_its_eose_gets_a_catch_up,
+        ),
+        (
+            "consolidation",
+            a_consolidation_keeps_resumed_history_without_since,
+        ),
+        (
+            "rebuild_l1",
+            a_rebuild_while_layer1_live_is_loading_keeps_its_catch_up,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for profile in SimProfile::ALL {
+        PROFILE.set(profile);
+        // On a relay that lists NIP-77, Layer 1's first history read is a reconciliation,
+        // not the REQ the consolidation test closes.
+        let reconciles = matches!(profile, SimProfile::Strfry | SimProfile::Nip77Refusing);
+        for (name, t) in tests {
+            if reconciles && name == "consolidation" {
+                continue;
+            }
+            if std::panic::catch_unwind(t).is_err() {
+                failed.push(format!("{profile:?}/{name}"));
+            }
+        }
+    }
+    PROFILE.set(SimProfile::Plain);
+    assert!(failed.is_empty(), "{failed:?}");
 }
