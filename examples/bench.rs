@@ -68,9 +68,12 @@ struct Args {
     #[argh(option)]
     spread: Option<usize>,
     /// run only these sections (comma-separated: historic, live, memory, planning, state,
-    /// nip77, resync)
+    /// nip77, resync; `throttled` runs only when named: about 17 minutes of real time)
     #[argh(option)]
     only: Option<String>,
+    /// events of the `throttled` section (default 2,000; 200 with --quick)
+    #[argh(option)]
+    throttled_events: Option<usize>,
     /// related events held by the remote relays in the resync section (default 20,000;
     /// 2,000 with --quick)
     #[argh(option)]
@@ -1857,6 +1860,92 @@ fn nip77_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
 
 // ----- main -----
 
+/// A sync of `n` events (issues and replies of one repository on one remote relay) into an
+/// own relay that accepts 120 events a minute per connection (15 at once, then one per
+/// 500 ms: ngit-relay's limiter at another rate; `TestRelayOptions::write_rate`). The
+/// forwarder paces itself (decision 0072): the figure is how long the sync takes against the
+/// relay's own minimum, and how many writes were refused per event stored.
+fn throttled_figures(n: usize, notes: &mut Vec<String>) -> Vec<Figure> {
+    use grasp_sync::testing::{TestRelayOptions, WriteRate};
+    let own = TestRelay::start_with(TestRelayOptions {
+        write_rate: Some(WriteRate {
+            burst: 15,
+            every: Duration::from_millis(500),
+        }),
+        ..TestRelayOptions::default()
+    });
+    let remote = TestRelay::start();
+    let keys = Keys::generate();
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "r"]).unwrap())
+        .tag(Tag::parse(["relays", &remote.url()]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    own.insert(&ann);
+    remote.insert(&ann);
+    let coordinate = format!("30617:{}:r", keys.public_key().to_hex());
+    let mut expected: HashSet<EventId> = [ann.id].into();
+    let mut root: Option<Event> = None;
+    for i in 0..n {
+        let e = match &root {
+            Some(r) if i % 2 == 1 => EventBuilder::new(Kind::Custom(1111), format!("reply {i}"))
+                .tag(Tag::parse(["E", &r.id.to_hex()]).unwrap())
+                .finalize(&keys)
+                .unwrap(),
+            _ => EventBuilder::new(Kind::Custom(1621), format!("issue {i}"))
+                .tag(Tag::parse(["a", &coordinate]).unwrap())
+                .finalize(&keys)
+                .unwrap(),
+        };
+        if e.kind == Kind::Custom(1621) {
+            root = Some(e.clone());
+        }
+        remote.insert_silently(&e);
+        expected.insert(e.id);
+    }
+    let config = Config::new(RelayUrl::parse(&own.url()).unwrap())
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
+    let handle = grasp_sync::start(config).expect("start");
+    let t0 = Instant::now();
+    let done = wait_until(Duration::from_secs(3 * 3600), || {
+        own.event_ids().len() == expected.len()
+    });
+    let took = t0.elapsed().as_secs_f64();
+    let status = handle.status();
+    let _ = handle.shutdown(Duration::from_secs(10));
+    if !done {
+        notes.push(format!(
+            "throttled: the own relay holds {} of {} events after 3 h",
+            own.len(),
+            expected.len()
+        ));
+    }
+    // The relay's own minimum: 15 at once, then two a second.
+    let minimum = (n.saturating_sub(15)) as f64 / 2.0;
+    let stored = status.forwarded.max(1) as f64;
+    notes.push(format!(
+        "throttled: {n} events into an own relay taking 120 a minute: {:.1} min (the relay's minimum {:.1} min); {} rate-limited answers",
+        took / 60.0,
+        minimum / 60.0,
+        status.forward_rate_limited
+    ));
+    vec![
+        Figure::new(
+            format!("throttled own relay: sync of {n} events at 120 a minute"),
+            took / 60.0,
+            "min",
+            Budget::AtMost(minimum / 60.0 * 1.25),
+        ),
+        Figure::new(
+            "throttled own relay: refused writes per event stored",
+            status.forward_rate_limited as f64 / stored,
+            "",
+            Budget::AtMost(1.0),
+        ),
+    ]
+}
+
 fn main() {
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .try_init();
@@ -1893,6 +1982,18 @@ fn main() {
     section("state file", &mut |_| state_figures());
     section("resync", &mut |n| resync_figures(&sizes, n));
     section("nip77", &mut |n| nip77_figures(&sizes, n));
+    if args
+        .only
+        .as_deref()
+        .is_some_and(|o| o.contains("throttled"))
+    {
+        let n = args
+            .throttled_events
+            .unwrap_or(if args.quick { 200 } else { 2_000 });
+        section("throttled own relay", &mut |notes| {
+            throttled_figures(n, notes)
+        });
+    }
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let total = started.elapsed().as_secs_f64();
     notes.push(format!(

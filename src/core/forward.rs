@@ -227,6 +227,9 @@ pub const MIN_PACE: Duration = Duration::from_millis(100);
 /// The longest interval between sends (ngit-relay lets one event a minute through).
 pub const MAX_PACE: Duration = Duration::from_secs(60);
 
+/// Events stored in a row at [`MIN_PACE`] after which pacing ends.
+pub const FAST_RUN: u32 = 100;
+
 /// The order in which queued events are sent: repository announcements and state (30617,
 /// 30618) first, then root events (patches, PRs, issues: 1617, 1618, 1621), then the rest.
 /// A relay that stores an event only when what it relates to is stored (ngit-relay) then
@@ -506,8 +509,10 @@ impl ForwardQueue {
     }
 
     /// An event stored: while paced, the interval shrinks, the faster the more events in a
-    /// row were stored (by 5 %, then 10 %, …); below [`MIN_PACE`] pacing ends (the relay takes
-    /// what we send again) and so does the throttle spell.
+    /// row were stored (by 5 %, then 10 %, …), down to [`MIN_PACE`]. Pacing ends (the relay
+    /// takes what we send again, and the throttle spell is over) only after [`FAST_RUN`]
+    /// events in a row were stored at that pace: a relay's burst allowance (15 events for
+    /// ngit-relay, 60 for rust-nostr's builder) is not taken for the end of its limit.
     fn speed_up(&mut self) {
         let Some(pace) = self.pace else {
             return;
@@ -517,8 +522,8 @@ impl ForwardQueue {
             t.stored += 1;
         }
         let factor = 0.95f64.powi(self.successes.min(20) as i32);
-        let next = pace.mul_f64(factor);
-        if next < MIN_PACE {
+        let next = pace.mul_f64(factor).max(MIN_PACE);
+        if next == MIN_PACE && self.successes >= FAST_RUN {
             self.pace = None;
             self.throttle = None;
             self.last_slow_down = None;
@@ -1160,7 +1165,16 @@ mod tests {
         assert_eq!(throttle.since, Time::from_secs(0));
         let rate = throttle.per_minute(t);
         assert!((5.0..=6.1).contains(&rate), "{rate} a minute");
-        // The relay recovers: answers are fast, the pace shrinks and ends within minutes.
+        // The relay recovers: answers are fast, the pace shrinks and ends within minutes (after
+        // FAST_RUN events stored in a row at the fastest pace).
+        let more = |n: u16| {
+            let mut b = [0xee; 32];
+            b[..2].copy_from_slice(&n.to_be_bytes());
+            EventId::from_byte_array(b)
+        };
+        for n in 0..2 * FAST_RUN as u16 {
+            q.offer(more(n), raw(0));
+        }
         let recovered_at = t;
         while q.throttle().is_some() && t.since(recovered_at) < Duration::from_secs(3600) {
             match q.poll_send(t) {
