@@ -1886,14 +1886,20 @@ fn throttled_figures(n: usize, notes: &mut Vec<String>) -> Vec<Figure> {
     let coordinate = format!("30617:{}:r", keys.public_key().to_hex());
     let mut expected: HashSet<EventId> = [ann.id].into();
     let mut root: Option<Event> = None;
+    // One second each, as a repository's history has: a relay without NIP-11 limits is read
+    // in pages of 20, which cannot split more than 20 events of one author in one second.
+    let base = Timestamp::now().as_secs() - 86_400;
     for i in 0..n {
+        let at = Timestamp::from_secs(base - (n - i) as u64);
         let e = match &root {
             Some(r) if i % 2 == 1 => EventBuilder::new(Kind::Custom(1111), format!("reply {i}"))
                 .tag(Tag::parse(["E", &r.id.to_hex()]).unwrap())
+                .custom_created_at(at)
                 .finalize(&keys)
                 .unwrap(),
             _ => EventBuilder::new(Kind::Custom(1621), format!("issue {i}"))
                 .tag(Tag::parse(["a", &coordinate]).unwrap())
+                .custom_created_at(at)
                 .finalize(&keys)
                 .unwrap(),
         };
