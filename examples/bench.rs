@@ -1868,10 +1868,7 @@ fn nip77_figures(sizes: &Sizes, notes: &mut Vec<String>) -> Vec<Figure> {
 fn throttled_figures(n: usize, notes: &mut Vec<String>) -> Vec<Figure> {
     use grasp_sync::testing::{TestRelayOptions, WriteRate};
     let own = TestRelay::start_with(TestRelayOptions {
-        write_rate: Some(WriteRate {
-            burst: 15,
-            every: Duration::from_millis(500),
-        }),
+        write_rate: Some(WriteRate::new(15, Duration::from_millis(500))),
         ..TestRelayOptions::default()
     });
     let remote = TestRelay::start();

@@ -310,7 +310,7 @@ impl World {
                 1 => Some(Profile::NostrRsRelay),
                 2 => Some(Profile::Strfry),
                 3 => Some(Profile::LocalRelay),
-                _ => Some(Profile::Nip77Silent),
+                _ => Some(Profile::Nip77Refusing { silent: true }),
             })
             .collect();
         let own = TestRelay::start();

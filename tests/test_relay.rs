@@ -4,7 +4,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use grasp_sync::testing::{wait_until, Reply, TestRelay, TestRelayOptions};
+use grasp_sync::testing::{wait_until, Profile, Reply, TestRelay, TestRelayOptions, WriteRate};
+use negentropy::{Negentropy, NegentropyStorageVector};
 use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
 use nostr::key::Keys;
 use nostr::types::Timestamp;
@@ -944,176 +945,557 @@ fn send_closed_closes_one_subscription() {
     c.assert_quiet();
 }
 
-// ----- profiles of real relays (issue 19) -----
+// ----- relay profiles -----
 
-use grasp_sync::testing::{Profile, WriteRate};
-
-fn reply_to(keys: &Keys, root: &Event, content: &str) -> Event {
-    EventBuilder::new(Kind::Custom(1111), content)
-        .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
-        .finalize(keys)
+/// The initial message of a negentropy session over an empty set, hex-encoded.
+fn neg_initial() -> String {
+    let mut storage = NegentropyStorageVector::new();
+    storage.seal().unwrap();
+    let mut neg = Negentropy::owned(storage, 0).unwrap();
+    neg.initiate()
         .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A REQ of exactly `size` bytes (one long `#t` value).
+fn req_of_size(sub: &str, size: usize) -> String {
+    let prefix = format!(r##"["REQ","{sub}",{{"#t":[""##);
+    let suffix = r#""]}]"#;
+    let req = format!(
+        "{prefix}{}{suffix}",
+        "a".repeat(size - prefix.len() - suffix.len())
+    );
+    assert_eq!(req.len(), size);
+    req
+}
+
+fn note(keys: &Keys, created_at: u64, tags: &[&[&str]]) -> Event {
+    let mut b = EventBuilder::new(Kind::TextNote, "note")
+        .custom_created_at(Timestamp::from_secs(created_at));
+    for t in tags {
+        b = b.tag(Tag::parse(t.iter().copied()).unwrap());
+    }
+    b.finalize(keys).unwrap()
+}
+
+fn event_of_kind(keys: &Keys, kind: u16, created_at: u64, tags: &[&[&str]]) -> Event {
+    let mut b = EventBuilder::new(Kind::Custom(kind), "")
+        .custom_created_at(Timestamp::from_secs(created_at));
+    for t in tags {
+        b = b.tag(Tag::parse(t.iter().copied()).unwrap());
+    }
+    b.finalize(keys).unwrap()
+}
+
+impl Client {
+    /// Sends `text`, ignoring a failure (the relay may drop the connection while it arrives).
+    fn send_lossy(&mut self, text: &str) {
+        let _ = self.ws.send(Message::text(text));
+    }
+
+    /// Waits until the relay drops the connection; panics if anything arrives first, a close
+    /// frame included.
+    fn expect_dropped_without_close_frame(&mut self) {
+        self.set_timeout(Duration::from_millis(50));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.ws.read() {
+                Ok(Message::Close(frame)) => panic!("close frame {frame:?}"),
+                Ok(m) => panic!("unexpected {m:?}"),
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    assert!(Instant::now() < deadline, "connection still open");
+                }
+                Err(tungstenite::Error::ConnectionClosed) => panic!("closed by a close handshake"),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Opens `n` subscriptions `{prefix}{i}` matching nothing, each answered EOSE.
+    fn open_empty_subs(&mut self, prefix: &str, n: usize) {
+        for i in 0..n {
+            let sub = format!("{prefix}{i}");
+            assert!(self
+                .req_until_eose(&sub, &[json!({"kinds": [7], "authors": [REPO_A_AUTHOR]})])
+                .is_empty());
+        }
+    }
+}
+
+const REPO_A_AUTHOR: &str = "0000000000000000000000000000000000000000000000000000000000000001";
+
+fn nip11_of(relay: &TestRelay) -> Value {
+    let resp = http_get(relay, Some("application/nostr+json"));
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    serde_json::from_str(body).unwrap()
+}
+
+fn lists_77(doc: &Value) -> bool {
+    doc["supported_nips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n == 77)
 }
 
 #[test]
-fn nostr_rs_relay_profile_sends_no_eose_for_limit_0_and_a_notice_beyond_32_subscriptions() {
-    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::NostrRsRelay));
-    let keys = Keys::generate();
-    relay.insert(&issue(&keys, 1000, "stored"));
+fn nostr_rs_relay_profile_refuses_the_33rd_subscription_with_a_notice_only() {
+    let relay = TestRelay::start_profile(Profile::NostrRsRelay);
     let mut c = Client::connect(&relay);
-    c.send_json(json!(["REQ", "live", {"kinds": [1621], "limit": 0}]));
-    c.assert_quiet();
-    // Live events still arrive.
-    let new = issue(&keys, 2000, "new");
-    relay.insert(&new);
-    assert_eq!(c.recv()[2]["id"], new.id.to_hex());
-    // A REQ with history gets its EOSE.
-    c.send_json(json!(["REQ", "hist", {"kinds": [1621]}]));
-    let mut frames = Vec::new();
-    while let Some(t) = c.recv_text_within(WAIT) {
-        let v: Value = serde_json::from_str(&t).unwrap();
-        frames.push(v.clone());
-        if v[0] == "EOSE" {
-            break;
-        }
-    }
-    assert_eq!(frames.last().unwrap(), &json!(["EOSE", "hist"]));
-    for i in 2..32 {
-        c.send_json(json!(["REQ", format!("s{i}"), {"kinds": [1], "limit": 0}]));
-    }
-    c.send_json(json!(["REQ", "s32", {"kinds": [1]}]));
-    let notice = c.recv();
+    c.open_empty_subs("s", 32);
+    c.send_json(json!(["REQ", "s32", issues_filter()]));
     assert_eq!(
-        notice,
+        c.recv(),
         json!([
             "NOTICE",
             "Subscription error: Maximum concurrent subscription count reached"
         ])
     );
     c.assert_quiet();
+    assert_eq!(relay.open_subscriptions(), 32);
+    // Replacing an open subscription is allowed; closing one frees a slot.
+    assert!(c.req_until_eose("s0", &[issues_filter()]).is_empty());
+    c.send(r#"["CLOSE","s1"]"#);
+    assert!(c.req_until_eose("s32", &[issues_filter()]).is_empty());
+    assert_eq!(relay.max_open_subscriptions_per_connection(), 32);
 }
 
 #[test]
-fn strfry_profile_caps_at_500_silently_and_refuses_a_fourth_tag_key() {
-    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::Strfry));
+fn nostr_rs_relay_profile_sends_no_eose_when_every_filter_has_limit_zero() {
+    let relay = TestRelay::start_profile(Profile::NostrRsRelay);
     let keys = Keys::generate();
-    for i in 0..510 {
-        relay.insert_silently(&issue(&keys, 1000 + i, &format!("issue {i}")));
-    }
+    relay.insert(&issue(&keys, 1000, "stored"));
     let mut c = Client::connect(&relay);
-    c.send_json(json!(["REQ", "all", {"kinds": [1621]}]));
-    let mut events = 0;
-    loop {
-        let v = c.recv();
-        if v[0] == "EOSE" {
-            break;
-        }
-        events += 1;
-    }
-    assert_eq!(events, 500, "the newest 500, then EOSE");
-    c.send_json(json!(["REQ", "tags", {"#a": ["x"], "#A": ["x"], "#q": ["x"], "#e": ["x"]}]));
+    c.send_json(json!(["REQ", "z", {"kinds": [1621], "limit": 0}]));
+    c.assert_quiet();
+    assert_eq!(relay.open_subscriptions(), 1);
+    // The subscription still gets live events.
+    let live = issue(&keys, 2000, "live");
+    relay.insert(&live);
+    let m = c.recv();
+    assert_eq!(m[0], "EVENT", "{m}");
+    assert_eq!(m[1], "z");
+    assert_eq!(m[2]["id"], live.id.to_hex());
+    // One filter without limit 0 is enough for an EOSE.
+    let got = c.req_until_eose(
+        "y",
+        &[
+            json!({"kinds": [1621], "limit": 0}),
+            json!({"kinds": [1], "limit": 5}),
+        ],
+    );
+    assert!(got.is_empty());
+}
+
+#[test]
+fn nostr_rs_relay_profile_ignores_a_repeated_identical_req() {
+    let relay = TestRelay::start_profile(Profile::NostrRsRelay);
+    let keys = Keys::generate();
+    let e = issue(&keys, 1000, "stored");
+    relay.insert(&e);
+    let mut c = Client::connect(&relay);
+    assert_eq!(c.req_until_eose("a", &[issues_filter()]), ids(&[&e]));
+    c.send_json(json!(["REQ", "a", issues_filter()]));
+    c.assert_quiet();
+    // The same id with other filters replaces the subscription and is answered.
+    assert!(c.req_until_eose("a", &[json!({"kinds": [1]})]).is_empty());
+    // Another id with the same filters is a new subscription.
+    assert_eq!(c.req_until_eose("b", &[issues_filter()]), ids(&[&e]));
+    assert_eq!(relay.reqs().len(), 4);
+    assert_eq!(relay.open_subscriptions(), 2);
+}
+
+#[test]
+fn nostr_rs_relay_profile_nip11_nip77_and_duplicates() {
+    let relay = TestRelay::start_profile(Profile::NostrRsRelay);
+    let doc = nip11_of(&relay);
+    assert_eq!(
+        doc["software"],
+        "https://git.sr.ht/~gheartsfield/nostr-rs-relay"
+    );
+    assert_eq!(doc["limitation"], json!({"payment_required": false}));
+    assert!(!lists_77(&doc));
+
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(c.recv(), json!(["NOTICE", "could not parse command"]));
+    c.send_json(json!(["COUNT", "c", {}]));
+    assert_eq!(c.recv(), json!(["NOTICE", "could not parse command"]));
+
+    let e = issue(&Keys::generate(), 1000, "twice");
+    assert_eq!(c.publish(&e), json!(["OK", e.id.to_hex(), true, ""]));
+    assert_eq!(
+        c.publish(&e),
+        json!(["OK", e.id.to_hex(), true, "duplicate: "])
+    );
+}
+
+#[test]
+fn nostr_rs_relay_profile_drops_a_frame_over_256_kib_after_a_notice() {
+    let relay = TestRelay::start_profile(Profile::NostrRsRelay);
+    let mut c = Client::connect(&relay);
+    // 256 KiB is accepted.
+    c.send(&req_of_size("fits", 262_144));
+    assert_eq!(c.recv(), json!(["EOSE", "fits"]));
+    // Above it: the reason, then the connection is gone.
+    c.send_lossy(&req_of_size("big", 300_000));
     assert_eq!(
         c.recv(),
-        json!(["CLOSED", "tags", "ERROR: bad req: too many tags in filter"])
+        json!(["NOTICE", "message too large (300000 > 262144)"])
     );
+    c.expect_dropped_without_close_frame();
+    assert!(wait_until(WAIT, || relay.current_connections() == 0));
 }
 
 #[test]
-fn local_relay_profile_rate_limits_writes_per_connection() {
-    let mut opts = TestRelayOptions::profile(Profile::LocalRelay);
-    opts.write_rate = Some(WriteRate {
-        burst: 3,
-        every: Duration::from_secs(3600),
-    });
-    let relay = TestRelay::start_with(opts);
+fn strfry_profile_cuts_results_to_the_newest_500_silently() {
+    let relay = TestRelay::start_profile(Profile::Strfry);
     let keys = Keys::generate();
-    let mut c = Client::connect(&relay);
-    for i in 0..3 {
-        assert_eq!(c.publish(&issue(&keys, 1000 + i, "ok"))[2], true);
+    let events: Vec<Event> = (0..600).map(|i| issue(&keys, 1_000 + i, "e")).collect();
+    for e in &events {
+        relay.insert(e);
     }
-    let refused = c.publish(&issue(&keys, 2000, "over"));
-    assert_eq!(refused[2], false);
-    assert!(
-        refused[3].as_str().unwrap().starts_with("rate-limited:"),
-        "{refused}"
-    );
-    // Per connection: a new one has its own bucket.
-    let mut d = Client::connect(&relay);
-    assert_eq!(d.publish(&issue(&keys, 3000, "other connection"))[2], true);
-    assert_eq!(relay.len(), 4);
+    let newest: Vec<&Event> = events.iter().rev().take(500).collect();
+    let mut c = Client::connect(&relay);
+    assert_eq!(c.req_until_eose("none", &[issues_filter()]), ids(&newest));
+    let got = c.req_until_eose("above", &[json!({"kinds": [1621], "limit": 1000})]);
+    assert_eq!(got, ids(&newest));
+    let got = c.req_until_eose("below", &[json!({"kinds": [1621], "limit": 10})]);
+    assert_eq!(got, ids(&newest[..10]));
 }
 
 #[test]
-fn ngit_relay_profile_stores_only_what_relates_to_a_stored_repository() {
-    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::NgitRelay {
-        domain: "git.example.com".into(),
-    }));
-    let keys = Keys::generate();
+fn strfry_profile_counts_negentropy_sessions_among_its_200_subscriptions() {
+    let relay = TestRelay::start_profile(Profile::Strfry);
     let mut c = Client::connect(&relay);
-    let blocked = "blocked: event does not relate to a stored repository";
-    // An issue of a repository not stored yet.
-    let ann = EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", "repo"]).unwrap())
-        .tag(Tag::parse(["clone", "https://git.example.com/npub/repo.git"]).unwrap())
-        .tag(Tag::parse(["relays", "wss://git.example.com"]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    let coordinate = format!("30617:{}:repo", keys.public_key().to_hex());
-    let root = EventBuilder::new(Kind::Custom(1621), "an issue")
-        .tag(Tag::parse(["a", &coordinate]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    let reply = reply_to(&keys, &root, "a reply");
-    assert_eq!(
-        c.publish(&root),
-        json!(["OK", root.id.to_hex(), false, blocked])
-    );
-    // An announcement that does not list the domain is refused; one that does is stored.
-    let elsewhere = EventBuilder::new(Kind::Custom(30617), "")
-        .tag(Tag::parse(["d", "other"]).unwrap())
-        .tag(Tag::parse(["clone", "https://elsewhere.example/other.git"]).unwrap())
-        .tag(Tag::parse(["relays", "wss://git.example.com"]).unwrap())
-        .finalize(&keys)
-        .unwrap();
-    assert_eq!(c.publish(&elsewhere)[2], false);
-    assert_eq!(c.publish(&ann)[2], true);
-    // Now the issue relates to it, and the reply to the issue.
-    assert_eq!(c.publish(&reply)[3], blocked, "its root is not stored yet");
-    assert_eq!(c.publish(&root)[2], true);
-    assert_eq!(c.publish(&reply)[2], true);
-    assert_eq!(relay.len(), 3);
-}
+    c.open_empty_subs("s", 199);
+    c.send_json(json!(["NEG-OPEN", "neg", {"kinds": [1621]}, neg_initial()]));
+    let m = c.recv();
+    assert_eq!(m[0], "NEG-MSG", "{m}");
+    assert_eq!(m[1], "neg");
+    assert_eq!(relay.open_neg_sessions(), 1);
 
-#[test]
-fn ngit_relay_profile_takes_15_events_then_rate_limits() {
-    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::NgitRelay {
-        domain: "127.0.0.1".into(),
-    }));
-    let keys = Keys::generate();
-    let mut c = Client::connect(&relay);
-    let states: Vec<Event> = (0..16)
-        .map(|i| {
-            EventBuilder::new(Kind::Custom(30618), "")
-                .tag(Tag::parse(["d", &format!("repo{i}")]).unwrap())
-                .finalize(&keys)
-                .unwrap()
-        })
-        .collect();
-    for s in &states[..15] {
-        assert_eq!(c.publish(s)[2], true, "30618 is always accepted");
-    }
-    let over = c.publish(&states[15]);
-    assert!(
-        over[3].as_str().unwrap().starts_with("rate-limited:"),
-        "{over}"
-    );
-}
-
-#[test]
-fn a_relay_listing_nip77_and_never_answering_it() {
-    let relay = TestRelay::start_with(TestRelayOptions::profile(Profile::Nip77Silent));
-    let mut c = Client::connect(&relay);
-    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, "6100000200"]));
+    // The 201st, as a REQ or as a NEG-OPEN.
+    let too_many = json!(["NOTICE", "ERROR: too many concurrent REQs"]);
+    c.send_json(json!(["REQ", "s199", issues_filter()]));
+    assert_eq!(c.recv(), too_many);
+    c.send_json(json!(["NEG-OPEN", "neg2", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(c.recv(), too_many);
     c.assert_quiet();
-    assert_eq!(relay.neg_opens().len(), 1, "received, never answered");
+    assert_eq!(relay.open_subscriptions(), 199);
+    assert_eq!(relay.open_neg_sessions(), 1);
+
+    // Closing the session frees a slot for a REQ.
+    c.send(r#"["NEG-CLOSE","neg"]"#);
+    assert!(wait_until(WAIT, || relay.open_neg_sessions() == 0));
+    assert!(c.req_until_eose("s199", &[issues_filter()]).is_empty());
+    assert_eq!(relay.open_subscriptions(), 200);
+}
+
+#[test]
+fn strfry_profile_closes_a_filter_with_more_than_three_tag_keys() {
+    let relay = TestRelay::start_profile(Profile::Strfry);
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["REQ", "four", {"#a": ["x"], "#e": ["y"], "#p": ["z"], "#t": ["w"]}]));
+    assert_eq!(
+        c.recv(),
+        json!(["CLOSED", "four", "ERROR: bad req: too many tags in filter"])
+    );
+    c.assert_quiet();
+    assert_eq!(relay.open_subscriptions(), 0);
+    let three = json!({"#a": ["x"], "#e": ["y"], "#p": ["z"]});
+    assert!(c.req_until_eose("three", &[three]).is_empty());
+}
+
+#[test]
+fn strfry_profile_drops_a_frame_over_131072_bytes_without_a_close_frame() {
+    let relay = TestRelay::start_profile(Profile::Strfry);
+    let mut c = Client::connect(&relay);
+    c.send(&req_of_size("fits", 131_072));
+    assert_eq!(c.recv(), json!(["EOSE", "fits"]));
+    c.send_lossy(&req_of_size("big", 131_073));
+    c.expect_dropped_without_close_frame();
+    assert!(wait_until(WAIT, || relay.current_connections() == 0));
+}
+
+#[test]
+fn strfry_profile_nip11_negentropy_errors_and_duplicates() {
+    let relay = TestRelay::start_profile(Profile::Strfry);
+    let doc = nip11_of(&relay);
+    assert!(lists_77(&doc));
+    assert_eq!(doc["negentropy"], 1);
+    assert_eq!(
+        doc["limitation"],
+        json!({"max_limit": 500, "max_message_length": 131072, "max_subscriptions": 200})
+    );
+    assert_eq!(relay.options().nip77_max_records, Some(1_000_000));
+
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["NEG-MSG", "nobody", neg_initial()]));
+    assert_eq!(
+        c.recv(),
+        json!(["NEG-ERR", "nobody", "closed: unknown subscription handle"])
+    );
+    // The record cap is strfry's option; a small one shows its text.
+    for i in 0..3 {
+        relay.insert(&issue(&keys, 1000 + i, "e"));
+    }
+    relay.set_nip77_max_records(Some(2));
+    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(
+        c.recv(),
+        json!(["NEG-ERR", "n", "blocked: too many query results"])
+    );
+
+    let e = issue(&keys, 5000, "twice");
+    assert_eq!(c.publish(&e), json!(["OK", e.id.to_hex(), true, ""]));
+    assert_eq!(
+        c.publish(&e),
+        json!(["OK", e.id.to_hex(), true, "duplicate: have this event"])
+    );
+    c.send_json(json!(["COUNT", "c", {}]));
+    assert_eq!(c.recv(), json!(["NOTICE", "ERROR: bad msg: unknown cmd"]));
+}
+
+#[test]
+fn ngit_relay_profile_rate_limits_writes_per_connection() {
+    let relay = TestRelay::start_profile(Profile::NgitRelay);
+    let keys = Keys::generate();
+    // Repository states (30618) are always accepted by the relation rule.
+    let mut n = 0u64;
+    let mut state = || {
+        n += 1;
+        event_of_kind(&keys, 30618, 1000 + n, &[&["d", &format!("repo{n}")]])
+    };
+    let mut c = Client::connect(&relay);
+    for _ in 0..15 {
+        let e = state();
+        assert_eq!(c.publish(&e), json!(["OK", e.id.to_hex(), true, ""]));
+    }
+    let e = state();
+    assert_eq!(
+        c.publish(&e),
+        json!([
+            "OK",
+            e.id.to_hex(),
+            false,
+            "rate-limited: slow down, please"
+        ])
+    );
+    assert_eq!(relay.len(), 15);
+    // Another connection has its own bucket.
+    let mut other = Client::connect(&relay);
+    assert_eq!(other.publish(&e)[2], true);
+
+    // A short interval: two at once, then one per 200 ms.
+    relay.set_write_rate(Some(
+        WriteRate::new(2, Duration::from_millis(200)).with_message("rate-limited: slow down"),
+    ));
+    for _ in 0..2 {
+        assert_eq!(c.publish(&state())[2], true);
+    }
+    let e = state();
+    assert_eq!(
+        c.publish(&e),
+        json!(["OK", e.id.to_hex(), false, "rate-limited: slow down"])
+    );
+    assert!(
+        wait_until(WAIT, || c.publish(&e)[2] == true),
+        "no token earned"
+    );
+    assert!(relay.contains(&e.id));
+}
+
+#[test]
+fn ngit_relay_profile_accepts_only_events_relating_to_stored_ones() {
+    let relay = TestRelay::start_profile(Profile::NgitRelay);
+    relay.set_write_rate(None);
+    let keys = Keys::generate();
+    let pk = keys.public_key().to_hex();
+    let own = format!("127.0.0.1:{}", relay.port());
+    let not_related = "blocked: event does not relate to a stored repository";
+    let mut c = Client::connect(&relay);
+    let refused = |c: &mut Client, e: &Event, why: &str| {
+        assert_eq!(c.publish(e), json!(["OK", e.id.to_hex(), false, why]));
+        assert!(!relay.contains(&e.id));
+    };
+    let accepted = |c: &mut Client, e: &Event| {
+        assert_eq!(c.publish(e), json!(["OK", e.id.to_hex(), true, ""]));
+    };
+
+    // An announcement must list the relay in a `clone` and a `relays` tag.
+    let clone = format!("http://{own}/npub/repo.git");
+    let relays = format!("ws://{own}");
+    let unlisted =
+        "blocked: repository announcement doesn't list ngit-relay in tags: clones and relays";
+    let only_clone = event_of_kind(&keys, 30617, 1000, &[&["d", "repo"], &["clone", &clone]]);
+    refused(&mut c, &only_clone, unlisted);
+    let elsewhere = event_of_kind(
+        &keys,
+        30617,
+        1001,
+        &[
+            &["d", "repo"],
+            &["clone", "https://example.com/repo.git"],
+            &["relays", "wss://example.com"],
+        ],
+    );
+    refused(&mut c, &elsewhere, unlisted);
+    let announcement = event_of_kind(
+        &keys,
+        30617,
+        1002,
+        &[
+            &["d", "repo"],
+            &["clone", "https://example.com/r.git", &clone],
+            &["relays", &relays],
+        ],
+    );
+    accepted(&mut c, &announcement);
+
+    // A state of any repository is accepted.
+    accepted(
+        &mut c,
+        &event_of_kind(&keys, 30618, 1003, &[&["d", "unknown"]]),
+    );
+
+    // An issue of the stored repository, a comment on that issue, a quote of it.
+    let address = format!("30617:{pk}:repo");
+    let issue = event_of_kind(&keys, 1621, 1004, &[&["a", &address]]);
+    accepted(&mut c, &issue);
+    let comment = event_of_kind(&keys, 1111, 1005, &[&["E", &issue.id.to_hex()]]);
+    accepted(&mut c, &comment);
+    accepted(&mut c, &note(&keys, 1006, &[&["q", &issue.id.to_hex()]]));
+    // Issues of an unknown repository, replies to unknown events, plain notes are refused.
+    let other_address = format!("30617:{pk}:other");
+    refused(
+        &mut c,
+        &event_of_kind(&keys, 1621, 1007, &[&["a", &other_address]]),
+        not_related,
+    );
+    let unknown = issue_id_of(&keys);
+    refused(&mut c, &note(&keys, 1008, &[&["e", &unknown]]), not_related);
+    refused(&mut c, &note(&keys, 1009, &[]), not_related);
+
+    // An event a stored event refers to is accepted: a reply stored first (planted), then
+    // the event it replies to.
+    let root = note(&keys, 1010, &[]);
+    refused(&mut c, &root, not_related);
+    relay.insert(&note(&keys, 1011, &[&["e", &root.id.to_hex()]]));
+    accepted(&mut c, &root);
+}
+
+/// The id of an event that is never stored.
+fn issue_id_of(keys: &Keys) -> String {
+    note(keys, 1, &[&["t", "never stored"]]).id.to_hex()
+}
+
+#[test]
+fn ngit_relay_profile_answers_neg_open_as_khatru_and_duplicates_quietly() {
+    let relay = TestRelay::start_profile(Profile::NgitRelay);
+    let doc = nip11_of(&relay);
+    assert!(!lists_77(&doc));
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(
+        c.recv(),
+        json!(["NOTICE", "failed to parse envelope: unknown envelope label"])
+    );
+    let state = event_of_kind(&Keys::generate(), 30618, 1000, &[&["d", "repo"]]);
+    assert_eq!(
+        c.publish(&state),
+        json!(["OK", state.id.to_hex(), true, ""])
+    );
+    assert_eq!(
+        c.publish(&state),
+        json!(["OK", state.id.to_hex(), true, ""])
+    );
+}
+
+#[test]
+fn local_relay_profile_allows_60_writes_then_one_a_second() {
+    let relay = TestRelay::start_profile(Profile::LocalRelay);
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    for i in 0..60 {
+        let e = issue(&keys, 1000 + i, "e");
+        assert_eq!(c.publish(&e), json!(["OK", e.id.to_hex(), true, ""]), "{i}");
+    }
+    let e = issue(&keys, 2000, "61st");
+    assert_eq!(
+        c.publish(&e),
+        json!(["OK", e.id.to_hex(), false, "rate-limited: slow down"])
+    );
+    assert_eq!(relay.len(), 60);
+    // One token a second.
+    assert!(
+        wait_until(WAIT, || c.publish(&e)[2] == true),
+        "no token earned"
+    );
+    assert_eq!(relay.len(), 61);
+}
+
+#[test]
+fn local_relay_profile_limits_unlimited_filters_to_500_and_refuses_the_501st_sub() {
+    let relay = TestRelay::start_profile(Profile::LocalRelay);
+    let plain = http_get(&relay, Some("application/nostr+json"));
+    assert!(plain.starts_with("HTTP/1.1 404"), "{plain}");
+
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..600).map(|i| issue(&keys, 1_000 + i, "e")).collect();
+    for e in &events {
+        relay.insert(e);
+    }
+    let mut c = Client::connect(&relay);
+    assert_eq!(c.req_until_eose("none", &[issues_filter()]).len(), 500);
+    // A default, not a cap.
+    let got = c.req_until_eose("many", &[json!({"kinds": [1621], "limit": 550})]);
+    assert_eq!(got.len(), 550);
+
+    c.open_empty_subs("s", 498);
+    c.send_json(json!(["REQ", "s498", issues_filter()]));
+    assert_eq!(
+        c.recv(),
+        json!(["CLOSED", "s498", "rate-limited: too many REQs"])
+    );
+    assert_eq!(relay.open_subscriptions(), 500);
+}
+
+#[test]
+fn nip77_refusing_profile_lists_77_and_answers_with_a_notice() {
+    let relay = TestRelay::start_profile(Profile::Nip77Refusing { silent: false });
+    assert!(lists_77(&nip11_of(&relay)));
+    let mut c = Client::connect(&relay);
+    let disabled = json!(["NOTICE", "ERROR: bad msg: negentropy disabled"]);
+    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(c.recv(), disabled);
+    c.send_json(json!(["NEG-MSG", "n", neg_initial()]));
+    assert_eq!(c.recv(), disabled);
+    c.send(r#"["NEG-CLOSE","n"]"#);
+    assert_eq!(c.recv(), disabled);
+    c.assert_quiet();
+    assert_eq!(relay.open_neg_sessions(), 0);
+    // REQs are served as usual.
+    assert!(c.req_until_eose("r", &[issues_filter()]).is_empty());
+}
+
+#[test]
+fn nip77_refusing_profile_can_stay_silent() {
+    let relay = TestRelay::start_profile(Profile::Nip77Refusing { silent: true });
+    assert!(lists_77(&nip11_of(&relay)));
+    let mut c = Client::connect(&relay);
+    c.send_json(json!(["NEG-OPEN", "n", {"kinds": [1621]}, neg_initial()]));
+    c.assert_quiet();
+    assert_eq!(relay.neg_opens().len(), 1);
+    assert_eq!(relay.open_neg_sessions(), 0);
+    assert!(c.req_until_eose("r", &[issues_filter()]).is_empty());
 }

@@ -1,5 +1,6 @@
 //! Test support: a scriptable in-process NIP-01 relay
-//! ([`TestRelay`](crate::testing::TestRelay)) and a polling helper
+//! ([`TestRelay`](crate::testing::TestRelay)), relay profiles that make it behave like real
+//! relay software ([`Profile`](crate::testing::Profile)) and a polling helper
 //! ([`wait_until`](crate::testing::wait_until)).
 //!
 //! Enabled by the `testing` feature. Everything runs on plain blocking threads;
@@ -24,13 +25,15 @@ use std::time::{Duration, Instant};
 pub mod internals;
 mod nip11;
 mod nip77;
+mod policy;
 mod profile;
 mod relay;
 pub mod tls;
 
 pub use self::nip77::{Nip77Mode, RecordedNegOpen};
+pub use self::policy::{GraspPolicy, WriteRate};
 pub use self::profile::Profile;
-pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions, WriteRate};
+pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions};
 
 /// Polls `cond` every 10 ms until it returns `true` (then returns `true`) or
 /// `deadline` has passed (then returns `false`). `cond` is always called at

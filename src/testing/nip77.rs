@@ -42,6 +42,10 @@ pub enum Nip77Mode {
     /// events matching its filter and is answered `NEG-MSG`; `NEG-MSG` continues it;
     /// `NEG-CLOSE` ends it silently.
     On,
+    /// Answer every `NEG-OPEN`, `NEG-MSG` and `NEG-CLOSE` with `["NOTICE", msg]` and open no
+    /// session: a relay that lists NIP-77 but has it disabled (strfry answers
+    /// `"ERROR: bad msg: negentropy disabled"`).
+    Notice(String),
     /// Answer every `NEG-OPEN` with `["NEG-ERR", sub_id, msg]` and open no session.
     NegErr(String),
     /// Answer every `NEG-OPEN` with `["CLOSED", sub_id, msg]` and open no session.

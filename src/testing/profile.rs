@@ -1,114 +1,191 @@
-//! Profiles of real relays for the [`TestRelay`](crate::testing::TestRelay): the observable
-//! behaviour of each, as `../shared/notes/relays.md` and `docs/relays.md` record it, so that
-//! socket tests meet what operators meet. The simulated relays of the sans-IO tests have the
-//! same profiles (`core::sync::world::SimProfile`).
+//! Relay profiles: [`TestRelayOptions`] that reproduce the observable behaviour of real relay
+//! software (limits, refusals and their exact texts), as read from their sources and, for
+//! nostr-rs-relay, checked against the running binary. `docs/testing.md` ("Profiles") lists
+//! what each one reproduces.
 
+use std::io;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::nip77::Nip77Mode;
-use super::relay::{Reply, TestRelayOptions, WriteRate};
+use super::policy::{GraspPolicy, WriteRate};
+use super::relay::{Reply, TestRelay, TestRelayOptions};
 
-/// A real relay whose behaviour a [`TestRelay`](crate::testing::TestRelay) takes on
-/// ([`TestRelayOptions::profile`]).
+/// Real relay software a [`TestRelay`] can behave like
+/// ([`TestRelayOptions::profile`], [`TestRelay::start_profile`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Profile {
-    /// nostr-rs-relay 0.8.12: no EOSE for a REQ whose filters all have `limit: 0`; 32
-    /// subscriptions per connection, then `NOTICE "Subscription error: Maximum concurrent
-    /// subscription count reached"` (no CLOSED, no EOSE); a NIP-11 document without limits;
-    /// no NIP-77 (`NOTICE "could not parse command"`).
+    /// nostr-rs-relay 0.8.12: 32 subscriptions per connection, then
+    /// `NOTICE "Subscription error: Maximum concurrent subscription count reached"` (no
+    /// `CLOSED`, no `EOSE`); a REQ whose filters all have `limit: 0` gets no `EOSE`; a REQ
+    /// repeating the id *and* filters of an open subscription is ignored; no result cap; a
+    /// NIP-11 document without numeric limits; no NIP-77 (`NOTICE "could not parse command"`);
+    /// an incoming frame over 262,144 bytes gets `NOTICE "message too large (N > 262144)"` and
+    /// the connection is dropped; a duplicate is `OK true "duplicate: "`.
     NostrRsRelay,
-    /// strfry 1.1: the newest 500 per filter, silently; 200 subscriptions, then `NOTICE
-    /// "ERROR: too many concurrent REQs"`; at most 3 tag keys per filter (`CLOSED "ERROR:
-    /// bad req: too many tags in filter"`); NIP-77; its limits in NIP-11.
+    /// strfry 1.1: results cut silently to the newest 500 per filter; 200 subscriptions per
+    /// connection with negentropy sessions counted among them, then
+    /// `NOTICE "ERROR: too many concurrent REQs"` (no `CLOSED`, no `EOSE`); more than 3 tag keys
+    /// in a filter → `CLOSED "ERROR: bad req: too many tags in filter"`; an incoming frame over
+    /// 131,072 bytes drops the connection without a close frame; NIP-77 served (over 1,000,000
+    /// records → `NEG-ERR "blocked: too many query results"`, unknown session →
+    /// `NEG-ERR "closed: unknown subscription handle"`); NIP-11 lists 77 and its `limitation`;
+    /// a duplicate is `OK true "duplicate: have this event"`; unknown commands get
+    /// `NOTICE "ERROR: bad msg: unknown cmd"`.
     Strfry,
-    /// rust-nostr's relay builder (`LocalRelay`, ngit-grasp): 60 events a minute per
-    /// connection, then `OK false "rate-limited: …"`; 500 results per REQ; 500 subscriptions,
-    /// then `CLOSED "rate-limited: too many REQs"`; no NIP-11; NIP-77.
+    /// ngit-relay, the own relay of a GRASP server (khatru): writes limited per connection to
+    /// 15 at once, then one a minute (`OK false "rate-limited: slow down, please"`), and
+    /// accepted only when they relate to what is stored ([`GraspPolicy`], domain: the relay's
+    /// own `127.0.0.1:PORT`); no NIP-77: `NEG-OPEN` (like any unknown message) gets
+    /// `NOTICE "failed to parse envelope: unknown envelope label"`; a duplicate is `OK true ""`.
+    NgitRelay,
+    /// rust-nostr's relay builder (`LocalRelay`): 60 writes per minute per connection (burst 60,
+    /// then one a second; `OK false "rate-limited: slow down"`); no NIP-11 (404); 500 results
+    /// for a filter without `limit`; 500 subscriptions per connection, then
+    /// `CLOSED "rate-limited: too many REQs"`; NIP-77 served (not advertised: no NIP-11).
     LocalRelay,
-    /// ngit-relay (khatru) as the own relay of a GRASP server for `domain`: 15 events at
-    /// once, then one a minute (per connection here; per address there); stores only what
-    /// relates to a stored repository ([`TestRelayOptions::relates_to_stored`]); no NIP-77.
-    NgitRelay {
-        /// The domain its announcements must list in `clone` and `relays`.
-        domain: String,
+    /// A relay that lists NIP-77 in its NIP-11 document but refuses it: every `NEG-OPEN`,
+    /// `NEG-MSG` and `NEG-CLOSE` is answered `NOTICE "ERROR: bad msg: negentropy disabled"`
+    /// (nos.lol, nostr.mom), or not at all when `silent` (nostr.wine).
+    Nip77Refusing {
+        /// Never answer the NIP-77 messages instead of answering them with a NOTICE.
+        silent: bool,
     },
-    /// Lists NIP-77 in NIP-11 and never answers a NEG-OPEN (nostr.wine).
-    Nip77Silent,
 }
 
+/// nostr-rs-relay's subscription limit (hard-coded).
+const NOSTR_RS_RELAY_SUBS: usize = 32;
+/// nostr-rs-relay's `max_ws_message_bytes` and `max_ws_frame_bytes` (`2 << 17`; its comment
+/// says 128K).
+const NOSTR_RS_RELAY_MESSAGE: usize = 2 << 17;
+/// strfry's `maxFilterLimit`.
+const STRFRY_MAX_LIMIT: usize = 500;
+/// strfry's subscriptions per connection (REQs and negentropy sessions together).
+const STRFRY_SUBS: usize = 200;
+/// strfry's largest incoming websocket frame.
+const STRFRY_FRAME: usize = 131_072;
+/// strfry's `maxSyncEvents`.
+const STRFRY_SYNC_EVENTS: usize = 1_000_000;
+/// rust-nostr's relay builder: default filter limit, subscriptions and writes per minute.
+const LOCAL_RELAY_LIMIT: usize = 500;
+const LOCAL_RELAY_SUBS: usize = 500;
+const LOCAL_RELAY_WRITES: u32 = 60;
+/// ngit-relay's write burst and the time to earn one more write (khatru's
+/// `EventIPRateLimiter(3, 3 min, 15)`, spread evenly).
+const NGIT_BURST: u32 = 15;
+const NGIT_PER: Duration = Duration::from_secs(60);
+
 impl TestRelayOptions {
-    /// The options of `profile` (see [`Profile`]); fields can be changed afterwards, e.g. a
-    /// shorter [`WriteRate::every`] to keep a test fast.
+    /// Options reproducing `profile` (every other option at its default).
     pub fn profile(profile: Profile) -> TestRelayOptions {
         let base = TestRelayOptions::default();
         match profile {
             Profile::NostrRsRelay => TestRelayOptions {
-                no_eose_for_live_only: true,
-                max_subscriptions: Some(32),
+                nip11: Some(json!({
+                    "name": "Unnamed nostr-rs-relay",
+                    "supported_nips": [1, 2, 9, 11, 12, 15, 16, 20, 22, 33, 40, 42],
+                    "software": "https://git.sr.ht/~gheartsfield/nostr-rs-relay",
+                    "version": "0.8.12",
+                    "limitation": {"payment_required": false}
+                })),
+                max_subscriptions: Some(NOSTR_RS_RELAY_SUBS),
                 too_many_subs_reply: Reply::Notice(
                     "Subscription error: Maximum concurrent subscription count reached".into(),
                 ),
-                nip11: Some(json!({
-                    "name": "nostr-rs-relay",
-                    "supported_nips": [1, 2, 9, 11, 12, 15, 16, 20, 22, 33, 40],
-                    "software": "https://git.sr.ht/~gheartsfield/nostr-rs-relay",
-                    "version": "0.8.12"
-                })),
+                no_eose_for_limit_zero: true,
+                ignore_identical_req: true,
+                max_message_size: Some(NOSTR_RS_RELAY_MESSAGE),
+                oversize_notice: true,
+                duplicate_reply: "duplicate: ".into(),
                 nip77: Nip77Mode::Off,
                 ..base
             },
             Profile::Strfry => TestRelayOptions {
-                result_cap: Some(500),
-                max_subscriptions: Some(200),
-                too_many_subs_reply: Reply::Notice("ERROR: too many concurrent REQs".into()),
-                max_tag_keys: Some(3),
                 nip11: Some(json!({
-                    "name": "strfry",
-                    "supported_nips": [1, 2, 4, 9, 11, 22, 28, 40, 70, 77],
+                    "name": "strfry default",
+                    "description": "This is a strfry instance.",
                     "software": "git+https://github.com/hoytech/strfry.git",
                     "version": "1.1.1",
+                    "supported_nips": [1, 2, 4, 9, 11, 22, 28, 40, 70, 77],
                     "negentropy": 1,
                     "limitation": {
-                        "max_limit": 500,
-                        "max_message_length": 131072,
-                        "max_subscriptions": 200
+                        "max_limit": STRFRY_MAX_LIMIT,
+                        "max_message_length": STRFRY_FRAME,
+                        "max_subscriptions": STRFRY_SUBS
                     }
                 })),
+                result_cap: Some(STRFRY_MAX_LIMIT),
+                max_subscriptions: Some(STRFRY_SUBS),
+                too_many_subs_reply: Reply::Notice("ERROR: too many concurrent REQs".into()),
+                neg_sessions_count_as_subscriptions: true,
+                max_tag_keys: Some(3),
+                max_message_size: Some(STRFRY_FRAME),
                 nip77: Nip77Mode::On,
+                nip77_max_records: Some(STRFRY_SYNC_EVENTS),
+                nip77_no_session_reply: "closed: unknown subscription handle".into(),
+                duplicate_reply: "duplicate: have this event".into(),
+                parse_error_notice: "ERROR: bad msg: unknown cmd".into(),
                 ..base
             },
-            Profile::LocalRelay => TestRelayOptions {
-                write_rate: Some(WriteRate {
-                    burst: 60,
-                    every: Duration::from_secs(1),
-                }),
-                result_cap: Some(500),
-                max_subscriptions: Some(500),
-                too_many_subs_reply: Reply::Closed("rate-limited: too many REQs".into()),
-                nip11: None,
-                nip77: Nip77Mode::On,
-                ..base
-            },
-            Profile::NgitRelay { domain } => TestRelayOptions {
-                write_rate: Some(WriteRate {
-                    burst: 15,
-                    every: Duration::from_secs(60),
-                }),
-                relates_to_stored: Some(domain),
+            Profile::NgitRelay => TestRelayOptions {
+                nip11: Some(json!({
+                    "name": "ngit-relay",
+                    "software": "https://github.com/fiatjaf/khatru",
+                    "version": "n/a",
+                    "supported_nips": [1, 9, 11, 42, 45, 70]
+                })),
+                write_rate: Some(
+                    WriteRate::new(NGIT_BURST, NGIT_PER)
+                        .with_message("rate-limited: slow down, please"),
+                ),
+                grasp_policy: Some(GraspPolicy::default()),
+                duplicate_reply: String::new(),
+                parse_error_notice: "failed to parse envelope: unknown envelope label".into(),
                 nip77: Nip77Mode::Off,
                 ..base
             },
-            Profile::Nip77Silent => TestRelayOptions {
+            Profile::LocalRelay => TestRelayOptions {
+                nip11: None,
+                default_limit: Some(LOCAL_RELAY_LIMIT),
+                max_subscriptions: Some(LOCAL_RELAY_SUBS),
+                too_many_subs_reply: Reply::Closed("rate-limited: too many REQs".into()),
+                write_rate: Some(WriteRate::new(
+                    LOCAL_RELAY_WRITES,
+                    Duration::from_secs(60) / LOCAL_RELAY_WRITES,
+                )),
+                nip77: Nip77Mode::On,
+                ..base
+            },
+            Profile::Nip77Refusing { silent } => TestRelayOptions {
                 nip11: Some(json!({
-                    "name": "a relay that lists NIP-77 and never answers it",
+                    "name": "nip77-refusing relay",
                     "supported_nips": [1, 11, 77]
                 })),
-                nip77: Nip77Mode::Silent,
+                nip77: if silent {
+                    Nip77Mode::Silent
+                } else {
+                    Nip77Mode::Notice("ERROR: bad msg: negentropy disabled".into())
+                },
                 ..base
             },
         }
+    }
+}
+
+impl TestRelay {
+    /// Starts a relay behaving like `profile` on an ephemeral port of 127.0.0.1.
+    ///
+    /// # Panics
+    /// If no port on 127.0.0.1 can be bound.
+    pub fn start_profile(profile: Profile) -> TestRelay {
+        TestRelay::start_with(TestRelayOptions::profile(profile))
+    }
+
+    /// Starts a relay behaving like `profile` on 127.0.0.1:`port` (`0` picks a free port), as
+    /// [`start_on_port`](Self::start_on_port) does.
+    pub fn start_profile_on_port(profile: Profile, port: u16) -> io::Result<TestRelay> {
+        TestRelay::start_on_port(port, TestRelayOptions::profile(profile))
     }
 }

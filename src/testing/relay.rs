@@ -38,11 +38,13 @@ use nostr::types::Timestamp;
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use tungstenite::error::CapacityError;
 use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
 use super::nip11;
 use super::nip77::{self, Nip77Mode, RecordedNegOpen, Session};
+use super::policy::{self, Bucket, GraspPolicy, WriteRate};
 use crate::net::inbound::Inbound;
 
 /// Largest websocket message (and frame) the relay accepts.
@@ -83,8 +85,12 @@ struct MidAnswerDrop {
     fired: u64,
 }
 
-/// The NOTICE sent for anything the relay cannot parse.
+/// The NOTICE sent for anything the relay cannot parse, by default (nostr-rs-relay's text).
 const PARSE_ERROR: &str = "could not parse command";
+/// The answer to a duplicate EVENT, by default.
+const DUPLICATE: &str = "duplicate: already have this event";
+/// The `CLOSED` reason for a filter with more tag keys than `max_tag_keys` (strfry's text).
+const TOO_MANY_TAGS: &str = "ERROR: bad req: too many tags in filter";
 /// The answer to REQs and EVENTs of a connection that has not authenticated (`require_auth`).
 const AUTH_REQUIRED: &str = "auth-required: please authenticate";
 
@@ -104,7 +110,9 @@ pub enum Reply {
 /// relay runs through the matching `TestRelay::set_*` method.
 ///
 /// Build with struct-update syntax:
-/// `TestRelayOptions { result_cap: Some(2), ..Default::default() }`.
+/// `TestRelayOptions { result_cap: Some(2), ..Default::default() }`, or start from a relay
+/// profile: `TestRelayOptions { result_cap: Some(2), ..TestRelayOptions::profile(Profile::Strfry) }`
+/// (see [`Profile`](crate::testing::Profile)).
 #[derive(Debug, Clone)]
 pub struct TestRelayOptions {
     /// NIP-11 document served to HTTP requests with
@@ -144,31 +152,46 @@ pub struct TestRelayOptions {
     /// `["NEG-ERR", sub_id, "blocked: too many query results"]` (strfry's `maxSyncEvents`).
     /// `None`: no cap.
     pub nip77_max_records: Option<usize>,
-    /// No EOSE for a REQ whose filters all have `limit: 0` (nostr-rs-relay 0.8.12's
-    /// `needs_historical_events`); live events still arrive.
-    pub no_eose_for_live_only: bool,
-    /// Most generic tag keys (`#e`, `#a`, …) in one filter; a REQ with a filter beyond it is
-    /// answered `["CLOSED", sub, "ERROR: bad req: too many tags in filter"]` (strfry: 3).
+    /// The `NEG-ERR` reason for a `NEG-MSG` naming no open session (by default
+    /// `"closed: no such negentropy session"`; strfry says
+    /// `"closed: unknown subscription handle"`).
+    pub nip77_no_session_reply: String,
+    /// Count open negentropy sessions against `max_subscriptions` together with REQs, as
+    /// strfry does: a `NEG-OPEN` beyond the limit gets `too_many_subs_reply` (the per-connection
+    /// cap of 100 sessions is then not applied).
+    pub neg_sessions_count_as_subscriptions: bool,
+    /// The `limit` applied to a filter that has none (rust-nostr's relay builder: 500), before
+    /// `result_cap`. `None`: such a filter gets every match (up to `result_cap`).
+    pub default_limit: Option<usize>,
+    /// Send no `EOSE` for a REQ whose filters all have `limit: 0` (the subscription is still
+    /// open and gets live events), as nostr-rs-relay does.
+    pub no_eose_for_limit_zero: bool,
+    /// Ignore a REQ repeating both the id and the filters of an open subscription of its
+    /// connection (no events, no `EOSE`; it is still recorded), as nostr-rs-relay does. A REQ
+    /// reusing an id with other filters replaces the subscription as usual.
+    pub ignore_identical_req: bool,
+    /// Answer a REQ with a filter holding more than this many tag keys (`#x`) with
+    /// `["CLOSED", sub_id, "ERROR: bad req: too many tags in filter"]` (strfry: 3).
     pub max_tag_keys: Option<usize>,
-    /// Writes per connection as a token bucket: `burst` events at once, then one per `every`;
-    /// beyond it `["OK", id, false, "rate-limited: slow down"]` (ngit-relay: 15, then one a
-    /// minute; rust-nostr's relay builder: 60 a minute).
+    /// Largest incoming websocket frame and message, in bytes (`None`: 16 MiB). A bigger one
+    /// drops the connection without a close frame (after the NOTICE of `oversize_notice`).
+    /// Applies to connections opened after it is set.
+    pub max_message_size: Option<usize>,
+    /// Before dropping a connection for an oversized frame, send
+    /// `["NOTICE", "message too large (SIZE > MAX)"]`, as nostr-rs-relay does.
+    pub oversize_notice: bool,
+    /// The reason of the `["OK", id, true, reason]` answering a duplicate EVENT (by default
+    /// `"duplicate: already have this event"`).
+    pub duplicate_reply: String,
+    /// The NOTICE answering anything the relay cannot parse or does not know (unknown
+    /// commands, and the NIP-77 messages under [`Nip77Mode::Off`]); by default
+    /// `"could not parse command"`, nostr-rs-relay's text.
+    pub parse_error_notice: String,
+    /// A per-connection write rate limit (a token bucket, see [`WriteRate`]); `None`: none.
     pub write_rate: Option<WriteRate>,
-    /// ngit-relay's rule for what it stores (`Some(domain)`): repository state (30618)
-    /// always; an announcement (30617) only when a `clone` and a `relays` tag both contain
-    /// `://<domain>`; any other event only when it refers to a stored event or address
-    /// (`e`, `E`, `a`, `A`, `q`) or a stored event refers to it. Otherwise
-    /// `["OK", id, false, "blocked: event does not relate to a stored repository"]`.
-    pub relates_to_stored: Option<String>,
-}
-
-/// A write rate limit ([`TestRelayOptions::write_rate`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteRate {
-    /// Events accepted at once.
-    pub burst: u32,
-    /// One more token per this long.
-    pub every: Duration,
+    /// ngit-relay's rule that a written event must relate to what is stored (see
+    /// [`GraspPolicy`]); `None`: every valid event is stored.
+    pub grasp_policy: Option<GraspPolicy>,
 }
 
 impl Default for TestRelayOptions {
@@ -187,10 +210,18 @@ impl Default for TestRelayOptions {
             ignore_time_window: false,
             nip77: Nip77Mode::Off,
             nip77_max_records: None,
-            no_eose_for_live_only: false,
+            nip77_no_session_reply: nip77::NO_SESSION.to_string(),
+            neg_sessions_count_as_subscriptions: false,
+            default_limit: None,
+            no_eose_for_limit_zero: false,
+            ignore_identical_req: false,
             max_tag_keys: None,
+            max_message_size: None,
+            oversize_notice: false,
+            duplicate_reply: DUPLICATE.to_string(),
+            parse_error_notice: PARSE_ERROR.to_string(),
             write_rate: None,
-            relates_to_stored: None,
+            grasp_policy: None,
         }
     }
 }
@@ -348,28 +379,32 @@ struct Conn {
     neg_sessions: HashMap<String, Session>,
     /// `NEG-MSG` replies sent on this connection ([`Nip77Mode::DropAfter`]).
     neg_replies: u64,
-    /// Write tokens left ([`TestRelayOptions::write_rate`]) and when they were counted.
-    write_tokens: Option<(f64, Instant)>,
+    /// This connection's write token bucket (`write_rate`), made at its first EVENT.
+    write_bucket: Option<Bucket>,
 }
 
 impl Conn {
-    /// Takes a write token (true), or the connection is over its rate.
-    fn take_write_token(&mut self, rate: WriteRate) -> bool {
-        let now = Instant::now();
-        let (tokens, at) = self.write_tokens.unwrap_or((f64::from(rate.burst), now));
-        let refill = now.duration_since(at).as_secs_f64() / rate.every.as_secs_f64().max(1e-9);
-        let tokens = (tokens + refill).min(f64::from(rate.burst));
-        if tokens >= 1.0 {
-            self.write_tokens = Some((tokens - 1.0, now));
-            true
+    /// The open subscriptions counted against `max_subscriptions`: REQs, and negentropy
+    /// sessions under `neg_sessions_count_as_subscriptions`.
+    fn subscription_count(&self, opts: &TestRelayOptions) -> usize {
+        let negs = if opts.neg_sessions_count_as_subscriptions {
+            self.neg_sessions.len()
         } else {
-            self.write_tokens = Some((tokens, now));
-            false
-        }
+            0
+        };
+        self.subs.len() + negs
     }
-}
 
-impl Conn {
+    /// Takes a write token (`write_rate`); `false` when the bucket is empty.
+    fn take_write_token(&mut self, rate: &WriteRate) -> bool {
+        let now = Instant::now();
+        let bucket = match &mut self.write_bucket {
+            Some(b) if b.is_for(rate) => b,
+            slot => slot.insert(Bucket::new(rate, now)),
+        };
+        bucket.take(now)
+    }
+
     /// `refusal`, followed by the challenge if it was not sent yet.
     fn refused(&mut self, refusal: String) -> Handled {
         let mut frames = vec![refusal];
@@ -399,6 +434,8 @@ struct State {
     mid_answer: MidAnswerDrop,
     /// Every `NEG-OPEN` received (NIP-77 not `Off`).
     neg_opens: Vec<RecordedNegOpen>,
+    /// The port the relay listens on (the default domain of `grasp_policy`).
+    port: u16,
 }
 
 impl State {
@@ -633,6 +670,7 @@ impl TestRelay {
         let listener = bind_with_retry(port)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
+        state.port = addr.port();
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             ..Shared::default()
@@ -768,6 +806,80 @@ impl TestRelay {
     /// [`TestRelayOptions::nip77_max_records`]).
     pub fn set_nip77_max_records(&self, max: Option<usize>) {
         self.shared.state.lock().opts.nip77_max_records = max;
+    }
+
+    /// Sets the `NEG-ERR` reason for a `NEG-MSG` naming no open session (see
+    /// [`TestRelayOptions::nip77_no_session_reply`]).
+    pub fn set_nip77_no_session_reply(&self, reason: &str) {
+        self.shared.state.lock().opts.nip77_no_session_reply = reason.to_string();
+    }
+
+    /// Counts negentropy sessions against the subscription limit (see
+    /// [`TestRelayOptions::neg_sessions_count_as_subscriptions`]).
+    pub fn set_neg_sessions_count_as_subscriptions(&self, count: bool) {
+        self.shared
+            .state
+            .lock()
+            .opts
+            .neg_sessions_count_as_subscriptions = count;
+    }
+
+    /// Sets the `limit` of later filters that have none (see
+    /// [`TestRelayOptions::default_limit`]).
+    pub fn set_default_limit(&self, limit: Option<usize>) {
+        self.shared.state.lock().opts.default_limit = limit;
+    }
+
+    /// Withholds the `EOSE` of later REQs whose filters all have `limit: 0` (see
+    /// [`TestRelayOptions::no_eose_for_limit_zero`]).
+    pub fn set_no_eose_for_limit_zero(&self, no_eose: bool) {
+        self.shared.state.lock().opts.no_eose_for_limit_zero = no_eose;
+    }
+
+    /// Ignores later REQs repeating an open subscription (see
+    /// [`TestRelayOptions::ignore_identical_req`]).
+    pub fn set_ignore_identical_req(&self, ignore: bool) {
+        self.shared.state.lock().opts.ignore_identical_req = ignore;
+    }
+
+    /// Limits the tag keys of a filter (see [`TestRelayOptions::max_tag_keys`]).
+    pub fn set_max_tag_keys(&self, max: Option<usize>) {
+        self.shared.state.lock().opts.max_tag_keys = max;
+    }
+
+    /// Sets the largest incoming frame and message of connections opened from now on (see
+    /// [`TestRelayOptions::max_message_size`]).
+    pub fn set_max_message_size(&self, max: Option<usize>) {
+        self.shared.state.lock().opts.max_message_size = max;
+    }
+
+    /// Sends a NOTICE before dropping a connection for an oversized frame (see
+    /// [`TestRelayOptions::oversize_notice`]).
+    pub fn set_oversize_notice(&self, notice: bool) {
+        self.shared.state.lock().opts.oversize_notice = notice;
+    }
+
+    /// Sets the reason of the `OK true` answering a duplicate EVENT.
+    pub fn set_duplicate_reply(&self, reason: &str) {
+        self.shared.state.lock().opts.duplicate_reply = reason.to_string();
+    }
+
+    /// Sets the NOTICE answering what the relay cannot parse (see
+    /// [`TestRelayOptions::parse_error_notice`]).
+    pub fn set_parse_error_notice(&self, notice: &str) {
+        self.shared.state.lock().opts.parse_error_notice = notice.to_string();
+    }
+
+    /// Limits the write rate of every connection (see [`WriteRate`]; `None`: no limit). Each
+    /// connection starts a full bucket at its next EVENT.
+    pub fn set_write_rate(&self, rate: Option<WriteRate>) {
+        self.shared.state.lock().opts.write_rate = rate;
+    }
+
+    /// Applies ngit-relay's rule to later EVENTs (see [`GraspPolicy`]; `None`: store every
+    /// valid event).
+    pub fn set_grasp_policy(&self, policy: Option<GraspPolicy>) {
+        self.shared.state.lock().opts.grasp_policy = policy;
     }
 
     /// A copy of the current options.
@@ -1195,9 +1307,15 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
         tcp: stream,
         inbound,
     };
+    let max_message = shared
+        .state
+        .lock()
+        .opts
+        .max_message_size
+        .unwrap_or(MAX_MESSAGE_SIZE);
     let config = WebSocketConfig::default()
-        .max_message_size(Some(MAX_MESSAGE_SIZE))
-        .max_frame_size(Some(MAX_MESSAGE_SIZE))
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message))
         .max_write_buffer_size(MAX_WRITE_BUFFER);
     let mut ws = if rest.is_empty() {
         WebSocket::from_raw_socket(stream, Role::Server, Some(config))
@@ -1230,7 +1348,7 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
                 authed: false,
                 neg_sessions: HashMap::new(),
                 neg_replies: 0,
-                write_tokens: None,
+                write_bucket: None,
             },
         );
     }
@@ -1328,7 +1446,7 @@ fn connection_loop(
                 pending.extend(handled.delayed_eose);
             }
             Ok(Message::Binary(_)) => {
-                if !write_frame(shared, ws, notice_frame(PARSE_ERROR)) {
+                if !write_frame(shared, ws, parse_error_frame(shared)) {
                     return;
                 }
             }
@@ -1350,6 +1468,19 @@ fn connection_loop(
                 ws.get_ref().inbound.register(&mut select);
                 let _ = select.ready_timeout(wait);
             }
+            Err(tungstenite::Error::Capacity(CapacityError::MessageTooLong { size, max_size })) => {
+                // As strfry: drop the connection without a close frame; as nostr-rs-relay: say
+                // why first.
+                debug!("test relay: connection {conn_id}: frame of {size} bytes > {max_size}");
+                if shared.state.lock().opts.oversize_notice {
+                    let notice = notice_frame(&format!("message too large ({size} > {max_size})"));
+                    if write_frame(shared, ws, notice) {
+                        let _ = ws.flush();
+                    }
+                }
+                let _ = ws.get_ref().tcp.shutdown(Shutdown::Both);
+                return;
+            }
             Err(e) => {
                 trace!("test relay: connection {conn_id}: read ended: {e}");
                 return;
@@ -1358,8 +1489,13 @@ fn connection_loop(
     }
 }
 
+/// The NOTICE answering what the relay cannot parse (`parse_error_notice`).
+fn parse_error_frame(shared: &Shared) -> String {
+    notice_frame(&shared.state.lock().opts.parse_error_notice)
+}
+
 fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
-    let parse_error = || Handled::frame(notice_frame(PARSE_ERROR));
+    let parse_error = || Handled::frame(parse_error_frame(shared));
     let Ok(parts) = serde_json::from_str::<Vec<&RawValue>>(text) else {
         return parse_error();
     };
@@ -1402,28 +1538,46 @@ fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
         {
             parse_error()
         }
+        ("NEG-MSG" | "NEG-CLOSE", _) => {
+            let refusal = match &shared.state.lock().opts.nip77 {
+                Nip77Mode::Notice(msg) => Some(notice_frame(msg)),
+                _ => None,
+            };
+            match (refusal, command.as_str(), parts.len()) {
+                (Some(frame), _, _) => Handled::frame(frame),
+                (None, "NEG-MSG", 3) => {
+                    let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                        return parse_error();
+                    };
+                    handle_neg_msg(shared, conn_id, sub_id, parts[2].get())
+                }
+                (None, "NEG-CLOSE", 2) => {
+                    let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
+                        return parse_error();
+                    };
+                    if let Some(conn) = shared.state.lock().conns.get_mut(&conn_id) {
+                        conn.neg_sessions.remove(&sub_id);
+                    }
+                    Handled::default()
+                }
+                _ => parse_error(),
+            }
+        }
         ("NEG-OPEN", 4) => {
             let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
                 return parse_error();
             };
             handle_neg_open(shared, conn_id, sub_id, parts[2].get(), parts[3].get())
         }
-        ("NEG-MSG", 3) => {
-            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
-                return parse_error();
-            };
-            handle_neg_msg(shared, conn_id, sub_id, parts[2].get())
-        }
-        ("NEG-CLOSE", 2) => {
-            let Ok(sub_id) = serde_json::from_str::<String>(parts[1].get()) else {
-                return parse_error();
-            };
-            if let Some(conn) = shared.state.lock().conns.get_mut(&conn_id) {
-                conn.neg_sessions.remove(&sub_id);
-            }
-            Handled::default()
-        }
         _ => parse_error(),
+    }
+}
+
+/// The answer to a REQ or `NEG-OPEN` beyond `max_subscriptions`.
+fn too_many_subs_frame(opts: &TestRelayOptions, sub_id: &str) -> String {
+    match &opts.too_many_subs_reply {
+        Reply::Closed(msg) => closed_frame(sub_id, msg),
+        Reply::Notice(msg) => notice_frame(msg),
     }
 }
 
@@ -1476,6 +1630,7 @@ fn handle_neg_open(
     }
     match &opts.nip77 {
         Nip77Mode::Off | Nip77Mode::Silent => return Handled::default(),
+        Nip77Mode::Notice(msg) => return Handled::frame(notice_frame(msg)),
         Nip77Mode::NegErr(msg) => return Handled::frame(neg_err_frame(&sub_id, msg)),
         Nip77Mode::Closed(msg) => return Handled::frame(closed_frame(&sub_id, msg)),
         Nip77Mode::DropAfter(0) => {
@@ -1489,11 +1644,20 @@ fn handle_neg_open(
         Ok(bytes) => bytes,
         Err(why) => return Handled::frame(neg_err_frame(&sub_id, &why)),
     };
-    if conn.neg_sessions.len() >= nip77::MAX_SESSIONS_PER_CONN {
-        return Handled::frame(neg_err_frame(
-            &sub_id,
-            "blocked: too many open negentropy sessions",
-        ));
+    match opts.max_subscriptions {
+        Some(max) if opts.neg_sessions_count_as_subscriptions => {
+            if conn.subscription_count(opts) >= max {
+                return Handled::frame(too_many_subs_frame(opts, &sub_id));
+            }
+        }
+        _ => {
+            if conn.neg_sessions.len() >= nip77::MAX_SESSIONS_PER_CONN {
+                return Handled::frame(neg_err_frame(
+                    &sub_id,
+                    "blocked: too many open negentropy sessions",
+                ));
+            }
+        }
     }
     let limit = filter.limit.unwrap_or(usize::MAX);
     let records: Vec<(Timestamp, EventId)> = state
@@ -1529,7 +1693,7 @@ fn handle_neg_msg(shared: &Shared, conn_id: u64, sub_id: String, raw_msg: &str) 
         return Handled::default();
     }
     let Some(session) = conn.neg_sessions.get_mut(&sub_id) else {
-        return Handled::frame(neg_err_frame(&sub_id, nip77::NO_SESSION));
+        return Handled::frame(neg_err_frame(&sub_id, &state.opts.nip77_no_session_reply));
     };
     let reply = neg_payload(raw_msg).and_then(|msg| {
         session
@@ -1607,36 +1771,36 @@ fn handle_auth(shared: &Shared, conn_id: u64, event: &Event) -> Handled {
 
 fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
     let Ok(event) = Event::from_json(raw) else {
-        return Handled::frame(notice_frame(PARSE_ERROR));
+        return Handled::frame(parse_error_frame(shared));
     };
     if event.verify().is_err() {
         return Handled::frame(ok_frame(&event.id, false, "invalid: bad signature"));
     }
-    let mut state = shared.state.lock();
+    let mut guard = shared.state.lock();
+    let state = &mut *guard;
     if state.opts.require_auth {
         if let Some(conn) = state.conns.get_mut(&conn_id).filter(|c| !c.authed) {
             return conn.refused(ok_frame(&event.id, false, AUTH_REQUIRED));
         }
     }
+    if let Some(rate) = &state.opts.write_rate {
+        if let Some(conn) = state.conns.get_mut(&conn_id) {
+            if !conn.take_write_token(rate) {
+                return Handled::frame(ok_frame(&event.id, false, &rate.message));
+            }
+        }
+    }
     if let Some(msg) = &state.opts.reject_events {
         return Handled::frame(ok_frame(&event.id, false, msg));
     }
-    if let Some(rate) = state.opts.write_rate {
-        let limited = state
-            .conns
-            .get_mut(&conn_id)
-            .is_some_and(|c| !c.take_write_token(rate));
-        if limited {
-            return Handled::frame(ok_frame(&event.id, false, "rate-limited: slow down"));
-        }
-    }
-    if let Some(domain) = &state.opts.relates_to_stored {
-        if !state.store.contains(&event.id) && !relates_to_stored(&state.store, &event, domain) {
-            return Handled::frame(ok_frame(
-                &event.id,
-                false,
-                "blocked: event does not relate to a stored repository",
-            ));
+    if let Some(grasp) = &state.opts.grasp_policy {
+        let domain = grasp
+            .domain
+            .clone()
+            .unwrap_or_else(|| format!("127.0.0.1:{}", state.port));
+        let stored = state.store.iter().map(|s| &s.event);
+        if let Some(reason) = policy::grasp_refusal(&event, &domain, stored) {
+            return Handled::frame(ok_frame(&event.id, false, reason));
         }
     }
     let id = event.id;
@@ -1650,7 +1814,7 @@ fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
     });
     let frame = match outcome {
         StoreOutcome::Stored => ok_frame(&id, true, ""),
-        StoreOutcome::Duplicate => ok_frame(&id, true, "duplicate: already have this event"),
+        StoreOutcome::Duplicate => ok_frame(&id, true, &state.opts.duplicate_reply),
         StoreOutcome::HaveNewer => ok_frame(&id, false, "replaced: have newer event"),
     };
     Handled::frame(frame)
@@ -1687,29 +1851,32 @@ fn handle_req(
     }
     if let Some(max) = opts.max_tag_keys {
         if filters.iter().any(|f| f.generic_tags.len() > max) {
-            conn.subs.remove(&sub_id);
-            return Handled::frame(closed_frame(
-                &sub_id,
-                "ERROR: bad req: too many tags in filter",
-            ));
+            return Handled::frame(closed_frame(&sub_id, TOO_MANY_TAGS));
         }
+    }
+    if opts.ignore_identical_req
+        && conn
+            .subs
+            .get(&sub_id)
+            .is_some_and(|open| open.filters == filters)
+    {
+        return Handled::default();
     }
     if let Some(max) = opts.max_subscriptions {
-        if !conn.subs.contains_key(&sub_id) && conn.subs.len() >= max {
-            let frame = match &opts.too_many_subs_reply {
-                Reply::Closed(msg) => closed_frame(&sub_id, msg),
-                Reply::Notice(msg) => notice_frame(msg),
-            };
-            return Handled::frame(frame);
+        if !conn.subs.contains_key(&sub_id) && conn.subscription_count(opts) >= max {
+            return Handled::frame(too_many_subs_frame(opts, &sub_id));
         }
     }
+    // nostr-rs-relay runs no query, and so sends no EOSE, when every filter has `limit: 0`.
+    let only_live = opts.no_eose_for_limit_zero && filters.iter().all(|f| f.limit == Some(0));
+    let eose = !opts.withhold_eose && !only_live;
 
     // Stored answer: each filter contributes its newest min(limit, cap)
     // matches; the union is served newest first.
     let mut seen: HashSet<EventId> = HashSet::new();
     let mut matched: Vec<(OrderKey, Arc<str>)> = Vec::new();
     for filter in &filters {
-        let limit = match (filter.limit, opts.result_cap) {
+        let limit = match (filter.limit.or(opts.default_limit), opts.result_cap) {
             (Some(l), Some(c)) => l.min(c),
             (Some(n), None) | (None, Some(n)) => n,
             (None, None) => usize::MAX,
@@ -1752,7 +1919,6 @@ fn handle_req(
 
     state.next_generation += 1;
     let generation = state.next_generation;
-    let live_only = opts.no_eose_for_live_only && filters.iter().all(|f| f.limit == Some(0));
     conn.subs.insert(
         sub_id.clone(),
         Sub {
@@ -1763,7 +1929,7 @@ fn handle_req(
     state.max_subs_per_conn = state.max_subs_per_conn.max(conn.subs.len());
 
     let mut delayed_eose = None;
-    if !opts.withhold_eose && !live_only {
+    if eose {
         match opts.eose_delay {
             Some(delay) if !delay.is_zero() => {
                 delayed_eose = Some(PendingEose {
@@ -1779,49 +1945,4 @@ fn handle_req(
         frames,
         delayed_eose,
     }
-}
-
-/// ngit-relay's rule ([`TestRelayOptions::relates_to_stored`]).
-fn relates_to_stored(store: &Store, event: &Event, domain: &str) -> bool {
-    let kind = event.kind.as_u16();
-    let tag_values = |e: &Event, names: &[&str]| -> Vec<String> {
-        e.tags
-            .iter()
-            .filter(|t| {
-                t.as_slice()
-                    .first()
-                    .is_some_and(|n| names.contains(&n.as_str()))
-            })
-            .filter_map(|t| t.content().map(str::to_string))
-            .collect()
-    };
-    match kind {
-        30618 => return true,
-        30617 => {
-            let needle = format!("://{domain}");
-            let lists = |name: &str| {
-                event.tags.iter().any(|t| {
-                    t.as_slice().first().is_some_and(|n| n == name)
-                        && t.as_slice()[1..].iter().any(|v| v.contains(&needle))
-                })
-            };
-            return lists("clone") && lists("relays");
-        }
-        _ => {}
-    }
-    let address = |e: &Event| -> Option<String> {
-        let d = e.tags.identifier()?;
-        Some(format!("{}:{}:{d}", e.kind.as_u16(), e.pubkey.to_hex()))
-    };
-    let refs = tag_values(event, &["e", "E", "a", "A", "q"]);
-    let own_id = event.id.to_hex();
-    let own_address = address(event);
-    store.iter().any(|s| {
-        let stored = &s.event;
-        refs.iter()
-            .any(|r| *r == stored.id.to_hex() || address(stored).is_some_and(|a| a == *r))
-            || tag_values(stored, &["e", "E", "a", "A", "q"])
-                .iter()
-                .any(|r| *r == own_id || own_address.as_ref().is_some_and(|a| a == r))
-    })
 }
