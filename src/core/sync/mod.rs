@@ -491,7 +491,9 @@ impl Link {
             }
         }
         for (_, purpose, filter) in &self.reopen {
-            if !purpose.is_live() {
+            // A live purpose (Layer 1) closed before its EOSE waits with its history: only
+            // a live-only filter carries none.
+            if !purpose.is_live() || filter.limit != Some(0) {
                 kept.push(filter.clone());
             }
         }

@@ -507,3 +507,29 @@ fn layer1_history_survives_a_restart_while_it_waits_to_be_reopened() {
     assert!(w.open_subs(A, is_l1).is_empty(), "waits to be reopened");
     restart_and_expect_the_backdated_announcement(w, |w| w.relay(A).hold_eose = false);
 }
+
+/// The same Layer 1 query closed before its EOSE, but the connection drops while it waits to
+/// be reopened: the quick reconnect continues its history, and so does a restart while the
+/// relay is disconnected (found by a review of issue 19: the kept queries of a lost
+/// connection left such a reopen entry out).
+#[test]
+fn layer1_history_waiting_to_be_reopened_survives_a_quick_reconnect_and_a_restart() {
+    for restart in [false, true] {
+        let mut w = layer1_unread(|w| w.relay(A).hold_eose = true);
+        let t = w.secs();
+        let moved = announcement("moved", &[A], t - 5 * DAY);
+        w.relay(A).store.push(moved.clone());
+        for sub in w.open_subs(A, |f| is_l1(f) && f.limit != Some(0)) {
+            w.close_sub(A, &sub, "error: shutting down idle subscriptions");
+        }
+        w.relay(A).hold_eose = false;
+        w.drop(A);
+        if restart {
+            let snap = through_json(w.m.snapshot(w.now));
+            w.restart(Duration::from_secs(MIN), 0, Some(snap));
+        }
+        w.run_for(Duration::from_secs(5 * MIN), Duration::from_secs(5));
+        let want: Vec<Event> = w.relay(A).store.clone();
+        w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+    }
+}
