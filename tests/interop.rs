@@ -129,6 +129,24 @@ fn fetch_nip11(port: u16) -> io::Result<Value> {
     serde_json::from_str(&body[start..=end]).map_err(io::Error::other)
 }
 
+/// Runs nostr-rs-relay with the `config.toml` and database in `dir`, its output into `log`.
+fn spawn_relay(bin: &Path, dir: &Path, log: File) -> io::Result<Child> {
+    Command::new(bin)
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .arg("--db")
+        .arg(dir)
+        // NOSTR_RS_RELAY_LOG=debug shows every query the relay runs.
+        .env(
+            "RUST_LOG",
+            std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+}
+
 impl NostrRsRelay {
     /// Starts a relay for `test`. Returns `None` after printing why when the binary is missing
     /// outside CI (the test then passes as skipped); panics when it is missing under CI.
@@ -175,20 +193,7 @@ impl NostrRsRelay {
             )
             .expect("write config.toml");
             let log = File::create(dir.join("relay.log")).expect("create relay.log");
-            let child = Command::new(bin)
-                .arg("--config")
-                .arg(&config)
-                .arg("--db")
-                .arg(&dir)
-                // NOSTR_RS_RELAY_LOG=debug shows every query the relay runs.
-                .env(
-                    "RUST_LOG",
-                    std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "info".into()),
-                )
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("clone log handle"))
-                .stderr(log)
-                .spawn()
+            let child = spawn_relay(bin, &dir, log)
                 .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
             let mut relay = NostrRsRelay {
                 child,
@@ -224,20 +229,7 @@ impl NostrRsRelay {
             .append(true)
             .open(self.dir.join("relay.log"))
             .expect("open relay.log");
-        self.child = Command::new(bin)
-            .arg("--config")
-            .arg(self.dir.join("config.toml"))
-            .arg("--db")
-            .arg(&self.dir)
-            .env(
-                "RUST_LOG",
-                std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone log handle"))
-            .stderr(log)
-            .spawn()
-            .expect("restart nostr-rs-relay");
+        self.child = spawn_relay(&bin, &self.dir, log).expect("restart nostr-rs-relay");
         let took = self.wait_ready().unwrap_or_else(|why| {
             panic!(
                 "nostr-rs-relay did not restart: {why}\n{}",
