@@ -700,7 +700,7 @@ impl SyncMachine {
     }
 
     /// True while the thread of `relay` waits for the forward pipeline's byte bound
-    /// ([`Report::RelayStalled`]): nothing is read from the relay, its EOSE deadlines wait.
+    /// ([`Report::RelayStalled`](super::Report::RelayStalled)): nothing is read from the relay, its EOSE deadlines wait.
     pub fn is_stalled(&self, relay: &RelayUrl) -> bool {
         self.remotes
             .get(relay)
