@@ -210,7 +210,10 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
     plan
 }
 
-/// The most page queries one relay may have waiting for a subscription slot.
+/// The most page queries one relay may have waiting for a subscription slot before more
+/// are held back: [`bound_plan`] drops the follow-ups beyond it (the own relay's queries);
+/// on a remote relay the sync machine always queues a single next page (it replaces the
+/// query that ended) and parks a split query until there is room.
 pub const MAX_QUEUED_PAGES: usize = 256;
 
 /// Bounds a relay's queue of waiting pages: when `queued` (pages waiting for a subscription

@@ -9,7 +9,7 @@ use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
 use crate::core::filters::build_layer2_and_layer3_filters;
-use crate::core::paging::{bound_plan, plan_pages, PageStats};
+use crate::core::paging::{bound_plan, plan_pages, PagePlan, PageStats};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
 };
@@ -18,7 +18,7 @@ use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
 use super::timers::Timer;
-use super::{unbatched_loading, Command, Link, SubPurpose, SyncMachine};
+use super::{unbatched_loading, Command, Link, Parked, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     /// Runs the selection again after a relay set or the excluded relays changed; the
@@ -319,20 +319,11 @@ impl SyncMachine {
             _ => None,
         };
         // Pages of older history first, so a batch never confirms before its pages.
-        let queued = self.link_of(relay).map_or(0, |l| {
-            l.queue
-                .iter()
-                .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
-                .count()
-        });
-        let plan = bound_plan(
-            plan_pages(&info.filter, stats, &self.page_limits(relay)),
-            queued,
-            self.config.max_queued_pages,
-        );
+        let plan = plan_pages(&info.filter, stats, &self.page_limits(relay));
+        let mut plan = self.admit_pages(relay, plan, batch_id, &info.filter, stats);
         let generation = self.relays.get(relay).map_or(0, |s| s.generation);
         let mut page_subs = Vec::new();
-        for f in plan.next {
+        for f in std::mem::take(&mut plan.next) {
             self.counters.pages_requested += 1;
             page_subs.push(self.open_sub(
                 relay,
@@ -420,6 +411,114 @@ impl SyncMachine {
             batch.incomplete = true;
         }
         self.confirm_if_done(relay, batch_id, now);
+    }
+
+    /// The part of `plan` (the follow-ups of `filter`, which delivered `stats`) to queue
+    /// now; what does not fit is parked, never dropped while memory allows:
+    /// * one next page replaces the query that ended, so it is always queued (a relay's
+    ///   pages never outnumber its history queries plus what splits added);
+    /// * a page split into several queries is queued when the relay's waiting pages leave
+    ///   room (`SyncConfig::max_queued_pages`); else the query is parked whole (one query and its
+    ///   statistics, [`super::Parked`]) and planned again when there is room
+    ///   ([`Self::unpark_pages`]); its batch waits for it (its id joins the batch's
+    ///   outstanding set at once);
+    /// * only when [`MAX_PARKED`] queries are parked already (a relay whose pages multiply
+    ///   without end) are the pages dropped and the query reported incomplete.
+    fn admit_pages(
+        &mut self,
+        relay: &RelayUrl,
+        plan: PagePlan,
+        batch: Option<u64>,
+        filter: &Filter,
+        stats: &PageStats,
+    ) -> PagePlan {
+        let max = self.config.max_queued_pages;
+        let (queued, parked) = self
+            .link_of(relay)
+            .map_or((0, 0), |l| (queued_pages(l), l.parked.len()));
+        if plan.next.len() <= 1 || queued + plan.next.len() <= max {
+            return plan;
+        }
+        if parked >= MAX_PARKED {
+            return bound_plan(plan, queued, max);
+        }
+        let id = self.new_sub_id();
+        debug!(
+            "{relay}: {} pages of a split query wait for room ({queued} pages queued)",
+            plan.next.len()
+        );
+        if let Some(b) = batch.and_then(|id| {
+            self.pending_mut(relay)
+                .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == id))
+        }) {
+            b.outstanding_subs.insert(id.clone());
+        }
+        self.link(relay).parked.push_back(Parked {
+            id,
+            batch,
+            filter: filter.clone(),
+            stats: stats.clone(),
+        });
+        PagePlan {
+            next: Vec::new(),
+            ..plan
+        }
+    }
+
+    /// Queues the pages of parked queries ([`Self::admit_pages`]), oldest first, while the
+    /// relay's waiting pages leave room for them (run whenever pages leave its queue).
+    pub(super) fn unpark_pages(&mut self, relay: &RelayUrl) {
+        let Some(generation) = self.connected_generation(relay) else {
+            return;
+        };
+        let now = self.last_now;
+        let limits = self.page_limits(relay);
+        let max = self.config.max_queued_pages;
+        loop {
+            let Some(link) = self.link_of(relay) else {
+                return;
+            };
+            let Some(first) = link.parked.front() else {
+                return;
+            };
+            let plan = plan_pages(&first.filter, &first.stats, &limits);
+            if queued_pages(link) + plan.next.len() > max {
+                return;
+            }
+            let Some(p) = self.link(relay).parked.pop_front() else {
+                return;
+            };
+            let exists = p.batch.is_none_or(|id| {
+                self.pending
+                    .get(relay)
+                    .is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
+            });
+            if !exists {
+                continue;
+            }
+            let mut subs = Vec::new();
+            for f in plan.next {
+                self.counters.pages_requested += 1;
+                subs.push(self.open_sub(relay, generation, SubPurpose::Page { batch: p.batch }, f));
+            }
+            if let Some(why) = &plan.incomplete {
+                self.counters.incomplete_queries += 1;
+                self.link(relay).incomplete_queries += 1;
+                warn!("{relay}: history of a query is incomplete: {why}");
+            }
+            let Some(id) = p.batch else {
+                continue;
+            };
+            if let Some(b) = self
+                .pending_mut(relay)
+                .and_then(|bs| bs.iter_mut().find(|b| b.batch_id == id))
+            {
+                b.outstanding_subs.remove(&p.id);
+                b.outstanding_subs.extend(subs);
+                b.incomplete |= plan.incomplete.is_some();
+            }
+            self.confirm_if_done(relay, id, now);
+        }
     }
 
     /// Confirms the batch when nothing of it is outstanding any more (every query reached
@@ -533,6 +632,7 @@ impl SyncMachine {
                         batch: Some(batch_id),
                     }
         });
+        link.parked.retain(|p| p.batch != Some(batch_id));
         for sub in &subs {
             link.loading.remove(sub);
             link.subs.remove(sub);
@@ -737,13 +837,28 @@ impl SyncMachine {
 }
 
 /// True when at least one query of the batch has been sent (is loading): a batch whose
-/// queries all wait in the queue behind the subscription budget has no EOSE to wait for yet.
+/// queries all wait in the queue behind the subscription budget (or wait for room for their
+/// pages there) has no EOSE to wait for yet.
 pub(super) fn batch_has_sent_query(link: Option<&Link>, batch: &PendingBatch) -> bool {
     let Some(link) = link else {
         return true;
     };
-    batch
-        .outstanding_subs
-        .iter()
-        .any(|s| link.loading.contains_key(s) || !link.queue.iter().any(|(q, _)| q == s))
+    batch.outstanding_subs.iter().any(|s| {
+        link.loading.contains_key(s)
+            || (!link.queue.iter().any(|(q, _)| q == s) && !link.parked.iter().any(|p| p.id == *s))
+    })
 }
+
+/// Pages waiting in the relay's queue.
+pub(super) fn queued_pages(link: &Link) -> usize {
+    link.queue
+        .iter()
+        .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
+        .count()
+}
+
+/// The most queries of one relay whose split pages wait for room in its queue
+/// ([`SyncMachine::admit_pages`]); beyond it such pages are dropped and their query
+/// reported incomplete (a relay whose pages multiply without end cannot grow our memory
+/// without bound).
+pub(super) const MAX_PARKED: usize = 256;

@@ -964,3 +964,161 @@ fn the_loss_tests_on_one_repository_hold_on_every_profile() {
     PROFILE.set(SimProfile::Plain);
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+/// The own relay holds repository `r` with 10,000 issues; A answers at most two events per
+/// REQ and holds, for three issues of every chunk of 100 roots (the first, middle and last
+/// of the chunk), a comment (`e` and `E`) and a quote (`q`): each of the 300 Layer 3
+/// queries of the batch comes back full and needs more pages, far more than one relay may
+/// have waiting. With `same_second`, the comments of a chunk share one second (and its
+/// quotes the next), so every first page is split into three queries. Runs until the
+/// batch is done; returns what the own relay must hold.
+fn capped_relay_with_10_000_roots(same_second: bool) -> (World, Vec<Event>) {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 30 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    let mut want = vec![ann];
+    let (k, r) = (keys(), repo("r"));
+    let signed = |b: EventBuilder, created_at: u64| {
+        b.custom_created_at(at(created_at)).finalize(&k).unwrap()
+    };
+    let mut roots: Vec<Event> = (0..10_000u64)
+        .map(|i| {
+            let b = EventBuilder::new(Kind::Custom(1621), format!("issue {i}"))
+                .tag(Tag::parse(["a", &r]).unwrap());
+            signed(b, t - 20 * DAY + i)
+        })
+        .collect();
+    // Layer 3 filters chunk the roots in the order of their hex ids.
+    roots.sort_by_key(|e| e.id.to_hex());
+    let chunk = crate::core::filters::CHUNK_SIZE;
+    for (i, root) in roots.iter().enumerate() {
+        let j = i % chunk;
+        if ![0, chunk / 2, chunk - 1].contains(&j) {
+            continue;
+        }
+        let id = root.id.to_hex();
+        let base = t - 10 * DAY + 10 * (i / chunk) as u64;
+        let created = if same_second {
+            base
+        } else {
+            base + 2 * j as u64
+        };
+        let comment = EventBuilder::new(Kind::Custom(1111), "a comment")
+            .tag(Tag::parse(["E", &id]).unwrap())
+            .tag(Tag::parse(["e", &id]).unwrap());
+        let quote =
+            EventBuilder::new(Kind::TextNote, "a quote").tag(Tag::parse(["q", &id]).unwrap());
+        for e in [signed(comment, created), signed(quote, created + 1)] {
+            w.relay(A).store.push(e.clone());
+            want.push(e);
+        }
+    }
+    for root in roots {
+        w.own.store.push(root.clone());
+        want.push(root);
+    }
+    let a = w.relay(A);
+    a.max_limit = Some(2);
+    a.publish_nip11 = true;
+    w.start();
+    w.run_for(Duration::from_secs(2 * 60), Duration::from_secs(30));
+    (w, want)
+}
+
+/// The own relay holds `want` exactly, and A's batch is confirmed complete.
+fn assert_read_completely(w: &World, want: &[Event]) {
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+    let st = &w.m.relay_statuses(w.now)[0];
+    assert_eq!(st.incomplete_queries, 0, "{st:?}");
+    assert_eq!(
+        (
+            st.confirmed_repos,
+            st.confirmed_root_events,
+            st.pending_batches
+        ),
+        (1, 10_000, 0)
+    );
+}
+
+#[test]
+fn a_relay_capping_answers_for_10_000_root_events_is_read_completely() {
+    let (w, want) = capped_relay_with_10_000_roots(false);
+    assert_read_completely(&w, &want);
+}
+
+#[test]
+fn split_pages_of_10_000_root_events_wait_for_room_and_are_read_completely() {
+    let (w, want) = capped_relay_with_10_000_roots(true);
+    assert_read_completely(&w, &want);
+}
+
+#[test]
+fn a_relay_whose_pages_multiply_without_end_keeps_waiting_pages_bounded() {
+    use crate::core::paging::{PageStats, MAX_QUEUED_PAGES};
+    // A answers every history query with a full page of one second (the query's `until`),
+    // of one kind and author: every answer splits the query again, without end (EOSEs
+    // injected; A's own are held back).
+    let (mut w, _) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_limit = Some(2);
+        a.publish_nip11 = true;
+        a.hold_eose = true;
+    });
+    // 100 root events: the Layer 3 queries have 100 values to split.
+    for i in 0..100 {
+        let root = issue("r", &format!("root {i}"), w.secs() - DAY + i);
+        w.store_on_own(&root);
+    }
+    w.advance(Duration::from_secs(60));
+    let a = RelayUrl::parse(A).unwrap();
+    let t = w.secs();
+    let (mut max_queued, mut max_parked, mut answered) = (0, 0, 0);
+    while answered < 5_000 {
+        // Every query sent so far is answered, in the order sent.
+        let link = w.m.link_of(&a).unwrap();
+        let mut sent: Vec<_> = link
+            .loading
+            .iter()
+            .filter_map(|(s, at)| Some((*at, s.clone(), link.subs.get(s)?.filter.clone())))
+            .filter(|(_, _, f)| f.limit != Some(0))
+            .collect();
+        if sent.is_empty() {
+            break;
+        }
+        sent.sort_by_key(|x| (x.0, x.1.to_string()));
+        for (_, sub_id, f) in sent {
+            let second = f.until.map_or(t, |u| u.as_secs());
+            let stats = PageStats {
+                received: f.limit.unwrap_or(2) as u64,
+                oldest: Some(second),
+                newest: Some(second),
+                kinds_at_oldest: [1111u16].into(),
+                authors_at_oldest: [keys().public_key()].into(),
+                ..PageStats::default()
+            };
+            let generation = w.m.relay_index()[&a].generation;
+            w.inject(Report::Eose {
+                relay: a.clone(),
+                generation,
+                sub_id,
+                stats,
+            });
+            answered += 1;
+            let link = w.m.link_of(&a).unwrap();
+            max_queued = max_queued.max(super::batches::queued_pages(link));
+            max_parked = max_parked.max(link.parked.len());
+        }
+    }
+    assert!(max_parked > 0, "split pages waited for room");
+    assert!(max_parked <= super::batches::MAX_PARKED, "{max_parked}");
+    // One next page replaces the query that ended: beyond the bound only by the queries
+    // in flight when a split was queued, and the history queries that became pages.
+    let budget = w.m.budget(&a);
+    assert!(
+        max_queued <= MAX_QUEUED_PAGES + budget + 10,
+        "{max_queued} pages queued"
+    );
+    assert!(w.m.counters().incomplete_queries > 0, "reported incomplete");
+}

@@ -472,9 +472,10 @@ impl Link {
         self.warned.insert(key)
     }
 
-    /// Keeps the history queries that were not finished (sent without EOSE, queued, or
-    /// waiting to be reopened) so that a quick reconnect continues them from where they
-    /// were; batch queries are not kept (their batch fails and is sent again whole).
+    /// Keeps the history queries that were not finished (sent without EOSE, queued, waiting
+    /// to be reopened, or waiting for room for their pages) so that a quick reconnect
+    /// continues them from where they were; batch queries are not kept (their batch fails
+    /// and is sent again whole).
     fn keep_unfinished_history(&mut self) {
         let mut kept: Vec<Filter> = Vec::new();
         for (sub, info) in &self.subs {
@@ -496,6 +497,10 @@ impl Link {
             if !purpose.is_live() || filter.limit != Some(0) {
                 kept.push(filter.clone());
             }
+        }
+        // Pages not queued yet for lack of room: the rest of their query.
+        for p in self.parked.iter().filter(|p| p.batch.is_none()) {
+            kept.push(p.remainder());
         }
         // A poll window not yet read: the reconnect's own catch-up may start later.
         if let Some(ps) = self.poll_since {
@@ -520,6 +525,7 @@ impl Link {
         self.queue.clear();
         self.deferred = PendingItems::default();
         self.reopen.clear();
+        self.parked.clear();
         self.polled.clear();
         self.poll_since = None;
         self.rebuild_needed = false;
@@ -548,6 +554,36 @@ fn unbatched_loading(link: &Link) -> impl Iterator<Item = (&SubscriptionId, Time
     })
 }
 
+/// A history query whose follow-up pages did not fit the relay's page queue (a full page
+/// split into several queries while [`crate::core::paging::MAX_QUEUED_PAGES`] pages wait):
+/// its pages are planned again from what it delivered once the queue has room
+/// (`SyncMachine::unpark_pages`). One query and its statistics, however many pages.
+#[derive(Debug, Clone)]
+struct Parked {
+    /// Stands for its pages in its batch's outstanding set until they are queued.
+    id: SubscriptionId,
+    /// The batch its pages complete, if any.
+    batch: Option<u64>,
+    /// The query exactly as sent.
+    filter: Filter,
+    /// What it delivered before its EOSE.
+    stats: PageStats,
+}
+
+impl Parked {
+    /// One query for everything of it not read yet: the query up to the oldest second it
+    /// delivered (inclusive).
+    fn remainder(&self) -> Filter {
+        match self.stats.oldest {
+            Some(oldest) => self
+                .filter
+                .clone()
+                .until(nostr::types::Timestamp::from_secs(oldest)),
+            None => self.filter.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct SubInfo {
     purpose: SubPurpose,
@@ -572,6 +608,9 @@ struct Link {
     warned: HashSet<String>,
     /// Subscriptions waiting for room in the relay's subscription budget (in order).
     queue: VecDeque<(SubscriptionId, SubInfo)>,
+    /// History queries whose follow-up pages wait for room in the queue (in order; at most
+    /// [`batches::MAX_PARKED`]).
+    parked: VecDeque<Parked>,
     /// Layer 2/3 queries of confirmed items that do not fit the budget as live
     /// subscriptions: re-run every poll interval with `since`, closed at EOSE.
     polled: Vec<Filter>,

@@ -172,9 +172,10 @@ pub(super) fn wall_of(t: Time, now: Time) -> u64 {
     }
 }
 
-/// The earliest `since` of the history queries that a reconnect would continue (`jobs`: the
-/// history of NIP-77 reconciliations outside a batch); `Err` when one has no `since` (a
-/// first Layer 1, a page of it): then only a fresh sync is safe.
+/// The earliest `since` of the history queries that a reconnect would continue (sent
+/// without EOSE, queued, waiting to be reopened, waiting for room for their pages,
+/// interrupted, or read by a reconciliation outside a batch: `jobs`); `Err` when one has
+/// no `since` (a first Layer 1, a page of it): then only a fresh sync is safe.
 fn unfinished_history_floor<'a>(
     link: &'a Link,
     jobs: impl Iterator<Item = &'a Filter>,
@@ -208,7 +209,13 @@ fn unfinished_history_floor<'a>(
             take(filter)?;
         }
     }
-    for f in link.resume.iter().chain(jobs) {
+    let parked = link.parked.iter().filter(|p| p.batch.is_none());
+    for f in link
+        .resume
+        .iter()
+        .chain(jobs)
+        .chain(parked.map(|p| &p.filter))
+    {
         take(f)?;
     }
     if let (Some(ps), false) = (link.poll_since, link.polled.is_empty()) {

@@ -106,6 +106,8 @@ impl SyncMachine {
             };
             self.send_sub(relay, generation, sub_id, info);
         }
+        // Pages that waited for room in the queue may have it now.
+        self.unpark_pages(relay);
         self.unstick_queue(relay);
         // A reconciliation may have waited for its live REQ to leave the queue.
         self.pump_jobs();
