@@ -277,6 +277,8 @@ fn a_confirmation_is_not_saved_before_its_events_are_in_the_own_relay() {
     let _ = h.shutdown(Duration::from_secs(2));
     let saved = std::fs::read_to_string(state_file::path(&dir)).unwrap_or_default();
     assert!(!saved.contains(&r.repo), "{saved}");
+    // A stop that timed out keeps the state directory locked until the handle goes.
+    drop(h);
     // The next run reads the issue again.
     own.set_refuse_connections(false);
     let h = start(&own, &dir, Arc::new(SystemClock));
@@ -284,4 +286,25 @@ fn a_confirmation_is_not_saved_before_its_events_are_in_the_own_relay() {
     wait_for(&own, &want, &h, "after the restart");
     h.shutdown(Duration::from_secs(10)).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 20, item 9: two instances must not share one `--state-dir` (each would overwrite
+/// the other's state). The second start fails with an error that says why; once the first
+/// stops, the directory is free again.
+#[test]
+fn a_second_instance_on_the_same_state_dir_is_refused_with_a_clear_error() {
+    let own = TestRelay::start();
+    let dir = temp_dir("lock");
+    let first = start(&own, &dir, Arc::new(grasp_sync::core::SystemClock));
+    let mut config = Config::new(url(&own)).allow_private_relays(true);
+    config.state_dir = Some(dir.clone());
+    let err = grasp_sync::start(config.clone())
+        .err()
+        .expect("the second start fails")
+        .to_string();
+    assert!(err.contains("in use by another grasp-sync"), "{err}");
+    first.shutdown(Duration::from_secs(10)).unwrap();
+    let again = grasp_sync::start(config).expect("free once the first stopped");
+    again.shutdown(Duration::from_secs(10)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

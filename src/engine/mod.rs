@@ -264,6 +264,9 @@ pub struct SyncHandle {
     stopping: Arc<AtomicBool>,
     stop_deadline: Arc<Mutex<Option<Instant>>>,
     coordinator: Mutex<Option<JoinHandle<Vec<String>>>>,
+    /// The lock of `--state-dir`: held until a shutdown has stopped every thread (the state
+    /// file is written at shutdown), or the handle is dropped.
+    state_lock: Mutex<Option<std::fs::File>>,
 }
 
 /// Starts the engine: the coordinator, the forwarder and (through the coordinator) the
@@ -279,6 +282,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
     let metrics = Arc::new(Metrics::default());
     let gate = Arc::new(ForwardGate::default());
     let state_counters = Arc::new(state_file::StateCounters::default());
+    let mut state_lock = None;
     let state = match &config.state_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| {
@@ -287,6 +291,9 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
                     dir.display()
                 ))
             })?;
+            state_lock = Some(
+                state_file::lock_dir(dir).map_err(|e| Error::Config(format!("--state-dir {e}")))?,
+            );
             let (own, key) = (config.own_relay.to_string(), config.state_key());
             state_file::load_into(
                 dir,
@@ -372,6 +379,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         stopping,
         stop_deadline,
         coordinator: Mutex::new(Some(coordinator)),
+        state_lock: Mutex::new(state_lock),
     })
 }
 
@@ -564,7 +572,9 @@ impl SyncHandle {
     ///
     /// Returns [`Error::ShutdownTimeout`] naming the threads still running at the deadline
     /// (a thread inside a connect attempt ends at its connect timeout). The coordinator
-    /// stops the forwarder and the relay threads and joins them.
+    /// stops the forwarder and the relay threads and joins them. The lock of
+    /// `Config::state_dir` is released once every thread stopped, or when the handle is
+    /// dropped.
     pub fn shutdown(&self, deadline: Duration) -> Result<(), Error> {
         let end = Instant::now() + deadline;
         // The deadline and the flag reach the coordinator even when its input channel is
@@ -588,6 +598,8 @@ impl SyncHandle {
             }
         }
         if running.is_empty() {
+            // Everything stopped, the state file written: another instance may take over.
+            self.state_lock.lock().take();
             Ok(())
         } else {
             Err(Error::ShutdownTimeout { running })

@@ -301,21 +301,66 @@ pub fn render(snapshot: &SyncSnapshot, own_relay: &str, config: &str) -> String 
 /// A crash at any point leaves either the old file or the new one, never a mix. Returns the
 /// bytes written.
 pub fn write_atomically(dir: &Path, text: &str) -> std::io::Result<u64> {
-    let tmp = dir.join(format!("{FILE_NAME}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
+    // A name nobody can guess, created exclusively: `create_new` (O_CREAT | O_EXCL) fails
+    // on anything already there, a symbolic link included, and never follows one.
+    let tmp = dir.join(format!(
+        "{FILE_NAME}.tmp-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    write_via(dir, &tmp, text)
+}
+
+/// [`write_atomically`] through the temporary file `tmp` (created exclusively).
+fn write_via(dir: &Path, tmp: &Path, text: &str) -> std::io::Result<u64> {
+    let result = (|| -> std::io::Result<u64> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         drop(f);
-        fs::rename(&tmp, path(dir))?;
+        fs::rename(tmp, path(dir))?;
         // The rename itself is durable only once the directory is.
         File::open(dir)?.sync_all()?;
         Ok(text.len() as u64)
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    if result
+        .as_ref()
+        .is_err_and(|e: &std::io::Error| e.kind() != std::io::ErrorKind::AlreadyExists)
+    {
+        let _ = fs::remove_file(tmp);
     }
     result
+}
+
+/// The name of the lock file in a state directory.
+pub(crate) const LOCK_FILE: &str = "sync-state.lock";
+
+/// Takes the lock of the state directory `dir` for this process (an advisory `flock` on
+/// [`LOCK_FILE`], released when the returned file is closed, also when the process dies).
+/// Two instances sharing one directory would overwrite each other's state: the second one
+/// gets an error that says so.
+pub(crate) fn lock_dir(dir: &Path) -> Result<File, String> {
+    let p = dir.join(LOCK_FILE);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(|e| format!("cannot open the lock file {}: {e}", p.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(format!(
+            "{} is in use by another grasp-sync (its lock {} is held); give each instance a directory of its own",
+            dir.display(),
+            p.display()
+        )),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(format!("cannot lock {}: {e}", p.display()))
+        }
+    }
 }
 
 /// Removes temporary files that an earlier process left when it died during a write (they
@@ -718,6 +763,45 @@ mod tests {
         assert!(write_atomically(&d, &text).is_err());
         let names: Vec<_> = fs::read_dir(&d).unwrap().collect();
         assert_eq!(names.len(), 1, "temporary file removed");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_planted_symlink_at_the_temporary_name_is_never_followed() {
+        let d = dir("symlink");
+        let victim = d.join("victim");
+        fs::write(&victim, "keep me").unwrap();
+        let tmp = d.join(format!("{FILE_NAME}.tmp-planted"));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        let text = render(&snapshot(), "ws://own", "c");
+        let err = write_via(&d, &tmp, &text).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep me");
+        assert!(!path(&d).exists(), "nothing written through the link");
+        assert!(
+            tmp.symlink_metadata().is_ok(),
+            "someone else's file is not removed"
+        );
+        // The real writer picks a name nobody can guess, and leaves no temporary behind.
+        write_atomically(&d, &text).unwrap();
+        let left: Vec<String> = fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("{FILE_NAME}.tmp-")) && !n.ends_with("planted"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_second_instance_cannot_take_the_lock_of_a_state_directory() {
+        let d = dir("lock");
+        let first = lock_dir(&d).unwrap();
+        let err = lock_dir(&d).unwrap_err();
+        assert!(err.contains("in use by another grasp-sync"), "{err}");
+        drop(first);
+        assert!(lock_dir(&d).is_ok(), "released when the first closes it");
         fs::remove_dir_all(&d).unwrap();
     }
 

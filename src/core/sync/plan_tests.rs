@@ -126,7 +126,7 @@ fn plan_timing() {
         let mut created = 1u64;
         let announce = best(&mut || {
             created += 1;
-            let other = if created % 2 == 0 {
+            let other = if created.is_multiple_of(2) {
                 "wss://new.example"
             } else {
                 "wss://relay2.example"

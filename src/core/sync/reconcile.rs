@@ -1060,7 +1060,7 @@ pub(crate) fn hex_encode(b: &[u8]) -> String {
 /// The bytes of a hex string (either case); `None` when it is not hex.
 pub(crate) fn hex_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return None;
     }
     fn nibble(c: u8) -> Option<u8> {
