@@ -1122,3 +1122,38 @@ fn a_relay_whose_pages_multiply_without_end_keeps_waiting_pages_bounded() {
     );
     assert!(w.m.counters().incomplete_queries > 0, "reported incomplete");
 }
+
+/// A relay whose NIP-11 `max_message_length` splits the consolidated filters (long
+/// repository coordinates) still polls part of its live set; the rebuild that consolidated it
+/// is not tried again and again at every poll round (only once the confirmed items change).
+#[test]
+fn a_consolidation_that_still_polls_is_not_repeated_every_poll_round() {
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let a = w.relay(A);
+    a.publish_nip11 = true;
+    a.max_message_length = Some(20_000);
+    let long = "x".repeat(150);
+    for i in 0..1_200u64 {
+        let ann = announcement(&format!("{long}{i:04}"), &[A], t - 30 * DAY + i);
+        w.own.store.push(ann.clone());
+        w.relay(A).store.push(ann);
+    }
+    w.start();
+    w.run_for(Duration::from_secs(3_600), Duration::from_secs(10));
+    let url = RelayUrl::parse(A).unwrap();
+    let polled =
+        w.m.relay_statuses(w.now)
+            .into_iter()
+            .find(|s| s.url == url)
+            .unwrap()
+            .polled_queries;
+    assert!(
+        polled > 0,
+        "the split filters do not all fit: some are polled"
+    );
+    let before = w.m.counters().consolidations;
+    w.run_for(Duration::from_secs(3_600), Duration::from_secs(30));
+    let rebuilt = w.m.counters().consolidations - before;
+    assert!(rebuilt <= 1, "{rebuilt} rebuilds in an hour of poll rounds");
+}

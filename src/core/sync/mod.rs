@@ -531,6 +531,7 @@ impl Link {
         self.rebuild_needed = false;
         self.uncovered_since = None;
         self.live_built_at = None;
+        self.polled_at_counts = None;
     }
 }
 
@@ -626,6 +627,10 @@ struct Link {
     /// When the live set was last (re)built: live subscriptions of it still queued at the
     /// next rebuild have covered nothing since then.
     live_built_at: Option<Time>,
+    /// The confirmed repositories and root events (counts) when a rebuild last left queries
+    /// polled: a consolidation is tried again only once they changed (the estimate of
+    /// `promote_polled` does not see filters split for the relay's message size).
+    polled_at_counts: Option<(usize, usize)>,
     /// History queries interrupted by a disconnect, continued on a quick reconnect.
     resume: Vec<Filter>,
     /// More than [`MAX_RESUME`] queries were interrupted: the next connect is a fresh sync.

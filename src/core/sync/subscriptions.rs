@@ -129,7 +129,9 @@ impl SyncMachine {
         let no_batch = self.pending.get(relay).is_none_or(|b| b.is_empty());
         let consolidated_fits = no_batch
             && self.relays.get(relay).is_some_and(|s| {
-                1 + layer2_and_layer3_count(s.repos.len(), s.root_events.len(), max_chunk) < budget
+                let counts = (s.repos.len(), s.root_events.len());
+                link.polled_at_counts != Some(counts)
+                    && 1 + layer2_and_layer3_count(counts.0, counts.1, max_chunk) < budget
             });
         if !link.polled.is_empty()
             && link.queue.is_empty()
@@ -318,8 +320,13 @@ impl SyncMachine {
             );
         }
         let interval = self.config.poll_interval;
+        let counts = self
+            .relays
+            .get(relay)
+            .map(|s| (s.repos.len(), s.root_events.len()));
         let link = self.link(relay);
         link.live_built_at = Some(now);
+        link.polled_at_counts = if polled.is_empty() { None } else { counts };
         if polled.is_empty() {
             link.polled.clear();
             link.poll_since = None;
