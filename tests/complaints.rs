@@ -106,6 +106,15 @@ fn rate_limit_notice_and_other_notices_are_counted_and_survived() {
     assert!(wait_until(Duration::from_secs(30), || {
         h.status().relays.first().is_some_and(|r| r.notices >= 3)
     }));
+    // The relay thread publishes its counters before the coordinator has read the reports:
+    // wait for the machine too.
+    assert!(
+        wait_until(Duration::from_secs(30), || h
+            .with_machine(|m| m.counters().rate_limited)
+            >= 2),
+        "{:?}",
+        h.with_machine(|m| m.counters())
+    );
     assert_eq!(h.with_machine(|m| m.counters().rate_limited), 2);
     // Still working: a new event arrives after the cool-down.
     let keys = Keys::generate();
