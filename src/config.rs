@@ -76,6 +76,12 @@ pub struct Config {
     pub max_relays_per_pubkey: usize,
     /// The most relays read from one announcement (default 32).
     pub max_relays_per_announcement: usize,
+    /// The most URLs of one host and port synced from (default 4): URLs that differ only
+    /// in path or query reach the same relay (`--max-urls-per-host`).
+    pub max_urls_per_host: usize,
+    /// Pubkeys (hex) whose repositories take relay slots before anyone else's
+    /// (`--prefer-pubkey`).
+    pub prefer_pubkeys: Vec<String>,
     /// Sync only the relays of this shard (`--shard I/N`, 0-based): N instances beside the
     /// same own relay, each with its own I, split the remote relays (bootstrap relays
     /// included) by FNV-1a 64 of the normalised URL, with no overlap and no coordination.
@@ -269,6 +275,8 @@ impl Config {
             max_relays: 1000,
             max_relays_per_pubkey: crate::core::targets::MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+            max_urls_per_host: crate::core::targets::MAX_URLS_PER_HOST,
+            prefer_pubkeys: Vec::new(),
             shard: None,
             state_dir: None,
             state_save_interval: Duration::from_secs(30),
@@ -401,6 +409,8 @@ impl Config {
             scope: self.repo_scope(),
             max_relays_per_pubkey: self.max_relays_per_pubkey,
             max_relays_per_announcement: self.max_relays_per_announcement,
+            max_urls_per_host: self.max_urls_per_host,
+            preferred_pubkeys: self.prefer_pubkeys.iter().cloned().collect(),
         };
         c.default_subscription_budget = self.default_subscription_budget;
         c.poll_interval = self.poll_interval;

@@ -63,6 +63,16 @@ struct Args {
     #[argh(option, default = "64")]
     max_relays_per_pubkey: usize,
 
+    /// the most URLs of one host and port synced from (default 4): URLs that differ only in
+    /// path or query reach the same relay [env GRASP_SYNC_MAX_URLS_PER_HOST]
+    #[argh(option, default = "4")]
+    max_urls_per_host: usize,
+
+    /// a pubkey (hex or npub) whose repositories take relay slots before anyone else's
+    /// when --max-relays binds (repeatable) [env GRASP_SYNC_PREFER_PUBKEY]
+    #[argh(option)]
+    prefer_pubkey: Vec<String>,
+
     /// the most relays read from one announcement (default 32)
     /// [env GRASP_SYNC_MAX_RELAYS_PER_ANNOUNCEMENT]
     #[argh(option, default = "32")]
@@ -290,6 +300,8 @@ const ENV_FLAGS: &[EnvFlag] = &[
         Kind::Switch,
     ),
     f("deny-relay", "GRASP_SYNC_DENY_RELAY", Kind::Repeated),
+    f("prefer-pubkey", "GRASP_SYNC_PREFER_PUBKEY", Kind::Repeated),
+    f("max-urls-per-host", "GRASP_SYNC_MAX_URLS_PER_HOST", Kind::Value),
     f("allow-relay", "GRASP_SYNC_ALLOW_RELAY", Kind::Repeated),
     f("ca-file", "GRASP_SYNC_CA_FILE", Kind::Repeated),
     f("system-roots", "GRASP_SYNC_SYSTEM_ROOTS", Kind::Switch),
@@ -443,6 +455,19 @@ fn build_config(args: &Args) -> Result<Config, String> {
     config.nip77.probe_unadvertised = args.nip77_probe;
     config.max_relays_per_pubkey = args.max_relays_per_pubkey;
     config.max_relays_per_announcement = args.max_relays_per_announcement;
+    config.max_urls_per_host =
+        at_least("max-urls-per-host", args.max_urls_per_host as u64, 1, "URL")? as usize;
+    config.prefer_pubkeys = args
+        .prefer_pubkey
+        .iter()
+        .map(|k| {
+            nostr::key::PublicKey::parse(k.trim())
+                .map(|pk| pk.to_hex())
+                .map_err(|e| {
+                    format!("--prefer-pubkey {k:?}: expected a public key as npub1… or 64 hexadecimal characters ({e})")
+                })
+        })
+        .collect::<Result<_, _>>()?;
     if args.forward_max_mib == 0 || args.forward_relay_mib == 0 {
         return Err("--forward-max-mib and --forward-relay-mib must be at least 1".into());
     }

@@ -8,7 +8,8 @@ use grasp_sync::core::state::{
     RepoSyncIndex,
 };
 use grasp_sync::core::targets::{
-    compute_actions, derive_relay_targets, derive_targets, Plan, RepoScope, Shard, TargetPolicy,
+    compute_actions, derive_relay_targets, derive_targets, Exclusions, Plan, RepoScope, Shard,
+    TargetPolicy,
 };
 use grasp_sync::core::Time;
 use grasp_sync::RelayUrl;
@@ -197,13 +198,20 @@ proptest! {
         per_key in 0usize..8,
         max in 0usize..30,
         scoped in any::<bool>(),
+        per_host in 1usize..4,
+        preferred in prop::option::of(0u8..4),
     ) {
         let own = RelayUrl::parse("wss://git.example").unwrap();
         let mut idx = RepoSyncIndex::new();
         for (key, d, relays, lists_us) in &repos {
             let r = format!("30617:{}:{d}", format!("{key:02x}").repeat(32));
             let n = idx.entry(r).or_default();
-            n.relays.extend(relays.iter().map(|i| RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()));
+            // Every fourth relay shares one host (another path): the host cap bites.
+            n.relays.extend(relays.iter().map(|i| if i % 4 == 0 {
+                RelayUrl::parse(&format!("wss://shared.example/{i}")).unwrap()
+            } else {
+                RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()
+            }));
             if *lists_us { n.relays.insert(own.clone()); }
             n.announced_at = Some(1);
         }
@@ -213,9 +221,16 @@ proptest! {
             max_relays_per_pubkey: per_key,
             max_relays: max,
             reserved: Vec::new(),
+            preferred_pubkeys: preferred.map(|k| format!("{k:02x}").repeat(32)).into_iter().collect(),
+            max_urls_per_host: per_host,
+            failing: HashSet::new(),
+            blocked_pubkeys: HashSet::new(),
         };
-        let t = derive_targets(&idx, std::slice::from_ref(&own), &policy);
+        let own_only = Exclusions::from(std::slice::from_ref(&own));
+        let t = derive_targets(&idx, &own_only, &policy);
         prop_assert!(t.targets.len() <= max);
+        let shared = t.targets.keys().filter(|u| u.host() == "shared.example").count();
+        prop_assert!(shared <= per_host, "{} URLs of one host", shared);
         prop_assert!(!t.targets.contains_key(&own));
         let mut per_pubkey: HashMap<String, HashSet<RelayUrl>> = HashMap::new();
         for (url, needs) in &t.targets {
@@ -230,9 +245,9 @@ proptest! {
             prop_assert!(relays.len() <= per_key);
         }
         let shuffled: RepoSyncIndex = idx.clone().into_iter().collect();
-        prop_assert_eq!(derive_targets(&shuffled, std::slice::from_ref(&own), &policy).targets, t.targets.clone());
+        prop_assert_eq!(derive_targets(&shuffled, &own_only, &policy).targets, t.targets.clone());
         // Unlimited and unscoped: the design's derive_relay_targets.
-        let all = derive_targets(&idx, std::slice::from_ref(&own), &TargetPolicy::unlimited());
+        let all = derive_targets(&idx, &own_only, &TargetPolicy::unlimited());
         prop_assert_eq!(all.targets, derive_relay_targets(&idx, std::slice::from_ref(&own)));
     }
 }
@@ -253,7 +268,12 @@ fn change() -> impl Strategy<Value = Change> {
 }
 
 fn many_relay(i: usize) -> RelayUrl {
-    RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()
+    // Relays 4 and up share one host (other paths), so the host cap can bind.
+    if i >= 4 {
+        RelayUrl::parse(&format!("wss://shared.example/{i}")).unwrap()
+    } else {
+        RelayUrl::parse(&format!("wss://r{i}.example")).unwrap()
+    }
 }
 fn keyed(i: u8) -> String {
     // Three pubkeys, so the per-pubkey quota and the round-robin both bite.
@@ -279,8 +299,12 @@ proptest! {
         shard in prop::option::of(0u64..2),
         excluded_own in any::<bool>(),
         listing in prop::option::of(0usize..8),
+        per_host in 1usize..4,
+        preferred in prop::option::of(0u8..3),
+        failing in prop::collection::hash_set(0usize..8, 0..3),
     ) {
         let excluded: Vec<RelayUrl> = if excluded_own { vec![many_relay(0)] } else { Vec::new() };
+        let excluded = Exclusions::from(excluded.as_slice());
         // With a scope, an announcement that drops the listed relay takes its repository
         // (and its root events) out of every relay's target.
         let scope = listing.map_or(RepoScope::All, |i| RepoScope::ListingService(vec![many_relay(i)]));
@@ -290,6 +314,10 @@ proptest! {
             max_relays: max,
             reserved: vec![many_relay(7)],
             shard: shard.map(|index| Shard { index, count: 2 }),
+            preferred_pubkeys: preferred.map(|k| format!("{k:02x}").repeat(32)).into_iter().collect(),
+            max_urls_per_host: per_host,
+            failing: failing.into_iter().map(many_relay).collect(),
+            blocked_pubkeys: HashSet::new(),
         };
         let mut idx = RepoSyncIndex::new();
         let mut plan = Plan::build(&idx, &excluded, &policy);
@@ -297,6 +325,7 @@ proptest! {
             // As process_batch: apply the batch, reselect if a relay set changed, then
             // add the new root-event links.
             let mut relays_changed = false;
+            let mut came_alive = false;
             let mut moved: Vec<String> = Vec::new();
             let mut links = Vec::new();
             for c in batch {
@@ -312,7 +341,9 @@ proptest! {
                     }
                     Change::Root(i, repos) => {
                         for r in repos {
-                            if idx.entry(keyed(r)).or_default().root_events.insert(id(i)) {
+                            let n = idx.entry(keyed(r)).or_default();
+                            if n.root_events.insert(id(i)) {
+                                came_alive |= n.root_events.len() == 1;
                                 links.push((keyed(r), id(i)));
                             }
                         }
@@ -327,6 +358,10 @@ proptest! {
                 } else {
                     changed.extend(plan.reselect(&idx, &excluded, &policy));
                 }
+            }
+            // As process_batch: a first root event can lift its pubkey's tier.
+            if came_alive && plan.is_bound() {
+                changed.extend(plan.reselect(&idx, &excluded, &policy));
             }
             for (r, i) in links {
                 changed.extend(plan.add_root_event(&r, i));

@@ -105,6 +105,100 @@ pub struct TargetPolicy {
     /// selection, so every instance of a sharded fleet selects the same relays and keeps
     /// its own part of them.
     pub shard: Option<Shard>,
+    /// Pubkeys (hex) the operator listed (`--prefer-pubkey`): their relays take the slots
+    /// of the global cap before anyone else's.
+    pub preferred_pubkeys: HashSet<String>,
+    /// The most URLs of one host and port selected (default
+    /// [`MAX_URLS_PER_HOST`]): URLs that differ only in path or query reach one relay.
+    pub max_urls_per_host: usize,
+    /// Relays whose last connect failed (the machine's record): they get the slots that
+    /// relays not failing leave free, so one that never answers cannot hold a slot that a
+    /// relay that might answer could use.
+    pub failing: HashSet<RelayUrl>,
+    /// Pubkeys whose repositories named [`MAX_REFUSALS_PER_PUBKEY`] relays that the
+    /// address policy refused: none of their repositories is synced.
+    pub blocked_pubkeys: HashSet<String>,
+}
+
+/// Default of [`TargetPolicy::max_urls_per_host`]: URLs of one host and port selected at
+/// most.
+pub const MAX_URLS_PER_HOST: usize = 4;
+
+/// Refused relays named by one pubkey's repositories after which the pubkey is blocked
+/// ([`TargetPolicy::blocked_pubkeys`]).
+pub const MAX_REFUSALS_PER_PUBKEY: u32 = 16;
+
+/// Refused URLs of one host and port after which every URL of it is excluded
+/// ([`Exclusions::insert_host`]).
+pub const MAX_REFUSALS_PER_HOST: u32 = 4;
+
+/// `host:port` of a relay URL: what [`TargetPolicy::max_urls_per_host`] counts.
+pub fn host_port(url: &RelayUrl) -> String {
+    format!("{}:{}", url.host(), url.port())
+}
+
+/// The tier of a pubkey in the global cap's round-robins: operator-listed first, then
+/// pubkeys with a repository that shows life (a root event), then the rest.
+fn tier(policy: &TargetPolicy, key: &str, live: bool) -> u8 {
+    if policy.preferred_pubkeys.contains(key) {
+        0
+    } else if live {
+        1
+    } else {
+        2
+    }
+}
+
+/// Relays that are never targets: the own relay under every name it was given, relays the
+/// address policy refused, and every URL of a host refused [`MAX_REFUSALS_PER_HOST`]
+/// times. A set: looking one up costs the same however many there are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exclusions {
+    urls: HashSet<RelayUrl>,
+    /// `host:port` ([`host_port`]) of which every URL is excluded.
+    hosts: HashSet<String>,
+}
+
+impl Exclusions {
+    /// No exclusion.
+    pub fn new() -> Exclusions {
+        Exclusions::default()
+    }
+
+    /// True when `url` is excluded (itself, or its host and port).
+    pub fn contains(&self, url: &RelayUrl) -> bool {
+        self.urls.contains(url) || (!self.hosts.is_empty() && self.hosts.contains(&host_port(url)))
+    }
+
+    /// Excludes `url`; false if it was already.
+    pub fn insert(&mut self, url: RelayUrl) -> bool {
+        self.urls.insert(url)
+    }
+
+    /// Excludes every URL of `host_port` (as [`host_port`] spells it); false if it was
+    /// already.
+    pub fn insert_host(&mut self, host_port: String) -> bool {
+        self.hosts.insert(host_port)
+    }
+
+    /// Relay URLs excluded one by one.
+    pub fn urls(&self) -> usize {
+        self.urls.len()
+    }
+
+    /// Hosts excluded whole.
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+}
+
+impl From<&[RelayUrl]> for Exclusions {
+    fn from(urls: &[RelayUrl]) -> Exclusions {
+        Exclusions {
+            urls: urls.iter().cloned().collect(),
+            hosts: HashSet::new(),
+        }
+    }
 }
 
 impl TargetPolicy {
@@ -116,6 +210,10 @@ impl TargetPolicy {
             max_relays: usize::MAX,
             reserved: Vec::new(),
             shard: None,
+            preferred_pubkeys: HashSet::new(),
+            max_urls_per_host: usize::MAX,
+            failing: HashSet::new(),
+            blocked_pubkeys: HashSet::new(),
         }
     }
 }
@@ -199,6 +297,11 @@ pub struct TargetReport {
     pub relays_over_global_cap: usize,
     /// Selected relays left to the other instances of a sharded fleet (`--shard`).
     pub relays_other_shards: usize,
+    /// Relays within a pubkey quota but dropped because `max_urls_per_host` URLs of their
+    /// host and port were selected.
+    pub relays_over_host_cap: usize,
+    /// Repositories in scope of pubkeys blocked after too many refused relays.
+    pub repos_blocked: usize,
 }
 
 /// The result of [`derive_targets`].
@@ -220,6 +323,10 @@ pub struct TargetLimits {
     /// Relays read from one announcement (default
     /// [`MAX_RELAYS_PER_ANNOUNCEMENT`](crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT), 32).
     pub max_relays_per_announcement: usize,
+    /// URLs of one host and port selected at most (default [`MAX_URLS_PER_HOST`]).
+    pub max_urls_per_host: usize,
+    /// Pubkeys (hex) whose repositories take relay slots first (`--prefer-pubkey`).
+    pub preferred_pubkeys: HashSet<String>,
 }
 
 /// Default of [`TargetLimits::max_relays_per_pubkey`].
@@ -231,6 +338,8 @@ impl Default for TargetLimits {
             scope: RepoScope::All,
             max_relays_per_pubkey: MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+            max_urls_per_host: MAX_URLS_PER_HOST,
+            preferred_pubkeys: HashSet::new(),
         }
     }
 }
@@ -239,15 +348,20 @@ impl Default for TargetLimits {
 /// per-pubkey quota, `max_relays`, the bootstrap relays reserved).
 pub fn machine_targets(
     repo_index: &RepoSyncIndex,
-    excluded: &[RelayUrl],
+    excluded: &Exclusions,
     config: &crate::core::SyncConfig,
 ) -> Targets {
     derive_targets(repo_index, excluded, &machine_policy(excluded, config))
 }
 
-/// The policy of `config` as [`machine_targets`] applies it.
-pub fn machine_policy(excluded: &[RelayUrl], config: &crate::core::SyncConfig) -> TargetPolicy {
+/// The policy of `config` as [`machine_targets`] applies it (the machine adds the relays
+/// failing their connects and the pubkeys at their refusal cap).
+pub fn machine_policy(excluded: &Exclusions, config: &crate::core::SyncConfig) -> TargetPolicy {
     TargetPolicy {
+        preferred_pubkeys: config.target_limits.preferred_pubkeys.clone(),
+        max_urls_per_host: config.target_limits.max_urls_per_host,
+        failing: HashSet::new(),
+        blocked_pubkeys: HashSet::new(),
         scope: config.target_limits.scope.clone(),
         max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
         max_relays: config.max_relays,
@@ -262,7 +376,7 @@ pub fn machine_policy(excluded: &[RelayUrl], config: &crate::core::SyncConfig) -
 }
 
 /// The pubkey part of a `30617:<pubkey>:<d>` reference (the whole reference if malformed).
-fn repo_pubkey(repo: &str) -> &str {
+pub(crate) fn repo_pubkey(repo: &str) -> &str {
     let mut parts = repo.splitn(3, ':');
     match (parts.next(), parts.next()) {
         (Some(_), Some(pk)) => pk,
@@ -284,7 +398,7 @@ fn repo_pubkey(repo: &str) -> &str {
 ///    quota and (with `policy.shard`) of this shard.
 pub fn select_targets(
     repo_index: &RepoSyncIndex,
-    excluded: &[RelayUrl],
+    excluded: &Exclusions,
     policy: &TargetPolicy,
 ) -> Selection {
     let mut repo_relays: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
@@ -307,7 +421,7 @@ type KeyRepos<'a> = Vec<(&'a RepoRef, usize, usize)>;
 /// target relays (sorted, possibly none), so [`Plan::reselect`] can compare in place.
 fn select_each<'a>(
     repo_index: &'a RepoSyncIndex,
-    excluded: &[RelayUrl],
+    excluded: &Exclusions,
     policy: &TargetPolicy,
     mut visit: impl FnMut(&'a RepoRef, &[&'a RelayUrl]),
 ) -> TargetReport {
@@ -320,6 +434,8 @@ fn select_each<'a>(
     //    ids in one flat list.
     let mut key_ids: HashMap<&'a str, usize> = HashMap::new();
     let mut keys: Vec<(&'a str, KeyRepos<'a>)> = Vec::new();
+    // Per key (as `keys`): whether one of its repositories in scope has a root event.
+    let mut live: Vec<bool> = Vec::new();
     let mut flat: Vec<u32> = Vec::new();
     for (repo, needs) in repo_index {
         if needs.relays.is_empty() {
@@ -330,6 +446,11 @@ fn select_each<'a>(
             continue;
         }
         report.repos_in_scope += 1;
+        let key = repo_pubkey(repo);
+        if policy.blocked_pubkeys.contains(key) {
+            report.repos_blocked += 1;
+            continue;
+        }
         let start = flat.len();
         for relay in &needs.relays {
             if excluded.contains(relay) {
@@ -341,11 +462,12 @@ fn select_each<'a>(
             });
             flat.push(id);
         }
-        let key = repo_pubkey(repo);
         let k = *key_ids.entry(key).or_insert_with(|| {
             keys.push((key, Vec::new()));
+            live.push(false);
             keys.len() - 1
         });
+        live[k] |= !needs.root_events.is_empty();
         keys[k].1.push((repo, start, flat.len()));
     }
     let n = urls.len();
@@ -383,33 +505,64 @@ fn select_each<'a>(
         }
         allowed.push((key, k, touched));
     }
-    // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys (fewest
-    //    relays first, then by pubkey).
+    // 3. Global cap: reserved relays first, then round-robins across pubkeys, tier by tier
+    //    (operator-listed pubkeys, then pubkeys whose repositories show life, then the
+    //    rest; within a tier fewest relays first, then by pubkey), first over relays that
+    //    are not failing their connects, then over those that are. At most
+    //    `max_urls_per_host` URLs of one host and port are selected.
     let mut selected = vec![false; n];
+    let mut over_host_cap = vec![false; n];
+    let mut hosts: HashMap<String, usize> = HashMap::new();
     let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
     for r in &policy.reserved {
+        *hosts.entry(host_port(r)).or_default() += 1;
         if let Some(&id) = relay_ids.get(r) {
             selected[id as usize] = true;
         }
     }
-    allowed.sort_by(|a, b| a.2.len().cmp(&b.2.len()).then_with(|| a.0.cmp(b.0)));
-    let mut cursors = vec![0usize; allowed.len()];
-    let mut progress = true;
-    while slots > 0 && progress {
-        progress = false;
-        for (i, (_, _, relays)) in allowed.iter().enumerate() {
-            if slots == 0 {
-                break;
+    allowed.sort_by(|a, b| {
+        tier(policy, a.0, live[a.1])
+            .cmp(&tier(policy, b.0, live[b.1]))
+            .then_with(|| a.2.len().cmp(&b.2.len()))
+            .then_with(|| a.0.cmp(b.0))
+    });
+    let failing: Vec<bool> = urls.iter().map(|u| policy.failing.contains(*u)).collect();
+    for pass_failing in [false, true] {
+        let mut start = 0;
+        while start < allowed.len() && slots > 0 {
+            let t = tier(policy, allowed[start].0, live[allowed[start].1]);
+            let mut end = start;
+            while end < allowed.len() && tier(policy, allowed[end].0, live[allowed[end].1]) == t {
+                end += 1;
             }
-            while cursors[i] < relays.len() && selected[relays[cursors[i]] as usize] {
-                cursors[i] += 1;
+            let mut cursors = vec![0usize; end - start];
+            let mut progress = true;
+            while slots > 0 && progress {
+                progress = false;
+                for (c, (_, _, relays)) in allowed[start..end].iter().enumerate() {
+                    if slots == 0 {
+                        break;
+                    }
+                    while let Some(&id) = relays.get(cursors[c]) {
+                        let i = id as usize;
+                        cursors[c] += 1;
+                        if selected[i] || failing[i] != pass_failing {
+                            continue;
+                        }
+                        let host = hosts.entry(host_port(urls[i])).or_default();
+                        if *host >= policy.max_urls_per_host {
+                            over_host_cap[i] = true;
+                            continue;
+                        }
+                        *host += 1;
+                        selected[i] = true;
+                        slots -= 1;
+                        progress = true;
+                        break;
+                    }
+                }
             }
-            if let Some(&id) = relays.get(cursors[i]) {
-                selected[id as usize] = true;
-                cursors[i] += 1;
-                slots -= 1;
-                progress = true;
-            }
+            start = end;
         }
     }
     let mut within_quota = vec![false; n];
@@ -422,7 +575,12 @@ fn select_each<'a>(
     report.relays_over_pubkey_quota = (0..n)
         .filter(|&i| over_quota[i] && !within_quota[i])
         .count();
-    report.relays_over_global_cap = (0..n).filter(|&i| within_quota[i] && !selected[i]).count();
+    report.relays_over_host_cap = (0..n)
+        .filter(|&i| within_quota[i] && !selected[i] && over_host_cap[i])
+        .count();
+    report.relays_over_global_cap = (0..n)
+        .filter(|&i| within_quota[i] && !selected[i] && !over_host_cap[i])
+        .count();
     // 4. Each repository's target relays: selected, within its pubkey's quota and (when
     //    sharded) of this instance's shard.
     let owned: Vec<bool> = urls
@@ -465,7 +623,7 @@ fn select_each<'a>(
 /// index and policy always give the same targets, whatever the hash maps' iteration order.
 pub fn derive_targets(
     repo_index: &RepoSyncIndex,
-    excluded: &[RelayUrl],
+    excluded: &Exclusions,
     policy: &TargetPolicy,
 ) -> Targets {
     Plan::build(repo_index, excluded, policy).into_targets()
@@ -509,7 +667,7 @@ pub struct Plan {
 struct KeyCache {
     /// The policy and excluded relays the cache was built for; another one rebuilds it.
     policy: Option<TargetPolicy>,
-    excluded: Vec<RelayUrl>,
+    excluded: Exclusions,
     /// Per pubkey: its repositories in scope and its ranked relays.
     keys: HashMap<String, KeyEntry>,
     /// Per relay: how many pubkeys' repositories name it (in scope, excluded relays not
@@ -519,6 +677,8 @@ struct KeyCache {
     allow: HashMap<RelayUrl, u32>,
     /// Announced repositories outside the scope.
     out_of_scope: HashSet<RepoRef>,
+    /// Announced repositories in scope of blocked pubkeys.
+    blocked: HashSet<RepoRef>,
     /// Announced repositories in scope (the sum of the keys' repositories).
     in_scope: usize,
     /// Pubkeys naming more relays than their quota.
@@ -544,10 +704,10 @@ impl KeyEntry {
 
 impl KeyCache {
     /// A cache of every repository of `repo_index`.
-    fn build(repo_index: &RepoSyncIndex, excluded: &[RelayUrl], policy: &TargetPolicy) -> KeyCache {
+    fn build(repo_index: &RepoSyncIndex, excluded: &Exclusions, policy: &TargetPolicy) -> KeyCache {
         let mut cache = KeyCache {
             policy: Some(policy.clone()),
-            excluded: excluded.to_vec(),
+            excluded: excluded.clone(),
             ..KeyCache::default()
         };
         let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::new();
@@ -561,8 +721,8 @@ impl KeyCache {
     }
 
     /// True when the cache was built for this policy and these excluded relays.
-    fn fits(&self, excluded: &[RelayUrl], policy: &TargetPolicy) -> bool {
-        self.policy.as_ref() == Some(policy) && self.excluded == excluded
+    fn fits(&self, excluded: &Exclusions, policy: &TargetPolicy) -> bool {
+        self.policy.as_ref() == Some(policy) && self.excluded == *excluded
     }
 
     /// Takes the repositories `changed` of pubkey `key` from the index again (their relay
@@ -573,7 +733,7 @@ impl KeyCache {
         key: &str,
         changed: &[&RepoRef],
         repo_index: &RepoSyncIndex,
-        excluded: &[RelayUrl],
+        excluded: &Exclusions,
         policy: &TargetPolicy,
     ) -> HashSet<RepoRef> {
         let old = self.keys.remove(key).unwrap_or_default();
@@ -588,16 +748,20 @@ impl KeyCache {
         }
         self.in_scope -= old.repos.len();
         let mut repos = old.repos.clone();
+        let blocked = policy.blocked_pubkeys.contains(key);
         for repo in changed {
             repos.remove(*repo);
             self.out_of_scope.remove(*repo);
+            self.blocked.remove(*repo);
             let Some(needs) = repo_index.get(*repo) else {
                 continue;
             };
             if needs.relays.is_empty() {
                 continue;
             }
-            if policy.scope.admits(needs.relays.iter()) {
+            if blocked && policy.scope.admits(needs.relays.iter()) {
+                self.blocked.insert((*repo).clone());
+            } else if policy.scope.admits(needs.relays.iter()) {
                 repos.insert((*repo).clone());
             } else {
                 self.out_of_scope.insert((*repo).clone());
@@ -649,13 +813,26 @@ impl KeyCache {
             .keys()
             .filter(|r| policy.reserved.contains(r))
             .count();
-        self.allow.len() - reserved_allowed > slots
+        if self.allow.len() - reserved_allowed > slots {
+            return true;
+        }
+        // The host cap binds: which URLs of a host are kept depends on the round-robin.
+        let mut hosts: HashMap<String, usize> = HashMap::new();
+        let reserved = policy.reserved.iter();
+        let allowed = self.allow.keys().filter(|r| !policy.reserved.contains(r));
+        reserved.chain(allowed).any(|r| {
+            let n = hosts.entry(host_port(r)).or_default();
+            *n += 1;
+            *n > policy.max_urls_per_host
+        })
     }
 
     /// The report of the selection while the cap does not bind (see [`KeyCache::capped`]).
     fn report(&self, policy: &TargetPolicy) -> TargetReport {
         TargetReport {
-            repos_in_scope: self.in_scope,
+            repos_in_scope: self.in_scope + self.blocked.len(),
+            repos_blocked: self.blocked.len(),
+            relays_over_host_cap: 0,
             repos_out_of_scope: self.out_of_scope.len(),
             relays_wanted: self.want.len(),
             relays_selected: 0,
@@ -695,7 +872,7 @@ fn decrement(counts: &mut HashMap<RelayUrl, u32>, relay: &RelayUrl) {
 
 impl Plan {
     /// A plan from scratch.
-    pub fn build(repo_index: &RepoSyncIndex, excluded: &[RelayUrl], policy: &TargetPolicy) -> Plan {
+    pub fn build(repo_index: &RepoSyncIndex, excluded: &Exclusions, policy: &TargetPolicy) -> Plan {
         let selection = select_targets(repo_index, excluded, policy);
         let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
         for (repo, relays) in &selection.repo_relays {
@@ -728,12 +905,53 @@ impl Plan {
         self.selection.report
     }
 
+    /// True when the last selection left a relay out for the global cap or a host cap:
+    /// then the order of the round-robins decides who gets a slot, so a pubkey whose
+    /// repository got its first root event (a higher tier) or a relay whose connects start
+    /// or stop failing can change the selection ([`Plan::reselect`] then). While it is
+    /// false, every relay within a pubkey's quota is selected whatever the order.
+    pub fn is_bound(&self) -> bool {
+        let r = &self.selection.report;
+        r.relays_over_global_cap > 0 || r.relays_over_host_cap > 0
+    }
+
     /// The targets and report, as [`derive_targets`] returns them.
     pub fn into_targets(self) -> Targets {
         Targets {
             targets: self.targets,
             report: self.selection.report,
         }
+    }
+
+    /// Hosts (`host:port`) with more than one selected URL, most first (then by name): the
+    /// per-host count that `max_urls_per_host` bounds.
+    pub fn hosts_with_several_urls(&self) -> Vec<(String, usize)> {
+        let mut hosts: HashMap<String, usize> = HashMap::new();
+        for relay in self.targets.keys() {
+            *hosts.entry(host_port(relay)).or_default() += 1;
+        }
+        let mut several: Vec<(String, usize)> = hosts.into_iter().filter(|h| h.1 > 1).collect();
+        several.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        several
+    }
+
+    /// Drops `relay` from every repository's targets at once (it was refused), without a
+    /// selection: the slot it frees is given at the next [`Plan::reselect`], which must run
+    /// with `relay` excluded before the plan is compared with a fresh derivation again.
+    /// Costs the repositories it carried.
+    pub fn drop_relay(&mut self, relay: &RelayUrl) {
+        let Some(target) = self.targets.remove(relay) else {
+            return;
+        };
+        for repo in &target.repos {
+            if let Some(relays) = self.selection.repo_relays.get_mut(repo) {
+                relays.retain(|r| r != relay);
+                if relays.is_empty() {
+                    self.selection.repo_relays.remove(repo);
+                }
+            }
+        }
+        self.selection.report.relays_selected = self.targets.len();
     }
 
     /// Root event `id` now references `repo` (already in the index): adds it to the targets
@@ -773,7 +991,7 @@ impl Plan {
     pub fn reselect_repos(
         &mut self,
         repo_index: &RepoSyncIndex,
-        excluded: &[RelayUrl],
+        excluded: &Exclusions,
         policy: &TargetPolicy,
         changed: &[RepoRef],
     ) -> HashSet<RelayUrl> {
@@ -796,7 +1014,10 @@ impl Plan {
             touched.push((key.to_string(), before));
         }
         // The cap binds now, or did at the last selection: the whole selection.
-        if cache.capped(policy) || self.selection.report.relays_over_global_cap > 0 {
+        if cache.capped(policy)
+            || self.selection.report.relays_over_global_cap > 0
+            || self.selection.report.relays_over_host_cap > 0
+        {
             let changed = self.reselect(repo_index, excluded, policy);
             self.keys = Some(cache);
             return changed;
@@ -868,7 +1089,7 @@ impl Plan {
     pub fn reselect(
         &mut self,
         repo_index: &RepoSyncIndex,
-        excluded: &[RelayUrl],
+        excluded: &Exclusions,
         policy: &TargetPolicy,
     ) -> HashSet<RelayUrl> {
         // Compare each repository's new target relays with the cached ones in place: only
@@ -1226,6 +1447,7 @@ mod tests {
             max_relays: max,
             reserved: Vec::new(),
             shard: None,
+            ..TargetPolicy::unlimited()
         }
     }
 
@@ -1241,7 +1463,7 @@ mod tests {
             usize::MAX,
             usize::MAX,
         );
-        let t = derive_targets(&idx, &own, &scoped);
+        let t = derive_targets(&idx, &Exclusions::from(&own[..]), &scoped);
         assert_eq!(t.targets.len(), 1);
         let a = &t.targets[&url("wss://a")];
         assert_eq!(a.repos, [keyed_repo(1, "ours")].into());
@@ -1255,7 +1477,7 @@ mod tests {
             (1, 1)
         );
         // --archive (or no --public-url): everything, as derive_relay_targets.
-        let all = derive_targets(&idx, &own, &TargetPolicy::unlimited());
+        let all = derive_targets(&idx, &Exclusions::from(&own[..]), &TargetPolicy::unlimited());
         assert_eq!(all.targets, derive_relay_targets(&idx, &own));
         assert_eq!(all.report.repos_out_of_scope, 0);
     }
@@ -1268,7 +1490,7 @@ mod tests {
             (1, "y", &["wss://c", "wss://d", "wss://e"], &[]),
             (2, "z", &["wss://d"], &[]),
         ]);
-        let t = derive_targets(&idx, &[], &policy(RepoScope::All, 2, usize::MAX));
+        let t = derive_targets(&idx, &Exclusions::new(), &policy(RepoScope::All, 2, usize::MAX));
         let mut got: Vec<&str> = t.targets.keys().map(|u| u.as_str()).collect();
         got.sort();
         // Key 1 keeps e (2 uses) and a (first by URL); key 2 keeps d.
@@ -1303,7 +1525,7 @@ mod tests {
             ),
         ]);
         let mut p = policy(RepoScope::All, 64, 6);
-        let t = derive_targets(&idx, &[], &p);
+        let t = derive_targets(&idx, &Exclusions::new(), &p);
         assert_eq!(t.targets.len(), 6);
         for legit in [
             "wss://zz-legit.example",
@@ -1315,14 +1537,14 @@ mod tests {
         assert_eq!(t.report.relays_over_global_cap, 37);
         // A reserved (bootstrap) relay takes a slot first.
         p.reserved = vec![url("wss://boot.example")];
-        let t = derive_targets(&idx, &[], &p);
+        let t = derive_targets(&idx, &Exclusions::new(), &p);
         assert_eq!(t.targets.len(), 5);
         assert!(t.targets.contains_key(&url("wss://zz-legit.example")));
         // Deterministic: the same input gives the same targets.
-        let again = derive_targets(&idx.clone().into_iter().collect::<RepoSyncIndex>(), &[], &p);
+        let again = derive_targets(&idx.clone().into_iter().collect::<RepoSyncIndex>(), &Exclusions::new(), &p);
         assert_eq!(again.targets, t.targets);
         // Cap zero: nothing.
-        assert!(derive_targets(&idx, &[], &policy(RepoScope::All, 64, 0))
+        assert!(derive_targets(&idx, &Exclusions::new(), &policy(RepoScope::All, 64, 0))
             .targets
             .is_empty());
     }
@@ -1330,7 +1552,7 @@ mod tests {
     #[test]
     fn own_urls_never_count_against_a_quota() {
         let idx = keyed_index(&[(1, "x", &["wss://own", "wss://a"], &[])]);
-        let t = derive_targets(&idx, &[url("wss://own")], &policy(RepoScope::All, 1, 1));
+        let t = derive_targets(&idx, &Exclusions::from(&[url("wss://own")][..]), &policy(RepoScope::All, 1, 1));
         assert_eq!(t.targets.keys().collect::<Vec<_>>(), vec![&url("wss://a")]);
         assert_eq!(t.report.pubkeys_over_quota, 0);
     }
@@ -1391,12 +1613,12 @@ mod tests {
             (3, "z", &r[6..12], &[3]),
         ]);
         let base = policy(RepoScope::All, 4, 7);
-        let all = derive_targets(&idx, &[], &base);
+        let all = derive_targets(&idx, &Exclusions::new(), &base);
         let mut union: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
         for index in 0..3 {
             let mut p = base.clone();
             p.shard = Some(Shard { index, count: 3 });
-            let part = derive_targets(&idx, &[], &p);
+            let part = derive_targets(&idx, &Exclusions::new(), &p);
             assert_eq!(
                 part.report.relays_selected + part.report.relays_other_shards,
                 all.report.relays_selected
@@ -1414,7 +1636,7 @@ mod tests {
     /// results are compared as maps).
     fn reference_select(
         repo_index: &RepoSyncIndex,
-        excluded: &[RelayUrl],
+        excluded: &Exclusions,
         policy: &TargetPolicy,
         mut visit: impl FnMut(&RepoRef, &[&RelayUrl]),
     ) -> TargetReport {
@@ -1566,7 +1788,9 @@ mod tests {
                 max_relays: max,
                 reserved: reserved.into_iter().map(relay).collect(),
                 shard: shard.map(|index| Shard { index, count: 3 }),
+                ..TargetPolicy::unlimited()
             };
+            let excluded = Exclusions::from(excluded.as_slice());
             let got = select_targets(&idx, &excluded, &p);
             let mut want: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
             let report = reference_select(&idx, &excluded, &p, |repo, mine| {

@@ -13,7 +13,7 @@ use crate::core::paging::{bound_plan, plan_pages, PagePlan, PageStats};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
 };
-use crate::core::targets::{compute_actions_for, machine_policy, AddFilters};
+use crate::core::targets::{compute_actions_for, AddFilters};
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
@@ -26,7 +26,8 @@ impl SyncMachine {
     /// Root-event links added in the same batch follow (`Plan::add_root_event`), so the
     /// caller checks the plan after both.
     pub(super) fn reselect(&mut self) {
-        let policy = machine_policy(&self.excluded, &self.config);
+        self.counters.selections += 1;
+        let policy = self.policy();
         let changed = self
             .plan
             .reselect(&self.repo_index, &self.excluded, &policy);
@@ -36,7 +37,7 @@ impl SyncMachine {
     /// [`Self::reselect`] after the relay sets of `repos` changed, in proportion to the
     /// change ([`crate::core::targets::Plan::reselect_repos`]).
     pub(super) fn reselect_repos(&mut self, repos: &[crate::core::nip34::RepoRef]) {
-        let policy = machine_policy(&self.excluded, &self.config);
+        let policy = self.policy();
         let changed = self
             .plan
             .reselect_repos(&self.repo_index, &self.excluded, &policy, repos);
@@ -47,10 +48,14 @@ impl SyncMachine {
     pub(super) fn check_plan(&self) {
         #[cfg(debug_assertions)]
         {
-            let fresh = crate::core::targets::machine_targets(
+            if self.reselect_due() {
+                // A change of standing waits for its selection.
+                return;
+            }
+            let fresh = crate::core::targets::derive_targets(
                 &self.repo_index,
                 &self.excluded,
-                &self.config,
+                &self.policy(),
             );
             debug_assert!(
                 fresh.targets == *self.plan.targets() && fresh.report == self.plan.report(),

@@ -33,6 +33,7 @@ impl SyncMachine {
         if !self.relays.contains_key(relay) {
             return;
         }
+        self.on_connected(relay, now);
         let link = self.link(relay);
         let overflow = std::mem::take(&mut link.resume_overflow);
         let resume = std::mem::take(&mut link.resume);
@@ -121,6 +122,8 @@ impl SyncMachine {
         let unit = self.jitter.unit();
         if was_connected {
             self.link(relay).keep_unfinished_history();
+        } else {
+            self.on_connect_failed(relay, now);
         }
         self.drop_jobs_of(relay, was_connected);
         self.forget_subscriptions(relay);

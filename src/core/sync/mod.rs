@@ -25,8 +25,11 @@ mod persist;
 mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
+#[cfg(test)]
+mod fairness_tests;
 mod reconcile;
 mod remote;
+mod standing;
 mod subscriptions;
 mod timers;
 #[cfg(test)]
@@ -35,6 +38,7 @@ mod world;
 #[cfg(feature = "testing")]
 pub(crate) use reconcile::{hex_decode, hex_encode};
 pub use reconcile::{FallbackReason, Nip77Config, Nip77Support};
+pub use standing::{FAILING_TTL, RESELECT_DELAY};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -52,7 +56,7 @@ use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
 };
-use crate::core::targets::{Plan, TargetReport};
+use crate::core::targets::{Exclusions, Plan, TargetReport};
 use crate::core::time::Time;
 use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
@@ -667,6 +671,16 @@ pub struct SyncCounters {
     pub queries_resent: u64,
     /// Relays not connected because `max_relays` was reached.
     pub relays_refused: u64,
+    /// Whole selections the machine ran for a change of standing (refused or failing
+    /// relays: at most one per `RESELECT_DELAY`) or a first root event while a cap binds;
+    /// not those run inside `Plan::reselect_repos` for new announcements.
+    pub selections: u64,
+    /// Relays refused by the address policy, excluded for good (issue 20).
+    pub relays_excluded: u64,
+    /// Hosts (and ports) excluded whole after `MAX_REFUSALS_PER_HOST` refused URLs.
+    pub hosts_excluded: u64,
+    /// Pubkeys blocked after naming `MAX_REFUSALS_PER_PUBKEY` refused relays.
+    pub pubkeys_blocked: u64,
     /// Subscriptions closed by a relay.
     pub closed_by_relay: u64,
     /// Events read by the self-subscription.
@@ -762,7 +776,13 @@ pub struct RelaySyncStatus {
 #[derive(Debug)]
 pub struct SyncMachine {
     config: SyncConfig,
-    excluded: Vec<RelayUrl>,
+    /// The own relay under every name it was given (its URL and `own_aliases`).
+    own_names: Vec<RelayUrl>,
+    /// Relays never targets: `own_names`, relays the address policy refused, hosts refused
+    /// too often (issue 20).
+    excluded: Exclusions,
+    /// Failing relays, refusals per host and pubkey, blocked pubkeys (issue 20).
+    standing: standing::Standing,
     repo_index: RepoSyncIndex,
     /// The targets derived from `repo_index`, kept current by every change (issue 10).
     plan: Plan,
@@ -820,15 +840,18 @@ impl SyncMachine {
     /// A machine with nothing known yet. Call [`SyncMachine::start`] next.
     #[must_use]
     pub fn new(config: SyncConfig) -> SyncMachine {
-        let mut excluded = vec![config.own_relay.clone()];
+        let mut own_names = vec![config.own_relay.clone()];
         for a in &config.own_aliases {
-            if !excluded.contains(a) {
-                excluded.push(a.clone());
+            if !own_names.contains(a) {
+                own_names.push(a.clone());
             }
         }
+        let excluded = Exclusions::from(own_names.as_slice());
         let jitter = Jitter::new(config.seed);
         SyncMachine {
+            own_names,
             excluded,
+            standing: standing::Standing::default(),
             repo_index: RepoSyncIndex::new(),
             plan: Plan::default(),
             replan: HashSet::new(),
@@ -937,8 +960,10 @@ impl SyncMachine {
                 Timer::DisconnectCheck => {
                     let next = now.plus(self.config.disconnect_check_interval);
                     self.timers.set(Timer::DisconnectCheck, next);
+                    self.expire_failing(now);
                     self.check_disconnects(now);
                 }
+                Timer::Reselect => self.deferred_reselect(now),
             }
         }
         self.check_timers();
@@ -1192,12 +1217,7 @@ impl SyncMachine {
                 reason,
             } => {
                 if relay != self.config.own_relay && self.is_current(&relay, generation) {
-                    info!("{relay}: refused ({reason}); never a sync target again");
-                    if !self.excluded.contains(&relay) {
-                        self.excluded.push(relay.clone());
-                        self.reselect();
-                        self.check_plan();
-                    }
+                    self.on_refused(&relay, &reason.to_string(), now);
                     self.forget_relay(&relay);
                 }
             }
@@ -1282,8 +1302,15 @@ impl SyncMachine {
         self.own.connection_status
     }
 
-    /// What the repository scope and the relay quotas leave out now.
-    pub fn target_report(&self) -> TargetReport {
+    /// Hosts (`host:port`) with more than one selected URL and how many, most first
+    /// (issue 20: `max_urls_per_host` bounds them).
+    #[must_use]
+    pub fn hosts_with_several_urls(&self) -> Vec<(String, usize)> {
+        self.plan.hosts_with_several_urls()
+    }
+
+    /// What the repository scope and the relay quotas left out at the last planning.
+        pub fn target_report(&self) -> TargetReport {
         self.plan.report()
     }
 

@@ -227,7 +227,7 @@ impl SyncMachine {
         let meaning = classify_self_event_with(
             event,
             self.config.target_limits.max_relays_per_announcement,
-            &self.excluded,
+            &self.own_names,
         );
         if meaning == SelfEventMeaning::Other {
             debug!(
@@ -268,6 +268,9 @@ impl SyncMachine {
         // With no repository selected yet (the first read of the own relay) every link
         // comes with its repository through the selection: none is followed alone.
         let follow_links = !self.plan.is_empty();
+        // A repository in scope got its first root event: its pubkey may now be in a higher
+        // tier of the selection (issue 20), which matters while a cap binds.
+        let mut came_alive = false;
         for m in meanings {
             match m {
                 SelfEventMeaning::Announcement(a) => {
@@ -309,7 +312,11 @@ impl SyncMachine {
                     for r in repos {
                         // Looked up by reference: no copy of the key per link.
                         let linked = match self.repo_index.get_mut(&r) {
-                            Some(n) => n.root_events.insert(id),
+                            Some(n) => {
+                                let linked = n.root_events.insert(id);
+                                came_alive |= linked && n.root_events.len() == 1;
+                                linked
+                            }
                             None => self
                                 .repo_index
                                 .entry(r.clone())
@@ -358,6 +365,9 @@ impl SyncMachine {
         }
         if !relays_changed.is_empty() {
             self.reselect_repos(&relays_changed);
+        }
+        if came_alive && self.selection_bound() {
+            self.reselect();
         }
         let grown = &mut self.replan_roots;
         let relays = &self.relays;

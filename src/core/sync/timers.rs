@@ -49,6 +49,8 @@ pub(crate) enum Timer {
     Daily(RelayUrl),
     /// The periodic check for relays no repository needs any more.
     DisconnectCheck,
+    /// Run the selection again after refusals or failing connects (issue 20).
+    Reselect,
 }
 
 impl Timer {
@@ -83,7 +85,8 @@ impl Timer {
             | Timer::SelfBatch
             | Timer::OwnReconnect
             | Timer::OwnReopen
-            | Timer::DisconnectCheck => None,
+            | Timer::DisconnectCheck
+            | Timer::Reselect => None,
         }
     }
 }
