@@ -301,7 +301,11 @@ const ENV_FLAGS: &[EnvFlag] = &[
     ),
     f("deny-relay", "GRASP_SYNC_DENY_RELAY", Kind::Repeated),
     f("prefer-pubkey", "GRASP_SYNC_PREFER_PUBKEY", Kind::Repeated),
-    f("max-urls-per-host", "GRASP_SYNC_MAX_URLS_PER_HOST", Kind::Value),
+    f(
+        "max-urls-per-host",
+        "GRASP_SYNC_MAX_URLS_PER_HOST",
+        Kind::Value,
+    ),
     f("allow-relay", "GRASP_SYNC_ALLOW_RELAY", Kind::Repeated),
     f("ca-file", "GRASP_SYNC_CA_FILE", Kind::Repeated),
     f("system-roots", "GRASP_SYNC_SYSTEM_ROOTS", Kind::Switch),

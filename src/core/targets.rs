@@ -1477,7 +1477,11 @@ mod tests {
             (1, 1)
         );
         // --archive (or no --public-url): everything, as derive_relay_targets.
-        let all = derive_targets(&idx, &Exclusions::from(&own[..]), &TargetPolicy::unlimited());
+        let all = derive_targets(
+            &idx,
+            &Exclusions::from(&own[..]),
+            &TargetPolicy::unlimited(),
+        );
         assert_eq!(all.targets, derive_relay_targets(&idx, &own));
         assert_eq!(all.report.repos_out_of_scope, 0);
     }
@@ -1490,7 +1494,11 @@ mod tests {
             (1, "y", &["wss://c", "wss://d", "wss://e"], &[]),
             (2, "z", &["wss://d"], &[]),
         ]);
-        let t = derive_targets(&idx, &Exclusions::new(), &policy(RepoScope::All, 2, usize::MAX));
+        let t = derive_targets(
+            &idx,
+            &Exclusions::new(),
+            &policy(RepoScope::All, 2, usize::MAX),
+        );
         let mut got: Vec<&str> = t.targets.keys().map(|u| u.as_str()).collect();
         got.sort();
         // Key 1 keeps e (2 uses) and a (first by URL); key 2 keeps d.
@@ -1541,18 +1549,28 @@ mod tests {
         assert_eq!(t.targets.len(), 5);
         assert!(t.targets.contains_key(&url("wss://zz-legit.example")));
         // Deterministic: the same input gives the same targets.
-        let again = derive_targets(&idx.clone().into_iter().collect::<RepoSyncIndex>(), &Exclusions::new(), &p);
+        let again = derive_targets(
+            &idx.clone().into_iter().collect::<RepoSyncIndex>(),
+            &Exclusions::new(),
+            &p,
+        );
         assert_eq!(again.targets, t.targets);
         // Cap zero: nothing.
-        assert!(derive_targets(&idx, &Exclusions::new(), &policy(RepoScope::All, 64, 0))
-            .targets
-            .is_empty());
+        assert!(
+            derive_targets(&idx, &Exclusions::new(), &policy(RepoScope::All, 64, 0))
+                .targets
+                .is_empty()
+        );
     }
 
     #[test]
     fn own_urls_never_count_against_a_quota() {
         let idx = keyed_index(&[(1, "x", &["wss://own", "wss://a"], &[])]);
-        let t = derive_targets(&idx, &Exclusions::from(&[url("wss://own")][..]), &policy(RepoScope::All, 1, 1));
+        let t = derive_targets(
+            &idx,
+            &Exclusions::from(&[url("wss://own")][..]),
+            &policy(RepoScope::All, 1, 1),
+        );
         assert_eq!(t.targets.keys().collect::<Vec<_>>(), vec![&url("wss://a")]);
         assert_eq!(t.report.pubkeys_over_quota, 0);
     }

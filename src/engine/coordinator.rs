@@ -316,17 +316,22 @@ impl Coordinator {
             self.metrics.thread_restarts.load(Ordering::Relaxed),
         );
         let t = m.target_report();
-        if t.relays_over_pubkey_quota + t.relays_over_global_cap > 0 {
+        let dropped =
+            t.relays_over_pubkey_quota + t.relays_over_global_cap + t.relays_over_host_cap;
+        if dropped > 0 || t.repos_blocked > 0 {
             warn!(
-                "relay quotas: {} of {} named relays dropped ({} over a pubkey's quota of {} from {} pubkeys, {} over max_relays {}); repos out of scope {}",
-                t.relays_over_pubkey_quota + t.relays_over_global_cap,
+                "relay quotas: {dropped} of {} named relays dropped ({} over a pubkey's quota of {} from {} pubkeys, {} over max_relays {}, {} over max_urls_per_host {}); {} relays failing their connects; repos out of scope {}, blocked {}",
                 t.relays_wanted,
                 t.relays_over_pubkey_quota,
                 self.config.max_relays_per_pubkey,
                 t.pubkeys_over_quota,
                 t.relays_over_global_cap,
                 self.config.max_relays,
-                t.repos_out_of_scope
+                t.relays_over_host_cap,
+                self.config.max_urls_per_host,
+                m.relays_failing(),
+                t.repos_out_of_scope,
+                t.repos_blocked
             );
         } else if t.repos_out_of_scope > 0 {
             info!(

@@ -226,6 +226,11 @@ pub struct Status {
     pub repo_scope: RepoScope,
     /// What the repository scope and the relay quotas leave out now.
     pub targets: TargetReport,
+    /// Hosts (`host:port`) with more than one selected URL and how many (at most
+    /// [`MAX_HOSTS_SHOWN`], most first); `--max-urls-per-host` bounds each.
+    pub hosts_with_several_urls: Vec<(String, usize)>,
+    /// Relays whose last connect failed, behind the others for the global cap.
+    pub relays_failing: usize,
     /// The state file of `--state-dir`.
     pub state_file: state_file::StateFileStatus,
 }
@@ -397,6 +402,9 @@ fn own_addresses(config: &Config) -> Vec<std::net::SocketAddr> {
     addrs
 }
 
+/// Hosts shown in [`Status::hosts_with_several_urls`].
+pub const MAX_HOSTS_SHOWN: usize = 20;
+
 /// Logs the repository scope and the relay quotas at start-up.
 fn log_scope(config: &Config) {
     let scope = config.repo_scope();
@@ -520,6 +528,12 @@ impl SyncHandle {
             forward_bytes_peak: f.bytes_peak.load(Ordering::Relaxed),
             repo_scope: self.config.repo_scope(),
             targets: m.target_report(),
+            hosts_with_several_urls: {
+                let mut h = m.hosts_with_several_urls();
+                h.truncate(MAX_HOSTS_SHOWN);
+                h
+            },
+            relays_failing: m.relays_failing(),
             state_file: self.state_counters.status(),
         }
     }

@@ -375,6 +375,26 @@ pub fn prometheus(status: &Status) -> String {
             c.relays_refused,
         ),
         (
+            "relays_excluded_total",
+            "Relays refused by the address policy, never targets again.",
+            c.relays_excluded,
+        ),
+        (
+            "hosts_excluded_total",
+            "Hosts (and ports) excluded whole after too many refused URLs.",
+            c.hosts_excluded,
+        ),
+        (
+            "pubkeys_blocked_total",
+            "Announcing pubkeys blocked after naming too many refused relays.",
+            c.pubkeys_blocked,
+        ),
+        (
+            "selections_total",
+            "Selections run for refused or failing relays and first root events while a cap binds.",
+            c.selections,
+        ),
+        (
             "announcement_relays_dropped_total",
             "Relays named by announcements beyond the per-announcement cap, ignored.",
             c.announcement_relays_dropped,
@@ -559,6 +579,23 @@ pub fn status_json(status: &Status) -> Value {
         },
         "invalid": status.invalid,
         "unmatched": status.unmatched,
+        "selection": {
+            "repos_in_scope": status.targets.repos_in_scope,
+            "repos_out_of_scope": status.targets.repos_out_of_scope,
+            "repos_blocked": status.targets.repos_blocked,
+            "relays_wanted": status.targets.relays_wanted,
+            "relays_selected": status.targets.relays_selected,
+            "relays_over_pubkey_quota": status.targets.relays_over_pubkey_quota,
+            "relays_over_global_cap": status.targets.relays_over_global_cap,
+            "relays_over_host_cap": status.targets.relays_over_host_cap,
+            "relays_other_shards": status.targets.relays_other_shards,
+            "relays_failing": status.relays_failing,
+            "hosts_with_several_urls": status
+                .hosts_with_several_urls
+                .iter()
+                .map(|(host, n)| json!({"host": host, "urls": n}))
+                .collect::<Vec<_>>(),
+        },
         "state_file": {
             "enabled": status.state_file.enabled,
             "loaded": status.state_file.loaded,
@@ -578,6 +615,10 @@ pub fn status_json(status: &Status) -> Value {
             "queries_resumed": c.queries_resumed,
             "rate_limited": c.rate_limited,
             "relays_refused": c.relays_refused,
+            "relays_excluded": c.relays_excluded,
+            "hosts_excluded": c.hosts_excluded,
+            "pubkeys_blocked": c.pubkeys_blocked,
+            "selections": c.selections,
             "announcement_relays_dropped": c.announcement_relays_dropped,
             "closed_by_relay": c.closed_by_relay,
             "consolidations": c.consolidations,

@@ -50,9 +50,7 @@ fn flooded(flood: usize, spam_life: bool, max_relays: usize) -> (World, HashSet<
     for i in 0..flood {
         let k = Keys::generate();
         let dead = format!("ws://dead{i}.example");
-        w.own
-            .store
-            .push(announcement_by(&k, "x", &[dead], t - DAY));
+        w.own.store.push(announcement_by(&k, "x", &[dead], t - DAY));
         if spam_life {
             w.own.store.push(issue_by(&k, "x", t - DAY));
         }
@@ -89,12 +87,18 @@ fn throwaway_keys_on_dead_relays_cannot_starve_a_repository_that_shows_life() {
     w.advance(Duration::from_secs(6));
     for relay in [A, B] {
         let url = RelayUrl::parse(relay).unwrap();
-        assert!(w.m.relay_index().contains_key(&url), "{relay} has a slot at once");
+        assert!(
+            w.m.relay_index().contains_key(&url),
+            "{relay} has a slot at once"
+        );
     }
     w.advance(Duration::from_secs(54));
     assert_eq!(missing(&w, &want), 0, "the legitimate repository is synced");
     assert!(w.m.relay_index().len() <= 20, "{}", w.m.relay_index().len());
-    assert!(w.m.target_report().relays_over_global_cap > 0, "the cap binds");
+    assert!(
+        w.m.target_report().relays_over_global_cap > 0,
+        "the cap binds"
+    );
 }
 
 #[test]
@@ -135,13 +139,12 @@ fn refusals_cost_one_selection_per_delay_and_a_key_is_blocked_at_its_cap() {
     let mut refused = 0usize;
     // Refuse every connect of a refusedN relay, as the engine's address policy would.
     for _ in 0..50 {
-        let connects: Vec<(RelayUrl, u64)> = w
-            .m
-            .relay_index()
-            .iter()
-            .filter(|(u, _)| u.host().starts_with("refused"))
-            .map(|(u, s)| (u.clone(), s.generation))
-            .collect();
+        let connects: Vec<(RelayUrl, u64)> =
+            w.m.relay_index()
+                .iter()
+                .filter(|(u, _)| u.host().starts_with("refused"))
+                .map(|(u, s)| (u.clone(), s.generation))
+                .collect();
         for (relay, generation) in connects {
             refused += 1;
             w.inject(Report::Refused {
@@ -164,7 +167,11 @@ fn refusals_cost_one_selection_per_delay_and_a_key_is_blocked_at_its_cap() {
     let ran = c.selections - selections;
     assert!(ran <= 3, "selections run for {refused} refusals: {ran}");
     assert!(w.m.relay_index().contains_key(&RelayUrl::parse(A).unwrap()));
-    assert!(w.m.relay_index().keys().all(|u| !u.host().starts_with("refused")));
+    assert!(w
+        .m
+        .relay_index()
+        .keys()
+        .all(|u| !u.host().starts_with("refused")));
 }
 
 #[test]
@@ -188,12 +195,11 @@ fn urls_differing_in_query_or_path_reach_one_host_a_few_times_at_most() {
     }
     w.start();
     w.advance(Duration::from_secs(30));
-    let one = w
-        .m
-        .relay_index()
-        .keys()
-        .filter(|u| u.host() == "one.example")
-        .count();
+    let one =
+        w.m.relay_index()
+            .keys()
+            .filter(|u| u.host() == "one.example")
+            .count();
     assert_eq!(one, crate::core::targets::MAX_URLS_PER_HOST);
     assert_eq!(
         w.m.target_report().relays_over_host_cap,
@@ -202,5 +208,8 @@ fn urls_differing_in_query_or_path_reach_one_host_a_few_times_at_most() {
     let hosts = w.m.hosts_with_several_urls();
     assert_eq!(hosts, vec![("one.example:80".to_string(), 4)]);
     // No Connect to any other spelling was ever queued.
-    assert!(w.m.poll_command().is_none_or(|c| !matches!(c, Command::Connect { .. })));
+    assert!(w
+        .m
+        .poll_command()
+        .is_none_or(|c| !matches!(c, Command::Connect { .. })));
 }

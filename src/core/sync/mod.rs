@@ -13,6 +13,8 @@ mod daily;
 #[cfg(test)]
 mod design_tests;
 #[cfg(test)]
+mod fairness_tests;
+#[cfg(test)]
 mod forget_tests;
 mod lifecycle;
 #[cfg(test)]
@@ -25,8 +27,6 @@ mod persist;
 mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
-#[cfg(test)]
-mod fairness_tests;
 mod reconcile;
 mod remote;
 mod standing;
@@ -1302,6 +1302,13 @@ impl SyncMachine {
         self.own.connection_status
     }
 
+    /// Relays whose last connect failed (within `FAILING_TTL`): behind the others for the
+    /// global cap.
+    #[must_use]
+    pub fn relays_failing(&self) -> usize {
+        self.standing.failing.len()
+    }
+
     /// Hosts (`host:port`) with more than one selected URL and how many, most first
     /// (issue 20: `max_urls_per_host` bounds them).
     #[must_use]
@@ -1310,7 +1317,7 @@ impl SyncMachine {
     }
 
     /// What the repository scope and the relay quotas left out at the last planning.
-        pub fn target_report(&self) -> TargetReport {
+    pub fn target_report(&self) -> TargetReport {
         self.plan.report()
     }
 

@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use log::{debug, info, warn};
 
-use crate::core::targets::{
-    host_port, machine_policy, repo_pubkey, TargetPolicy, MAX_REFUSALS_PER_HOST, MAX_REFUSALS_PER_PUBKEY,
-};
 use crate::core::state::ConnectionStatus;
+use crate::core::targets::{
+    host_port, machine_policy, repo_pubkey, TargetPolicy, MAX_REFUSALS_PER_HOST,
+    MAX_REFUSALS_PER_PUBKEY,
+};
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
