@@ -314,6 +314,11 @@ impl Config {
             allow: self.allow_relays.clone(),
             trusted,
             own_addrs,
+            local: crate::net::policy::LocalAddresses::new(
+                std::iter::once(self.own_relay.clone())
+                    .chain(self.public_urls.iter().cloned())
+                    .collect(),
+            ),
         }
     }
 

@@ -171,6 +171,61 @@ fn the_own_relay_under_another_spelling_is_never_a_target() {
     common::shutdown_clean(handle, &[&own]);
 }
 
+/// The own relay is known by every address of this host (issue 20, item 3): an
+/// announcement naming this host's interface address with the own relay's port (the own
+/// relay listening on all interfaces would answer there) is refused as the own relay before
+/// any connect, even with the address check lifted; another port of that address is a
+/// service of this host, refused without the flag. Skipped on a host with no interface
+/// but loopback. No socket is opened to any address but 127.0.0.1.
+#[test]
+fn the_own_relay_under_this_hosts_interface_address_is_refused() {
+    common::init_logging();
+    let Some(ip) = if_addrs::get_if_addrs()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.ip())
+        .find(|ip| !ip.is_loopback())
+    else {
+        eprintln!("no interface address but loopback: skipped");
+        return;
+    };
+    let host = match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    for allow_private in [true, false] {
+        let own = TestRelay::start();
+        let keys = Keys::generate();
+        let as_own = format!("ws://{host}:{}", own.port());
+        // Another port of this host only without the flag (with it, it would be connected).
+        let other_port = format!("ws://{host}:1");
+        let named: Vec<&str> = if allow_private {
+            vec![&as_own]
+        } else {
+            vec![&as_own, &other_port]
+        };
+        own.insert(&announcement(&keys, "r", &[&named]));
+        let handle = grasp_sync::start(config(&own).allow_private_relays(allow_private)).unwrap();
+        let want = if allow_private { 1 } else { 2 };
+        assert!(
+            wait_until(WAIT, || refused(&handle).len() == want),
+            "{:#?}",
+            handle.status()
+        );
+        for (url, reason) in refused(&handle) {
+            if url.port() == own.port() {
+                assert_eq!(reason.label(), "own_relay", "{url}: {reason}");
+            } else {
+                assert!(
+                    reason.to_string().contains("address of this host"),
+                    "{url}: {reason}"
+                );
+            }
+        }
+        common::shutdown_clean(handle, &[&own]);
+    }
+}
+
 #[test]
 fn a_denied_relay_is_refused_even_with_the_flag() {
     common::init_logging();

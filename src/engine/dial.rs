@@ -4,15 +4,42 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use log::debug;
+use log::{debug, warn};
 
 use crate::core::session::LimitsFetch;
 use crate::net::nip11;
-use crate::net::policy::{AddressPolicy, UrlVerdict};
+use crate::net::policy::{AddressPolicy, LocalAddresses, UrlVerdict};
 use crate::net::pool;
 use crate::net::ws::{self, Socket, WsOptions};
 use crate::shared::Refusal;
 use crate::shared::RelayUrl;
+
+/// Reads this host's interface addresses and resolves the own relay's names again when a
+/// refresh is due ([`LocalAddresses::claim_refresh`], every
+/// [`LOCAL_REFRESH`](crate::net::policy::LOCAL_REFRESH)): on the thread about to connect,
+/// never the coordinator; one thread at a time. A name that does not resolve (5 s deadline)
+/// is skipped; interfaces that cannot be read keep the last list.
+pub(crate) fn refresh_local(local: &LocalAddresses) {
+    if !local.claim_refresh(Instant::now()) {
+        return;
+    }
+    let interfaces = match if_addrs::get_if_addrs() {
+        Ok(list) => list.into_iter().map(|i| i.ip()).collect(),
+        Err(e) => {
+            warn!("cannot read this host's interface addresses ({e}); keeping the last list");
+            local.interfaces()
+        }
+    };
+    let mut own = Vec::new();
+    for url in local.names() {
+        match ws::resolve(&url, Duration::from_secs(5)) {
+            Ok(a) => own.extend(a),
+            Err(e) => debug!("{url}: not resolved for the own-address check: {e}"),
+        }
+    }
+    debug!("own relay addresses: {own:?}; this host's interfaces: {interfaces:?}");
+    local.set(interfaces, own, Instant::now());
+}
 
 /// What a connect needs to know of its relay.
 pub(crate) struct Dial {
@@ -34,6 +61,9 @@ impl Dial {
         &self,
         verdict: &UrlVerdict,
     ) -> impl Fn(std::net::SocketAddr) -> Result<(), Refusal> + Send + 'static {
+        if !self.own {
+            refresh_local(&self.policy.local);
+        }
         let own = self.own;
         let verdict = verdict.clone();
         let policy = self.policy.clone();

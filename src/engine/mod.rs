@@ -353,6 +353,10 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
+    // This host's addresses and the own relay's, read now and again every few minutes
+    // by the relay threads (issue 20).
+    let policy = Arc::new(config.address_policy(Vec::new()));
+    dial::refresh_local(&policy.local);
     let coordinator = Coordinator {
         machine: machine.clone(),
         inputs: inputs_rx,
@@ -367,7 +371,7 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         gate,
         stopping: stopping.clone(),
         stop_deadline: stop_deadline.clone(),
-        policy: Arc::new(config.address_policy(own_addresses(&config))),
+        policy,
         state,
     };
     let coordinator = std::thread::Builder::new()
@@ -386,20 +390,6 @@ pub fn start(config: Config) -> Result<SyncHandle, Error> {
         coordinator: Mutex::new(Some(coordinator)),
         state_lock: Mutex::new(state_lock),
     })
-}
-
-/// The socket addresses of the own relay and its `--public-url` aliases (each resolved with
-/// a 5 s deadline; a name that does not resolve is skipped), so that a discovered relay that
-/// is the own relay under another name is recognised by address.
-fn own_addresses(config: &Config) -> Vec<std::net::SocketAddr> {
-    let mut addrs = Vec::new();
-    for url in std::iter::once(&config.own_relay).chain(&config.public_urls) {
-        match crate::net::ws::resolve(url, Duration::from_secs(5)) {
-            Ok(a) => addrs.extend(a),
-            Err(e) => log::debug!("{url}: not resolved for the own-address check: {e}"),
-        }
-    }
-    addrs
 }
 
 /// Hosts shown in [`Status::hosts_with_several_urls`].

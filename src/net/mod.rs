@@ -12,6 +12,6 @@ pub(crate) mod pool;
 pub(crate) mod tls;
 pub(crate) mod ws;
 
-pub use policy::{AddressPolicy, RelayPattern, UrlVerdict};
+pub use policy::{AddressPolicy, LocalAddresses, RelayPattern, UrlVerdict, LOCAL_REFRESH};
 pub use tls::{client_config, TlsError, TrustOptions};
 pub use ws::{tls_config, WsOptions};

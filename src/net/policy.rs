@@ -210,6 +210,89 @@ pub struct AddressPolicy {
     /// The own relay's socket addresses (and its aliases'): a discovered relay resolving to
     /// one of them is refused.
     pub own_addrs: Vec<SocketAddr>,
+    /// This host's interface addresses and the own relay's names resolved again from time
+    /// to time (issue 20): shared by every clone, refreshed by the engine.
+    pub local: LocalAddresses,
+}
+
+/// This host's interface addresses and the own relay's addresses (its URL and every
+/// `--public-url`) as last resolved, shared by every clone of an [`AddressPolicy`]. The
+/// engine refreshes it every [`LOCAL_REFRESH`] from a relay thread about to connect, never
+/// from the coordinator.
+#[derive(Debug, Clone, Default)]
+pub struct LocalAddresses(std::sync::Arc<parking_lot::RwLock<Local>>);
+
+/// How often [`LocalAddresses`] is refreshed.
+pub const LOCAL_REFRESH: std::time::Duration = std::time::Duration::from_secs(300);
+
+#[derive(Debug, Default)]
+struct Local {
+    /// The own relay's URL and its `--public-url`s: resolved at every refresh.
+    names: Vec<RelayUrl>,
+    interfaces: Vec<IpAddr>,
+    own: Vec<SocketAddr>,
+    refreshed_at: Option<std::time::Instant>,
+    refreshing: bool,
+}
+
+impl LocalAddresses {
+    /// Addresses to be refreshed for the own relay's `names` (its URL, its public URLs);
+    /// nothing known until the first [`LocalAddresses::set`].
+    pub fn new(names: Vec<RelayUrl>) -> LocalAddresses {
+        LocalAddresses(std::sync::Arc::new(parking_lot::RwLock::new(Local {
+            names,
+            ..Local::default()
+        })))
+    }
+
+    /// The names resolved at every refresh.
+    pub fn names(&self) -> Vec<RelayUrl> {
+        self.0.read().names.clone()
+    }
+
+    /// This host's interface addresses as last read.
+    pub fn interfaces(&self) -> Vec<IpAddr> {
+        self.0.read().interfaces.clone()
+    }
+
+    /// Replaces the interface addresses and the own relay's resolved addresses.
+    pub fn set(&self, interfaces: Vec<IpAddr>, own: Vec<SocketAddr>, now: std::time::Instant) {
+        let mut l = self.0.write();
+        l.interfaces = interfaces.into_iter().map(canonical).collect();
+        l.own = own;
+        l.refreshed_at = Some(now);
+        l.refreshing = false;
+    }
+
+    /// True (once, until [`LocalAddresses::set`] or [`LocalAddresses::refresh_failed`])
+    /// when a refresh is due at `now`: the caller then refreshes.
+    pub fn claim_refresh(&self, now: std::time::Instant) -> bool {
+        let mut l = self.0.write();
+        let due = l
+            .refreshed_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= LOCAL_REFRESH);
+        if due && !l.refreshing {
+            l.refreshing = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A claimed refresh could not run: the next caller tries.
+    pub fn refresh_failed(&self) {
+        self.0.write().refreshing = false;
+    }
+
+    /// True for an address of one of this host's interfaces.
+    pub fn is_interface(&self, ip: IpAddr) -> bool {
+        self.0.read().interfaces.contains(&canonical(ip))
+    }
+
+    /// The own relay's addresses as last resolved.
+    pub fn own(&self) -> Vec<SocketAddr> {
+        self.0.read().own.clone()
+    }
 }
 
 impl AddressPolicy {
@@ -237,6 +320,12 @@ impl AddressPolicy {
         if self.allow_private {
             return Ok(());
         }
+        if self.local.is_interface(addr.ip()) {
+            return Err(Refusal::NonPublicAddress {
+                ip: addr.ip(),
+                kind: AddressKind::ThisHost,
+            });
+        }
         match non_public_reason(addr.ip()) {
             Some(kind) => Err(Refusal::NonPublicAddress {
                 ip: addr.ip(),
@@ -251,12 +340,25 @@ impl AddressPolicy {
     /// Refuses an address of the own relay (or an alias). Applies to every remote relay,
     /// trusted ones (bootstrap, `--allow-relay`) included: the engine never syncs from the
     /// own relay, however it is spelled.
+    ///
+    /// The own relay is known by every name: its URL's and each `--public-url`'s addresses
+    /// (resolved again every [`LOCAL_REFRESH`]), and, when it is on this host (a loopback,
+    /// unspecified or interface address), every address of this host with its port (a
+    /// relay listening on all interfaces answers on each).
     pub fn check_own(&self, addr: SocketAddr) -> Result<(), Refusal> {
-        if self.own_addrs.iter().any(|o| same_endpoint(*o, addr)) {
-            Err(Refusal::OwnRelay { addr })
-        } else {
-            Ok(())
+        let refreshed = self.local.own();
+        let own = || self.own_addrs.iter().chain(refreshed.iter());
+        if own().any(|o| same_endpoint(*o, addr)) {
+            return Err(Refusal::OwnRelay { addr });
         }
+        let on_host = |ip: IpAddr| {
+            let ip = canonical(ip);
+            ip.is_loopback() || ip.is_unspecified() || self.local.is_interface(ip)
+        };
+        if on_host(addr.ip()) && own().any(|o| o.port() == addr.port() && on_host(o.ip())) {
+            return Err(Refusal::OwnRelay { addr });
+        }
+        Ok(())
     }
 }
 
@@ -425,6 +527,62 @@ mod tests {
         assert!(open.check_addr(addr("127.0.0.1:7778")).is_ok());
         assert!(policy.check_own(addr("[::1]:7777")).is_err());
         assert!(policy.check_own(addr("10.0.0.9:7777")).is_ok());
+    }
+
+    #[test]
+    fn the_own_relay_is_refused_on_every_address_of_this_host() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        // The own relay on 127.0.0.1:7777, this host's public address 203.0.113.7 (as
+        // read from its interfaces), --public-url resolving to 198.51.100.9:443.
+        let local = LocalAddresses::default();
+        let policy = AddressPolicy {
+            own_addrs: vec![addr("127.0.0.1:7777")],
+            local: local.clone(),
+            ..AddressPolicy::default()
+        };
+        // Before the interfaces are known, the public address is not recognised.
+        assert!(policy.check_own(addr("203.0.113.7:7777")).is_ok());
+        let now = std::time::Instant::now();
+        assert!(local.claim_refresh(now));
+        assert!(!local.claim_refresh(now), "one refresher at a time");
+        local.set(
+            vec![
+                "203.0.113.7".parse().unwrap(),
+                "::ffff:192.0.2.1".parse().unwrap(),
+            ],
+            vec![addr("198.51.100.9:443")],
+            now,
+        );
+        assert!(!local.claim_refresh(now + LOCAL_REFRESH / 2));
+        // The own relay's port on any address of this host: the own relay.
+        for own in [
+            "203.0.113.7:7777",
+            "192.0.2.1:7777",
+            "[::ffff:203.0.113.7]:7777",
+        ] {
+            let e = policy.check_own(addr(own)).unwrap_err();
+            assert_eq!(e.label(), "own_relay", "{own}");
+        }
+        // The public URL's resolved address, and only its port.
+        assert!(policy.check_own(addr("198.51.100.9:443")).is_err());
+        assert!(policy.check_own(addr("198.51.100.9:444")).is_ok());
+        // Another port of this host: refused for discovered relays (a service of this
+        // machine), unless the operator allows private relays.
+        let e = policy.check_addr(addr("203.0.113.7:22")).unwrap_err();
+        assert!(e.to_string().contains("address of this host"), "{e}");
+        let open = AddressPolicy {
+            allow_private: true,
+            ..policy.clone()
+        };
+        assert!(open.check_addr(addr("203.0.113.7:22")).is_ok());
+        assert!(
+            open.check_addr(addr("203.0.113.7:7777")).is_err(),
+            "own relay"
+        );
+        // Another host's public address is fine.
+        assert!(policy.check_addr(addr("8.8.8.8:7777")).is_ok());
+        // A refresh is due again after LOCAL_REFRESH.
+        assert!(local.claim_refresh(now + LOCAL_REFRESH));
     }
 
     #[test]

@@ -125,6 +125,9 @@ pub enum AddressKind {
     SiteLocal,
     /// 100::/64.
     DiscardOnly,
+    /// An address of one of this host's network interfaces (public or not): a relay there
+    /// is a service of this machine (issue 20).
+    ThisHost,
 }
 
 impl AddressKind {
@@ -147,6 +150,7 @@ impl AddressKind {
             AddressKind::UniqueLocal => "unique_local",
             AddressKind::SiteLocal => "site_local",
             AddressKind::DiscardOnly => "discard_only",
+            AddressKind::ThisHost => "this_host",
         }
     }
 }
@@ -171,6 +175,7 @@ impl fmt::Display for AddressKind {
             AddressKind::UniqueLocal => "unique-local address",
             AddressKind::SiteLocal => "site-local address",
             AddressKind::DiscardOnly => "discard-only address",
+            AddressKind::ThisHost => "address of this host",
         })
     }
 }
