@@ -107,13 +107,18 @@ pub struct Config {
     pub assumed_page_size: usize,
     /// Seed of the core's jitter source (default: random).
     pub seed: u64,
-    /// Key used to answer NIP-42 AUTH challenges of remote relays and the own relay (default:
-    /// none; relays that require AUTH then refuse us, which is logged per relay). Load it with
-    /// [`load_auth_key`].
+    /// Key used to answer the NIP-42 AUTH challenges of remote relays (`--nsec-file`;
+    /// default: none, then [`Config::ephemeral_auth`] decides). Never shown to the own relay.
+    /// Load it with [`load_auth_key`].
     pub auth_keys: Option<Keys>,
-    /// Key for the own relay's NIP-42 challenges (self-subscription and forwarder); default:
-    /// none, then [`Config::auth_keys`] is used there too. Lets the own relay trust a key
-    /// that untrusted remote relays never see.
+    /// Without [`Config::auth_keys`], answer remote relays' challenges with a key generated
+    /// for this run (default true), so relays that only want some key serve us; false:
+    /// answer none (relays that require AUTH then refuse us, logged per relay).
+    pub ephemeral_auth: bool,
+    /// Key for the own relay's NIP-42 challenges (self-subscription and forwarder,
+    /// `--own-nsec-file`); default: none, and the own relay's challenges are not answered.
+    /// The own relay and remote relays never share a key unless the operator gives the same
+    /// key to both.
     pub own_auth_keys: Option<Keys>,
     /// Connect to relays discovered from events even when they resolve to loopback, private,
     /// link-local or other non-public addresses (default false; see `net/policy.rs`).
@@ -288,6 +293,7 @@ impl Config {
             refused_retry: Duration::from_secs(600),
             seed: rand::random::<u64>(),
             auth_keys: None,
+            ephemeral_auth: true,
             own_auth_keys: None,
             allow_private_relays: false,
             deny_relays: Vec::new(),

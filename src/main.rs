@@ -100,12 +100,17 @@ struct Args {
     #[argh(option)]
     nsec_file: Option<PathBuf>,
 
-    /// file holding a separate secret key for the own relay's NIP-42 challenges (the
-    /// self-subscription and the forwarder), so the key the own relay trusts is never shown
-    /// to remote relays; alternatively put the key in GRASP_SYNC_OWN_NSEC; default: the
-    /// --nsec-file key [env GRASP_SYNC_OWN_NSEC_FILE]
+    /// file holding the secret key for the own relay's NIP-42 challenges (the
+    /// self-subscription and the forwarder); alternatively put the key in GRASP_SYNC_OWN_NSEC;
+    /// default: none (the own relay's challenges are not answered; the --nsec-file key is
+    /// never shown to the own relay unless given here too) [env GRASP_SYNC_OWN_NSEC_FILE]
     #[argh(option)]
     own_nsec_file: Option<PathBuf>,
+
+    /// without --nsec-file, answer no remote relay's AUTH challenge (default: a key
+    /// generated for each run answers them) [env GRASP_SYNC_NO_EPHEMERAL_AUTH]
+    #[argh(switch)]
+    no_ephemeral_auth: bool,
 
     /// also connect to relays discovered from events that resolve to loopback, private,
     /// link-local, CGNAT, unique-local or other non-public addresses (refused by default;
@@ -294,6 +299,11 @@ const ENV_FLAGS: &[EnvFlag] = &[
     f("bootstrap", "GRASP_SYNC_BOOTSTRAP", Kind::Repeated),
     f("nsec-file", "GRASP_SYNC_NSEC_FILE", Kind::Value),
     f("own-nsec-file", "GRASP_SYNC_OWN_NSEC_FILE", Kind::Value),
+    f(
+        "no-ephemeral-auth",
+        "GRASP_SYNC_NO_EPHEMERAL_AUTH",
+        Kind::Switch,
+    ),
     f(
         "allow-private-relays",
         "GRASP_SYNC_ALLOW_PRIVATE_RELAYS",
@@ -526,6 +536,7 @@ fn build_config(args: &Args) -> Result<Config, String> {
         grasp_sync::config::load_auth_key(args.nsec_file.as_deref()).map_err(|e| e.to_string())?;
     config.own_auth_keys = grasp_sync::config::load_own_auth_key(args.own_nsec_file.as_deref())
         .map_err(|e| e.to_string())?;
+    config.ephemeral_auth = !args.no_ephemeral_auth;
     config.allow_private_relays = args.allow_private_relays;
     if !args.ca_file.is_empty() || args.system_roots {
         let trust = grasp_sync::net::TrustOptions {
@@ -667,12 +678,20 @@ fn run(args: &Args, config: Config) -> ExitCode {
         );
     }
     match &config.auth_keys {
-        Some(k) => log::info!(
-            "NIP-42 AUTH: answering challenges as {}",
-            k.public_key().to_hex()
-        ),
+        Some(k) => {
+            log::info!(
+                "NIP-42 AUTH on remote relays: answering challenges as {}",
+                k.public_key().to_hex()
+            );
+            if config.own_auth_keys.is_none() {
+                log::warn!(
+                    "NIP-42 AUTH: the --nsec-file key is for remote relays only; the own relay's challenges are not answered (give --own-nsec-file, the same file to share the key knowingly)"
+                );
+            }
+        }
+        None if config.ephemeral_auth => {}
         None => log::info!(
-            "NIP-42 AUTH: no key configured (--nsec-file or GRASP_SYNC_NSEC); relays that require AUTH will refuse us"
+            "NIP-42 AUTH on remote relays: no key (--no-ephemeral-auth); relays that require AUTH will refuse us"
         ),
     }
     let signals = match signal_channel() {

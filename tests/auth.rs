@@ -116,7 +116,9 @@ fn own_relay_requiring_auth_for_reads_and_writes_with_a_key_syncs_completely() {
     let remote = TestRelay::start();
     let expected = seed(&own, &[&remote], "r", 30).remove(0);
     let keys = Keys::generate();
-    let h = grasp_sync::start(config(&own, Some(&keys))).unwrap();
+    let mut c = config(&own, None);
+    c.own_auth_keys = Some(keys.clone());
+    let h = grasp_sync::start(c).unwrap();
     let ok = wait_until(WAIT, || has_all(&own, &expected));
     assert!(ok, "{:#?}", h.status());
     // Both connections to the own relay (self-subscription and forwarder) authenticated with
@@ -145,7 +147,9 @@ fn remote_requiring_auth_without_a_key_is_reported_and_others_sync() {
     let mut sets = seed(&own, &[&locked, &open], "r", 10);
     let from_open = sets.remove(1);
     let from_locked = sets.remove(0);
-    let h = grasp_sync::start(config(&own, None)).unwrap();
+    let mut c = config(&own, None);
+    c.ephemeral_auth = false;
+    let h = grasp_sync::start(c).unwrap();
     let ok = wait_until(WAIT, || has_all(&own, &from_open));
     assert!(ok, "{:#?}", h.status());
     let locked_url = url(&locked);
@@ -184,7 +188,10 @@ fn auth_required_mid_session_holds_the_req_and_the_writes_then_resends_them() {
     let repo = format!("30617:{}:r", author.public_key().to_hex());
     own.insert(&ann);
     remote.insert(&ann);
-    let h = grasp_sync::start(config(&own, Some(&keys))).unwrap();
+    // The operator gives the same key to both, knowingly.
+    let mut c = config(&own, Some(&keys));
+    c.own_auth_keys = Some(keys.clone());
+    let h = grasp_sync::start(c).unwrap();
     assert!(
         wait_until(WAIT, || h.status().is_settled() && h.status().repos == 1),
         "{:#?}",
@@ -293,6 +300,59 @@ fn test_relay_require_auth_protocol() {
     assert_eq!(recv(&mut ws), json!(["EOSE", "s"]));
     assert_eq!(relay.authenticated_pubkeys(), vec![keys.public_key()]);
     assert!(relay.is_empty(), "the refused EVENT was not stored");
+}
+
+/// Without `--nsec-file`, remote relays get a key generated for the run (issue 20, item 6):
+/// a relay that requires AUTH serves us, and each run shows it another key.
+#[test]
+fn without_a_key_remote_relays_get_an_ephemeral_key_per_run() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    remote.set_require_auth(true);
+    let expected = seed(&own, &[&remote], "r", 5).remove(0);
+    let mut seen = Vec::new();
+    for run in 1..=2 {
+        let h = grasp_sync::start(config(&own, None)).unwrap();
+        assert!(
+            wait_until(WAIT, || has_all(&own, &expected)
+                && remote.authenticated_pubkeys().len() == run),
+            "{:#?}",
+            h.status()
+        );
+        seen = remote.authenticated_pubkeys();
+        stop(h);
+    }
+    assert_ne!(seen[0], seen[1], "a new key per run");
+}
+
+/// The `--nsec-file` key is for remote relays only (issue 20, item 6): a challenge of the
+/// own relay is not answered with it when no `--own-nsec-file` is given.
+#[test]
+fn the_remote_relays_key_is_never_shown_to_the_own_relay() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let own = TestRelay::start();
+    let remote = TestRelay::start();
+    remote.set_require_auth(true);
+    let expected = seed(&own, &[&remote], "r", 5).remove(0);
+    let keys = Keys::generate();
+    let h = grasp_sync::start(config(&own, Some(&keys))).unwrap();
+    assert!(
+        wait_until(WAIT, || has_all(&own, &expected)),
+        "{:#?}",
+        h.status()
+    );
+    assert_eq!(remote.authenticated_pubkeys(), vec![keys.public_key()]);
+    // The own relay challenges both its connections; nothing answers.
+    // (With a fallback to the remote key the answer would come within milliseconds.)
+    own.send_auth("own-challenge");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        own.authenticated_pubkeys().is_empty(),
+        "{:?}",
+        own.authenticated_pubkeys()
+    );
+    stop(h);
 }
 
 /// `Config::own_auth_keys` (`--own-nsec-file`): the own relay sees only its own key, remote

@@ -51,12 +51,10 @@ const MAX_WAIT: Duration = Duration::from_secs(2);
 /// this long (plus `MAX_WAIT`); the forwarder is looked at on every turn.
 const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The key for the own relay's challenges: `own_auth_keys`, else `auth_keys`.
+/// The key for the own relay's challenges: `own_auth_keys` only (issue 20: never the remote
+/// relays' key unless the operator gives the same key to both).
 pub(super) fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
-    config
-        .own_auth_keys
-        .clone()
-        .or_else(|| config.auth_keys.clone())
+    config.own_auth_keys.clone()
 }
 
 /// Starts the forwarder thread.

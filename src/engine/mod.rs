@@ -276,11 +276,19 @@ pub struct SyncHandle {
 
 /// Starts the engine: the coordinator, the forwarder and (through the coordinator) the
 /// self-subscription and bootstrap relay threads.
-pub fn start(config: Config) -> Result<SyncHandle, Error> {
+pub fn start(mut config: Config) -> Result<SyncHandle, Error> {
     if config.batch_window.is_zero() {
         return Err(Error::Config(
             "batch window must be greater than zero".into(),
         ));
+    }
+    if config.auth_keys.is_none() && config.ephemeral_auth {
+        let keys = nostr::key::Keys::generate();
+        log::info!(
+            "NIP-42 AUTH on remote relays: answering challenges with a key generated for this run ({})",
+            keys.public_key().to_hex()
+        );
+        config.auth_keys = Some(keys);
     }
     log_scope(&config);
     let mut sync_machine = SyncMachine::new(config.sync_config());
