@@ -68,7 +68,9 @@ struct Args {
     #[argh(option)]
     spread: Option<usize>,
     /// run only these sections (comma-separated: historic, live, memory, planning, state,
-    /// nip77, resync; `throttled` runs only when named: about 17 minutes of real time)
+    /// nip77, resync; `throttled` runs only when named: about 17 minutes of real time;
+    /// `hostile` too: issue 20's floods against the release binary, which
+    /// `cargo build --release` must have built)
     #[argh(option)]
     only: Option<String>,
     /// events of the `throttled` section (default 2,000; 200 with --quick)
@@ -1949,6 +1951,370 @@ fn throttled_figures(n: usize, notes: &mut Vec<String>) -> Vec<Figure> {
     ]
 }
 
+// ----- hostile at scale (issue 20) -----
+
+/// The release binary beside this bench (`cargo build --release` first).
+fn release_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    // target/release/examples/bench → target/release/grasp-sync
+    let bin = exe.parent()?.parent()?.join("grasp-sync");
+    bin.exists().then_some(bin)
+}
+
+/// CPU seconds of the threads of process `pid` named `name` (scheduler run time).
+fn process_thread_cpu(pid: u32, name: &str) -> f64 {
+    let mut total = 0.0;
+    let dir = format!("/proc/{pid}/task");
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        if let Some(ns) = std::fs::read_to_string(entry.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        {
+            total += ns as f64 / 1e9;
+        }
+    }
+    total
+}
+
+/// A free port on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `grasp-sync` binary as its own process against `own`, with `/status` on a port of
+/// its own; killed on drop.
+struct Daemon {
+    child: std::process::Child,
+    status: std::net::SocketAddr,
+}
+
+impl Daemon {
+    fn start(bin: &std::path::Path, own: &TestRelay, extra: &[&str]) -> Daemon {
+        let status: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let child = Process::new(bin)
+            .args(["--own-relay", &own.url(), "--metrics-addr", &status.to_string()])
+            .args(["--batch-window", "200"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start grasp-sync");
+        let d = Daemon { child, status };
+        assert!(
+            wait_until(Duration::from_secs(30), || d.get().is_some()),
+            "grasp-sync did not serve /status"
+        );
+        d
+    }
+
+    /// `/status`, and how long it took to answer.
+    fn get_timed(&self) -> Option<(Value, f64)> {
+        let t = Instant::now();
+        let (code, body) =
+            grasp_sync::ops::http::get(self.status, "/status", Duration::from_secs(30)).ok()?;
+        let took = t.elapsed().as_secs_f64();
+        (code == 200).then(|| serde_json::from_str(&body).ok().map(|v| (v, took)))?
+    }
+
+    fn get(&self) -> Option<Value> {
+        self.get_timed().map(|(v, _)| v)
+    }
+
+    fn cpu(&self, thread: &str) -> f64 {
+        process_thread_cpu(self.child.id(), thread)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads `/status` every 50 ms until `done` says so (or `limit` passes): the last document,
+/// the latencies seen (ms) and whether `done` came.
+fn watch(d: &Daemon, limit: Duration, done: impl Fn(&Value) -> bool) -> (Value, Vec<f64>, bool) {
+    let end = Instant::now() + limit;
+    let mut lat = Vec::new();
+    let mut last = Value::Null;
+    while Instant::now() < end {
+        if let Some((doc, took)) = d.get_timed() {
+            lat.push(took * 1e3);
+            let finished = done(&doc);
+            last = doc;
+            if finished {
+                return (last, lat, true);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (last, lat, false)
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
+/// Refused relay URLs: `n_keys` keys announcing `urls_per_key` private addresses each (in
+/// announcements of at most 25 relays), every address its own host.
+fn refusal_flood(own: &TestRelay, n_keys: usize, urls_per_key: usize) -> usize {
+    let mut next = 0u32;
+    for _ in 0..n_keys {
+        let keys = Keys::generate();
+        let mut left = urls_per_key;
+        let mut d = 0;
+        while left > 0 {
+            let take = left.min(25);
+            let relays: Vec<String> = (0..take)
+                .map(|_| {
+                    next += 1;
+                    format!("ws://10.{}.{}.{}:7000", next >> 16 & 255, next >> 8 & 255, next & 255)
+                })
+                .collect();
+            let mut tag = vec!["relays".to_string()];
+            tag.extend(relays);
+            let ann = EventBuilder::new(Kind::Custom(30617), "")
+                .tag(Tag::parse(["d", &format!("r{d}")]).unwrap())
+                .tag(Tag::parse(tag).unwrap())
+                .finalize(&keys)
+                .unwrap();
+            own.insert_silently(&ann);
+            left -= take;
+            d += 1;
+        }
+    }
+    next as usize
+}
+
+/// A repository with an issue and `replies` replies on `remote`; returns the ids that must
+/// reach the own relay.
+fn live_repository(own: &TestRelay, remotes: &[&TestRelay], replies: usize) -> HashSet<EventId> {
+    let keys = Keys::generate();
+    let mut tag = vec!["relays".to_string()];
+    tag.extend(remotes.iter().map(|r| r.url()));
+    let ann = EventBuilder::new(Kind::Custom(30617), "")
+        .tag(Tag::parse(["d", "legit"]).unwrap())
+        .tag(Tag::parse(tag).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let coordinate = format!("30617:{}:legit", keys.public_key().to_hex());
+    let issue = EventBuilder::new(Kind::Custom(1621), "a bug")
+        .tag(Tag::parse(["a", &coordinate]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    own.insert(&ann);
+    own.insert(&issue);
+    let mut want = HashSet::new();
+    for (n, r) in remotes.iter().enumerate() {
+        r.insert(&ann);
+        r.insert(&issue);
+        for i in 0..replies {
+            let e = EventBuilder::new(Kind::Custom(1111), format!("reply {n}/{i}"))
+                .tag(Tag::parse(["E", &issue.id.to_hex()]).unwrap())
+                .finalize(&keys)
+                .unwrap();
+            r.insert(&e);
+            want.insert(e.id);
+        }
+    }
+    want
+}
+
+/// Listeners on 127.0.0.1 that accept TCP and never answer, served by one thread.
+struct BlackHoles {
+    urls: Vec<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BlackHoles {
+    fn start(n: usize) -> BlackHoles {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let listeners: Vec<std::net::TcpListener> = (0..n)
+            .map(|_| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.set_nonblocking(true).unwrap();
+                l
+            })
+            .collect();
+        let urls = listeners
+            .iter()
+            .map(|l| format!("ws://{}", l.local_addr().unwrap()))
+            .collect();
+        let stop2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop2.load(Ordering::SeqCst) {
+                let mut any = false;
+                for l in &listeners {
+                    while let Ok((s, _)) = l.accept() {
+                        held.push(s);
+                        any = true;
+                    }
+                }
+                if !any {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        });
+        BlackHoles {
+            urls,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BlackHoles {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Issue 20's tries from outside, with the release binary as its own process.
+fn hostile_figures(notes: &mut Vec<String>) -> Vec<Figure> {
+    let Some(bin) = release_binary() else {
+        notes.push("hostile: no target/release/grasp-sync: run cargo build --release first".into());
+        return Vec::new();
+    };
+    let mut figures = Vec::new();
+    // 1. Refused URLs: 10,000 of one key, then one each of 10,000 keys.
+    for (keys, per_key) in [(1usize, 10_000usize), (10_000, 1)] {
+        let own = TestRelay::start();
+        let n = refusal_flood(&own, keys, per_key);
+        let legit_remote = TestRelay::start();
+        let want = live_repository(&own, &[&legit_remote], 20);
+        let d = Daemon::start(&bin, &own, &["--allow-relay", "127.0.0.1"]);
+        let t0 = Instant::now();
+        let cpu0 = d.cpu("coordinator");
+        let expect_excluded = if keys == 1 { 16 } else { n };
+        let (doc, lat, done) = watch(&d, Duration::from_secs(600), |doc| {
+            doc["sync"]["relays_excluded"].as_u64().unwrap_or(0) as usize >= expect_excluded
+                && doc["settled"].as_bool() == Some(true)
+        });
+        let took = t0.elapsed().as_secs_f64();
+        let cpu = d.cpu("coordinator") - cpu0;
+        let synced = want.iter().all(|id| own.contains(id));
+        let what = if keys == 1 {
+            format!("{n} refused URLs of one key")
+        } else {
+            format!("{n} keys with one refused URL each")
+        };
+        notes.push(format!(
+            "hostile: {what}: settled {done} in {took:.1} s; excluded {}, hosts excluded {}, pubkeys blocked {}, selections {}; coordinator CPU {cpu:.3} s; /status max {:.1} ms over {} reads; the repository with activity synced: {synced}",
+            doc["sync"]["relays_excluded"], doc["sync"]["hosts_excluded"], doc["sync"]["pubkeys_blocked"], doc["sync"]["selections"], max_of(&lat), lat.len()
+        ));
+        figures.push(Figure::new(
+            format!("hostile: {what}: coordinator CPU"),
+            cpu,
+            "s",
+            Budget::AtMost(if keys == 1 { 1.0 } else { 10.0 }),
+        ));
+        figures.push(Figure::new(
+            format!("hostile: {what}: slowest /status"),
+            max_of(&lat),
+            "ms",
+            Budget::AtMost(1_000.0),
+        ));
+    }
+    // 2. 1,000 throw-away keys on black holes against a repository with activity; then the
+    //    same keys with an issue each (they share its tier: only the rotation helps).
+    for spam_life in [false, true] {
+        let own = TestRelay::start();
+        let holes = BlackHoles::start(1_000);
+        for hole in &holes.urls {
+            let k = Keys::generate();
+            let ann = EventBuilder::new(Kind::Custom(30617), "")
+                .tag(Tag::parse(["d", "x"]).unwrap())
+                .tag(Tag::parse(["relays", hole]).unwrap())
+                .finalize(&k)
+                .unwrap();
+            own.insert_silently(&ann);
+            if spam_life {
+                let coordinate = format!("30617:{}:x", k.public_key().to_hex());
+                let issue = EventBuilder::new(Kind::Custom(1621), "spam")
+                    .tag(Tag::parse(["a", &coordinate]).unwrap())
+                    .finalize(&k)
+                    .unwrap();
+                own.insert_silently(&issue);
+            }
+        }
+        let (a, b) = (TestRelay::start(), TestRelay::start());
+        let want = live_repository(&own, &[&a, &b], 20);
+        let d = Daemon::start(
+            &bin,
+            &own,
+            &["--allow-private-relays", "--max-relays", "100"],
+        );
+        let t0 = Instant::now();
+        let done = wait_until(Duration::from_secs(600), || {
+            want.iter().all(|id| own.contains(id))
+        });
+        let took = t0.elapsed().as_secs_f64();
+        let doc = d.get().unwrap_or(Value::Null);
+        let what = if spam_life {
+            "1,000 throw-away keys with an issue each on black holes"
+        } else {
+            "1,000 throw-away keys on black holes"
+        };
+        notes.push(format!(
+            "hostile: {what}, --max-relays 100: the repository with activity synced {done} after {took:.1} s; relays failing {}",
+            doc["selection"]["relays_failing"]
+        ));
+        figures.push(Figure::new(
+            format!("hostile: {what}: repository synced after"),
+            took,
+            "s",
+            Budget::AtMost(60.0),
+        ));
+    }
+    // 3. 64 spellings of one relay.
+    {
+        let own = TestRelay::start();
+        let remote = TestRelay::start();
+        for k in 0..8 {
+            let keys = Keys::generate();
+            let mut tag = vec!["relays".to_string()];
+            tag.extend((0..8).map(|i| format!("{}/?{}", remote.url(), k * 8 + i)));
+            let ann = EventBuilder::new(Kind::Custom(30617), "")
+                .tag(Tag::parse(["d", "x"]).unwrap())
+                .tag(Tag::parse(tag).unwrap())
+                .finalize(&keys)
+                .unwrap();
+            own.insert(&ann);
+        }
+        let d = Daemon::start(&bin, &own, &["--allow-private-relays"]);
+        let (doc, _, _) = watch(&d, Duration::from_secs(60), |doc| {
+            doc["settled"].as_bool() == Some(true)
+        });
+        notes.push(format!(
+            "hostile: 64 spellings of one relay: {} websocket connections, hosts {}",
+            remote.connections_accepted(),
+            doc["selection"]["hosts_with_several_urls"]
+        ));
+        figures.push(Figure::new(
+            "hostile: 64 spellings of one relay: connections opened",
+            remote.connections_accepted() as f64,
+            "",
+            Budget::AtMost(4.0),
+        ));
+    }
+    figures
+}
+
 fn main() {
     let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .try_init();
@@ -1996,6 +2362,9 @@ fn main() {
         section("throttled own relay", &mut |notes| {
             throttled_figures(n, notes)
         });
+    }
+    if args.only.as_deref().is_some_and(|o| o.contains("hostile")) {
+        section("hostile", &mut hostile_figures);
     }
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let total = started.elapsed().as_secs_f64();

@@ -190,6 +190,7 @@ impl SyncMachine {
 
     /// True while a change of standing waits for its selection ([`Timer::Reselect`]): the
     /// plan may differ from a fresh derivation until then.
+    #[cfg(debug_assertions)]
     pub(super) fn reselect_due(&self) -> bool {
         self.timers.is_set(&Timer::Reselect)
     }
