@@ -75,13 +75,17 @@ fn garbage_from_a_remote_relay_is_counted_and_survived() {
         "an event on an unknown subscription is dropped"
     );
 
-    // A frame above the soft cap (2 MiB > 1 MiB): dropped and counted, the connection kept.
-    remote.send_raw(&format!("[\"NOTICE\",\"{}\"]", "x".repeat(2 << 20)));
+    // A frame above the soft cap (1 MiB) and below the hard cap (1 MiB + 64 KiB): dropped
+    // and counted, the connection kept.
+    remote.send_raw(&format!(
+        "[\"NOTICE\",\"{}\"]",
+        "x".repeat((1 << 20) + 1024)
+    ));
     assert!(wait_until(DEADLINE, || status(&handle).oversized_frames >= 1));
     assert_eq!(status(&handle).disconnects, 0);
-    // A frame above the hard cap (17 MiB > 16 MiB): the connection is dropped and restored,
-    // and the relay's next event still arrives.
-    remote.send_raw(&format!("[\"NOTICE\",\"{}\"]", "x".repeat(17 << 20)));
+    // A frame above the hard cap (2 MiB > 1 MiB + 64 KiB): the connection is dropped and
+    // restored, and the relay's next event still arrives.
+    remote.send_raw(&format!("[\"NOTICE\",\"{}\"]", "x".repeat(2 << 20)));
     assert!(wait_until(DEADLINE, || status(&handle).disconnects >= 1));
     let later = r.reply("after the oversized frame");
     remote.insert(&later);

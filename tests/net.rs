@@ -66,8 +66,9 @@ fn one_oversized_stored_event_does_not_stop_a_relay() {
         remote.insert(&e);
         expected.insert(e.id);
     }
-    let huge = r.reply(&"x".repeat(2 << 20));
-    assert!(huge.as_json().len() > 2 << 20);
+    // Above the soft cap (1 MiB), below the hard cap (1 MiB + 64 KiB).
+    let huge = r.reply(&"x".repeat((1 << 20) + 1024));
+    assert!(huge.as_json().len() > 1 << 20);
     remote.insert(&huge);
     let handle = grasp_sync::start(config(&own)).unwrap();
     let url = common::url(&remote);

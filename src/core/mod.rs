@@ -12,6 +12,7 @@ pub(crate) mod filters;
 pub mod forward;
 pub(crate) mod health;
 pub mod keepalive;
+pub mod log_budget;
 pub mod message;
 pub mod nip34;
 pub mod paging;

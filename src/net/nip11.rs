@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use log::{debug, trace};
 use serde_json::Value;
 
+use crate::core::message::escape_for_log;
 use crate::net::ws::{connect_tcp_checked, tls_config, AddrCheck, ConnectError};
 use crate::shared::Refusal;
 use crate::shared::RelayLimits;
@@ -112,7 +113,10 @@ pub fn parse_limits(body: &[u8]) -> Result<RelayLimits, Nip11Error> {
         None | Some(Value::Null) => return Ok(nothing),
         Some(Value::Object(l)) => l,
         Some(other) => {
-            debug!("NIP-11: `limitation` is not an object ({other}); ignored");
+            debug!(
+                "NIP-11: `limitation` is not an object ({}); ignored",
+                escape_for_log(&other.to_string(), 120)
+            );
             return Ok(nothing);
         }
     };
@@ -146,7 +150,10 @@ fn count_field(obj: &serde_json::Map<String, Value>, name: &str) -> Option<usize
     match n {
         Some(n) if (1..=MAX_PLAUSIBLE).contains(&n) => usize::try_from(n).ok(),
         _ => {
-            debug!("NIP-11: limitation.{name} = {value} is not a plausible count; ignored");
+            debug!(
+                "NIP-11: limitation.{name} = {} is not a plausible count; ignored",
+                escape_for_log(&value.to_string(), 120)
+            );
             None
         }
     }
@@ -158,7 +165,10 @@ fn bool_field(obj: &serde_json::Map<String, Value>, name: &str) -> bool {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(other) => {
-            debug!("NIP-11: limitation.{name} = {other} is not a boolean; ignored");
+            debug!(
+                "NIP-11: limitation.{name} = {} is not a boolean; ignored",
+                escape_for_log(&other.to_string(), 120)
+            );
             false
         }
     }
@@ -214,7 +224,10 @@ pub fn parse_http_response(bytes: &[u8]) -> Result<Vec<u8>, Nip11Error> {
             match value.parse::<usize>() {
                 Ok(n) if content_length.is_none() => content_length = Some(n),
                 Ok(_) => {}
-                Err(_) => debug!("NIP-11: ignoring bad Content-Length {value:?}"),
+                Err(_) => debug!(
+                    "NIP-11: ignoring bad Content-Length {}",
+                    escape_for_log(value, 60)
+                ),
             }
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             && value

@@ -216,14 +216,12 @@ pub struct WsOptions {
     pub quiet_tick: Duration,
     /// How long a connection is quiet (no work) before it ticks every `quiet_tick`.
     pub quiet_after: Duration,
-    /// Soft cap: the largest text message handled. A larger one (below the hard cap) is
-    /// dropped and counted, and the connection is kept, so one oversized stored event cannot
-    /// make a relay flap for ever (it would be fetched again on every reconnect).
+    /// Soft cap: the largest text message handled. A larger one (up to the hard cap,
+    /// [`WsOptions::hard_cap`]) is dropped unparsed and counted, and the connection is kept,
+    /// so one oversized stored event cannot make a relay flap for ever (it would be fetched
+    /// again on every reconnect). The hard caps on a message and on one frame follow from it:
+    /// raising it raises them.
     pub max_event_size: usize,
-    /// Hard cap: the largest message tungstenite reads; a larger one ends the connection.
-    pub max_message_size: usize,
-    /// Hard cap on one frame (as `max_message_size`).
-    pub max_frame_size: usize,
     /// Read buffer per connection (tungstenite's default is 128 KiB), and the most one socket
     /// read takes. tungstenite zero-fills it before every read, so all of it stays resident in
     /// every connection, busy or idle; a frame larger than it grows the buffer to the frame.
@@ -251,8 +249,6 @@ impl Default for WsOptions {
             quiet_tick: Duration::from_secs(10),
             quiet_after: Duration::from_secs(10),
             max_event_size: 1 << 20,
-            max_message_size: 16 << 20,
-            max_frame_size: 16 << 20,
             read_buffer_size: 4 * 1024,
             write_buffer_size: 16 * 1024,
             max_read: 1024,
@@ -260,15 +256,28 @@ impl Default for WsOptions {
     }
 }
 
+/// How far the hard cap on a message or frame lies above the soft cap
+/// ([`WsOptions::hard_cap`]): room to recognise a slightly oversized event (and drop it
+/// without losing the connection), not room to park megabytes.
+pub(crate) const HARD_CAP_MARGIN: usize = 64 * 1024;
+
 impl WsOptions {
+    /// Hard cap: the largest message, and the largest frame, tungstenite reads
+    /// (`max_event_size` + 64 KiB); a larger one ends the connection. A
+    /// fragmented message is bounded by it too while it is being assembled: tungstenite
+    /// ends the connection as soon as the fragments so far pass it.
+    pub fn hard_cap(&self) -> usize {
+        self.max_event_size.saturating_add(HARD_CAP_MARGIN)
+    }
+
     /// The tungstenite configuration for these limits.
     pub fn websocket_config(&self) -> WebSocketConfig {
         WebSocketConfig::default()
             .read_buffer_size(self.read_buffer_size)
             .write_buffer_size(self.write_buffer_size)
             .max_write_buffer_size(self.write_buffer_size.max(self.max_event_size) * 4)
-            .max_message_size(Some(self.max_message_size))
-            .max_frame_size(Some(self.max_frame_size))
+            .max_message_size(Some(self.hard_cap()))
+            .max_frame_size(Some(self.hard_cap()))
     }
 }
 
@@ -923,5 +932,249 @@ mod tests {
             connect(&url, &WsOptions::default()),
             Err(ConnectError::Tcp(_))
         ));
+    }
+
+    /// A raw websocket frame from a server (unmasked): `fin`, `opcode`, `payload`.
+    fn raw_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
+        match payload.len() {
+            n if n < 126 => out.push(n as u8),
+            n if n <= 0xffff => {
+                out.push(126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A websocket server on 127.0.0.1 that accepts `n` connections (tungstenite's
+    /// handshake) and hands each raw TCP stream to `serve`.
+    fn raw_server(
+        n: usize,
+        serve: impl Fn(TcpStream) + Send + Sync + 'static,
+    ) -> (RelayUrl, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = RelayUrl::parse(&format!("ws://{}", listener.local_addr().unwrap())).unwrap();
+        let serve = Arc::new(serve);
+        let server = std::thread::spawn(move || {
+            let mut threads = Vec::new();
+            for _ in 0..n {
+                let (tcp, _) = listener.accept().unwrap();
+                let ws = tungstenite::accept(tcp).unwrap();
+                let tcp = ws.into_inner();
+                let serve = serve.clone();
+                threads.push(std::thread::spawn(move || serve(tcp)));
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+        });
+        (url, server)
+    }
+
+    /// Reads `socket` until a text message arrives or the connection fails (ticks skipped).
+    fn read_message(socket: &mut Socket) -> Result<String, tungstenite::Error> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "nothing arrived");
+            match socket.read() {
+                Ok(tungstenite::Message::Text(t)) => return Ok(t.to_string()),
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn too_long(r: &Result<String, tungstenite::Error>) -> bool {
+        matches!(
+            r,
+            Err(tungstenite::Error::Capacity(
+                tungstenite::error::CapacityError::MessageTooLong { .. }
+            ))
+        )
+    }
+
+    #[test]
+    fn the_hard_caps_follow_the_soft_cap() {
+        let opts = WsOptions::default();
+        assert_eq!(opts.hard_cap(), (1 << 20) + 64 * 1024);
+        let config = opts.websocket_config();
+        assert_eq!(config.max_message_size, Some(opts.hard_cap()));
+        assert_eq!(config.max_frame_size, Some(opts.hard_cap()));
+        let raised = WsOptions {
+            max_event_size: 4 << 20,
+            ..opts
+        };
+        assert_eq!(
+            raised.websocket_config().max_message_size,
+            Some((4 << 20) + 64 * 1024)
+        );
+    }
+
+    /// One frame above the hard cap ends the connection; one just below it is read (the
+    /// session drops it as oversized and keeps the connection).
+    #[test]
+    fn a_frame_above_the_hard_cap_ends_the_connection() {
+        let opts = WsOptions::default();
+        let cap = opts.hard_cap();
+        let (url, server) = raw_server(1, move |mut tcp| {
+            let _ = io::Write::write_all(&mut tcp, &raw_frame(true, 1, &vec![b'x'; cap]));
+            let _ = io::Write::write_all(&mut tcp, &raw_frame(true, 1, &vec![b'x'; cap + 1]));
+            std::thread::sleep(Duration::from_secs(1));
+        });
+        let mut socket = connect(&url, &opts).unwrap();
+        assert_eq!(read_message(&mut socket).unwrap().len(), cap);
+        assert!(too_long(&read_message(&mut socket)));
+        drop(socket);
+        server.join().unwrap();
+    }
+
+    /// A message in many small fragments (each far below the cap) whose total passes the hard
+    /// cap ends the connection as soon as the fragments so far pass it: the incomplete message
+    /// is bounded by the hard cap, not by its end.
+    #[test]
+    fn fragments_passing_the_hard_cap_end_the_connection() {
+        let opts = WsOptions::default();
+        let cap = opts.hard_cap();
+        let (url, server) = raw_server(1, move |mut tcp| {
+            let piece = vec![b'x'; 4096];
+            let mut sent = 0;
+            let mut first = true;
+            // Fragments up to twice the cap, then the final one.
+            while sent < 2 * cap {
+                let opcode = if first { 1 } else { 0 };
+                first = false;
+                if io::Write::write_all(&mut tcp, &raw_frame(false, opcode, &piece)).is_err() {
+                    return;
+                }
+                sent += piece.len();
+            }
+            let _ = io::Write::write_all(&mut tcp, &raw_frame(true, 0, b"x"));
+        });
+        let mut socket = connect(&url, &opts).unwrap();
+        assert!(too_long(&read_message(&mut socket)));
+        drop(socket);
+        server.join().unwrap();
+    }
+
+    /// A fragmented message that is never finished can hold at most the hard cap: the
+    /// fragment that passes it ends the connection, however slowly the fragments come (here
+    /// with pings between them, which do not reset anything).
+    #[test]
+    fn an_unfinished_fragmented_message_holds_at_most_the_hard_cap() {
+        let opts = WsOptions::default();
+        let cap = opts.hard_cap();
+        let (url, server) = raw_server(1, move |mut tcp| {
+            let mut w = |b: Vec<u8>| io::Write::write_all(&mut tcp, &b).is_ok();
+            // A fragment just below the cap, never finished ...
+            if !w(raw_frame(false, 1, &vec![b'x'; cap - 100])) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = w(raw_frame(true, 9, b"ping"));
+            // ... a continuation that stays within it ...
+            let _ = w(raw_frame(false, 0, &[b'x'; 100]));
+            std::thread::sleep(Duration::from_millis(200));
+            // ... and one byte more.
+            let _ = w(raw_frame(false, 0, b"x"));
+            std::thread::sleep(Duration::from_secs(1));
+        });
+        let mut socket = connect(&url, &opts).unwrap();
+        let got = read_message(&mut socket);
+        assert!(too_long(&got), "{:?}", got.map(|t| t.len()));
+        drop(socket);
+        server.join().unwrap();
+    }
+
+    /// The resident memory of this process, from `/proc/self/status` (`VmRSS`, bytes).
+    fn rss() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        let kib: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
+    }
+
+    /// Measures what a connection costs with the default caps: `GRASP_MEM_N` (default 100)
+    /// `ws://` connections on the relay connector, each sent one EVENT frame just below the
+    /// hard cap. Prints the resident memory per connection while every connection holds its
+    /// message (the worst case: each relay thread handling its frame at once) and after the
+    /// messages are dropped. Run alone:
+    /// `cargo test --all-features --lib net::ws::tests::memory_per_connection -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement: prints figures, run alone"]
+    fn memory_per_connection_with_frames_just_below_the_hard_cap() {
+        let n: usize = std::env::var("GRASP_MEM_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        let opts = WsOptions::default();
+        let cap = opts.hard_cap();
+        let head = format!(
+            "[\"EVENT\",\"s\",{{\"id\":\"{}\",\"content\":\"",
+            "ab".repeat(32)
+        );
+        let mut text = head.into_bytes();
+        text.resize(cap - 3, b'x');
+        text.extend_from_slice(b"\"}]");
+        let frame = Arc::new(raw_frame(true, 1, &text));
+        drop(text);
+        let (go_tx, go_rx) = crossbeam_channel::bounded::<()>(0);
+        let go_rx = Arc::new(Mutex::new(go_rx));
+        let (url, server) = raw_server(n, move |mut tcp| {
+            // Wait for the word (every connection open), then send the shared frame.
+            let _ = go_rx.lock().unwrap().recv();
+            let _ = io::Write::write_all(&mut tcp, &frame);
+            // Until the client closes.
+            let _ = io::Read::read(&mut tcp, &mut [0u8; 64]);
+        });
+        let base = rss();
+        let mut sockets: Vec<Socket> = (0..n).map(|_| connect(&url, &opts).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let idle = rss();
+        for _ in 0..n {
+            go_tx.send(()).unwrap();
+        }
+        // The messages as tungstenite hands them over (their bytes are the read buffer's).
+        let held: Vec<tungstenite::Message> = sockets
+            .iter_mut()
+            .map(|s| loop {
+                match s.read() {
+                    Ok(m @ tungstenite::Message::Text(_)) => break m,
+                    Ok(_) => {}
+                    Err(e) if is_timeout(&e) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            })
+            .collect();
+        assert!(held.iter().all(|m| m.len() == cap));
+        let peak = rss();
+        drop(held);
+        // What dropping the messages freed: fresh blocks of the same size reuse freed memory
+        // (the resident size barely grows) but not memory a read buffer kept.
+        let fresh: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; cap]).collect();
+        let reuse = rss();
+        let kept = (peak + n * cap).saturating_sub(reuse);
+        drop(fresh);
+        let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+        println!(
+            "{n} connections, hard cap {cap} bytes: base {:.1} MiB, idle {:.1} MiB \
+             ({:.1} KiB per connection), every connection holding its message {:.1} MiB \
+             ({:.2} MiB per connection); after the messages are dropped, {:.2} MiB per \
+             connection still held by the connections",
+            mib(base),
+            mib(idle),
+            idle.saturating_sub(base) as f64 / 1024.0 / n as f64,
+            mib(peak),
+            mib(peak.saturating_sub(base)) / n as f64,
+            mib(peak.saturating_sub(base).saturating_sub(kept.min(peak))) / n as f64,
+        );
+        drop(sockets);
+        server.join().unwrap();
     }
 }

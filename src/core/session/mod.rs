@@ -30,7 +30,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use log::{debug, info, trace, warn};
+use log::{debug, log, trace, warn, Level};
 use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
 use nostr::key::Keys;
@@ -41,6 +41,7 @@ use crate::core::auth::{
 };
 use crate::core::dedup::VerifiedSet;
 use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction, Ticks};
+use crate::core::log_budget::LogBudget;
 use crate::core::message::{
     check_parsed_cached, claimed_id, escape_for_log, parse_event, parse_relay_frame,
     split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
@@ -50,6 +51,7 @@ use crate::core::sync::Report;
 use crate::core::time::Time;
 use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
+use scan::scan_event_frame;
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;
@@ -420,6 +422,8 @@ pub struct RelaySession {
     limits_known: bool,
     oversized_seen: HashSet<EventId>,
     counters: SessionCounters,
+    /// Rate limit of the log lines the relay can provoke at will ([`LogBudget`]).
+    log_budget: LogBudget,
     timers: TimerTable,
     transmits: VecDeque<Transmit>,
     reports: VecDeque<Report>,
@@ -435,6 +439,7 @@ impl RelaySession {
             limits_known: false,
             oversized_seen: HashSet::new(),
             counters: SessionCounters::default(),
+            log_budget: LogBudget::default(),
             timers: TimerTable::default(),
             transmits: VecDeque::new(),
             reports: VecDeque::new(),
@@ -449,6 +454,24 @@ impl RelaySession {
     /// The counters so far (the thread publishes them).
     pub fn counters(&self) -> &SessionCounters {
         &self.counters
+    }
+
+    /// The rate limit of this relay's log lines: how many went out at their level and how
+    /// many were demoted to debug level.
+    pub fn log_budget(&self) -> &LogBudget {
+        &self.log_budget
+    }
+
+    /// Logs, at info level, how many lines of each kind were demoted in windows ended by
+    /// `now`.
+    fn log_summaries(&mut self, now: Time) {
+        let url = &self.config.url;
+        let window = self.log_budget.window();
+        self.log_budget.summaries(now, |kind, n| {
+            log::info!(
+                "{url}: {n} log line(s) of kind `{kind}` logged at debug level in the last {window:?} (rate limit; the counters count all)"
+            );
+        });
     }
 
     /// True while a connection is open (between [`RelaySession::on_connected`] and its end).
@@ -663,6 +686,7 @@ impl RelaySession {
         frame: Frame<'_>,
         verified: Verified<'_>,
     ) -> FrameOutcome {
+        self.log_summaries(now);
         let Some(conn) = self.conn.as_mut() else {
             return FrameOutcome::Handled;
         };
@@ -700,11 +724,11 @@ impl RelaySession {
         // the JSON parser over the whole frame first. Any other shape, or JSON that is not
         // one event, is read by `parse_relay_frame`.
         if let Some((sub_id, raw)) = split_event_frame(text) {
-            if self.forwarded_copy(sub_id, raw, verified) {
+            if self.forwarded_copy(now, sub_id, raw, verified) {
                 return FrameOutcome::DroppedCopy;
             }
             if let Ok(event) = parse_event(raw) {
-                return self.on_event(sub_id, raw, event, verified);
+                return self.on_event(now, sub_id, raw, event, verified);
             }
         }
         let msg = match parse_relay_frame(text) {
@@ -723,7 +747,7 @@ impl RelaySession {
             Incoming::Event { sub_id, raw } => {
                 let raw = raw.get();
                 return match parse_event(raw) {
-                    Ok(event) => self.on_event(&sub_id, raw, event, verified),
+                    Ok(event) => self.on_event(now, &sub_id, raw, event, verified),
                     Err(e) => {
                         self.malformed_event(&sub_id, &e);
                         FrameOutcome::Handled
@@ -759,7 +783,7 @@ impl RelaySession {
                     .as_mut()
                     .and_then(|c| c.auth.on_ok(&event_id, accepted, &message));
                 match outcome {
-                    Some(outcome) => self.on_auth_outcome(outcome),
+                    Some(outcome) => self.on_auth_outcome(now, outcome),
                     None => debug!("{}: unexpected OK for {event_id}", self.config.url),
                 }
             }
@@ -916,13 +940,17 @@ impl RelaySession {
                         self.transmits.push_back(Transmit::Text(text));
                     }
                     Err(e) => {
-                        warn!("{url}: cannot sign the NIP-42 AUTH event: {e}");
+                        log!(
+                            budgeted(&mut self.log_budget, now, "auth-sign", Level::Warn),
+                            "{url}: cannot sign the NIP-42 AUTH event: {e}"
+                        );
                         let released = conn.auth.sign_failed();
                         self.release(released);
                     }
                 }
             }
-            OnChallenge::Ignore(IgnoreReason::NoKey) => info!(
+            OnChallenge::Ignore(IgnoreReason::NoKey) => log!(
+                budgeted(&mut self.log_budget, now, "auth-no-key", Level::Info),
                 "{url}: AUTH challenge received; no key is configured (see --nsec-file), ignoring it"
             ),
             OnChallenge::Ignore(other) => debug!("{url}: AUTH challenge ignored ({other:?})"),
@@ -931,7 +959,7 @@ impl RelaySession {
 
     /// The relay's `OK` to our AUTH event: held subscriptions are sent again, or released
     /// (reported as closed) when the relay refused us.
-    fn on_auth_outcome(&mut self, outcome: AuthOutcome) {
+    fn on_auth_outcome(&mut self, now: Time, outcome: AuthOutcome) {
         let url = &self.config.url;
         match outcome {
             AuthOutcome::Authenticated { resend } => {
@@ -941,7 +969,8 @@ impl RelaySession {
                     .as_ref()
                     .map(|k| k.public_key().to_hex())
                     .unwrap_or_default();
-                info!(
+                log!(
+                    budgeted(&mut self.log_budget, now, "auth-ok", Level::Info),
                     "{url}: authenticated (NIP-42) as {who}; sending {} held subscription(s) again",
                     resend.len()
                 );
@@ -965,7 +994,8 @@ impl RelaySession {
                 }
             }
             AuthOutcome::Failed { reason, release } => {
-                warn!(
+                log!(
+                    budgeted(&mut self.log_budget, now, "auth-refused", Level::Warn),
                     "{url}: the relay refused our NIP-42 AUTH ({reason:?}); not trying again on this connection, {} held subscription(s) reported as closed",
                     release.len()
                 );
@@ -998,7 +1028,13 @@ impl RelaySession {
     /// check the copy as usual) for the own relay, for reconciliation subscriptions (their
     /// copies carry information or must be forwarded), for an unknown subscription and for
     /// any event not verified and forwarded before.
-    fn forwarded_copy(&mut self, sub_id: &str, raw: &str, verified: Verified<'_>) -> bool {
+    fn forwarded_copy(
+        &mut self,
+        now: Time,
+        sub_id: &str,
+        raw: &str,
+        verified: Verified<'_>,
+    ) -> bool {
         if self.config.role != SessionRole::Remote {
             return false;
         }
@@ -1022,7 +1058,7 @@ impl RelaySession {
             if !sub.eose {
                 sub.stats.record_rejected();
             }
-            self.unmatched(sub_id);
+            self.unmatched(now, sub_id);
             return true;
         }
         self.counters.copies_not_forwarded += 1;
@@ -1037,6 +1073,7 @@ impl RelaySession {
     /// subscription `sub_id`: checked (id, signature, filter) and handed on.
     fn on_event(
         &mut self,
+        now: Time,
         sub_id: &str,
         raw: &str,
         event: Event,
@@ -1126,7 +1163,7 @@ impl RelaySession {
                 }
             }
             Err(EventRejection::NotMatching) => {
-                self.unmatched(sub_id);
+                self.unmatched(now, sub_id);
                 FrameOutcome::Handled
             }
             Err(e) => {
@@ -1154,10 +1191,12 @@ impl RelaySession {
         self.invalid_event(sub_id, e);
     }
 
-    /// A valid event that does not match the subscription it arrived on.
-    fn unmatched(&mut self, sub_id: &str) {
+    /// A valid event that does not match the subscription it arrived on: counted, and logged
+    /// at info level within the session's [`LogBudget`] (debug beyond it).
+    fn unmatched(&mut self, now: Time, sub_id: &str) {
         self.counters.events_unmatched += 1;
-        info!(
+        log!(
+            budgeted(&mut self.log_budget, now, "unmatched", Level::Info),
             "{}: dropped an event that does not match subscription {}",
             self.config.url,
             escape_for_log(sub_id, 64)
@@ -1189,31 +1228,30 @@ impl RelaySession {
     /// remembered), and logged at warn level the first time for this relay, then at debug
     /// level. It still counts as received for its subscription's paging (as an invalid event
     /// does: its timestamp is not used).
+    ///
+    /// The frame is not parsed: its subscription id and event id come from a byte scan
+    /// ([`scan_event_frame`]), so a frame of many small JSON values costs nothing beyond its
+    /// own bytes.
     fn oversized(&mut self, text: &str) {
         let url = &self.config.url;
         let (size, cap) = (text.len(), self.config.max_event_size);
-        let event = match parse_relay_frame(text) {
-            Ok(Incoming::Event { sub_id, raw }) => parse_event(raw.get()).ok().map(|e| (sub_id, e)),
-            _ => None,
-        };
-        let what = match &event {
-            Some((sub_id, e)) => {
+        let what = match scan_event_frame(text) {
+            Some((sub_id, id)) => {
                 if let Some(sub) = self.conn.as_mut().and_then(|c| c.subs.get_mut(sub_id)) {
                     if !sub.eose {
                         sub.stats.received += 1;
                     }
                 }
-                if self.oversized_seen.contains(&e.id) {
+                if self.oversized_seen.contains(&id) {
                     debug!(
-                        "{url}: dropped event {} again ({size} bytes, above the {cap}-byte cap)",
-                        e.id
+                        "{url}: dropped event {id} again ({size} bytes, above the {cap}-byte cap)"
                     );
                     return;
                 }
                 if self.oversized_seen.len() < MAX_OVERSIZED_REMEMBERED {
-                    self.oversized_seen.insert(e.id);
+                    self.oversized_seen.insert(id);
                 }
-                format!("event {} on {}", e.id, escape_for_log(sub_id, 64))
+                format!("event {id} on {}", escape_for_log(sub_id, 64))
             }
             None => "a frame".to_string(),
         };
@@ -1246,6 +1284,7 @@ impl RelaySession {
     /// Runs every timer due at `now`: a ping to send, a dead connection (no pong in time),
     /// held subscriptions whose wait for NIP-42 is over (reported as closed).
     pub fn handle_timeout(&mut self, now: Time) {
+        self.log_summaries(now);
         for timer in Timer::ALL {
             if !self.timers.is_expired(timer, now) {
                 continue;
@@ -1265,7 +1304,8 @@ impl RelaySession {
                 Timer::AuthHold => {
                     let released = conn.auth.handle_timeout(now);
                     if !released.is_empty() {
-                        info!(
+                        log!(
+                            budgeted(&mut self.log_budget, now, "auth-hold", Level::Info),
                             "{}: no NIP-42 authentication in time; reporting {} subscription(s) the relay closed",
                             self.config.url,
                             released.len()
@@ -1310,6 +1350,16 @@ impl RelaySession {
     }
 }
 
+/// The level of a line of `kind` the relay provoked at `now`: `level` within the session's
+/// budget, debug beyond it.
+fn budgeted(budget: &mut LogBudget, now: Time, kind: &'static str, level: Level) -> Level {
+    if budget.allow(now, kind) {
+        level
+    } else {
+        Level::Debug
+    }
+}
+
 /// Records a subscription (`ids`: a `CollectIds` query keeping `(created_at, id)` pairs) and
 /// returns its `REQ` frame.
 fn open_req(
@@ -1332,6 +1382,8 @@ fn open_req(
     );
     text
 }
+
+mod scan;
 
 #[cfg(test)]
 mod tests;

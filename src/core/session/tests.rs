@@ -849,3 +849,97 @@ fn collect_ids_ignores_what_arrives_after_its_eose() {
     assert!(h.reports().is_empty());
     assert_eq!(h.s.counters().signature_checks, 0);
 }
+
+// ----- oversized frames are not parsed -----
+
+/// An oversized frame's ids come from a byte scan, not from parsing: an event whose JSON
+/// would not parse (a `kind` that is not a number, no signature) is still recognised by its
+/// id, counted once and counted as received for its page.
+#[test]
+fn an_oversized_frame_is_recognised_by_a_byte_scan_without_parsing() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let id = "cd".repeat(32);
+    let frame = format!(
+        r#"["EVENT","s1",{{"content":"\"id\":\"{}\"","id":"{id}","kind":"x","pad":"{}"}}]"#,
+        "ef".repeat(32),
+        "y".repeat(CAP)
+    );
+    let _ = h.text(t(2), &frame);
+    let _ = h.text(t(2), &frame);
+    assert_eq!(h.s.counters().oversized_frames, 1);
+    assert!(h
+        .s
+        .oversized_seen
+        .contains(&EventId::from_hex(&id).unwrap()));
+    let _ = h.text(t(3), r#"["EOSE","s1"]"#);
+    assert_eq!(eose_stats(&h.reports(), "s1").received, 2);
+}
+
+// ----- log lines a relay can provoke -----
+
+/// 10,000 valid events that do not match their subscription: all counted, at most the
+/// budget of each window logged at info level, the rest at debug level.
+#[test]
+fn ten_thousand_unmatched_events_log_a_bounded_number_of_info_lines() {
+    let mut h = Harness::new(SessionRole::Remote);
+    h.subscribe(t(1), "s1", issues());
+    let note = EventBuilder::new(Kind::TextNote, "x")
+        .finalize(&Keys::generate())
+        .unwrap();
+    let frame = event_frame("s1", &note);
+    // Over 100 simulated seconds: two budget windows.
+    for i in 0..10_000u64 {
+        let _ = h.text(t(2 + i / 100), &frame);
+    }
+    assert_eq!(h.s.counters().events_unmatched, 10_000);
+    let budget = h.s.log_budget();
+    let per_window = u64::from(budget.per_window());
+    assert!(budget.logged() <= 2 * per_window, "{}", budget.logged());
+    assert_eq!(budget.logged() + budget.demoted(), 10_000);
+}
+
+/// AUTH challenges in a loop without a key configured: each would log at info level.
+#[test]
+fn auth_challenges_in_a_loop_log_a_bounded_number_of_info_lines() {
+    let mut h = Harness::new(SessionRole::Remote);
+    for i in 0..1_000 {
+        let _ = h.text(t(2), &format!(r#"["AUTH","c{i}"]"#));
+    }
+    assert_eq!(h.s.counters().auth_challenges, 1_000);
+    let budget = h.s.log_budget();
+    assert!(budget.logged() <= u64::from(budget.per_window()));
+}
+
+/// Relay URLs go into log lines unescaped: the parser refuses every control character
+/// (newlines, escape sequences, C1 controls) and whitespace inside them (it trims them at the
+/// ends), so no parsed URL from an announcement can forge a log line or rewrite the terminal.
+#[test]
+fn relay_urls_in_log_lines_hold_no_control_characters() {
+    for bad in [
+        "\n",
+        "\r",
+        "\u{1b}[31m",
+        "\u{85}",
+        "\u{7f}",
+        "\t",
+        " ",
+        "\u{2028}",
+    ] {
+        for url in [
+            format!("wss://relay{bad}.example.com"),
+            format!("wss://relay.example.com/x{bad}y"),
+            format!("wss://relay.example.com/?q={bad}"),
+            format!("wss://relay.example.com/?q={bad}x"),
+            format!("wss://relay.example.com:44{bad}3"),
+        ] {
+            if let Ok(parsed) = RelayUrl::parse(&url) {
+                let shown = parsed.to_string();
+                assert!(
+                    !shown.chars().any(|c| c.is_control() || c.is_whitespace()),
+                    "{url:?} -> {shown:?}"
+                );
+            }
+        }
+    }
+}
