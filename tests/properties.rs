@@ -343,7 +343,7 @@ proptest! {
                         for r in repos {
                             let n = idx.entry(keyed(r)).or_default();
                             if n.root_events.insert(id(i)) {
-                                came_alive |= n.root_events.len() == 1;
+                                came_alive |= n.root_events.len().is_power_of_two();
                                 links.push((keyed(r), id(i)));
                             }
                         }

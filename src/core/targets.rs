@@ -137,15 +137,33 @@ pub fn host_port(url: &RelayUrl) -> String {
     format!("{}:{}", url.host(), url.port())
 }
 
-/// The tier of a pubkey in the global cap's round-robins: operator-listed first, then
-/// pubkeys with a repository that shows life (a root event), then the rest.
-fn tier(policy: &TargetPolicy, key: &str, live: bool) -> u8 {
+/// The tier of a pubkey in the global cap's round-robins (lower first): operator-listed
+/// pubkeys, then pubkeys by the [`activity`] of their busiest repository (most first), then
+/// pubkeys whose repositories show no life (no root event). Each tier's round-robin runs to
+/// its end before the next tier's starts.
+fn tier(policy: &TargetPolicy, key: &str, activity: u8) -> u8 {
     if policy.preferred_pubkeys.contains(key) {
         0
-    } else if live {
-        1
+    } else if activity > 0 {
+        1 + MAX_ACTIVITY - activity
     } else {
-        2
+        2 + MAX_ACTIVITY
+    }
+}
+
+/// The highest [`activity`].
+const MAX_ACTIVITY: u8 = 11;
+
+/// How much life a repository with `root_events` root events shows: 0 for none, else 1 +
+/// the power of two below the count (1; 2–3; 4–7; …), at most 11: a pubkey's tier in the
+/// selection ([`tier`]) follows its busiest repository's. It changes only when a
+/// repository's count reaches a power of two, when the machine runs the selection again
+/// (while a cap binds).
+pub fn activity(root_events: usize) -> u8 {
+    if root_events == 0 {
+        0
+    } else {
+        (1 + root_events.ilog2()).min(MAX_ACTIVITY as u32) as u8
     }
 }
 
@@ -434,8 +452,8 @@ fn select_each<'a>(
     //    ids in one flat list.
     let mut key_ids: HashMap<&'a str, usize> = HashMap::new();
     let mut keys: Vec<(&'a str, KeyRepos<'a>)> = Vec::new();
-    // Per key (as `keys`): whether one of its repositories in scope has a root event.
-    let mut live: Vec<bool> = Vec::new();
+    // Per key (as `keys`): its activity ([`activity`] of its busiest repository in scope).
+    let mut live: Vec<u8> = Vec::new();
     let mut flat: Vec<u32> = Vec::new();
     for (repo, needs) in repo_index {
         if needs.relays.is_empty() {
@@ -464,10 +482,10 @@ fn select_each<'a>(
         }
         let k = *key_ids.entry(key).or_insert_with(|| {
             keys.push((key, Vec::new()));
-            live.push(false);
+            live.push(0);
             keys.len() - 1
         });
-        live[k] |= !needs.root_events.is_empty();
+        live[k] = live[k].max(activity(needs.root_events.len()));
         keys[k].1.push((repo, start, flat.len()));
     }
     let n = urls.len();

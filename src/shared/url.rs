@@ -147,6 +147,22 @@ impl RelayUrl {
             }
             None => path_and_query.trim_end_matches('/').to_string(),
         };
+        // Non-ASCII in the path or query is percent-encoded (as a request target must be),
+        // so a URL carries no bidirectional or zero-width characters into a log line
+        // (issue 20, item 7); control characters and whitespace were refused above.
+        let path = if path.is_ascii() {
+            path
+        } else {
+            let mut encoded = String::with_capacity(path.len() * 3);
+            for b in path.bytes() {
+                if b.is_ascii() {
+                    encoded.push(b as char);
+                } else {
+                    encoded.push_str(&format!("%{b:02X}"));
+                }
+            }
+            encoded
+        };
         let mut text = format!("{scheme}://{host}");
         if port != default_port {
             text.push_str(&format!(":{port}"));
@@ -227,6 +243,18 @@ impl std::str::FromStr for RelayUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_ascii_in_the_path_is_percent_encoded_so_logs_hold_no_format_characters() {
+        // U+202E (right-to-left override) and U+200B (zero width space) in path and query.
+        let u = RelayUrl::parse("wss://relay.example/p\u{202e}x?q=\u{200b}").unwrap();
+        assert!(u.as_str().is_ascii(), "{}", u.as_str());
+        assert_eq!(u.as_str(), "wss://relay.example/p%E2%80%AEx?q=%E2%80%8B");
+        // Idempotent: the encoded form parses to itself.
+        assert_eq!(RelayUrl::parse(u.as_str()).unwrap(), u);
+        // A non-ASCII host is refused, not encoded.
+        assert!(RelayUrl::parse("wss://re\u{202e}lay.example").is_err());
+    }
 
     fn n(s: &str) -> String {
         RelayUrl::parse(s).unwrap().as_str().to_string()

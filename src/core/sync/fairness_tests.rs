@@ -45,6 +45,16 @@ fn issue_by(keys: &Keys, d: &str, created_at: u64) -> Event {
 /// too), beside a legitimate repository on A and B with an issue and replies. At most
 /// `max_relays` remote relays.
 fn flooded(flood: usize, spam_life: bool, max_relays: usize) -> (World, HashSet<EventId>) {
+    flooded_with(flood, spam_life, max_relays, 1)
+}
+
+/// [`flooded`] with `issues` issues on the legitimate repository.
+fn flooded_with(
+    flood: usize,
+    spam_life: bool,
+    max_relays: usize,
+    issues: usize,
+) -> (World, HashSet<EventId>) {
     let mut w = World::new(OWN, |c| c.max_relays = max_relays);
     let t = w.secs();
     for i in 0..flood {
@@ -59,6 +69,11 @@ fn flooded(flood: usize, spam_life: bool, max_relays: usize) -> (World, HashSet<
     let root = issue("legit", "a bug", t - 20 * DAY);
     w.own.store.push(ann.clone());
     w.own.store.push(root.clone());
+    for i in 1..issues {
+        w.own
+            .store
+            .push(issue("legit", &format!("bug {i}"), t - 20 * DAY + i as u64));
+    }
     let mut want = HashSet::new();
     for (n, relay) in [A, B].into_iter().enumerate() {
         let fake = w.relay(relay);
@@ -212,4 +227,26 @@ fn urls_differing_in_query_or_path_reach_one_host_a_few_times_at_most() {
         .m
         .poll_command()
         .is_none_or(|c| !matches!(c, Command::Connect { .. })));
+}
+
+#[test]
+fn the_repository_with_more_activity_takes_its_slots_first() {
+    // The throw-away repositories have one issue each, the legitimate one five: its pubkey
+    // is in a higher tier and takes both its slots before any black hole failed.
+    let (mut w, want) = flooded_with(150, true, 20, 5);
+    w.start();
+    w.advance(Duration::from_secs(6));
+    for relay in [A, B] {
+        let url = RelayUrl::parse(relay).unwrap();
+        assert!(
+            w.m.relay_index().contains_key(&url),
+            "{relay} has a slot at once"
+        );
+    }
+    w.advance(Duration::from_secs(10));
+    assert_eq!(missing(&w, &want), 0);
+    assert_eq!(crate::core::targets::activity(0), 0);
+    assert_eq!(crate::core::targets::activity(1), 1);
+    assert_eq!(crate::core::targets::activity(5), 3);
+    assert_eq!(crate::core::targets::activity(usize::MAX), 11);
 }

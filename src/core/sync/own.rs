@@ -268,8 +268,9 @@ impl SyncMachine {
         // With no repository selected yet (the first read of the own relay) every link
         // comes with its repository through the selection: none is followed alone.
         let follow_links = !self.plan.is_empty();
-        // A repository in scope got its first root event: its pubkey may now be in a higher
-        // tier of the selection (issue 20), which matters while a cap binds.
+        // A repository's root events reached a power of two: its pubkey's activity (and
+        // perhaps its tier) in the selection rose (issue 20), which matters while a cap
+        // binds.
         let mut came_alive = false;
         for m in meanings {
             match m {
@@ -314,7 +315,7 @@ impl SyncMachine {
                         let linked = match self.repo_index.get_mut(&r) {
                             Some(n) => {
                                 let linked = n.root_events.insert(id);
-                                came_alive |= linked && n.root_events.len() == 1;
+                                came_alive |= linked && n.root_events.len().is_power_of_two();
                                 linked
                             }
                             None => self
