@@ -320,13 +320,14 @@ impl AddressPolicy {
         if self.allow_private {
             return Ok(());
         }
-        if self.local.is_interface(addr.ip()) {
-            return Err(Refusal::NonPublicAddress {
-                ip: addr.ip(),
-                kind: AddressKind::ThisHost,
-            });
-        }
-        match non_public_reason(addr.ip()) {
+        // A non-public address is named by its kind; a public one of this host's interfaces
+        // is this host.
+        let kind = non_public_reason(addr.ip()).or_else(|| {
+            self.local
+                .is_interface(addr.ip())
+                .then_some(AddressKind::ThisHost)
+        });
+        match kind {
             Some(kind) => Err(Refusal::NonPublicAddress {
                 ip: addr.ip(),
                 kind,
@@ -532,7 +533,7 @@ mod tests {
     #[test]
     fn the_own_relay_is_refused_on_every_address_of_this_host() {
         let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
-        // The own relay on 127.0.0.1:7777, this host's public address 203.0.113.7 (as
+        // The own relay on 127.0.0.1:7777, this host's public address 1.2.3.4 (as
         // read from its interfaces), --public-url resolving to 198.51.100.9:443.
         let local = LocalAddresses::default();
         let policy = AddressPolicy {
@@ -541,13 +542,13 @@ mod tests {
             ..AddressPolicy::default()
         };
         // Before the interfaces are known, the public address is not recognised.
-        assert!(policy.check_own(addr("203.0.113.7:7777")).is_ok());
+        assert!(policy.check_own(addr("1.2.3.4:7777")).is_ok());
         let now = std::time::Instant::now();
         assert!(local.claim_refresh(now));
         assert!(!local.claim_refresh(now), "one refresher at a time");
         local.set(
             vec![
-                "203.0.113.7".parse().unwrap(),
+                "1.2.3.4".parse().unwrap(),
                 "::ffff:192.0.2.1".parse().unwrap(),
             ],
             vec![addr("198.51.100.9:443")],
@@ -555,11 +556,7 @@ mod tests {
         );
         assert!(!local.claim_refresh(now + LOCAL_REFRESH / 2));
         // The own relay's port on any address of this host: the own relay.
-        for own in [
-            "203.0.113.7:7777",
-            "192.0.2.1:7777",
-            "[::ffff:203.0.113.7]:7777",
-        ] {
+        for own in ["1.2.3.4:7777", "192.0.2.1:7777", "[::ffff:1.2.3.4]:7777"] {
             let e = policy.check_own(addr(own)).unwrap_err();
             assert_eq!(e.label(), "own_relay", "{own}");
         }
@@ -568,17 +565,14 @@ mod tests {
         assert!(policy.check_own(addr("198.51.100.9:444")).is_ok());
         // Another port of this host: refused for discovered relays (a service of this
         // machine), unless the operator allows private relays.
-        let e = policy.check_addr(addr("203.0.113.7:22")).unwrap_err();
+        let e = policy.check_addr(addr("1.2.3.4:22")).unwrap_err();
         assert!(e.to_string().contains("address of this host"), "{e}");
         let open = AddressPolicy {
             allow_private: true,
             ..policy.clone()
         };
-        assert!(open.check_addr(addr("203.0.113.7:22")).is_ok());
-        assert!(
-            open.check_addr(addr("203.0.113.7:7777")).is_err(),
-            "own relay"
-        );
+        assert!(open.check_addr(addr("1.2.3.4:22")).is_ok());
+        assert!(open.check_addr(addr("1.2.3.4:7777")).is_err(), "own relay");
         // Another host's public address is fine.
         assert!(policy.check_addr(addr("8.8.8.8:7777")).is_ok());
         // A refresh is due again after LOCAL_REFRESH.
