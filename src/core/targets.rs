@@ -724,7 +724,7 @@ impl KeyCache {
     /// A cache of every repository of `repo_index`.
     fn build(repo_index: &RepoSyncIndex, excluded: &Exclusions, policy: &TargetPolicy) -> KeyCache {
         let mut cache = KeyCache {
-            policy: Some(policy.clone()),
+            policy: Some(KeyCache::part_of(policy)),
             excluded: excluded.clone(),
             ..KeyCache::default()
         };
@@ -740,7 +740,44 @@ impl KeyCache {
 
     /// True when the cache was built for this policy and these excluded relays.
     fn fits(&self, excluded: &Exclusions, policy: &TargetPolicy) -> bool {
-        self.policy.as_ref() == Some(policy) && self.excluded == *excluded
+        self.policy
+            .as_ref()
+            .is_some_and(|p| KeyCache::same_part(p, policy))
+            && self.excluded == *excluded
+    }
+
+    /// The part of `policy` the cache depends on: not the failing relays nor the preferred
+    /// pubkeys, which only order the global cap's round-robins (the whole selection runs
+    /// whenever a cap binds), so relays starting or stopping to fail do not rebuild it.
+    fn part_of(policy: &TargetPolicy) -> TargetPolicy {
+        TargetPolicy {
+            failing: HashSet::new(),
+            preferred_pubkeys: HashSet::new(),
+            ..policy.clone()
+        }
+    }
+
+    /// [`KeyCache::part_of`] `policy` equals `cached` (without copying the sets).
+    fn same_part(cached: &TargetPolicy, policy: &TargetPolicy) -> bool {
+        // Destructured, so a new field must be placed on one side or the other.
+        let TargetPolicy {
+            scope,
+            max_relays_per_pubkey,
+            max_relays,
+            reserved,
+            shard,
+            preferred_pubkeys: _,
+            max_urls_per_host,
+            failing: _,
+            blocked_pubkeys,
+        } = policy;
+        cached.scope == *scope
+            && cached.max_relays_per_pubkey == *max_relays_per_pubkey
+            && cached.max_relays == *max_relays
+            && cached.reserved == *reserved
+            && cached.shard == *shard
+            && cached.max_urls_per_host == *max_urls_per_host
+            && cached.blocked_pubkeys == *blocked_pubkeys
     }
 
     /// Takes the repositories `changed` of pubkey `key` from the index again (their relay
