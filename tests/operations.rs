@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use grasp_sync::ops::http::get;
+use grasp_sync::ops::{HttpLimits, StatusSource};
 use grasp_sync::testing::{wait_until, TestRelay};
 use grasp_sync::{Config, SyncHandle};
 use nostr::event::FinalizeEvent;
@@ -157,7 +158,14 @@ fn http_listener_serves_metrics_status_page_and_health_after_a_sync() {
 fn a_slow_client_does_not_stall_the_listener() {
     let own = TestRelay::start();
     let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
-    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    // Every client here is 127.0.0.1: give one address more than the default share.
+    let limits = HttpLimits {
+        max_per_client: 16,
+        ..HttpLimits::default()
+    };
+    let server =
+        grasp_sync::ops::serve_with("127.0.0.1:0".parse().unwrap(), handle.clone(), limits)
+            .unwrap();
     let addr = server.local_addr();
     // Clients that connect and send nothing, or trickle a request for ever.
     let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
@@ -183,6 +191,228 @@ fn a_slow_client_does_not_stall_the_listener() {
         0,
         "closed by the server"
     );
+}
+
+/// A running engine whose status shows its relays `copies` times: answers of many
+/// megabytes, larger than the sockets' buffers.
+struct Inflated {
+    handle: Arc<SyncHandle>,
+    copies: usize,
+}
+
+impl StatusSource for Inflated {
+    fn status(&self) -> grasp_sync::Status {
+        let mut s = self.handle.status();
+        let one = s.relays.clone();
+        s.relays = (0..self.copies).flat_map(|_| one.iter().cloned()).collect();
+        s
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.handle.health()
+    }
+}
+
+/// Sends a request for `path` and reads nothing.
+fn request(addr: SocketAddr, path: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s
+}
+
+/// The `Content-Length` of an answer's head at the start of `bytes`.
+fn content_length(bytes: &[u8]) -> Option<usize> {
+    let text = String::from_utf8_lossy(bytes);
+    let head = text.split("\r\n\r\n").next()?;
+    head.lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn an_answer_read_slowly_but_steadily_is_cut_at_its_one_deadline() {
+    init_logging();
+    let (_own, _remote, handle, _) = synced();
+    let source = Arc::new(Inflated {
+        handle,
+        copies: 16_000,
+    });
+    // Rendering takes about 2 s in a debug build; the deadline leaves time to write.
+    let limits = HttpLimits {
+        answer_deadline: Duration::from_secs(6),
+        ..HttpLimits::default()
+    };
+    let server =
+        grasp_sync::ops::serve_with("127.0.0.1:0".parse().unwrap(), source, limits).unwrap();
+    let mut client = request(server.local_addr(), "/status");
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // Read 4 KiB every 50 ms: every write of the server makes progress, so only a deadline
+    // for the whole answer ends it.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let started = Instant::now();
+    let cut = || {
+        server
+            .counters()
+            .cut
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    while cut() == 0 {
+        assert!(
+            started.elapsed() < WAIT,
+            "the answer was never cut off ({} bytes read)",
+            got.len()
+        );
+        let n = client.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            // Closed: the cut is counted right before the close.
+            assert!(wait_until(WAIT, || cut() > 0), "closed without a cut");
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // What the kernel still holds arrives, then the end: short of the announced length.
+    let mut rest = Vec::new();
+    let _ = client.read_to_end(&mut rest);
+    got.extend_from_slice(&rest);
+    let announced = content_length(&got).expect("an answer head");
+    assert!(
+        announced > 12 << 20,
+        "the answer is larger than socket buffers: {announced}"
+    );
+    assert!(
+        got.len() < announced,
+        "cut off: {} of {announced} bytes",
+        got.len()
+    );
+}
+
+/// A running engine whose status waits until the gate opens: answers that hold their slot
+/// for as long as the test wants, like readers that read nothing of a large answer.
+struct Gated {
+    handle: Arc<SyncHandle>,
+    open: parking_lot::Mutex<bool>,
+    opened: parking_lot::Condvar,
+}
+
+impl StatusSource for Gated {
+    fn status(&self) -> grasp_sync::Status {
+        let mut open = self.open.lock();
+        let until = Instant::now() + WAIT;
+        while !*open && Instant::now() < until {
+            self.opened.wait_until(&mut open, until);
+        }
+        drop(open);
+        self.handle.status()
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.handle.health()
+    }
+}
+
+#[test]
+fn answers_holding_every_slot_cannot_starve_healthz() {
+    init_logging();
+    let (_own, _remote, handle, _) = synced();
+    let source = Arc::new(Gated {
+        handle,
+        open: parking_lot::Mutex::new(false),
+        opened: parking_lot::Condvar::new(),
+    });
+    // Every client here is 127.0.0.1.
+    let limits = HttpLimits {
+        max_per_client: 64,
+        ..HttpLimits::default()
+    };
+    let server =
+        grasp_sync::ops::serve_with("127.0.0.1:0".parse().unwrap(), source.clone(), limits)
+            .unwrap();
+    let addr = server.local_addr();
+    // As many requests for /status as there are answer slots, each held at the gate.
+    let held: Vec<TcpStream> = (0..limits.max_answers)
+        .map(|_| request(addr, "/status"))
+        .collect();
+    // Once they hold every answer slot, another /status is refused...
+    assert!(
+        wait_until(WAIT, || get(addr, "/status", WAIT)
+            .map(|(code, _)| code == 503)
+            .unwrap_or(false)),
+        "the held answers never took every answer slot"
+    );
+    let busy = || {
+        server
+            .counters()
+            .refused_busy
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert!(busy() >= 1);
+    // ...but the health check answers, and says the engine is healthy, again and again.
+    for _ in 0..limits.health_reserve + 2 {
+        let (code, body) = get(addr, "/healthz", WAIT).unwrap();
+        assert_eq!((code, body.as_str()), (200, "ok\n"));
+    }
+    // The held answers complete once the gate opens.
+    *source.open.lock() = true;
+    source.opened.notify_all();
+    for mut s in held {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:.80}");
+    }
+}
+
+#[test]
+fn one_client_address_holds_at_most_its_share_of_connections() {
+    init_logging();
+    let own = TestRelay::start();
+    let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
+    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    let addr = server.local_addr();
+    let limits = HttpLimits::default();
+    // Connections that send nothing, from one address, up to its share.
+    let idle: Vec<TcpStream> = (0..limits.max_per_client)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Wait until the listener holds them all: the next one from 127.0.0.1 is refused.
+    let refused = || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer.starts_with("HTTP/1.1 503")
+    };
+    assert!(wait_until(WAIT, refused), "a fifth connection was served");
+    let counters = server.counters();
+    assert!(
+        counters
+            .refused_client
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    assert_eq!(
+        counters
+            .refused_busy
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "refused for the address, not for the total"
+    );
+    // Once they are gone the address is served again, and the refusals are in /metrics.
+    drop(idle);
+    assert!(wait_until(WAIT, || get(addr, "/healthz", WAIT)
+        .map(|(code, _)| code == 200)
+        .unwrap_or(false)));
+    let (_, text) = get(addr, "/metrics", WAIT).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("grasp_sync_http_refused_total{reason=\"client\"}"))
+        .expect("the refusal counter in /metrics");
+    let n: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n >= 1, "{line}");
 }
 
 // ----- the binary -----

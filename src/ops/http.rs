@@ -1,28 +1,90 @@
 //! A small blocking HTTP/1.1 server for `/metrics`, `/status`, `/healthz` and `/`.
 //!
-//! It cannot be stalled by a slow or hostile client: every connection has one total
-//! deadline for reading its request and one for writing the answer, requests are capped in
-//! size, and at most [`MAX_CONNECTIONS`] are served at once (more are answered `503` and
-//! closed at once). Only `GET` and `HEAD` are served; each answer closes the connection.
+//! It cannot be stalled by a slow or hostile client:
+//!
+//! - every connection has **one deadline for its whole answer** ([`HttpLimits::answer_deadline`],
+//!   counted from the accept, covering the request and every write of the answer; a client
+//!   that reads slowly but steadily is cut off when it runs out), and a shorter one for
+//!   sending its request head ([`HttpLimits::read_deadline`]);
+//! - request heads are capped in size ([`MAX_REQUEST`]);
+//! - at most [`HttpLimits::max_answers`] answers other than `/healthz` are served at once,
+//!   and [`HttpLimits::health_reserve`] more connections are open only for reading a request
+//!   and answering `/healthz`: slow readers of `/status` cannot make the health check fail;
+//! - one client address holds at most [`HttpLimits::max_per_client`] connections.
+//!
+//! Refused connections get a `503` written without blocking and are closed; each refusal and
+//! each cut-off answer is counted (`grasp_sync_http_refused_total`, `grasp_sync_http_cut_total`
+//! in `/metrics`) and logged at debug level. Only `GET` and `HEAD` are served; each answer
+//! closes the connection.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
+use parking_lot::Mutex;
 
 use crate::engine::Status;
 use crate::ops::render;
 
-/// Connections served at once; more are answered `503` and closed.
+/// Answers other than `/healthz` served at once, by default.
 pub const MAX_CONNECTIONS: usize = 16;
+/// Connections beyond [`MAX_CONNECTIONS`] that may only read a request and answer `/healthz`.
+pub const HEALTH_RESERVE: usize = 4;
+/// Connections one client address may hold at once, by default.
+pub const MAX_PER_CLIENT: usize = 4;
 /// The longest request head read.
 pub const MAX_REQUEST: usize = 8 * 1024;
-/// Deadline for reading a request, and (separately) for writing its answer.
+/// Deadline for receiving a request head, from the accept.
 pub const IO_DEADLINE: Duration = Duration::from_secs(5);
+/// Deadline for a whole answer, from the accept to its last byte written.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(15);
+/// Bytes written per call, so every call gets the time that is left of the answer's deadline.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+/// The listener's bounds; [`HttpLimits::default`] holds the constants of this module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Answers other than `/healthz` served at once; more are answered `503`.
+    pub max_answers: usize,
+    /// Connections beyond `max_answers` that may read a request and answer only `/healthz`.
+    pub health_reserve: usize,
+    /// Connections one client address may hold at once; more are answered `503`.
+    pub max_per_client: usize,
+    /// Deadline for receiving the request head, from the accept.
+    pub read_deadline: Duration,
+    /// Deadline for the whole answer, from the accept to the last byte written.
+    pub answer_deadline: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_answers: MAX_CONNECTIONS,
+            health_reserve: HEALTH_RESERVE,
+            max_per_client: MAX_PER_CLIENT,
+            read_deadline: IO_DEADLINE,
+            answer_deadline: ANSWER_DEADLINE,
+        }
+    }
+}
+
+/// What the listener refused or cut off since it started.
+#[derive(Debug, Default)]
+pub struct HttpCounters {
+    /// Connections refused because every slot was taken (or, for an answer other than
+    /// `/healthz`, every answer slot).
+    pub refused_busy: AtomicU64,
+    /// Connections refused because their client address held `max_per_client` already.
+    pub refused_client: AtomicU64,
+    /// Connections closed at a deadline: a request head not received in time, or an answer
+    /// not read in time.
+    pub cut: AtomicU64,
+}
 
 /// What the server shows: a running engine ([`crate::SyncHandle`] implements it).
 pub trait StatusSource: Send + Sync + 'static {
@@ -46,6 +108,7 @@ impl StatusSource for crate::SyncHandle {
 pub struct HttpServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    counters: Arc<HttpCounters>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -53,6 +116,11 @@ impl HttpServer {
     /// The address it listens on (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What it refused or cut off so far.
+    pub fn counters(&self) -> &HttpCounters {
+        &self.counters
     }
 
     /// Stops accepting and joins the accept thread.
@@ -74,30 +142,127 @@ impl Drop for HttpServer {
     }
 }
 
-/// Binds `addr` and serves `source` on a thread of its own.
+/// Binds `addr` and serves `source` on a thread of its own, within [`HttpLimits::default`].
 pub fn serve(addr: SocketAddr, source: Arc<dyn StatusSource>) -> io::Result<HttpServer> {
+    serve_with(addr, source, HttpLimits::default())
+}
+
+/// Binds `addr` and serves `source` on a thread of its own, within `limits`.
+pub fn serve_with(
+    addr: SocketAddr,
+    source: Arc<dyn StatusSource>,
+    limits: HttpLimits,
+) -> io::Result<HttpServer> {
     let listener = TcpListener::bind(addr)?;
     let addr = listener.local_addr()?;
     let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(HttpCounters::default());
+    let shared = Shared {
+        source,
+        limits,
+        counters: counters.clone(),
+        slots: Mutex::new(Slots::default()),
+    };
     let stop2 = stop.clone();
     let thread = std::thread::Builder::new()
         .name("metrics-http".into())
-        .spawn(move || accept_loop(listener, source, stop2))?;
+        .spawn(move || accept_loop(listener, Arc::new(shared), stop2))?;
     info!("metrics and status on http://{addr}/ (/metrics, /status, /healthz)");
     Ok(HttpServer {
         addr,
         stop,
+        counters,
         thread: Some(thread),
     })
 }
 
-fn accept_loop(listener: TcpListener, source: Arc<dyn StatusSource>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
+/// What every connection thread shares.
+struct Shared {
+    source: Arc<dyn StatusSource>,
+    limits: HttpLimits,
+    counters: Arc<HttpCounters>,
+    slots: Mutex<Slots>,
+}
+
+/// Connections open (in total and per client address) and answers being served.
+#[derive(Debug, Default)]
+struct Slots {
+    open: usize,
+    answering: usize,
+    per_client: HashMap<IpAddr, usize>,
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    Busy,
+    Client,
+}
+
+impl Slots {
+    /// Admits a connection from `ip`: below the total of answer slots and health reserve, and
+    /// below the per-client cap.
+    fn admit(&mut self, ip: IpAddr, limits: &HttpLimits) -> Result<(), Refusal> {
+        if self.open >= limits.max_answers + limits.health_reserve {
+            return Err(Refusal::Busy);
+        }
+        let n = self.per_client.entry(ip).or_insert(0);
+        if *n >= limits.max_per_client {
+            return Err(Refusal::Client);
+        }
+        *n += 1;
+        self.open += 1;
+        Ok(())
+    }
+
+    fn release(&mut self, ip: IpAddr) {
+        self.open -= 1;
+        if let Some(n) = self.per_client.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_client.remove(&ip);
+            }
+        }
+    }
+}
+
+/// An admitted connection; dropping it gives its slots back.
+struct Admitted {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+    answering: bool,
+}
+
+impl Admitted {
+    /// Takes an answer slot (for anything but `/healthz`); `false` when all are taken.
+    fn answer_slot(&mut self) -> bool {
+        let mut slots = self.shared.slots.lock();
+        if slots.answering >= self.shared.limits.max_answers {
+            return false;
+        }
+        slots.answering += 1;
+        self.answering = true;
+        true
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut slots = self.shared.slots.lock();
+        if self.answering {
+            slots.answering -= 1;
+        }
+        slots.release(self.ip);
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let refusing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let mut stream = match conn {
+        let (stream, peer) = match conn.and_then(|s| s.peer_addr().map(|p| (s, p))) {
             Ok(s) => s,
             Err(e) => {
                 debug!("metrics listener: accept failed: {e}");
@@ -105,32 +270,81 @@ fn accept_loop(listener: TcpListener, source: Arc<dyn StatusSource>, stop: Arc<A
                 continue;
             }
         };
-        if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-            let _ = stream.write_all(&response(503, "text/plain", b"busy\n", false));
+        let accepted = Instant::now();
+        let admitted = shared.slots.lock().admit(peer.ip(), &shared.limits);
+        if let Err(why) = admitted {
+            let (counter, text) = match why {
+                Refusal::Busy => (&shared.counters.refused_busy, "every slot is taken"),
+                Refusal::Client => (
+                    &shared.counters.refused_client,
+                    "this client address holds its share of slots",
+                ),
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            debug!("metrics listener: refused {peer}: {text}");
+            refuse(stream, &refusing);
             continue;
         }
-        active.fetch_add(1, Ordering::SeqCst);
-        let source = source.clone();
-        let active2 = active.clone();
+        let admitted = Admitted {
+            shared: shared.clone(),
+            ip: peer.ip(),
+            answering: false,
+        };
         let spawned = std::thread::Builder::new()
             .name("metrics-conn".into())
             .spawn(move || {
-                if let Err(e) = handle(&mut stream, source.as_ref()) {
-                    debug!("metrics listener: connection ended: {e}");
+                let mut admitted = admitted;
+                let mut stream = stream;
+                if let Err(e) = handle(&mut stream, &mut admitted, accepted) {
+                    if e.kind() == io::ErrorKind::TimedOut || e.kind() == io::ErrorKind::WouldBlock
+                    {
+                        admitted.shared.counters.cut.fetch_add(1, Ordering::Relaxed);
+                    }
+                    debug!("metrics listener: connection from {peer} ended: {e}");
                 }
-                active2.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::SeqCst);
             warn!("metrics listener: cannot start a connection thread: {e}");
         }
     }
 }
 
-/// Reads a request head within [`IO_DEADLINE`] and at most [`MAX_REQUEST`] bytes.
-fn read_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
-    let end = Instant::now() + IO_DEADLINE;
+/// Refusals answered at once on threads of their own; beyond it a refused connection gets
+/// its `503` only if the request is already there.
+const MAX_REFUSING: usize = 8;
+/// How long a refused connection may take to send its request head, and then to read the
+/// `503`.
+const REFUSAL_DEADLINE: Duration = Duration::from_millis(500);
+
+/// Answers `503` and closes, never blocking the accept loop. The request head is read first
+/// (briefly, on a thread of its own, at most [`MAX_REFUSING`] at once) so that the close does
+/// not reset the connection before the client reads the answer.
+fn refuse(mut stream: TcpStream, refusing: &Arc<std::sync::atomic::AtomicUsize>) {
+    let answer = response(503, "text/plain", b"busy\n", false);
+    if refusing.fetch_add(1, Ordering::SeqCst) >= MAX_REFUSING {
+        refusing.fetch_sub(1, Ordering::SeqCst);
+        if stream.set_nonblocking(true).is_ok() {
+            let _ = stream.write(&answer);
+        }
+        return;
+    }
+    let refusing2 = refusing.clone();
+    let spawned = std::thread::Builder::new()
+        .name("metrics-refuse".into())
+        .spawn(move || {
+            let _ = read_head(&mut stream, Instant::now() + REFUSAL_DEADLINE);
+            let _ = write_until(&mut stream, &answer, Instant::now() + REFUSAL_DEADLINE);
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            refusing2.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        refusing.fetch_sub(1, Ordering::SeqCst);
+        debug!("metrics listener: cannot start a thread to refuse a connection: {e}");
+    }
+}
+
+/// Reads a request head until `end` and at most [`MAX_REQUEST`] bytes.
+fn read_head(stream: &mut TcpStream, end: Instant) -> io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
@@ -156,13 +370,16 @@ fn read_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
     }
 }
 
-fn handle(stream: &mut TcpStream, source: &dyn StatusSource) -> io::Result<()> {
-    let head = match read_head(stream) {
+fn handle(stream: &mut TcpStream, admitted: &mut Admitted, accepted: Instant) -> io::Result<()> {
+    let limits = admitted.shared.limits;
+    let end = accepted + limits.answer_deadline;
+    let head = match read_head(stream, end.min(accepted + limits.read_deadline)) {
         Ok(h) => h,
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-            write_all(
+            write_until(
                 stream,
                 &response(431, "text/plain", b"request too long\n", false),
+                end,
             )?;
             return Err(e);
         }
@@ -174,19 +391,38 @@ fn handle(stream: &mut TcpStream, source: &dyn StatusSource) -> io::Result<()> {
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
-        return write_all(
+        return write_until(
             stream,
             &response(405, "text/plain", b"only GET and HEAD\n", head_only),
+            end,
         );
     }
     let path = target.split('?').next().unwrap_or("");
+    if path != "/healthz" && !admitted.answer_slot() {
+        admitted
+            .shared
+            .counters
+            .refused_busy
+            .fetch_add(1, Ordering::Relaxed);
+        debug!("metrics listener: every answer slot is taken, {path} answered 503");
+        return write_until(
+            stream,
+            &response(503, "text/plain", b"busy\n", head_only),
+            end,
+        );
+    }
+    let source = admitted.shared.source.as_ref();
     let answer = match path {
-        "/metrics" => response(
-            200,
-            "text/plain; version=0.0.4; charset=utf-8",
-            render::prometheus(&source.status()).as_bytes(),
-            head_only,
-        ),
+        "/metrics" => {
+            let mut text = render::prometheus(&source.status());
+            render::prometheus_http(&mut text, &admitted.shared.counters);
+            response(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text.as_bytes(),
+                head_only,
+            )
+        }
         "/status" => {
             let body = serde_json::to_vec_pretty(&render::status_json(&source.status()))
                 .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}").into_bytes());
@@ -204,12 +440,30 @@ fn handle(stream: &mut TcpStream, source: &dyn StatusSource) -> io::Result<()> {
         ),
         _ => response(404, "text/plain", b"not found\n", head_only),
     };
-    write_all(stream, &answer)
+    write_until(stream, &answer, end)
 }
 
-fn write_all(stream: &mut TcpStream, bytes: &[u8]) -> io::Result<()> {
-    stream.set_write_timeout(Some(IO_DEADLINE))?;
-    stream.write_all(bytes)?;
+/// Writes `bytes` in chunks, each call given only the time left until `end`.
+fn write_until(stream: &mut TcpStream, bytes: &[u8], end: Instant) -> io::Result<()> {
+    for chunk in bytes.chunks(WRITE_CHUNK) {
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "answer not read before its deadline",
+                ));
+            }
+            stream.set_write_timeout(Some(left))?;
+            match stream.write(rest) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "closed")),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     stream.flush()
 }
 

@@ -7,4 +7,4 @@ pub mod http;
 pub mod once;
 pub mod render;
 
-pub use http::{serve, HttpServer, StatusSource};
+pub use http::{serve, serve_with, HttpCounters, HttpLimits, HttpServer, StatusSource};

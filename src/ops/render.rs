@@ -85,6 +85,36 @@ impl Prom {
     }
 }
 
+/// Appends the HTTP listener's own counters to a Prometheus text (see [`crate::ops::http`]).
+pub fn prometheus_http(out: &mut String, counters: &crate::ops::http::HttpCounters) {
+    use std::sync::atomic::Ordering;
+    let mut p = Prom {
+        out: std::mem::take(out),
+    };
+    p.family(
+        "http_refused_total",
+        "counter",
+        "Connections to this listener refused with 503, by reason (busy: every slot taken; client: the client address held its share).",
+    );
+    p.sample(
+        "http_refused_total",
+        &[("reason", "busy")],
+        counters.refused_busy.load(Ordering::Relaxed),
+    );
+    p.sample(
+        "http_refused_total",
+        &[("reason", "client")],
+        counters.refused_client.load(Ordering::Relaxed),
+    );
+    p.single(
+        "http_cut_total",
+        "counter",
+        "Connections to this listener closed at a deadline (request head or answer not in time).",
+        counters.cut.load(Ordering::Relaxed),
+    );
+    *out = p.out;
+}
+
 /// The Prometheus text exposition format (version 0.0.4) of `status`.
 pub fn prometheus(status: &Status) -> String {
     let mut p = Prom { out: String::new() };
