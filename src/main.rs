@@ -52,8 +52,9 @@ struct Args {
     #[argh(switch)]
     no_nip77: bool,
 
-    /// also try NIP-77 once on relays whose NIP-11 does not list it, and remember the
-    /// outcome (a relay that ignores unknown messages then delays its history by 30 s)
+    /// also read the first sync of relays whose NIP-11 does not list NIP-77 by
+    /// reconciliation (by default it is found out beside the REQ path; a relay that ignores
+    /// unknown messages then delays its history by 30 s)
     /// [env GRASP_SYNC_NIP77_PROBE]
     #[argh(switch)]
     nip77_probe: bool,

@@ -445,6 +445,16 @@ pub fn prometheus(status: &Status) -> String {
             c.neg_unknown,
         ),
         (
+            "nip77_detections_total",
+            "NEG-OPENs sent beside the REQ path to find out whether a relay speaks NIP-77.",
+            c.nip77_detections,
+        ),
+        (
+            "reconcile_skipped_empty_total",
+            "History queries sent as one REQ instead of a reconciliation: the own relay held nothing for them.",
+            c.reconcile_skipped_empty,
+        ),
+        (
             "forward_resent_total",
             "Events the forwarder sent to the own relay again.",
             status.forward_resent,
@@ -662,6 +672,8 @@ pub fn status_json(status: &Status) -> Value {
                 .map(|r| (r.label().to_string(), json!(c.fallbacks(*r))))
                 .collect::<serde_json::Map<String, Value>>(),
             "neg_unknown": c.neg_unknown,
+            "nip77_detections": c.nip77_detections,
+            "reconcile_skipped_empty": c.reconcile_skipped_empty,
         },
         "relays": relays,
     })

@@ -126,6 +126,7 @@ impl SyncMachine {
             self.on_connect_failed(relay, now);
         }
         self.drop_jobs_of(relay, was_connected);
+        self.drop_detection(relay);
         self.forget_subscriptions(relay);
         let link = self.link(relay);
         link.health.record_failure(now, &policy);

@@ -12,6 +12,7 @@ mod consolidation;
 mod daily;
 #[cfg(test)]
 mod design_tests;
+mod detect;
 #[cfg(test)]
 mod fairness_tests;
 #[cfg(test)]
@@ -715,6 +716,11 @@ pub struct SyncCounters {
     pub reconcile_fallbacks: [u64; 8],
     /// NEG-MSG/NEG-ERR for no running negentropy session, dropped.
     pub neg_unknown: u64,
+    /// NIP-77 detections sent beside the REQ path to relays not known either way.
+    pub nip77_detections: u64,
+    /// Reconciliations that sent their query as one REQ because the own relay holds
+    /// nothing for it (a reconciliation would fetch everything by `ids`).
+    pub reconcile_skipped_empty: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.
@@ -947,6 +953,7 @@ impl SyncMachine {
                 }
                 Timer::OwnEoseDeadline => self.expire_own_loading(now),
                 Timer::JobDeadline(id) => self.expire_job(id),
+                Timer::Nip77Detection(relay) => self.detection_expired(&relay),
                 Timer::SelfBatch => self.process_batch(now),
                 Timer::OwnReconnect => self.connect_own(now),
                 Timer::OwnReopen => self.reopen_own(now),
@@ -1178,6 +1185,7 @@ impl SyncMachine {
                 message,
             } => {
                 if relay != self.config.own_relay && self.is_current(&relay, generation) {
+                    self.detection_notice(&relay, &message);
                     self.neg_notice(&relay, &message);
                     self.handle_notice(&relay, &message, now);
                 }
@@ -1198,14 +1206,26 @@ impl SyncMachine {
                 generation,
                 sub_id,
                 message,
-            } => self.handle_neg_msg(&relay, generation, &sub_id, &message),
+            } => {
+                if self.is_detection(&relay, generation, &sub_id) {
+                    self.detection_answered(&relay, &message);
+                } else {
+                    self.handle_neg_msg(&relay, generation, &sub_id, &message);
+                }
+            }
             Report::NegErr {
                 relay,
                 generation,
                 sub_id,
                 message,
                 closed,
-            } => self.handle_neg_err(&relay, generation, &sub_id, &message, closed),
+            } => {
+                if self.is_detection(&relay, generation, &sub_id) {
+                    self.detection_refused(&relay, &message, closed);
+                } else {
+                    self.handle_neg_err(&relay, generation, &sub_id, &message, closed);
+                }
+            }
             Report::SelfEvent { generation, event } => {
                 if generation == self.own.generation {
                     self.push_self_event(&event, now);

@@ -50,6 +50,13 @@ fn history_reqs(f: &FakeRelay) -> Vec<&Filter> {
         .collect()
 }
 
+/// True when `f` matches one of `events`.
+fn matches_any(f: &Filter, events: &[Event]) -> bool {
+    events
+        .iter()
+        .any(|e| f.match_event(e, nostr::filter::MatchEventOptions::new()))
+}
+
 /// Settings that probe relays not advertising NIP-77.
 fn probe(c: &mut SyncConfig) {
     c.nip77.probe_unadvertised = true;
@@ -132,29 +139,42 @@ impl Case {
 fn reconciliation_fetches_exactly_the_missing_events_at_0_1_50_100_percent() {
     // 100 issues + 100 replies; the own relay lacks none, 1 in 100, every other, all.
     type OwnHas = fn(usize) -> bool;
-    let cases: [(&str, OwnHas); 4] = [
+    // (At 50 % the own relay holds every other issue with its reply: it holds something for
+    // every query. Where it holds nothing for a query, the query is one REQ instead: the
+    // 100 % case below.)
+    let cases: [(&str, OwnHas); 3] = [
         ("0%", |_| true),
         ("1%", |i| i % 100 != 7),
-        ("50%", |i| i % 2 == 0),
-        ("100%", |_| false),
+        ("50%", |i| (i / 2) % 2 == 0),
     ];
     for (name, own_has) in cases {
         let mut c = case(100, own_has, true, Nip77Mode::On, |_| {}, |_| {});
+        let own_before = c.w.own.store.clone();
         c.run(120);
         c.assert_exact();
-        // History came by reconciliation only: no paged REQ, and exactly the missing ids
-        // were asked for.
-        assert!(
-            history_reqs(c.a()).is_empty(),
-            "{name}: paged history REQs {:?}",
-            history_reqs(c.a())
-        );
-        assert_eq!(ids_requested(c.a()), c.missing, "{name}: ids fetched");
+        // History came by reconciliation only: exactly the missing ids were asked for, and
+        // the only paged REQs are of queries the own relay held nothing for (here: nothing
+        // matches them anywhere).
+        for f in history_reqs(c.a()) {
+            assert!(
+                !matches_any(f, &own_before),
+                "{name}: a paged history REQ of a query the own relay held events for: {f:?}"
+            );
+        }
+        // At 50 % the replies of the issues found on A are asked for in a new query (by
+        // their roots) that the own relay holds nothing for: one REQ reads them.
+        let fetched = ids_requested(c.a());
+        if name == "50%" {
+            assert!(fetched.is_subset(&c.missing), "{name}: ids fetched");
+            assert!(fetched.len() >= c.missing.len() / 2, "{name}: ids fetched");
+        } else {
+            assert_eq!(fetched, c.missing, "{name}: ids fetched");
+        }
         let counters = c.w.m.counters();
         assert!(counters.reconciliations >= 2, "{name}: {counters:?}");
         assert_eq!(
             counters.reconcile_ids_fetched,
-            c.missing.len() as u64,
+            fetched.len() as u64,
             "{name}"
         );
         assert_eq!(counters.reconcile_fallbacks, [0; 8], "{name}");
@@ -166,6 +186,36 @@ fn reconciliation_fetches_exactly_the_missing_events_at_0_1_50_100_percent() {
         assert_eq!(st.confirmed_repos, 1, "{name}");
         assert_eq!(st.reconciliations_pending, 0, "{name}");
     }
+}
+
+#[test]
+fn a_query_the_own_relay_holds_nothing_for_is_one_req_not_a_reconciliation() {
+    // A first sync: the own relay holds the announcement only. Layer 1 is reconciled (the
+    // own relay holds its announcement); the repository's queries are read by REQ, since a
+    // reconciliation would only list every id to fetch by `ids`.
+    let mut c = case(100, |_| false, true, Nip77Mode::On, |_| {}, |_| {});
+    c.run(120);
+    c.assert_exact();
+    assert!(
+        ids_requested(c.a()).is_empty(),
+        "{:?}",
+        ids_requested(c.a())
+    );
+    assert!(!history_reqs(c.a()).is_empty());
+    let counters = c.w.m.counters();
+    assert!(counters.reconcile_skipped_empty >= 1, "{counters:?}");
+    assert!(counters.reconciliations >= 1, "{counters:?}");
+    assert_eq!(counters.reconcile_fallbacks, [0; 8]);
+    // Still known to speak NIP-77: a later full sync reconciles what the own relay now holds.
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Advertised);
+    let before = counters.reconciliations;
+    c.w.run_for(Duration::from_secs(26 * 3600), Duration::from_secs(600));
+    c.assert_exact();
+    let after = c.w.m.counters();
+    assert!(after.daily_resyncs >= 1);
+    assert!(after.reconciliations >= before + 3, "{after:?}");
+    assert_eq!(after.reconcile_fallbacks, [0; 8]);
 }
 
 fn falls_back_on(mode: Nip77Mode, reason: FallbackReason) {
@@ -258,9 +308,10 @@ fn a_relay_claiming_too_many_missing_ids_is_read_by_reqs_instead() {
 fn claimed_ids_of_events_the_relay_does_not_serve_change_nothing() {
     // Within the bound: the phantom ids are asked for (with the query's filter) and never
     // arrive; the set is exact and the batch confirms.
+    // The own relay holds some issues and some replies: every query is reconciled.
     let mut c = case(
         10,
-        |i| i % 2 == 0,
+        |i| i % 3 != 1,
         true,
         Nip77Mode::On,
         |_| {},
@@ -366,13 +417,131 @@ fn a_relay_not_advertising_nip77_that_speaks_it_is_used_after_the_try() {
     assert_eq!(c.w.m.counters().reconcile_fallbacks, [0; 8]);
 }
 
+/// The detections a relay received: NEG-OPENs for the filter that matches nothing.
+fn detections(f: &FakeRelay) -> usize {
+    f.neg_opens
+        .iter()
+        .filter(|flt| {
+            flt.ids
+                .as_ref()
+                .is_some_and(|ids| ids.contains(&EventId::from_byte_array([0; 32])))
+        })
+        .count()
+}
+
 #[test]
-fn a_relay_not_advertising_nip77_is_not_probed_by_default() {
-    let mut c = case(10, |i| i % 2 == 0, false, Nip77Mode::On, |_| {}, |_| {});
+fn a_relay_not_advertising_nip77_that_speaks_it_is_found_beside_the_req_path() {
+    // No NIP-11 (LocalRelay and servers built on rust-nostr's relay builder), default
+    // settings: the first sync reads history by REQ, a detection finds NIP-77 meanwhile.
+    let mut c = case(
+        20,
+        |i| i % 2 == 0,
+        false,
+        Nip77Mode::On,
+        |_| {},
+        |a| a.publish_nip11 = false,
+    );
     c.run(120);
     c.assert_exact();
-    assert!(c.a().neg_opens.is_empty());
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Works);
+    assert_eq!(detections(c.a()), 1);
+    assert_eq!(c.a().neg_opens.len(), 1, "only the detection");
+    assert!(!history_reqs(c.a()).is_empty(), "history by REQ");
+    assert_eq!(c.w.m.counters().nip77_detections, 1);
     assert_eq!(c.w.m.counters().reconciliations, 0);
+    // A stale reconnect (a fresh sync) reconciles instead of reading history again.
+    let paged = history_reqs(c.a()).len();
+    c.w.drop(A);
+    c.w.relays.get_mut(&a).unwrap().down = true;
+    c.w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(10));
+    c.w.relays.get_mut(&a).unwrap().down = false;
+    c.w.run_for(Duration::from_secs(600), Duration::from_secs(10));
+    c.assert_exact();
+    assert!(
+        c.w.m.counters().reconciliations >= 2,
+        "{:?}",
+        c.w.m.counters()
+    );
+    assert_eq!(detections(c.a()), 1, "not detected again");
+    assert_eq!(c.w.m.counters().reconcile_fallbacks, [0; 8]);
+    // Full history REQs again only of queries nothing matches (the own relay holds all).
+    let all = history_reqs(c.a());
+    let own_now = c.w.own.store.clone();
+    for f in all[paged..].iter().filter(|f| f.since.is_none()) {
+        assert!(
+            !matches_any(f, &own_now),
+            "history read again by REQ: {f:?}"
+        );
+    }
+}
+
+#[test]
+fn the_detection_never_holds_history_back_and_remembers_every_no() {
+    // NOTICE (nostr-rs-relay), silence, CLOSED: the history arrives long before the round
+    // deadline, and the relay is known not to speak NIP-77 afterwards.
+    for mode in [Nip77Mode::Off, Nip77Mode::Silent, Nip77Mode::Closed] {
+        let mut c = case(
+            10,
+            |i| i % 2 == 0,
+            false,
+            mode,
+            |_| {},
+            |a| a.publish_nip11 = false,
+        );
+        c.run(15);
+        c.assert_exact();
+        c.w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+        let a = RelayUrl::parse(A).unwrap();
+        assert_eq!(
+            c.w.m.nip77_support(&a),
+            Nip77Support::Unsupported,
+            "{mode:?}"
+        );
+        assert_eq!(detections(c.a()), 1, "{mode:?}");
+        assert_eq!(c.w.m.counters().reconcile_fallbacks, [0; 8], "{mode:?}");
+        c.w.drop(A);
+        c.w.relays.get_mut(&a).unwrap().down = true;
+        c.w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(10));
+        c.w.relays.get_mut(&a).unwrap().down = false;
+        c.w.run_for(Duration::from_secs(600), Duration::from_secs(10));
+        c.assert_exact();
+        assert_eq!(c.a().neg_opens.len(), 1, "{mode:?}: tried again");
+    }
+}
+
+#[test]
+fn a_neg_err_to_the_detection_teaches_nothing() {
+    let mut c = case(
+        10,
+        |i| i % 2 == 0,
+        false,
+        Nip77Mode::Err,
+        |_| {},
+        |a| a.publish_nip11 = false,
+    );
+    c.run(60);
+    c.assert_exact();
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Unknown);
+    assert_eq!(c.w.m.counters().reconcile_fallbacks, [0; 8]);
+}
+
+#[test]
+fn no_detection_when_nip77_or_detection_is_off() {
+    type Cfg = fn(&mut SyncConfig);
+    let offs: [Cfg; 2] = [
+        |c| c.nip77.enabled = false,
+        |c| c.nip77.detect_unadvertised = false,
+    ];
+    for off in offs {
+        let mut c = case(10, |i| i % 2 == 0, false, Nip77Mode::On, off, |_| {});
+        c.run(120);
+        c.assert_exact();
+        assert!(c.a().neg_opens.is_empty());
+        assert_eq!(c.w.m.counters().reconciliations, 0);
+        assert_eq!(c.w.m.counters().nip77_detections, 0);
+    }
 }
 
 #[test]

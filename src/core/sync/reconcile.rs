@@ -48,6 +48,10 @@ pub struct Nip77Config {
     /// remember the outcome (default off: a relay that ignores unknown messages delays
     /// its Layer 1 by `round_timeout`; decision 0051).
     pub probe_unadvertised: bool,
+    /// Find out beside the REQ path, with one `NEG-OPEN` over a filter that matches nothing,
+    /// whether a relay not known either way speaks NIP-77, and remember it (default on;
+    /// issue 21). Its history is never held back for the answer.
+    pub detect_unadvertised: bool,
     /// How long one negentropy round may wait for the relay's answer (default 30 s).
     pub round_timeout: Duration,
     /// The most NEG-MSG rounds of one reconciliation (default 64).
@@ -72,6 +76,7 @@ impl Default for Nip77Config {
         Nip77Config {
             enabled: true,
             probe_unadvertised: false,
+            detect_unadvertised: true,
             round_timeout: Duration::from_secs(30),
             max_rounds: 64,
             max_need_ids: 20_000,
@@ -366,6 +371,7 @@ impl SyncMachine {
             build_announcement_filter(None),
             None,
         );
+        self.start_detection(relay, generation);
     }
 
     /// Starts waiting jobs while slots are free: one per relay, `max_active` in all.
@@ -577,6 +583,12 @@ impl SyncMachine {
 
     /// Ends a job and sends its query as the paged REQ it would have been.
     fn fallback(&mut self, id: u64, reason: FallbackReason, why: &str) {
+        self.give_way(id, Some(reason), why);
+    }
+
+    /// Ends a job and sends its query as the paged REQ it would have been: for `reason`
+    /// (counted, logged), or (`None`) because a reconciliation could not save anything.
+    fn give_way(&mut self, id: u64, reason: Option<FallbackReason>, why: &str) {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
@@ -589,7 +601,10 @@ impl SyncMachine {
             job.neg_id.clone(),
             job.after.clone(),
         );
-        let session_over = matches!(reason, FallbackReason::NegErr | FallbackReason::Closed);
+        let session_over = matches!(
+            reason,
+            Some(FallbackReason::NegErr | FallbackReason::Closed)
+        );
         if session_over {
             if let Some(j) = self.recon.jobs.get_mut(&id) {
                 // NEG-ERR and CLOSED end the session: no NEG-CLOSE.
@@ -597,8 +612,15 @@ impl SyncMachine {
             }
         }
         self.drop_job(id);
-        self.counters.reconcile_fallbacks[reason.index()] += 1;
         let mut others = Vec::new();
+        let Some(reason) = reason else {
+            self.counters.reconcile_skipped_empty += 1;
+            debug!("{relay}: {neg_id} sent as one REQ: {why}");
+            self.send_as_req(relay, generation, batch, orig, live, neg_id, live_id);
+            self.pump_jobs();
+            return;
+        };
+        self.counters.reconcile_fallbacks[reason.index()] += 1;
         if reason == FallbackReason::Unsupported {
             let was = self
                 .remote_mut(&relay)
@@ -620,22 +642,15 @@ impl SyncMachine {
                 reason.label()
             );
         }
-        if self.connected_generation(&relay) == Some(generation) && self.batch_exists(&relay, batch)
-        {
-            // The query as it would have been without NIP-77: one REQ, history and live (its
-            // history is paged as usual). It replaces the live-only REQ, which some relays
-            // never answer with EOSE.
-            if let Some(l) = &live_id {
-                self.close_remote_sub(&relay, generation, l);
-            }
-            let sub = self.open_sub(&relay, generation, live, orig);
-            if let Some(b) = batch {
-                if let Some(l) = &live_id {
-                    self.replace_outstanding(&relay, b, l, Vec::new());
-                }
-                self.replace_outstanding(&relay, b, &neg_id, vec![sub]);
-            }
-        }
+        self.send_as_req(
+            relay.clone(),
+            generation,
+            batch,
+            orig,
+            live,
+            neg_id,
+            live_id,
+        );
         for other in others {
             self.fallback(
                 other,
@@ -644,6 +659,37 @@ impl SyncMachine {
             );
         }
         self.pump_jobs();
+    }
+
+    /// Sends a job's query as the one REQ it would have been without NIP-77: history and
+    /// live (its history paged as usual), in place of the live-only REQ (which some relays
+    /// never answer with EOSE) and of the job in its batch's outstanding set.
+    #[allow(clippy::too_many_arguments)]
+    fn send_as_req(
+        &mut self,
+        relay: RelayUrl,
+        generation: u64,
+        batch: Option<u64>,
+        orig: Filter,
+        live: SubPurpose,
+        neg_id: SubscriptionId,
+        live_id: Option<SubscriptionId>,
+    ) {
+        if self.connected_generation(&relay) != Some(generation)
+            || !self.batch_exists(&relay, batch)
+        {
+            return;
+        }
+        if let Some(l) = &live_id {
+            self.close_remote_sub(&relay, generation, l);
+        }
+        let sub = self.open_sub(&relay, generation, live, orig);
+        if let Some(b) = batch {
+            if let Some(l) = &live_id {
+                self.replace_outstanding(&relay, b, l, Vec::new());
+            }
+            self.replace_outstanding(&relay, b, &neg_id, vec![sub]);
+        }
     }
 
     /// Closes one of our subscriptions on a remote relay (sent, or still queued).
@@ -737,6 +783,16 @@ impl SyncMachine {
     }
 
     fn begin_negotiation(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
+        // Nothing on the own relay for the query: the relay would list every id and each
+        // would be fetched by `ids`; one REQ reads the same events in fewer round trips. (A
+        // relay not known to speak NIP-77 still gets its one try.)
+        if job.own.is_empty() && self.nip77_support(&job.relay).in_use() {
+            self.give_way(id, None, "the own relay holds nothing for it");
+            return;
+        }
         let Some(job) = self.recon.jobs.get_mut(&id) else {
             return;
         };

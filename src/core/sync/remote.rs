@@ -29,6 +29,8 @@ pub(super) struct RemoteRelay {
     pub(super) nip11: Nip11,
     /// What is known about its NIP-77 support.
     pub(super) nip77: Nip77Support,
+    /// The NIP-77 detection on the wire, if any (issue 21).
+    pub(super) detection: Option<super::detect::Detection>,
     /// Restored confirmations not in its targets at its first connect (issue 11).
     pub(super) late: Option<Late>,
     /// Items it confirmed with an incomplete batch: confirmed in memory, never saved.

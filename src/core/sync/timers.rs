@@ -51,11 +51,13 @@ pub(crate) enum Timer {
     DisconnectCheck,
     /// Run the selection again after refusals or failing connects (issue 20).
     Reselect,
+    /// The relay's NIP-77 detection got no answer in time (issue 21).
+    Nip77Detection(RelayUrl),
 }
 
 impl Timer {
     /// Every timer that can carry `relay`.
-    pub(crate) fn of_relay(relay: &RelayUrl) -> [Timer; 8] {
+    pub(crate) fn of_relay(relay: &RelayUrl) -> [Timer; 9] {
         [
             Timer::EoseDeadline(relay.clone()),
             Timer::Reconnect(relay.clone()),
@@ -65,6 +67,7 @@ impl Timer {
             Timer::Poll(relay.clone()),
             Timer::Consolidate(relay.clone()),
             Timer::Daily(relay.clone()),
+            Timer::Nip77Detection(relay.clone()),
         ]
     }
 
@@ -79,7 +82,8 @@ impl Timer {
             | Timer::Cooldown(r)
             | Timer::Poll(r)
             | Timer::Consolidate(r)
-            | Timer::Daily(r) => Some(r),
+            | Timer::Daily(r)
+            | Timer::Nip77Detection(r) => Some(r),
             Timer::OwnEoseDeadline
             | Timer::JobDeadline(_)
             | Timer::SelfBatch
@@ -305,7 +309,7 @@ mod tests {
         }
         table.set(Timer::Poll(b.clone()), t(3));
         table.set(Timer::JobDeadline(7), t(3));
-        assert_eq!(table.count_relay(&a), 8);
+        assert_eq!(table.count_relay(&a), 9);
         table.cancel_relay(&a);
         assert_eq!(table.count_relay(&a), 0);
         assert_eq!(table.count_relay(&b), 1);
