@@ -248,11 +248,13 @@ fn local_relay_engine_reconciles_after_the_probe_and_the_own_relay_ends_complete
     assert_eq!(st.relays[0].nip77, Nip77Support::Works, "{test}");
     let (runs, fetched) = (st.sync.reconciliations, st.sync.reconcile_ids_fetched);
 
-    // The own relay loses every other event (the announcement stays).
+    // The own relay loses every other issue with its comment (the announcement stays; it
+    // keeps something for every query, so none is read as one REQ for lack of anything to
+    // compare).
     own.clear_events();
     let mut missing = 0;
     for (k, e) in events.iter().enumerate() {
-        if k == 0 || k % 2 == 0 {
+        if k == 0 || matches!(k % 4, 1 | 2) {
             own.insert(e);
         } else {
             missing += 1;
@@ -327,4 +329,78 @@ fn local_relay_as_a_rate_limited_own_relay_gets_the_whole_set() {
     assert!(status.forward_rate_limited > 0, "{test}: never throttled");
     assert_eq!(status.rejected, 0, "{test}: {status:#?}");
     handle.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+/// With default flags: `LocalRelay` publishes no NIP-11 document, so its first sync is read
+/// by REQ while one detection finds out that it speaks NIP-77 (issue 21); the daily resync
+/// (a few seconds here) then reconciles, and nothing falls back.
+#[test]
+fn local_relay_is_found_to_speak_nip77_with_default_flags() {
+    use common::{announcement, comment, repo_ref, root};
+    use grasp_sync::core::sync::Nip77Support;
+    use grasp_sync::testing::{wait_until, TestRelay};
+    use std::time::Duration;
+
+    let test = "local_relay_is_found_to_speak_nip77_with_default_flags";
+    let Some(remote) = LocalRelay::start_or_skip(test) else {
+        return;
+    };
+    common::init_logging();
+    let own = TestRelay::start();
+    let keys = nostr::key::Keys::generate();
+    let ann = announcement(&keys, "r", &[&[&remote.url]]);
+    let repo = repo_ref(&keys, "r");
+    let mut events = vec![ann.clone()];
+    own.insert(&ann);
+    for i in 0..20 {
+        let issue = root(&keys, 1621, &repo, &format!("issue {i}"), &[]);
+        let reply = comment(&keys, &issue, "a comment");
+        events.push(issue);
+        events.push(reply);
+    }
+    remote.seed(&events);
+    let expected: HashSet<EventId> = events.iter().map(|e| e.id).collect();
+    let mut config = grasp_sync::Config::new(common::url(&own))
+        .allow_private_relays(true)
+        .batch_window(Duration::from_millis(100));
+    config.daily_resync = (Duration::from_secs(8), Duration::from_secs(9));
+    let handle = grasp_sync::start(config).unwrap();
+    let wait = Duration::from_secs(60);
+    let complete = || own.event_ids() == expected && handle.status().is_settled();
+    assert!(
+        wait_until(wait, || complete()
+            && handle.status().relays[0].nip77 == Nip77Support::Works),
+        "{test}: first sync: own relay lacks {:?}; {:?}",
+        expected.difference(&own.event_ids()),
+        handle.status().relays.first().map(|r| r.nip77)
+    );
+    let st = handle.status();
+    assert_eq!(st.sync.nip77_detections, 1, "{test}: {:?}", st.sync);
+    // The own relay loses some issues with their comments; the daily resync reconciles.
+    own.clear_events();
+    for (k, e) in events.iter().enumerate() {
+        if k == 0 || matches!(k % 4, 1 | 2) {
+            own.insert(e);
+        }
+    }
+    let runs = st.sync.reconciliations;
+    assert!(
+        wait_until(wait, || {
+            let s = handle.status();
+            s.sync.daily_resyncs > 0 && s.sync.reconciliations > runs && complete()
+        }),
+        "{test}: after the daily resync the own relay lacks {:?}; {:?}",
+        expected.difference(&own.event_ids()),
+        handle.status().sync
+    );
+    let st = handle.status();
+    assert!(st.sync.reconcile_ids_fetched > 0, "{test}: {:?}", st.sync);
+    assert_eq!(
+        st.sync.reconcile_fallbacks.iter().sum::<u64>(),
+        0,
+        "{test}: {:?}",
+        st.sync
+    );
+    assert_eq!(st.sync.nip77_detections, 1, "{test}: detected once");
+    common::shutdown_clean(handle, &[&own]);
 }

@@ -422,3 +422,11 @@ impl OneRepo {
         root(&self.keys, 1621, &self.repo, text, &[])
     }
 }
+
+/// NOTICEs `r` sent besides its answer to the NIP-77 detection: a relay without NIP-77
+/// answers the one `NEG-OPEN` of its first fresh sync with a NOTICE, which is how the engine
+/// learns it (`Nip77Support::Unsupported`).
+pub fn other_notices(r: &grasp_sync::RelayStatus) -> u64 {
+    let detection = grasp_sync::core::sync::Nip77Support::Unsupported;
+    r.notices.saturating_sub(u64::from(r.nip77 == detection))
+}
