@@ -1345,3 +1345,39 @@ fn root_events_are_counted_once_whatever_their_repositories_and_rereads() {
     w.advance(secs(5));
     assert_eq!(w.m.root_event_count(), 4);
 }
+
+/// Departure (issue 21): the design applies the self-subscription's events when the batch
+/// window (5 s from the first event) closes. Once the stored history is read to its end
+/// (every page), it is applied at once: the window only ever waits for live events, and a
+/// first sync no longer starts seconds late.
+#[test]
+fn the_stored_history_is_applied_when_read_to_its_end_not_when_the_window_closes() {
+    let mut w = World::new("ws://own.example", |_| {});
+    let t = w.secs();
+    // 25 repositories; the own relay answers at most 10 events per REQ: three pages.
+    for i in 0..25u64 {
+        w.own.store.push(announcement(
+            &format!("r{i}"),
+            &["ws://a.example"],
+            t - 1000 - i,
+        ));
+    }
+    w.own.max_limit = Some(10);
+    w.own.publish_nip11 = true;
+    w.relay("ws://a.example");
+    w.start();
+    assert_eq!(w.m.repo_index().len(), 25, "every page, applied at once");
+    assert_eq!(w.m.counters().self_batches, 1);
+    assert!(!w.m.self_sync_pending());
+    // Live events still wait for the window.
+    let late = announcement("late", &["ws://a.example"], t);
+    w.store_on_own(&late);
+    w.advance(secs(1));
+    assert_eq!(
+        w.m.repo_index().len(),
+        25,
+        "a live event waits for its window"
+    );
+    w.advance(secs(5));
+    assert_eq!(w.m.repo_index().len(), 26);
+}

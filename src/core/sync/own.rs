@@ -155,6 +155,26 @@ impl SyncMachine {
             self.counters.pages_requested += 1;
             self.open_own_sub(SubPurpose::Page { batch: None }, f);
         }
+        // The stored history is read to its end: what it held is applied now, not when the
+        // batch window closes (issue 21: the window only waits for live events, and a first
+        // sync would otherwise start seconds later).
+        if self.batch.started.is_some() && !self.self_history_loading() {
+            debug!("self-subscription: stored history read to its end; applying the batch now");
+            self.process_batch(self.last_now);
+        }
+    }
+
+    /// True while pages of the self-subscription's stored history are loading, queued or
+    /// waiting to be asked again (a reconciliation's own side is not counted).
+    fn self_history_loading(&self) -> bool {
+        let history = |p: &SubPurpose| !matches!(p, SubPurpose::OwnSide { .. });
+        self.own_link.loading.iter().any(|(s, _)| {
+            self.own_link
+                .subs
+                .get(s)
+                .is_some_and(|i| history(&i.purpose))
+        }) || self.own_link.queue.iter().any(|(_, i)| history(&i.purpose))
+            || self.own_link.reopen.iter().any(|r| history(&r.1))
     }
 
     pub(super) fn handle_own_disconnected(&mut self, reason: &str, now: Time) {
