@@ -140,7 +140,13 @@ fn black_hole_relays_give_their_slots_to_relays_not_tried_yet() {
         "the repository is synced after the black holes gave up their slots: {:#?}",
         handle.status().targets
     );
-    assert!(handle.status().relays_failing >= 10);
+    // The black holes were tried and marked failing (on a loaded host the repository's
+    // slot may come while the last of them are still within their connect deadline).
+    assert!(
+        wait_until(DEADLINE, || handle.status().relays_failing >= 10),
+        "failing: {}",
+        handle.status().relays_failing
+    );
     assert!(
         holes.accepted.load(Ordering::SeqCst) >= 20,
         "black holes tried in turn"
