@@ -141,3 +141,132 @@ fn two_shards_sync_what_one_instance_does_each_relay_by_exactly_one() {
     common::shutdown_clean(shard0, &[]);
     common::shutdown_clean(shard1, &all);
 }
+
+/// Issue 22, item 3: three shard *processes* of the `grasp-sync` binary (as a service
+/// manager runs them: `--shard I/3`, each with its own metrics listener) beside one own
+/// relay. Together they store exactly the expected set, and no remote relay is a source of
+/// two shards (each process's `/status`), every one of some shard.
+#[test]
+fn three_shard_processes_sync_the_union_and_share_no_relay() {
+    use std::process::{Child, Command, Stdio};
+
+    struct Kill(Vec<Child>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+    /// The remote relays one process's `/status` lists, and whether each is connected.
+    fn status_relays(addr: std::net::SocketAddr) -> Option<Vec<(String, bool)>> {
+        let (code, body) =
+            grasp_sync::ops::http::get(addr, "/status", Duration::from_secs(5)).ok()?;
+        if code != 200 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["relays"].as_array().map(|rs| {
+            rs.iter()
+                .map(|r| {
+                    (
+                        r["url"].as_str().unwrap_or("").to_string(),
+                        r["connection"].as_str() == Some("connected"),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    common::init_logging();
+    let f = fixture();
+    let all_urls: HashSet<String> = f
+        .remotes
+        .iter()
+        .map(|r| url(r).as_str().to_string())
+        .collect();
+    let own = own_with(&f.own_seed);
+    let addrs: Vec<std::net::SocketAddr> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap())
+        .collect();
+    let children = Kill(
+        (0..3)
+            .map(|i| {
+                Command::new(env!("CARGO_BIN_EXE_grasp-sync"))
+                    .env_remove("RUST_LOG")
+                    .env("GRASP_SYNC_ALLOW_PRIVATE_RELAYS", "1")
+                    .args([
+                        "--own-relay",
+                        url(&own).as_str(),
+                        "--shard",
+                        &format!("{i}/3"),
+                        "--metrics-addr",
+                        &addrs[i].to_string(),
+                        "--batch-window",
+                        "100",
+                    ])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start grasp-sync")
+            })
+            .collect(),
+    );
+    assert!(
+        wait_until(WAIT, || own.event_ids().is_superset(&f.expected)),
+        "three shards: {} of {} events",
+        own.event_ids().intersection(&f.expected).count(),
+        f.expected.len()
+    );
+    // Each relay is a source of the shard it hashes to, and of that shard only.
+    let owner = |u: &str| Shard::of(&grasp_sync::RelayUrl::parse(u).unwrap(), 3);
+    let mut seen: Vec<HashSet<String>> = vec![HashSet::new(); 3];
+    let agreed = wait_until(WAIT, || {
+        for (i, addr) in addrs.iter().enumerate() {
+            let Some(rs) = status_relays(*addr) else {
+                return false;
+            };
+            if rs.iter().any(|(_, connected)| !connected) {
+                return false;
+            }
+            seen[i] = rs.into_iter().map(|(u, _)| u).collect();
+        }
+        (0..3).all(|i| {
+            seen[i]
+                == all_urls
+                    .iter()
+                    .filter(|u| owner(u) == i as u64)
+                    .cloned()
+                    .collect::<HashSet<_>>()
+        })
+    });
+    assert!(agreed, "sources per shard: {seen:?}");
+    for i in 0..3 {
+        for j in i + 1..3 {
+            assert!(
+                seen[i].is_disjoint(&seen[j]),
+                "shards {i} and {j} share a relay"
+            );
+        }
+    }
+    let union: HashSet<String> = seen.iter().flatten().cloned().collect();
+    assert_eq!(union, all_urls, "every remote relay is synced by a shard");
+    assert_eq!(
+        own.event_ids(),
+        f.expected
+            .union(&f.own_seed.iter().map(|e| e.id).collect())
+            .copied()
+            .collect::<HashSet<_>>(),
+        "exactly the expected set"
+    );
+    drop(children);
+}
