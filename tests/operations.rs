@@ -296,10 +296,14 @@ struct Gated {
     handle: Arc<SyncHandle>,
     open: parking_lot::Mutex<bool>,
     opened: parking_lot::Condvar,
+    /// Answers waiting at the gate.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl StatusSource for Gated {
     fn status(&self) -> grasp_sync::Status {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut open = self.open.lock();
         let until = Instant::now() + WAIT;
         while !*open && Instant::now() < until {
@@ -322,6 +326,7 @@ fn answers_holding_every_slot_cannot_starve_healthz() {
         handle,
         open: parking_lot::Mutex::new(false),
         opened: parking_lot::Condvar::new(),
+        waiting: std::sync::atomic::AtomicUsize::new(0),
     });
     // Every client here is 127.0.0.1.
     let limits = HttpLimits {
@@ -336,7 +341,15 @@ fn answers_holding_every_slot_cannot_starve_healthz() {
     let held: Vec<TcpStream> = (0..limits.max_answers)
         .map(|_| request(addr, "/status"))
         .collect();
-    // Once they hold every answer slot, another /status is refused...
+    // Once they hold every answer slot (all wait at the gate), another /status is
+    // refused...
+    assert!(
+        wait_until(WAIT, || source
+            .waiting
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == limits.max_answers),
+        "the held answers never reached the gate"
+    );
     assert!(
         wait_until(WAIT, || get(addr, "/status", WAIT)
             .map(|(code, _)| code == 503)
@@ -371,9 +384,17 @@ fn one_client_address_holds_at_most_its_share_of_connections() {
     init_logging();
     let own = TestRelay::start();
     let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
-    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    // The default share per address; the idle connections are not cut during the test.
+    let limits = HttpLimits {
+        read_deadline: Duration::from_secs(600),
+        answer_deadline: Duration::from_secs(600),
+        ..HttpLimits::default()
+    };
+    assert_eq!(limits.max_per_client, grasp_sync::ops::http::MAX_PER_CLIENT);
+    let server =
+        grasp_sync::ops::serve_with("127.0.0.1:0".parse().unwrap(), handle.clone(), limits)
+            .unwrap();
     let addr = server.local_addr();
-    let limits = HttpLimits::default();
     // Connections that send nothing, from one address, up to its share.
     let idle: Vec<TcpStream> = (0..limits.max_per_client)
         .map(|_| TcpStream::connect(addr).unwrap())
