@@ -444,7 +444,7 @@ impl Corpus {
                 e
             } else if roll < 24 || roots[r].is_empty() {
                 let subject = words(&mut rng, 40).replace('\n', " ");
-                let len = rng.log_size(150, 4_000);
+                let len = rng.log_size(150, 3_000);
                 let text = words(&mut rng, len);
                 let tags = vec![
                     tag(&["a", &repo]),
@@ -458,7 +458,7 @@ impl Corpus {
             } else if roll < 86 {
                 let (root, kind, root_author) = roots[r][rng.below(roots[r].len())].clone();
                 let k = kind.to_string();
-                let len = rng.log_size(60, 2_500);
+                let len = rng.log_size(40, 1_500);
                 let text = words(&mut rng, len);
                 let tags = vec![
                     tag(&["E", &root, "", &root_author]),
@@ -881,7 +881,7 @@ pub fn process_figures(
 ) -> Vec<Figure> {
     let mut figures = Vec::new();
     let repos = 30 * relays;
-    let corpus = Corpus::generate(repos, events, (400, 24_000), 21);
+    let corpus = Corpus::generate(repos, events, (400, 16_000), 21);
     notes.push(format!(
         "process: {} events over {repos} repositories, mean {:.0} bytes of JSON",
         number(corpus.events.len() as f64),
