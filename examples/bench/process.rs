@@ -518,7 +518,9 @@ impl Corpus {
             30617,
             "",
             &tags,
-            nostr::types::Timestamp::now().as_secs() - YEAR - 1,
+            // Each its own minute before the events (more than a page in one second cannot
+            // be paged by created_at on a relay without NIP-77).
+            nostr::types::Timestamp::now().as_secs() - YEAR - 60 * (self.repos - r) as u64,
         )
     }
 
