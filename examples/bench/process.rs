@@ -943,7 +943,7 @@ pub fn process_figures(
         );
         variant(&corpus, &all, label, 1, Own::NostrRs, notes);
     } else {
-        eprintln!("process: nostr-rs-relay row skipped: NOSTR_RS_RELAY is not set and {NRR_DEFAULT} is missing");
+        eprintln!("process: nostr-rs-relay row skipped: NOSTR_RS_RELAY names no file and {NRR_DEFAULT} is missing");
     }
     figures
 }
