@@ -33,6 +33,9 @@ use nostr::key::Keys;
 use nostr::types::Timestamp;
 use serde_json::{json, Value};
 
+#[path = "bench/process.rs"]
+mod process;
+
 /// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
 /// quota of 64 relays per pubkey.
 const REPOS_PER_OWNER: usize = 10;
@@ -68,7 +71,8 @@ struct Args {
     #[argh(option)]
     spread: Option<usize>,
     /// run only these sections (comma-separated: historic, live, memory, planning, state,
-    /// nip77, resync; `throttled` runs only when named: about 17 minutes of real time;
+    /// nip77, resync, process (the release binary against relay processes; needs
+    /// `NIP77_RELAY`, skipped without it); `throttled` runs only when named: about 17 minutes of real time;
     /// `hostile` too: issue 20's floods against the release binary, which
     /// `cargo build --release` must have built)
     #[argh(option)]
@@ -83,6 +87,9 @@ struct Args {
     /// remote relays of the resync section (default 5)
     #[argh(option)]
     resync_relays: Option<usize>,
+    /// events of the process section's large-patch variant (default 2,000; 200 with --quick)
+    #[argh(option)]
+    large_events: Option<usize>,
     /// internal: run one memory probe in this process and print its JSON
     /// (`engine:N` or `clients:N`)
     #[argh(option)]
@@ -2381,6 +2388,26 @@ fn main() {
     section("state file", &mut |_| state_figures());
     section("resync", &mut |n| resync_figures(&sizes, n));
     section("nip77", &mut |n| nip77_figures(&sizes, n));
+    if wanted("process") {
+        match process::binaries() {
+            Ok(bins) => {
+                let large = args
+                    .large_events
+                    .unwrap_or(if args.quick { 200 } else { 2_000 });
+                section("process", &mut |n| {
+                    process::process_figures(
+                        &bins,
+                        sizes.events,
+                        sizes.relays,
+                        sizes.spread,
+                        large,
+                        n,
+                    )
+                });
+            }
+            Err(why) => eprintln!("process: skipped: {why}"),
+        }
+    }
     if args
         .only
         .as_deref()
