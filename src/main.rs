@@ -606,6 +606,9 @@ fn main() -> ExitCode {
             Err(code) => code,
         };
     }
+    if rest.first().map(String::as_str) == Some("audit") {
+        return audit_command(&rest[1..]);
+    }
     let rest = match with_env(&rest, ENV_FLAGS, |k| std::env::var(k).ok()) {
         Ok(r) => r,
         Err(e) => return usage_error(&e),
@@ -625,6 +628,121 @@ fn main() -> ExitCode {
     };
     init_logging(&args.log_format);
     run(&args, config)
+}
+
+/// `grasp-sync audit --help`.
+const AUDIT_HELP: &str = "\
+Usage: grasp-sync audit --own-relay <url> [daemon flags] [--json] [--fix]
+
+Check from outside that the own relay holds every event related to its repositories that
+the relays their announcements list hold. Reads the own relay's repositories the way the
+daemon does, asks every listed relay what it holds for each (NIP-77 where the relay takes
+part, paged REQ otherwise), within the daemon's address policy and limits, and reports per
+repository and relay: events the own relay lacks (MISSING), events it holds that the relay
+does not (EXTRA, informational), and relays not reached. Writes nothing without --fix.
+
+Options:
+  --json            print the report as one JSON document instead of the table
+  --fix             publish the missing events to the own relay (checked as the daemon
+                    checks them; rate-limited: and error: answers are retried)
+  --concurrency N   relays asked at once (default 8)
+  --relay-deadline SECS
+                    the most one relay's questions (and the fix) may take (default 600)
+  --max-missing N   the most missing events kept for --fix (default 100000)
+  --help, help      display this usage information
+
+Every daemon flag that picks repositories and relays, or sets limits, addresses and keys,
+applies as in the daemon, and so do their GRASP_SYNC_* environment variables: --own-relay,
+--public-url, --archive, --max-relays, --max-relays-per-pubkey, --max-urls-per-host,
+--max-relays-per-announcement, --prefer-pubkey, --shard, --page-size, --eose-timeout,
+--connect-timeout, --nip11-timeout, --no-nip77, --allow-private-relays, --deny-relay,
+--allow-relay, --ca-file, --system-roots, --nsec-file, --own-nsec-file,
+--no-ephemeral-auth, --max-event-size (see grasp-sync --help). Logging: RUST_LOG
+(default warn).
+
+Exit status: 0 nothing missing (after --fix: nothing still missing), 1 events missing,
+2 bad flags or the own relay cannot be read. Relays not reached are reported and do not
+change the exit status.
+";
+
+/// The audit's own flags, taken out of its arguments before the daemon's flags are parsed.
+struct AuditFlags {
+    json: bool,
+    opts: grasp_sync::ops::audit::AuditOptions,
+}
+
+fn audit_flags(args: &[String]) -> Result<(AuditFlags, Vec<String>), String> {
+    let mut flags = AuditFlags {
+        json: false,
+        opts: grasp_sync::ops::audit::AuditOptions::default(),
+    };
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> Result<u64, String> {
+            let v = it.next().ok_or_else(|| format!("--{name} needs a value"))?;
+            v.parse::<u64>()
+                .map_err(|_| format!("--{name} {v:?}: expected a whole number"))
+        };
+        match a.as_str() {
+            "--json" => flags.json = true,
+            "--fix" => flags.opts.fix = true,
+            "--concurrency" => {
+                flags.opts.concurrency =
+                    at_least("concurrency", value("concurrency")?, 1, "")? as usize
+            }
+            "--relay-deadline" => {
+                flags.opts.relay_deadline = secs("relay-deadline", value("relay-deadline")?)?
+            }
+            "--max-missing" => {
+                flags.opts.max_missing =
+                    at_least("max-missing", value("max-missing")?, 1, "event")? as usize
+            }
+            _ => rest.push(a.clone()),
+        }
+    }
+    Ok((flags, rest))
+}
+
+fn audit_command(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "help") {
+        print!("{AUDIT_HELP}");
+        return ExitCode::SUCCESS;
+    }
+    let (flags, rest) = match audit_flags(args) {
+        Ok(x) => x,
+        Err(e) => return usage_error(&e),
+    };
+    let rest = match with_env(&rest, ENV_FLAGS, |k| std::env::var(k).ok()) {
+        Ok(r) => r,
+        Err(e) => return usage_error(&e),
+    };
+    let args = match parse::<Args>(&["grasp-sync audit"], &rest) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let config = match build_config(&args) {
+        Ok(c) => c,
+        Err(e) => return usage_error(&e),
+    };
+    if std::env::var_os("RUST_LOG").is_none() {
+        std::env::set_var("RUST_LOG", "warn");
+    }
+    init_logging(&args.log_format);
+    match grasp_sync::ops::audit::run(&config, &flags.opts) {
+        Ok(report) => {
+            if flags.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.table());
+            }
+            ExitCode::from(report.exit_code())
+        }
+        Err(e) => {
+            eprintln!("grasp-sync audit: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 fn status_command(a: &StatusArgs) -> ExitCode {

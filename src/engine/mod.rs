@@ -7,7 +7,7 @@
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
 pub(crate) mod connection;
 mod coordinator;
-mod dial;
+pub(crate) mod dial;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
 pub(crate) mod forwarder;
 mod handover;

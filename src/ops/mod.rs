@@ -3,6 +3,7 @@
 //!
 //! [`render`] holds pure renderers of a [`crate::Status`]; [`http`] serves them.
 
+pub mod audit;
 pub mod http;
 pub mod once;
 pub mod render;

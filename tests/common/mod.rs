@@ -430,3 +430,117 @@ pub fn other_notices(r: &grasp_sync::RelayStatus) -> u64 {
     let detection = grasp_sync::core::sync::Nip77Support::Unsupported;
     r.notices.saturating_sub(u64::from(r.nip77 == detection))
 }
+
+// ----- `grasp-sync audit` -----
+
+/// One repository on the own relay whose announcement lists one remote relay, with a known
+/// gap: the remote holds three related events the own relay lacks (a reply, a patch, a
+/// comment on the repository), the own relay one the remote lacks, and the remote an
+/// unrelated note that is not missing.
+pub struct AuditGap {
+    /// The repository's coordinate.
+    pub repo: String,
+    /// What the own relay holds.
+    pub own: Vec<Event>,
+    /// What the remote relay holds.
+    pub remote: Vec<Event>,
+    /// Related events only the remote holds.
+    pub missing: HashSet<EventId>,
+    /// Related events only the own relay holds.
+    pub extra: HashSet<EventId>,
+}
+
+pub fn audit_gap(keys: &Keys, remote: &str) -> AuditGap {
+    let ann = announcement(keys, "audited", &[&[remote]]);
+    let repo = repo_ref(keys, "audited");
+    let issue = root(keys, 1621, &repo, "an issue", &[]);
+    let both = comment(keys, &issue, "on both relays");
+    let reply = comment(keys, &issue, "only on the remote");
+    let patch = root(keys, 1617, &repo, "a patch only on the remote", &[]);
+    let on_repo = repo_comment(
+        keys,
+        &repo,
+        "a comment on the repository, only on the remote",
+    );
+    let own_only = comment(keys, &issue, "only on the own relay");
+    let unrelated = note(keys, "unrelated");
+    AuditGap {
+        missing: [reply.id, patch.id, on_repo.id].into(),
+        extra: [own_only.id].into(),
+        own: vec![ann.clone(), issue.clone(), both.clone(), own_only],
+        remote: vec![ann, issue, both, reply, patch, on_repo, unrelated],
+        repo,
+    }
+}
+
+/// Runs `grasp-sync audit --json --allow-private-relays` (plus `extra`) against the own relay
+/// `own`: its exit status and its report.
+pub fn run_audit(own: &str, extra: &[&str]) -> (i32, Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_grasp-sync"))
+        .args([
+            "audit",
+            "--own-relay",
+            own,
+            "--allow-private-relays",
+            "--json",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run grasp-sync audit");
+    let code = out.status.code().unwrap_or(-1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let doc = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "grasp-sync audit (exit {code}) printed no JSON report ({e}):\n{}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    eprintln!("grasp-sync audit {extra:?}: exit {code}\n{stderr}");
+    (code, doc)
+}
+
+/// Every missing id the report lists, over all relays.
+pub fn audit_missing_ids(doc: &Value) -> HashSet<EventId> {
+    doc["relays"]
+        .as_array()
+        .expect("relays")
+        .iter()
+        .flat_map(|r| r["missing_ids"].as_array().expect("missing_ids").iter())
+        .map(|id| EventId::from_hex(id.as_str().expect("hex id")).expect("event id"))
+        .collect()
+}
+
+/// Checks an audit of [`audit_gap`] (`method`: how the remote was asked), runs `--fix`, and
+/// checks that a second audit finds nothing; returns the own relay's ids before and after
+/// through `own_ids`.
+pub fn audit_fix_and_check(
+    own: &str,
+    gap: &AuditGap,
+    method: &str,
+    own_ids: &dyn Fn() -> HashSet<EventId>,
+) {
+    let before = own_ids();
+    let (code, doc) = run_audit(own, &[]);
+    assert_eq!(code, 1, "something is missing: {doc:#}");
+    assert_eq!(audit_missing_ids(&doc), gap.missing, "{doc:#}");
+    let relay = &doc["relays"][0];
+    assert_eq!(relay["state"], "complete", "{doc:#}");
+    assert_eq!(relay["method"], method, "{doc:#}");
+    assert_eq!(relay["extra"], gap.extra.len(), "{doc:#}");
+    let line = &relay["repositories"][0];
+    assert_eq!(line["repo"], gap.repo.as_str());
+    assert_eq!(line["missing"], gap.missing.len());
+    assert_eq!(own_ids(), before, "an audit without --fix writes nothing");
+
+    let (code, doc) = run_audit(own, &["--fix"]);
+    assert_eq!(code, 0, "--fix stored what was missing: {doc:#}");
+    assert_eq!(doc["fix"]["accepted"], gap.missing.len(), "{doc:#}");
+    let expected: HashSet<EventId> = before.union(&gap.missing).copied().collect();
+    assert_eq!(own_ids(), expected, "the own relay after --fix");
+
+    let (code, doc) = run_audit(own, &[]);
+    assert_eq!(code, 0, "nothing missing after --fix: {doc:#}");
+    assert_eq!(doc["missing"], 0);
+    assert!(audit_missing_ids(&doc).is_empty());
+}

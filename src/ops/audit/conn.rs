@@ -1,0 +1,449 @@
+//! One blocking connection of the audit: read a query's whole history page by page, reconcile
+//! a filter with NIP-77, publish events and wait for their `OK`. Every wait has a deadline;
+//! NIP-42 challenges are answered with the connection's key, if it has one.
+//!
+//! The daemon's relay threads are built for thousands of live subscriptions; the audit asks
+//! one question at a time per relay, so a plain loop over `read` is enough here. What the
+//! relay sends is checked as in the daemon: frames through [`parse_relay_frame`], events
+//! through their filter, id and (for events the own relay lacks) signature, pages planned by
+//! [`plan_pages`].
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use negentropy::{Id, Negentropy, NegentropyStorageVector};
+use nostr::event::{Event, EventId};
+use nostr::filter::{Filter, MatchEventOptions};
+use nostr::key::Keys;
+use nostr::message::{ClientMessage, SubscriptionId};
+use tungstenite::Message;
+
+use crate::core::auth::auth_event;
+use crate::core::dedup::EventSummary;
+use crate::core::message::{
+    escape_for_log, parse_event, parse_ok_frame, parse_relay_frame, Incoming,
+};
+use crate::core::paging::{plan_pages, PageLimits, PageStats};
+use crate::core::relay_text::Prefix;
+use crate::core::sync::Nip77Config;
+use crate::core::{Clock, SystemClock};
+use crate::net::ws::{self, Socket};
+use crate::shared::RelayUrl;
+
+/// Most ids asked for in one `ids` filter when fetching what a reconciliation found missing.
+const IDS_PER_REQ: usize = 250;
+
+/// How long to wait for the answer to our `AUTH` before a query refused with
+/// `auth-required:` is given up.
+const AUTH_WAIT: Duration = Duration::from_secs(10);
+
+/// A connection, its key for NIP-42 and what it counted.
+pub(super) struct Conn {
+    pub(super) url: RelayUrl,
+    socket: Socket,
+    keys: Option<Keys>,
+    next_sub: u64,
+    /// The id of our `AUTH` event waiting for its `OK`.
+    auth_pending: Option<EventId>,
+    /// The relay accepted our `AUTH`.
+    authed: bool,
+    /// Events the relay sent that failed a check (malformed, outside the filter, wrong id).
+    pub(super) rejected: u64,
+    /// Frames that could not be read.
+    pub(super) bad_frames: u64,
+}
+
+/// How a query ended when it did not end complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum QueryEnd {
+    /// Every page read.
+    Complete,
+    /// Read as far as the relay allows; the reason part of the history could not be asked for.
+    Incomplete(String),
+}
+
+impl Conn {
+    pub(super) fn new(url: RelayUrl, socket: Socket, keys: Option<Keys>) -> Conn {
+        Conn {
+            url,
+            socket,
+            keys,
+            next_sub: 0,
+            auth_pending: None,
+            authed: false,
+            rejected: 0,
+            bad_frames: 0,
+        }
+    }
+
+    fn sub_id(&mut self, what: &str) -> SubscriptionId {
+        self.next_sub += 1;
+        SubscriptionId::new(format!("audit-{what}-{}", self.next_sub))
+    }
+
+    fn send(&mut self, text: String) -> Result<(), String> {
+        self.socket
+            .send(Message::text(text))
+            .map_err(|e| format!("send failed: {e}"))
+    }
+
+    /// The next text frame that is not about NIP-42 (challenges are answered here), or
+    /// `None` once `deadline` passed.
+    fn next_frame(&mut self, deadline: Instant) -> Result<Option<String>, String> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            ws::set_tick(&self.socket, left.min(Duration::from_secs(1)))
+                .map_err(|e| format!("socket: {e}"))?;
+            let text = match self.socket.read() {
+                Ok(Message::Text(t)) => t.to_string(),
+                Ok(Message::Close(_)) => return Err("the relay closed the connection".into()),
+                Ok(_) => continue,
+                Err(e) if ws::is_timeout(&e) => continue,
+                Err(e) => return Err(format!("connection lost: {e}")),
+            };
+            if self.take_auth(&text)? {
+                continue;
+            }
+            return Ok(Some(text));
+        }
+    }
+
+    /// Handles `AUTH` challenges and the `OK` of our `AUTH`; true when `text` was one.
+    fn take_auth(&mut self, text: &str) -> Result<bool, String> {
+        if let Some((id, accepted, message)) = parse_ok_frame(text) {
+            if self.auth_pending == Some(id) {
+                self.auth_pending = None;
+                self.authed = accepted;
+                if !accepted {
+                    log::warn!(
+                        "{}: AUTH refused: {}",
+                        self.url,
+                        escape_for_log(message, 200)
+                    );
+                }
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        let Ok(Incoming::Auth(challenge)) = parse_relay_frame(text) else {
+            return Ok(false);
+        };
+        let Some(keys) = self.keys.clone() else {
+            log::debug!("{}: AUTH challenge, no key to answer it", self.url);
+            return Ok(true);
+        };
+        let (id, frame) = auth_event(&keys, &self.url, &challenge, SystemClock.now())?;
+        self.auth_pending = Some(id);
+        self.send(frame)?;
+        Ok(true)
+    }
+
+    /// Waits until our `AUTH` was answered (or `AUTH_WAIT` passed); true when accepted.
+    fn wait_for_auth(&mut self, deadline: Instant) -> Result<bool, String> {
+        let until = deadline.min(Instant::now() + AUTH_WAIT);
+        while self.auth_pending.is_some() && !self.authed {
+            match self.next_frame(until)? {
+                Some(text) => log::debug!(
+                    "{}: frame while waiting for AUTH: {}",
+                    self.url,
+                    escape_for_log(&text, 120)
+                ),
+                None => break,
+            }
+        }
+        Ok(self.authed)
+    }
+
+    /// Reads `filter`'s whole history, page by page ([`plan_pages`]), calling `on_event` with
+    /// every event that matches its page's filter and carries its true id (the signature is
+    /// left to the caller). `page_timeout` bounds the wait for each page's `EOSE`; `deadline`
+    /// the whole query.
+    pub(super) fn read_history(
+        &mut self,
+        filter: &Filter,
+        limits: &PageLimits,
+        page_timeout: Duration,
+        deadline: Instant,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<QueryEnd, String> {
+        let mut first = filter.clone();
+        if let (Some(max), None) = (limits.max_limit, first.limit) {
+            first = first.limit(max);
+        }
+        let mut pages = VecDeque::from([first]);
+        let mut end = QueryEnd::Complete;
+        let mut auth_retried = false;
+        while let Some(page) = pages.pop_front() {
+            let sub = self.sub_id("req");
+            self.send(ClientMessage::req(sub.clone(), page.clone()).as_json())?;
+            let page_deadline = deadline.min(Instant::now() + page_timeout);
+            let mut stats = PageStats::default();
+            loop {
+                let Some(text) = self.next_frame(page_deadline)? else {
+                    return Err(format!(
+                        "no EOSE within {} s for {}",
+                        page_timeout.as_secs(),
+                        escape_for_log(&page.as_json(), 200)
+                    ));
+                };
+                let frame = match parse_relay_frame(&text) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.bad_frames += 1;
+                        log::debug!("{}: unreadable frame ({e})", self.url);
+                        continue;
+                    }
+                };
+                match frame {
+                    Incoming::Event { sub_id, raw } if sub_id == sub.as_str() => {
+                        match parse_event(raw.get()) {
+                            Ok(event)
+                                if page.match_event(&event, MatchEventOptions::new())
+                                    && event.verify_id() =>
+                            {
+                                stats.record_summary(&EventSummary::of(&event));
+                                on_event(event);
+                            }
+                            _ => {
+                                stats.record_rejected();
+                                self.rejected += 1;
+                            }
+                        }
+                    }
+                    Incoming::Eose(id) if id == sub.as_str() => {
+                        self.send(ClientMessage::close(sub.clone()).as_json())?;
+                        let plan = plan_pages(&page, &stats, limits);
+                        if let Some(why) = plan.incomplete {
+                            end = QueryEnd::Incomplete(why);
+                        }
+                        pages.extend(plan.next);
+                        break;
+                    }
+                    Incoming::Closed { sub_id, message } if sub_id == sub.as_str() => {
+                        if Prefix::of(&message) == Prefix::AuthRequired
+                            && !auth_retried
+                            && self.wait_for_auth(deadline)?
+                        {
+                            auth_retried = true;
+                            pages.push_front(page);
+                            break;
+                        }
+                        return Err(format!(
+                            "the relay closed the query: {}",
+                            escape_for_log(&message, 200)
+                        ));
+                    }
+                    Incoming::Notice(n) => {
+                        log::debug!("{}: NOTICE {}", self.url, escape_for_log(&n, 200))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(end)
+    }
+
+    /// Reconciles `filter` with NIP-77 against `own` (the own relay's `(created_at, id)` of
+    /// the events matching it): the ids only the own relay holds and the ids only the relay
+    /// holds. `Err` when the relay does not take part (NOTICE, CLOSED, NEG-ERR, silence) or
+    /// breaks a bound of `cfg`; the caller then reads the query by REQ.
+    pub(super) fn reconcile(
+        &mut self,
+        filter: &Filter,
+        own: &[(u64, EventId)],
+        cfg: &Nip77Config,
+        deadline: Instant,
+    ) -> Result<(Vec<EventId>, Vec<EventId>), String> {
+        let mut storage = NegentropyStorageVector::with_capacity(own.len());
+        for (t, id) in own {
+            storage
+                .insert(*t, Id::from_byte_array(id.to_bytes()))
+                .map_err(|e| e.to_string())?;
+        }
+        storage.seal().map_err(|e| e.to_string())?;
+        let mut neg = Negentropy::owned(storage, cfg.frame_size).map_err(|e| e.to_string())?;
+        let first = neg.initiate().map_err(|e| e.to_string())?;
+        let sub = self.sub_id("neg");
+        self.send(ClientMessage::neg_open(sub.clone(), filter.clone(), hex(&first)).as_json())?;
+        let (mut have, mut need) = (Vec::new(), Vec::new());
+        let mut rounds = 0u32;
+        loop {
+            let round_deadline = deadline.min(Instant::now() + cfg.round_timeout);
+            let Some(text) = self.next_frame(round_deadline)? else {
+                return Err(format!(
+                    "no NIP-77 answer within {} s",
+                    cfg.round_timeout.as_secs()
+                ));
+            };
+            let message = match parse_relay_frame(&text) {
+                Ok(Incoming::NegMsg { sub_id, message }) if sub_id == sub.as_str() => message,
+                Ok(Incoming::NegErr { sub_id, message }) if sub_id == sub.as_str() => {
+                    return Err(format!("NEG-ERR {}", escape_for_log(&message, 200)))
+                }
+                Ok(Incoming::Closed { sub_id, message }) if sub_id == sub.as_str() => {
+                    return Err(format!("CLOSED {}", escape_for_log(&message, 200)))
+                }
+                Ok(Incoming::Notice(n)) => {
+                    return Err(format!("NOTICE {}", escape_for_log(&n, 200)))
+                }
+                _ => continue,
+            };
+            rounds += 1;
+            if rounds > cfg.max_rounds {
+                return Err(format!("still negotiating after {} rounds", cfg.max_rounds));
+            }
+            let bytes = unhex(&message).ok_or("NEG-MSG is not hex")?;
+            let (mut h, mut n) = (Vec::new(), Vec::new());
+            let next = neg
+                .reconcile_with_ids(&bytes, &mut h, &mut n)
+                .map_err(|e| format!("bad NEG-MSG: {e}"))?;
+            have.extend(h.iter().map(|i| EventId::from_byte_array(**i)));
+            need.extend(n.iter().map(|i| EventId::from_byte_array(**i)));
+            if need.len() > cfg.max_need_ids {
+                return Err(format!(
+                    "the relay claims more than {} missing events",
+                    cfg.max_need_ids
+                ));
+            }
+            match next {
+                Some(m) => self.send(
+                    ClientMessage::NegMsg {
+                        subscription_id: std::borrow::Cow::Owned(sub.clone()),
+                        message: std::borrow::Cow::Owned(hex(&m)),
+                    }
+                    .as_json(),
+                )?,
+                None => {
+                    self.send(
+                        ClientMessage::NegClose {
+                            subscription_id: std::borrow::Cow::Owned(sub),
+                        }
+                        .as_json(),
+                    )?;
+                    return Ok((have, need));
+                }
+            }
+        }
+    }
+
+    /// Fetches the events `ids` (within `filter`) by `ids` queries; `on_event` gets each that
+    /// matches, has its true id and was asked for.
+    pub(super) fn fetch_ids(
+        &mut self,
+        filter: &Filter,
+        ids: &[EventId],
+        limits: &PageLimits,
+        page_timeout: Duration,
+        deadline: Instant,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<QueryEnd, String> {
+        let chunk = limits.page_size.saturating_sub(1).clamp(1, IDS_PER_REQ);
+        let mut end = QueryEnd::Complete;
+        for part in ids.chunks(chunk) {
+            let wanted: HashSet<EventId> = part.iter().copied().collect();
+            let query = filter.clone().ids(part.iter().copied());
+            let mut keep = |e: Event| {
+                if wanted.contains(&e.id) {
+                    on_event(e)
+                }
+            };
+            if let QueryEnd::Incomplete(why) =
+                self.read_history(&query, limits, page_timeout, deadline, &mut keep)?
+            {
+                end = QueryEnd::Incomplete(why);
+            }
+        }
+        Ok(end)
+    }
+
+    /// Publishes `events` (raw JSON) with at most `window` waiting for their `OK`, answering
+    /// `rate-limited:` and `error:` with a pause (doubling from 1 s up to 30 s) and another
+    /// try, up to `tries` tries per event. Returns per event whether the relay took it, and
+    /// the reason when it did not.
+    pub(super) fn publish(
+        &mut self,
+        events: &[(EventId, String)],
+        window: usize,
+        tries: u32,
+        deadline: Instant,
+    ) -> Result<Vec<(EventId, Result<bool, String>)>, String> {
+        let mut queue: VecDeque<(usize, u32)> = (0..events.len()).map(|i| (i, 0)).collect();
+        let mut waiting: std::collections::HashMap<EventId, (usize, u32)> = Default::default();
+        let mut out = Vec::with_capacity(events.len());
+        let mut pause = Duration::ZERO;
+        let mut resume = Instant::now();
+        while !queue.is_empty() || !waiting.is_empty() {
+            if Instant::now() >= deadline {
+                for (i, _) in queue.drain(..).chain(waiting.drain().map(|(_, v)| v)) {
+                    out.push((events[i].0, Err("not answered before the deadline".into())));
+                }
+                break;
+            }
+            while waiting.len() < window && Instant::now() >= resume {
+                let Some((i, tried)) = queue.pop_front() else {
+                    break;
+                };
+                let (id, raw) = &events[i];
+                self.send(format!("[\"EVENT\",{raw}]"))?;
+                waiting.insert(*id, (i, tried + 1));
+            }
+            let wait_until = if waiting.is_empty() {
+                resume.min(deadline)
+            } else {
+                deadline.min(Instant::now() + Duration::from_secs(30))
+            };
+            let Some(text) = self.next_frame(wait_until)? else {
+                if !waiting.is_empty() && Instant::now() < deadline {
+                    // 30 s without an answer: the relay dropped them; ask again.
+                    for (_, (i, tried)) in waiting.drain() {
+                        queue.push_back((i, tried));
+                    }
+                }
+                continue;
+            };
+            let Some((id, accepted, message)) = parse_ok_frame(&text) else {
+                continue;
+            };
+            let Some((i, tried)) = waiting.remove(&id) else {
+                continue;
+            };
+            let prefix = Prefix::of(message);
+            let transient = matches!(
+                prefix,
+                Prefix::RateLimited | Prefix::Error | Prefix::AuthRequired
+            );
+            if accepted || prefix == Prefix::Duplicate {
+                pause = Duration::ZERO;
+                out.push((id, Ok(prefix == Prefix::Duplicate)));
+            } else if transient && tried < tries {
+                if prefix == Prefix::AuthRequired {
+                    self.wait_for_auth(deadline)?;
+                } else {
+                    pause = (pause * 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
+                    resume = Instant::now() + pause;
+                    log::info!(
+                        "{}: {}; next event in {} s",
+                        self.url,
+                        escape_for_log(message, 120),
+                        pause.as_secs()
+                    );
+                }
+                queue.push_front((i, tried));
+            } else {
+                out.push((id, Err(escape_for_log(message, 200))));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    crate::core::sync::hex_encode(bytes)
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    crate::core::sync::hex_decode(text)
+}

@@ -1,0 +1,124 @@
+//! `grasp-sync audit` (the binary) against in-process test relays on 127.0.0.1: a known gap
+//! is found by REQ and by NIP-77 and closed by `--fix`; relays not reached are reported; an
+//! own relay that cannot be read exits 2. The same gap against real relays:
+//! `tests/interop.rs` (nostr-rs-relay) and `tests/nip77_interop.rs` (rust-nostr's LocalRelay).
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::process::Command;
+
+use grasp_sync::testing::{Nip77Mode, TestRelay};
+use nostr::key::Keys;
+
+use common::*;
+
+fn seed(relay: &TestRelay, events: &[nostr::event::Event]) {
+    for e in events {
+        relay.insert(e);
+    }
+}
+
+/// A port nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn audit_help_names_its_flags_and_exit_statuses() {
+    let out = Command::new(env!("CARGO_BIN_EXE_grasp-sync"))
+        .args(["audit", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "Usage: grasp-sync audit",
+        "--json",
+        "--fix",
+        "Exit status: 0",
+    ] {
+        assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn an_own_relay_that_cannot_be_read_exits_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_grasp-sync"))
+        .args(["audit", "--own-relay"])
+        .arg(format!("ws://127.0.0.1:{}", closed_port()))
+        .args(["--connect-timeout", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot read the own relay"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_grasp-sync"))
+        .args(["audit", "--own-relay", "not a url"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "bad input");
+}
+
+#[test]
+fn a_gap_read_by_req_is_found_and_closed_by_fix() {
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    seed(&own, &gap.own);
+    seed(&remote, &gap.remote);
+    audit_fix_and_check(&own.url(), &gap, "req", &|| own.event_ids());
+}
+
+#[test]
+fn a_gap_reconciled_by_nip77_is_found_and_closed_by_fix() {
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    remote.set_nip77(Nip77Mode::On);
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    seed(&own, &gap.own);
+    seed(&remote, &gap.remote);
+    audit_fix_and_check(&own.url(), &gap, "nip77", &|| own.event_ids());
+}
+
+#[test]
+fn a_relay_not_reached_is_reported_and_the_rest_is_audited() {
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let keys = Keys::generate();
+    let dead = format!("ws://127.0.0.1:{}", closed_port());
+    let gap = audit_gap(&keys, &remote.url());
+    // The announcement lists a second relay nothing listens on.
+    let ann = announcement(&keys, "audited", &[&[&remote.url(), &dead]]);
+    seed(&own, &[ann.clone()]);
+    seed(&own, &gap.own[1..]);
+    seed(&remote, &gap.remote);
+    let (code, doc) = run_audit(&own.url(), &["--connect-timeout", "5"]);
+    assert_eq!(code, 1, "the remote's gap: {doc:#}");
+    assert_eq!(audit_missing_ids(&doc), gap.missing);
+    let states: HashSet<(String, String)> = doc["relays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["url"].as_str().unwrap().trim_end_matches('/').to_string(),
+                r["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        states.contains(&(dead.clone(), "unreachable".into())),
+        "{doc:#}"
+    );
+    assert!(
+        states.contains(&(
+            remote.url().trim_end_matches('/').to_string(),
+            "complete".into()
+        )),
+        "{doc:#}"
+    );
+    assert_eq!(doc["relays_with_problems"], 1);
+}
