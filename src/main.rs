@@ -26,7 +26,8 @@ use grasp_sync::{Config, RelayUrl};
 /// command line wins; repeatable flags take a comma-separated list; switches take 1/true/yes
 /// or 0/false/no). Logging: RUST_LOG (e.g. RUST_LOG=info, RUST_LOG=grasp_sync=debug).
 /// SIGINT/SIGTERM stop gracefully (the forward queue is flushed within --stop-timeout); a
-/// second signal exits at once. Subcommand: `grasp-sync status --metrics-addr ADDR` prints
+/// second signal exits at once. Subcommands: `grasp-sync audit` checks that the own relay
+/// holds what the listed relays hold (`grasp-sync audit --help`); `grasp-sync status --metrics-addr ADDR` prints
 /// the per-relay table of a running instance.
 #[derive(FromArgs, Debug)]
 struct Args {
@@ -657,8 +658,7 @@ applies as in the daemon, and so do their GRASP_SYNC_* environment variables: --
 --max-relays-per-announcement, --prefer-pubkey, --shard, --page-size, --eose-timeout,
 --connect-timeout, --nip11-timeout, --no-nip77, --allow-private-relays, --deny-relay,
 --allow-relay, --ca-file, --system-roots, --nsec-file, --own-nsec-file,
---no-ephemeral-auth, --max-event-size (see grasp-sync --help). Logging: RUST_LOG
-(default warn).
+--no-ephemeral-auth (see grasp-sync --help). Logging: RUST_LOG (default warn).
 
 Exit status: 0 nothing missing (after --fix: nothing still missing), 1 events missing,
 2 bad flags or the own relay cannot be read. Relays not reached are reported and do not
@@ -935,6 +935,28 @@ mod tests {
 
     fn args(v: &[&str]) -> Result<Args, argh::EarlyExit> {
         Args::from_args(&["grasp-sync"], v)
+    }
+
+    #[test]
+    fn every_daemon_flag_the_audit_help_names_exists() {
+        let help = match args(&["--help"]) {
+            Err(exit) => exit.output,
+            Ok(_) => panic!("--help parses to an early exit"),
+        };
+        let named = AUDIT_HELP.split("Every daemon flag").nth(1).unwrap();
+        let named = named.split("Logging:").next().unwrap();
+        let flags: Vec<&str> = named
+            .split(|c: char| c.is_whitespace() || c == ',' || c == ':' || c == '(')
+            .map(|w| w.trim_end_matches([')', '.']))
+            .filter(|w| w.starts_with("--") && *w != "--help")
+            .collect();
+        assert!(flags.len() > 15, "{flags:?}");
+        for flag in flags {
+            assert!(
+                help.contains(&format!("  {flag} ")) || help.contains(&format!("  {flag}\n")),
+                "{flag} is not a daemon flag"
+            );
+        }
     }
 
     #[test]

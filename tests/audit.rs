@@ -92,7 +92,7 @@ fn a_relay_not_reached_is_reported_and_the_rest_is_audited() {
     let gap = audit_gap(&keys, &remote.url());
     // The announcement lists a second relay nothing listens on.
     let ann = announcement(&keys, "audited", &[&[&remote.url(), &dead]]);
-    seed(&own, &[ann.clone()]);
+    seed(&own, std::slice::from_ref(&ann));
     seed(&own, &gap.own[1..]);
     seed(&remote, &gap.remote);
     let (code, doc) = run_audit(&own.url(), &["--connect-timeout", "5"]);
@@ -121,4 +121,53 @@ fn a_relay_not_reached_is_reported_and_the_rest_is_audited() {
         "{doc:#}"
     );
     assert_eq!(doc["relays_with_problems"], 1);
+}
+
+#[test]
+fn forged_events_are_counted_as_rejected_not_missing() {
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let keys = Keys::generate();
+    let gap = audit_gap(&keys, &remote.url());
+    seed(&own, &gap.own);
+    // The remote holds what the own relay holds, plus replies whose signature or content
+    // was tampered with.
+    seed(&remote, &gap.own);
+    let issue = &gap.own[1];
+    remote
+        .insert_raw(&forge_signature(&comment(&keys, issue, "forged signature")))
+        .unwrap();
+    remote
+        .insert_raw(&forge_content(
+            &comment(&keys, issue, "x"),
+            "changed content",
+        ))
+        .unwrap();
+    let (code, doc) = run_audit(&own.url(), &[]);
+    assert_eq!(code, 0, "nothing genuine is missing: {doc:#}");
+    // Each reply is sent twice: for the `#e` and for the `#E` query.
+    assert_eq!(doc["relays"][0]["rejected"], 4, "{doc:#}");
+    assert_eq!(doc["missing"], 0);
+}
+
+#[test]
+fn relays_on_private_addresses_are_refused_without_allow_private_relays() {
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    seed(&own, &gap.own);
+    seed(&remote, &gap.remote);
+    let out = Command::new(env!("CARGO_BIN_EXE_grasp-sync"))
+        .args(["audit", "--own-relay", &own.url()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{table}");
+    assert_eq!(out.status.code(), Some(0), "nothing read, nothing missing");
+    assert!(table.contains("UNREACHABLE"), "{table}");
+    assert!(table.contains("refused by the address policy"), "{table}");
+    assert!(table.contains(":audited"), "the repository's line: {table}");
+    assert_eq!(
+        remote.connections_accepted(),
+        0,
+        "no connection reached the remote"
+    );
 }

@@ -1296,3 +1296,23 @@ fn nostr_rs_relay_as_the_own_relay_answering_error_for_a_while_loses_nothing() {
     assert!(status.forward_relay_errors > 0, "{status:#?}");
     stop(handle, &[&remote]);
 }
+
+// ----- `grasp-sync audit` (issue 22) -----
+
+/// `grasp-sync audit` with nostr-rs-relay as the own relay and as the remote relay (no
+/// NIP-77: every query is read by paged REQ): the known gap of [`audit_gap`] is found event by
+/// event, `--fix` stores it, and a second audit finds nothing.
+#[test]
+fn nostr_rs_relay_audit_finds_a_known_gap_and_fix_closes_it() {
+    let test = "nostr_rs_relay_audit_finds_a_known_gap_and_fix_closes_it";
+    let (Some(own), Some(remote)) = (
+        NostrRsRelay::start_or_skip(test),
+        NostrRsRelay::start_or_skip(test),
+    ) else {
+        return;
+    };
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    own.publish(&gap.own);
+    remote.publish(&gap.remote);
+    audit_fix_and_check(&own.url(), &gap, "req", &|| own.event_ids());
+}

@@ -404,3 +404,22 @@ fn local_relay_is_found_to_speak_nip77_with_default_flags() {
     assert_eq!(st.sync.nip77_detections, 1, "{test}: detected once");
     common::shutdown_clean(handle, &[&own]);
 }
+
+/// `grasp-sync audit` with LocalRelay as the own relay and as the remote relay: LocalRelay
+/// serves no NIP-11 document, so the audit tries NIP-77 and the remote answers it; the known
+/// gap of [`common::audit_gap`] is found by reconciliation, `--fix` stores it, and a second
+/// audit finds nothing.
+#[test]
+fn local_relay_audit_reconciles_a_known_gap_and_fix_closes_it() {
+    let test = "local_relay_audit_reconciles_a_known_gap_and_fix_closes_it";
+    let (Some(own), Some(remote)) = (
+        LocalRelay::start_or_skip(test),
+        LocalRelay::start_or_skip(test),
+    ) else {
+        return;
+    };
+    let gap = common::audit_gap(&nostr::key::Keys::generate(), &remote.url);
+    own.seed(&gap.own);
+    remote.seed(&gap.remote);
+    common::audit_fix_and_check(&own.url, &gap, "nip77", &|| own.event_ids());
+}

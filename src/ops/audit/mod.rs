@@ -137,8 +137,9 @@ pub struct RelayAudit {
     pub extra: usize,
     /// Ids a reconciliation named as missing that the relay then did not deliver.
     pub undelivered: usize,
-    /// Events it sent that failed a check (malformed, outside the filter, wrong id or
-    /// signature).
+    /// Deliveries of events that failed a check (malformed, outside the filter, wrong id or
+    /// signature): an event sent for two queries (a reply tagged with both `e` and `E`)
+    /// counts twice.
     pub rejected: u64,
     /// Per repository whose announcement lists it, sorted.
     pub repos: Vec<RepoCount>,
@@ -352,6 +353,12 @@ impl AuditReport {
         } else {
             out.push_str(&format!(
                 "{missing} events missing on the own relay (grasp-sync audit --fix publishes them)"
+            ));
+        }
+        let problems = self.relays_with_problems();
+        if problems > 0 {
+            out.push_str(&format!(
+                " on the relays read; {problems} relays not read in full (listed above)"
             ));
         }
         if self.not_kept > 0 {
@@ -804,7 +811,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
         .config
         .auth_keys
         .clone()
-        .or_else(|| ctx.config.ephemeral_auth.then(|| Keys::generate()));
+        .or_else(|| ctx.config.ephemeral_auth.then(Keys::generate));
     let mut conn = Conn::new(url.clone(), socket, keys);
     let deadline = Instant::now() + ctx.opts.relay_deadline;
     let page_timeout = ctx.config.eose_timeout;
