@@ -313,7 +313,9 @@ impl SyncMachine {
         now: Time,
     ) {
         let Some(info) = self.link_mut(relay).and_then(|l| {
-            l.loading.remove(sub_id);
+            if l.loading.remove(sub_id).is_some() {
+                l.history_queries_completed += 1;
+            }
             l.subs.get(sub_id).cloned()
         }) else {
             return;

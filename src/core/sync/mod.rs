@@ -647,6 +647,9 @@ struct Link {
     /// Batches failed, queries incomplete.
     failed_batches: u64,
     incomplete_queries: u64,
+    /// History queries finished: EOSEs of loading queries and reconciliations done
+    /// ([`RelaySyncStatus::history_queries_completed`]).
+    history_queries_completed: u64,
 }
 
 #[derive(Debug)]
@@ -776,6 +779,13 @@ pub struct RelaySyncStatus {
     pub nip77: Nip77Support,
     /// Reconciliations running or waiting on this relay.
     pub reconciliations_pending: usize,
+    /// History queries not finished: sent without EOSE yet, waiting for room in the budget,
+    /// closed by the relay and waiting to be opened again, waiting for room for their pages,
+    /// and NIP-77 reconciliations (see [`crate::core::progress`]).
+    pub history_queries_pending: usize,
+    /// History queries finished since the relay became known: an EOSE of a query that was
+    /// loading, or a NIP-77 reconciliation done (a counter, for the completion rate).
+    pub history_queries_completed: u64,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -1352,6 +1362,17 @@ impl SyncMachine {
         self.root_events_known
     }
 
+    /// Each known relay's history queries completed (a counter; see
+    /// [`RelaySyncStatus::history_queries_completed`]), cheaper than [`Self::relay_statuses`].
+    pub fn history_queries_completed(&self) -> impl Iterator<Item = (&RelayUrl, u64)> + '_ {
+        self.relays.keys().map(|url| {
+            (
+                url,
+                self.link_of(url).map_or(0, |l| l.history_queries_completed),
+            )
+        })
+    }
+
     /// A status line per remote relay, sorted by URL.
     pub fn relay_statuses(&self, now: Time) -> Vec<RelaySyncStatus> {
         let targets = self.plan.targets();
@@ -1390,6 +1411,10 @@ impl SyncMachine {
                     reopen_pending: link.map_or(0, |l| l.reopen.len()),
                     nip77: self.nip77_support(url),
                     reconciliations_pending: self.recon.jobs_of(url),
+                    history_queries_pending: link.map_or(0, |l| {
+                        l.loading.len() + l.queue.len() + l.reopen.len() + l.parked.len()
+                    }) + self.recon.jobs_of(url),
+                    history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
                 }
             })
             .collect()
