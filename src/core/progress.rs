@@ -194,6 +194,12 @@ pub enum Unknown {
     /// Items wait to be confirmed but no history query for them exists yet (batch window,
     /// consolidation or planning pending): the work is not sized.
     NotYetSized,
+    /// Items wait to be confirmed, held back until a failed batch (or a rate limit) lets the
+    /// relay's batches be retried, in this many seconds.
+    RetryPending {
+        /// Seconds until the retry.
+        in_secs: u64,
+    },
     /// Less than [`MIN_SPAN`] of samples.
     Measuring,
     /// History queries are pending but none completed in the last minute.
@@ -219,6 +225,11 @@ impl fmt::Display for Unknown {
             Unknown::RelayDisconnected => f.write_str("relay disconnected"),
             Unknown::RelayConnecting => f.write_str("relay connecting"),
             Unknown::NotYetSized => f.write_str("history queries not yet sized"),
+            Unknown::RetryPending { in_secs } => write!(
+                f,
+                "failed history queries retried in {}",
+                duration_words(*in_secs)
+            ),
             Unknown::Measuring => write!(
                 f,
                 "measuring (less than {} s of samples)",
@@ -314,14 +325,16 @@ pub struct RelayInput {
     pub history_queries_pending: usize,
     /// History queries completed per second over the last minute.
     pub queries_per_second: Option<f64>,
+    /// Time until failed batches stop holding back the relay's next batches, if they do.
+    pub retry_in: Option<Duration>,
 }
 
 impl RelayInput {
     /// The relay's estimate: [`Eta::Settled`] when it is connected with nothing pending and
     /// everything it should carry confirmed; else `pending ÷ completion rate` (rounded up),
     /// or [`Eta::Unknown`] when the relay is not connected, nothing is queried yet for what
-    /// is unconfirmed, less than [`MIN_SPAN`] was measured or nothing completed in the last
-    /// minute.
+    /// is unconfirmed (waiting for the retry of a failed batch, or not yet sized), less than
+    /// [`MIN_SPAN`] was measured or nothing completed in the last minute.
     pub fn eta(&self) -> Eta {
         match self.connection {
             ConnectionStatus::Connected => {}
@@ -332,6 +345,10 @@ impl RelayInput {
         if self.history_queries_pending == 0 {
             return if confirmed && self.pending_batches == 0 {
                 Eta::Settled
+            } else if let Some(wait) = self.retry_in.filter(|_| !confirmed) {
+                Eta::Unknown(Unknown::RetryPending {
+                    in_secs: wait.as_secs_f64().ceil() as u64,
+                })
             } else {
                 Eta::Unknown(Unknown::NotYetSized)
             };
@@ -383,6 +400,7 @@ impl RelayProgress {
             confirmed: (s.confirmed_repos, s.confirmed_root_events),
             history_queries_pending: s.history_queries_pending,
             queries_per_second,
+            retry_in: s.batches_retry_at.map(|t| t.since(now)),
         }
         .eta();
         RelayProgress {
@@ -600,6 +618,7 @@ mod tests {
             confirmed: (4, 40),
             history_queries_pending: pending,
             queries_per_second: rate,
+            retry_in: None,
         }
     }
 
@@ -626,6 +645,15 @@ mod tests {
             u(relay(0, Some(1.0))),
             Some(Unknown::NotYetSized),
             "unconfirmed items, no query yet"
+        );
+        let held_back = RelayInput {
+            retry_in: Some(Duration::from_millis(89_500)),
+            ..relay(0, Some(1.0))
+        };
+        assert_eq!(u(held_back), Some(Unknown::RetryPending { in_secs: 90 }));
+        assert_eq!(
+            Unknown::RetryPending { in_secs: 90 }.to_string(),
+            "failed history queries retried in 1m30s"
         );
         let down = RelayInput {
             connection: ConnectionStatus::Disconnected,
@@ -729,6 +757,7 @@ mod tests {
                 confirmed: (completed as usize, 0),
                 history_queries_pending: pending,
                 queries_per_second: q,
+                retry_in: None,
             }
             .eta();
             if s % 100 == 0 {

@@ -786,6 +786,9 @@ pub struct RelaySyncStatus {
     /// History queries finished since the relay became known: an EOSE of a query that was
     /// loading, or a NIP-77 reconciliation done (a counter, for the completion rate).
     pub history_queries_completed: u64,
+    /// When failed batches (or a rate limit) stop holding back the relay's next batches, if
+    /// they do: its unconfirmed items wait until then without a query.
+    pub batches_retry_at: Option<Time>,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -1415,6 +1418,7 @@ impl SyncMachine {
                         l.loading.len() + l.queue.len() + l.reopen.len() + l.parked.len()
                     }) + self.recon.jobs_of(url),
                     history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
+                    batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
                 }
             })
             .collect()
