@@ -232,7 +232,7 @@ impl fmt::Display for Unknown {
             ),
             Unknown::Measuring => write!(
                 f,
-                "measuring (less than {} s of samples)",
+                "measuring: less than {} s of samples",
                 MIN_SPAN.as_secs()
             ),
             Unknown::NoQueryCompleted => {
