@@ -11,7 +11,8 @@
 //! The unit of work is a **history query**: a REQ (or NIP-77 reconciliation) that reads a
 //! relay's stored events up to its EOSE. A relay's pending history queries are those sent
 //! without EOSE yet, waiting for room in its subscription budget, closed by the relay and
-//! waiting to be opened again, waiting for room for their pages, and its reconciliations.
+//! waiting to be opened again, waiting for room for their pages, and its reconciliations
+//! (live-only REQs, `limit: 0`, read no history and are not counted).
 //!
 //! - **Per relay**: `pending ÷ completions per second over the last minute`, rounded up.
 //!   Relays read in parallel, so each relay is estimated from its own rate.

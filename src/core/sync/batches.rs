@@ -313,7 +313,12 @@ impl SyncMachine {
         now: Time,
     ) {
         let Some(info) = self.link_mut(relay).and_then(|l| {
-            if l.loading.remove(sub_id).is_some() {
+            // A live-only REQ (`limit: 0`) has no history: not counted.
+            if l.loading.remove(sub_id).is_some()
+                && l.subs
+                    .get(sub_id)
+                    .is_some_and(|i| i.filter.limit != Some(0))
+            {
                 l.history_queries_completed += 1;
             }
             l.subs.get(sub_id).cloned()

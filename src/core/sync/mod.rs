@@ -522,6 +522,25 @@ impl Link {
         }
     }
 
+    /// History queries not finished (live-only REQs, `limit: 0`, carry no history and are
+    /// not counted): sent without EOSE yet, waiting for room in the budget, closed by the
+    /// relay and waiting to be opened again, and waiting for room for their pages.
+    fn history_queries_pending(&self) -> usize {
+        let history = |f: &Filter| f.limit != Some(0);
+        let loading = self
+            .loading
+            .keys()
+            .filter(|s| self.subs.get(*s).is_some_and(|i| history(&i.filter)))
+            .count();
+        let queued = self
+            .queue
+            .iter()
+            .filter(|(_, i)| history(&i.filter))
+            .count();
+        let reopen = self.reopen.iter().filter(|(_, _, f)| history(f)).count();
+        loading + queued + reopen + self.parked.len()
+    }
+
     /// Forgets every subscription and everything waiting to be (re)subscribed: after a lost
     /// connection, or before the daily resync rebuilds them.
     fn forget_subscriptions(&mut self) {
@@ -781,10 +800,12 @@ pub struct RelaySyncStatus {
     pub reconciliations_pending: usize,
     /// History queries not finished: sent without EOSE yet, waiting for room in the budget,
     /// closed by the relay and waiting to be opened again, waiting for room for their pages,
-    /// and NIP-77 reconciliations (see [`crate::core::progress`]).
+    /// and NIP-77 reconciliations (see [`crate::core::progress`]). Live-only REQs
+    /// (`limit: 0`) carry no history and are not counted.
     pub history_queries_pending: usize,
     /// History queries finished since the relay became known: an EOSE of a query that was
-    /// loading, or a NIP-77 reconciliation done (a counter, for the completion rate).
+    /// loading (not live-only), or a NIP-77 reconciliation done (a counter, for the
+    /// completion rate).
     pub history_queries_completed: u64,
     /// When failed batches (or a rate limit) stop holding back the relay's next batches, if
     /// they do: its unconfirmed items wait until then without a query.
@@ -1414,9 +1435,8 @@ impl SyncMachine {
                     reopen_pending: link.map_or(0, |l| l.reopen.len()),
                     nip77: self.nip77_support(url),
                     reconciliations_pending: self.recon.jobs_of(url),
-                    history_queries_pending: link.map_or(0, |l| {
-                        l.loading.len() + l.queue.len() + l.reopen.len() + l.parked.len()
-                    }) + self.recon.jobs_of(url),
+                    history_queries_pending: link.map_or(0, Link::history_queries_pending)
+                        + self.recon.jobs_of(url),
                     history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
                     batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
                 }
