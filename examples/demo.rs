@@ -10,9 +10,16 @@
 //! ```
 //!
 //! Exits 0 when the own relay ends up with exactly the expected event set, 1 otherwise.
+//!
+//! For a look at the status page (`docs/check-status-page.sh`):
+//! `GRASP_SYNC_DEMO_METRICS_ADDR=127.0.0.1:9464` serves `/`, `/status` and `/metrics` there;
+//! `GRASP_SYNC_DEMO_HOLD_SECS=N` keeps the engine and the listener running N s after the own
+//! relay is complete; `GRASP_SYNC_DEMO_EOSE_DELAY_MS=N` makes relay C send each EOSE N ms
+//! late and publish a budget of 2 subscriptions (a slower sync whose progress can be watched).
 
 use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use grasp_sync::core::state::ConnectionStatus;
@@ -22,7 +29,7 @@ use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
 use nostr::key::Keys;
 
 const BATCH_WINDOW: Duration = Duration::from_millis(500);
-const DEADLINE: Duration = Duration::from_secs(60);
+const DEADLINE: Duration = Duration::from_secs(300);
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -481,7 +488,7 @@ fn connected(st: &Status) -> usize {
 
 fn progress(t: Duration, st: &Status, held: usize, expected: usize) {
     println!(
-        "[{:>5.1}s] relays {}/{} connected | repos {} | root events {} | forwarded {} (dup {}) | own relay {}/{} expected events{}",
+        "[{:>5.1}s] relays {}/{} connected | repos {} | root events {} | forwarded {} (dup {}) | own relay {}/{} expected events | history queries pending {} | time to settle {}{}",
         t.as_secs_f64(),
         connected(st),
         st.relays.len(),
@@ -491,6 +498,8 @@ fn progress(t: Duration, st: &Status, held: usize, expected: usize) {
         st.duplicates,
         held,
         expected,
+        st.progress.history_queries_pending,
+        st.progress.eta,
         if !st.relays.is_empty() && st.is_settled() {
             " | settled"
         } else {
@@ -572,15 +581,41 @@ fn main() -> ExitCode {
     );
     println!();
 
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if let Some(ms) = env("GRASP_SYNC_DEMO_EOSE_DELAY_MS").and_then(|v| v.parse().ok()) {
+        relays.c.set_eose_delay(Some(Duration::from_millis(ms)));
+        // Published, not enforced: the engine keeps within it by itself.
+        relays.c.set_nip11(Some(
+            serde_json::json!({"limitation": {"max_subscriptions": 2}}),
+        ));
+        println!("relay C sends each EOSE {ms} ms late and allows 2 subscriptions");
+    }
     let own_url = RelayUrl::parse(&relays.own.url()).expect("own url");
     let handle = match grasp_sync::start(
         Config::new(own_url)
             .allow_private_relays(true)
             .batch_window(BATCH_WINDOW),
     ) {
-        Ok(h) => h,
+        Ok(h) => Arc::new(h),
         Err(e) => {
             eprintln!("cannot start the engine: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _server = match env("GRASP_SYNC_DEMO_METRICS_ADDR").map(|a| a.parse()) {
+        None => None,
+        Some(Ok(addr)) => match grasp_sync::ops::serve(addr, handle.clone()) {
+            Ok(s) => {
+                println!("status page on http://{}/", s.local_addr());
+                Some(s)
+            }
+            Err(e) => {
+                eprintln!("cannot serve the status page on {addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Some(Err(e)) => {
+            eprintln!("GRASP_SYNC_DEMO_METRICS_ADDR: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -624,6 +659,10 @@ fn main() -> ExitCode {
         std::thread::sleep(Duration::from_millis(20));
     }
     table(&handle.status(), &names);
+    if let Some(secs) = env("GRASP_SYNC_DEMO_HOLD_SECS").and_then(|v| v.parse().ok()) {
+        println!("holding for {secs} s");
+        std::thread::sleep(Duration::from_secs(secs));
+    }
 
     let t = Instant::now();
     match handle.shutdown(SHUTDOWN_DEADLINE) {

@@ -154,6 +154,93 @@ fn http_listener_serves_metrics_status_page_and_health_after_a_sync() {
     assert_eq!(get(addr, "/nope", WAIT).unwrap().0, 404);
 }
 
+fn status_doc(addr: SocketAddr) -> serde_json::Value {
+    let (code, body) = get(addr, "/status", WAIT).unwrap();
+    assert_eq!(code, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn status_progress_moves_to_settled_and_says_why_it_has_no_estimate() {
+    init_logging();
+    let (own, remote, _, want) = seeded();
+    let handle = Arc::new(grasp_sync::start(engine_config(&own)).unwrap());
+    let server = grasp_sync::ops::serve("127.0.0.1:0".parse().unwrap(), handle.clone()).unwrap();
+    let addr = server.local_addr();
+    // From the first answer on, the progress fields are there.
+    let doc = status_doc(addr);
+    let p = &doc["progress"];
+    for key in [
+        "repositories",
+        "root_events",
+        "history_queries_pending",
+        "events_forwarded_per_second",
+        "relays_settled",
+        "relays_without_estimate",
+        "eta_seconds",
+        "eta_unknown",
+        "eta",
+    ] {
+        assert!(p.get(key).is_some(), "{key} in {p}");
+    }
+    // After the sync: settled, nothing pending, an estimate of 0.
+    assert!(
+        wait_until(WAIT, || {
+            let doc = status_doc(addr);
+            own.event_ids() == want && doc["settled"] == true && doc["progress"]["eta_seconds"] == 0
+        }),
+        "{:#}",
+        status_doc(addr)
+    );
+    let doc = status_doc(addr);
+    let p = &doc["progress"];
+    assert_eq!(p["history_queries_pending"], 0, "{p}");
+    assert_eq!(p["eta_unknown"], serde_json::Value::Null, "{p}");
+    assert_eq!(p["eta"], "0s (settled)");
+    assert_eq!(p["relays_settled"], 1);
+    assert_eq!(p["relays_without_estimate"], 0);
+    assert_eq!(p["repositories"]["confirmed"], 1);
+    assert_eq!(p["repositories"]["target"], 1);
+    assert_eq!(p["root_events"]["confirmed"], p["root_events"]["target"]);
+    let r = &doc["relays"][0]["progress"];
+    assert_eq!(r["settled"], true, "{r}");
+    assert_eq!(r["history_queries_pending"], 0, "{r}");
+    assert_eq!(r["eta_seconds"], 0, "{r}");
+    assert!(
+        r["history_queries_completed"].as_u64().unwrap() >= 1,
+        "the history was read by queries that completed: {r}"
+    );
+    let (_, page) = get(addr, "/", WAIT).unwrap();
+    assert!(
+        page.contains("time to settle: 0s (settled)")
+            && page.contains("history queries pending: 0"),
+        "{page}"
+    );
+    // The remote relay goes away: no estimate, and why.
+    remote.stop();
+    assert!(
+        wait_until(WAIT, || {
+            let doc = status_doc(addr);
+            let why = doc["relays"][0]["progress"]["eta_unknown"]
+                .as_str()
+                .map(str::to_string);
+            why.is_some_and(|w| w == "relay disconnected" || w == "relay connecting")
+                && doc["progress"]["eta_seconds"].is_null()
+        }),
+        "{:#}",
+        status_doc(addr)
+    );
+    let doc = status_doc(addr);
+    let why = doc["progress"]["eta_unknown"].as_str().unwrap();
+    assert!(
+        why.starts_with(&format!("{}: relay ", remote.url())),
+        "{why}"
+    );
+    assert_eq!(doc["progress"]["relays_without_estimate"], 1);
+    let (_, page) = get(addr, "/", WAIT).unwrap();
+    assert!(page.contains("time to settle: unknown ("), "{page}");
+}
+
 #[test]
 fn a_slow_client_does_not_stall_the_listener() {
     let own = TestRelay::start();
@@ -648,6 +735,10 @@ fn status_command_prints_the_table_of_a_running_instance() {
         "{table}"
     );
     assert!(table.contains("connected"), "{table}");
+    assert!(
+        table.contains("SETTLE IN") && table.contains("time to settle: 0s (settled)"),
+        "{table}"
+    );
     // Nothing listening: a clear error, exit 1.
     let out = Command::new(BIN)
         .args([

@@ -16,6 +16,7 @@ pub mod log_budget;
 pub mod message;
 pub mod nip34;
 pub mod paging;
+pub mod progress;
 pub mod relay_text;
 pub mod session;
 pub mod state;

@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::core::dedup::ForwardGate;
+use crate::core::progress::{OwnInput, Progress, ProgressTracker, RelayCounts, RelayProgress};
 use crate::core::session::Disconnect;
 use crate::core::sync::{Command, SyncMachine};
 use crate::core::time::Time;
@@ -87,6 +88,8 @@ pub(super) struct Coordinator {
     pub config: Config,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Samples of the progress counters (read by `SyncHandle::status`).
+    pub progress: Arc<Mutex<ProgressTracker>>,
     /// Which checked events go to the forwarder (shared with the relay threads).
     pub gate: Arc<ForwardGate>,
     /// Set when the engine stops.
@@ -176,6 +179,7 @@ impl Coordinator {
             if let Some(w) = &mut self.state {
                 w.tick(&self.machine, now, &self.metrics);
             }
+            self.sample_progress(now);
             if now >= next_summary {
                 next_summary = now.plus(self.config.summary_interval);
                 self.summary(now);
@@ -291,9 +295,82 @@ impl Coordinator {
         }
     }
 
+    /// Records a sample of the progress counters when one is due
+    /// ([`crate::core::progress::SAMPLE_INTERVAL`]): a walk over the known relays, no
+    /// allocation but for relays new to the tracker.
+    fn sample_progress(&self, now: Time) {
+        if !self.progress.lock().due(now) {
+            return;
+        }
+        // The same lock order as `SyncHandle::status`: the machine, then the tracker.
+        let m = self.machine.read();
+        let mut tracker = self.progress.lock();
+        let stored = self.metrics.forward.stored.load(Ordering::Relaxed);
+        tracker.sample(
+            now,
+            stored,
+            m.history_queries_completed().map(|(url, queries)| {
+                let events = self
+                    .metrics
+                    .relay_if_known(url)
+                    .map_or(0, |c| RelayCounters::get(&c.events_accepted));
+                (
+                    url,
+                    RelayCounts {
+                        queries_completed: queries,
+                        events_forwarded: events,
+                    },
+                )
+            }),
+        );
+    }
+
+    /// The progress in total at `now` for the summary line.
+    fn progress(
+        &self,
+        m: &SyncMachine,
+        statuses: &[crate::core::sync::RelaySyncStatus],
+        now: Time,
+    ) -> Progress {
+        let tracker = self.progress.lock();
+        let relay_progress: Vec<RelayProgress> = statuses
+            .iter()
+            .map(|s| {
+                let accepted = self
+                    .metrics
+                    .relay_if_known(&s.url)
+                    .map_or(0, |c| RelayCounters::get(&c.events_accepted));
+                RelayProgress::of(s, accepted, &tracker, now)
+            })
+            .collect();
+        let f = &self.metrics.forward;
+        let own = OwnInput {
+            connected: m.own_status() == crate::core::ConnectionStatus::Connected,
+            self_sync_pending: m.self_sync_pending(),
+            forward_backlog: f.unresolved.load(Ordering::Relaxed),
+            forwarded_per_second: tracker
+                .forwarded_per_second(now, f.stored.load(Ordering::Relaxed)),
+        };
+        Progress::of(statuses.iter().zip(&relay_progress), &own)
+    }
+
     fn summary(&self, now: Time) {
         let m = self.machine.read();
         let statuses = m.relay_statuses(now);
+        let p = self.progress(&m, &statuses, now);
+        info!(
+            "progress: repos confirmed {}/{}, root events {}/{} (summed over relays); history queries pending {}; forwarded {}/s over the last minute; relays settled {}/{}; time to settle: {}",
+            p.confirmed_repos,
+            p.target_repos,
+            p.confirmed_root_events,
+            p.target_root_events,
+            p.history_queries_pending,
+            p.events_forwarded_per_second
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.1}")),
+            p.relays_settled,
+            statuses.len(),
+            p.eta,
+        );
         let connected = statuses
             .iter()
             .filter(|s| s.connection_status == crate::core::ConnectionStatus::Connected)

@@ -27,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::config::Config;
 use crate::core::dedup::ForwardGate;
 use crate::core::health::HealthState;
+use crate::core::progress::{OwnInput, Progress, ProgressTracker, RelayProgress};
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{Report, SyncMachine};
 use crate::core::targets::{RepoScope, TargetReport};
@@ -146,6 +147,9 @@ pub struct RelayStatus {
     pub forward_bytes: u64,
     /// Times this relay waited for the forward pipeline's byte bound.
     pub forward_byte_waits: u64,
+    /// History queries pending and completed, rates over the last minute and the estimate
+    /// of the time to settle ([`crate::core::progress`]).
+    pub progress: RelayProgress,
 }
 
 /// The own relay's `OK` latency, as a cumulative histogram.
@@ -233,6 +237,9 @@ pub struct Status {
     pub relays_failing: usize,
     /// The state file of `--state-dir`.
     pub state_file: state_file::StateFileStatus,
+    /// Progress in total and the estimate of the time until everything is settled
+    /// ([`crate::core::progress`]).
+    pub progress: Progress,
 }
 
 impl Status {
@@ -263,6 +270,8 @@ impl Status {
 pub struct SyncHandle {
     machine: Arc<RwLock<SyncMachine>>,
     metrics: Arc<Metrics>,
+    /// Samples of the progress counters, taken by the coordinator.
+    progress: Arc<Mutex<ProgressTracker>>,
     state_counters: Arc<state_file::StateCounters>,
     config: Config,
     inputs: Sender<Input>,
@@ -331,6 +340,7 @@ pub fn start(mut config: Config) -> Result<SyncHandle, Error> {
         None => None,
     };
     let machine = Arc::new(RwLock::new(sync_machine));
+    let progress = Arc::new(Mutex::new(ProgressTracker::default()));
     let stopping = Arc::new(AtomicBool::new(false));
     let stop_deadline = Arc::new(Mutex::new(None));
     let (inputs_tx, inputs_rx) = bounded(config.input_channel.max(1));
@@ -376,6 +386,7 @@ pub fn start(mut config: Config) -> Result<SyncHandle, Error> {
         forwarder_restarted: None,
         config: config.clone(),
         metrics: metrics.clone(),
+        progress: progress.clone(),
         gate,
         stopping: stopping.clone(),
         stop_deadline: stop_deadline.clone(),
@@ -390,6 +401,7 @@ pub fn start(mut config: Config) -> Result<SyncHandle, Error> {
     Ok(SyncHandle {
         machine,
         metrics,
+        progress,
         state_counters,
         config,
         inputs: inputs_tx,
@@ -425,10 +437,34 @@ impl SyncHandle {
     pub fn status(&self) -> Status {
         let clock_now = self.config.clock.now();
         let m = self.machine.read();
-        let relays = m
-            .relay_statuses(clock_now)
+        let statuses = m.relay_statuses(clock_now);
+        let f = &self.metrics.forward;
+        let (progress, relay_progress) = {
+            let tracker = self.progress.lock();
+            let relay_progress: Vec<RelayProgress> = statuses
+                .iter()
+                .map(|s| {
+                    let accepted = self
+                        .metrics
+                        .relay_if_known(&s.url)
+                        .map_or(0, |c| RelayCounters::get(&c.events_accepted));
+                    RelayProgress::of(s, accepted, &tracker, clock_now)
+                })
+                .collect();
+            let own = OwnInput {
+                connected: m.own_status() == ConnectionStatus::Connected,
+                self_sync_pending: m.self_sync_pending(),
+                forward_backlog: f.unresolved.load(Ordering::Relaxed),
+                forwarded_per_second: tracker
+                    .forwarded_per_second(clock_now, f.stored.load(Ordering::Relaxed)),
+            };
+            let total = Progress::of(statuses.iter().zip(&relay_progress), &own);
+            (total, relay_progress)
+        };
+        let relays = statuses
             .into_iter()
-            .map(|s| {
+            .zip(relay_progress)
+            .map(|(s, progress)| {
                 let c = self.metrics.relay_if_known(&s.url);
                 let get = |f: fn(&RelayCounters) -> &std::sync::atomic::AtomicU64| {
                     c.as_ref().map_or(0, |c| RelayCounters::get(f(c)))
@@ -451,6 +487,7 @@ impl SyncHandle {
                     copies_not_forwarded: get(|c| &c.copies_not_forwarded),
                     forward_bytes: get(|c| &c.forward_bytes),
                     forward_byte_waits: get(|c| &c.forward_byte_waits),
+                    progress,
                     url: s.url,
                     connection_status: s.connection_status,
                     health: s.health,
@@ -478,7 +515,6 @@ impl SyncHandle {
                 }
             })
             .collect();
-        let f = &self.metrics.forward;
         let own = &self.config.own_relay;
         Status {
             own_relay: m.own_status(),
@@ -533,6 +569,7 @@ impl SyncHandle {
             },
             relays_failing: m.relays_failing(),
             state_file: self.state_counters.status(),
+            progress,
         }
     }
 

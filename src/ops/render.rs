@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use crate::core::health::HealthState;
+use crate::core::progress::{Eta, Progress, RelayProgress};
 use crate::core::state::ConnectionStatus;
 use crate::engine::{RelayStatus, Status};
 
@@ -547,6 +548,75 @@ pub fn prometheus(status: &Status) -> String {
     p.out
 }
 
+/// A rate rounded to two decimals (`null`: less than [`crate::core::progress::MIN_SPAN`]
+/// measured).
+fn rate(r: Option<f64>) -> Value {
+    r.map_or(Value::Null, |r| json!((r * 100.0).round() / 100.0))
+}
+
+/// The estimate's fields of a `progress` object: `eta_seconds` (0 when settled, `null` when
+/// unknown), `eta_unknown` (why, or `null`) and `eta` (for people).
+fn eta_fields(eta: &Eta, into: &mut serde_json::Map<String, Value>) {
+    into.insert("eta_seconds".into(), json!(eta.seconds()));
+    into.insert(
+        "eta_unknown".into(),
+        json!(eta.unknown().map(ToString::to_string)),
+    );
+    into.insert("eta".into(), json!(eta.to_string()));
+}
+
+/// The `progress` object of a relay in `/status`.
+fn relay_progress_json(p: &RelayProgress) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("settled".into(), json!(p.eta == Eta::Settled));
+    o.insert(
+        "history_queries_pending".into(),
+        json!(p.history_queries_pending),
+    );
+    o.insert(
+        "history_queries_completed".into(),
+        json!(p.history_queries_completed),
+    );
+    o.insert(
+        "history_queries_per_second".into(),
+        rate(p.queries_per_second),
+    );
+    o.insert(
+        "events_forwarded_per_second".into(),
+        rate(p.events_forwarded_per_second),
+    );
+    eta_fields(&p.eta, &mut o);
+    Value::Object(o)
+}
+
+/// The top-level `progress` object of `/status`.
+fn progress_json(p: &Progress) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert(
+        "repositories".into(),
+        json!({"confirmed": p.confirmed_repos, "target": p.target_repos}),
+    );
+    o.insert(
+        "root_events".into(),
+        json!({"confirmed": p.confirmed_root_events, "target": p.target_root_events}),
+    );
+    o.insert(
+        "history_queries_pending".into(),
+        json!(p.history_queries_pending),
+    );
+    o.insert(
+        "events_forwarded_per_second".into(),
+        rate(p.events_forwarded_per_second),
+    );
+    o.insert("relays_settled".into(), json!(p.relays_settled));
+    o.insert(
+        "relays_without_estimate".into(),
+        json!(p.relays_without_estimate),
+    );
+    eta_fields(&p.eta, &mut o);
+    Value::Object(o)
+}
+
 /// The `/status` JSON document.
 pub fn status_json(status: &Status) -> Value {
     let relays: Vec<Value> = status
@@ -585,6 +655,7 @@ pub fn status_json(status: &Status) -> Value {
                 "auth_challenges": r.auth_challenges,
                 "connects": r.connects,
                 "disconnects": r.disconnects,
+                "progress": relay_progress_json(&r.progress),
             })
         })
         .collect();
@@ -603,6 +674,7 @@ pub fn status_json(status: &Status) -> Value {
         "self_sync_pending": status.self_sync_pending,
         "repositories": status.repos,
         "root_events": status.root_events,
+        "progress": progress_json(&status.progress),
         "forward": {
             "stored": status.forwarded,
             "duplicates": status.duplicates,
@@ -700,6 +772,18 @@ pub fn table(doc: &Value) -> String {
         s(&doc["forward"]["stored"]),
         s(&doc["forward"]["backlog"]),
     );
+    let p = &doc["progress"];
+    let _ = writeln!(
+        out,
+        "progress: repos {}/{}   root events {}/{}   history queries pending: {}   forwarded/s: {}   time to settle: {}",
+        s(&p["repositories"]["confirmed"]),
+        s(&p["repositories"]["target"]),
+        s(&p["root_events"]["confirmed"]),
+        s(&p["root_events"]["target"]),
+        s(&p["history_queries_pending"]),
+        s(&p["events_forwarded_per_second"]),
+        s(&p["eta"]),
+    );
     let header = [
         "RELAY",
         "STATE",
@@ -711,6 +795,9 @@ pub fn table(doc: &Value) -> String {
         "FAILED",
         "INCOMPL",
         "EVENTS",
+        "QUERIES",
+        "EVENTS/S",
+        "SETTLE IN",
         "LAST ERROR",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
@@ -734,6 +821,9 @@ pub fn table(doc: &Value) -> String {
             s(&r["failed_batches"]),
             s(&r["incomplete_queries"]),
             s(&r["events"]["accepted"]),
+            s(&r["progress"]["history_queries_pending"]),
+            s(&r["progress"]["events_forwarded_per_second"]),
+            s(&r["progress"]["eta"]),
             s(&r["last_error"]),
         ]);
     }
@@ -784,17 +874,34 @@ forwarded: {} · duplicates: {} · rejected: {} · backlog: {}</p>",
         status.rejected,
         status.forward_backlog
     );
+    let p = &status.progress;
+    let _ = write!(
+        out,
+        "<p id=\"progress\">Progress: repositories confirmed {}/{} · root events confirmed {}/{} \
+(summed over relays) · history queries pending: {} · forwarded per second: {} · relays settled: \
+{}/{} · <b>time to settle: {}</b></p>",
+        p.confirmed_repos,
+        p.target_repos,
+        p.confirmed_root_events,
+        p.target_root_events,
+        p.history_queries_pending,
+        s(&rate(p.events_forwarded_per_second)),
+        p.relays_settled,
+        status.relays.len(),
+        html_escape(&p.eta.to_string()),
+    );
     out.push_str(
         "<table><tr><th>Relay</th><th>State</th><th>Health</th><th>Subscriptions</th>\
 <th>Repositories</th><th>Root events</th><th>Pending batches</th><th>Failed batches</th>\
-<th>Incomplete</th><th>Events</th><th>Last error</th></tr>",
+<th>Incomplete</th><th>Events</th><th>Pending queries</th><th>Events/s</th>\
+<th>Time to settle</th><th>Last error</th></tr>",
     );
     for r in &status.relays {
         let bad = r.connection_status != ConnectionStatus::Connected;
         let _ = write!(
             out,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}/{}</td>\
-<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             if bad { " class=\"bad\"" } else { "" },
             html_escape(r.url.as_str()),
             connection_word(r.connection_status),
@@ -808,6 +915,9 @@ forwarded: {} · duplicates: {} · rejected: {} · backlog: {}</p>",
             r.failed_batches,
             r.incomplete_queries,
             r.events_accepted,
+            r.progress.history_queries_pending,
+            s(&rate(r.progress.events_forwarded_per_second)),
+            html_escape(&r.progress.eta.to_string()),
             html_escape(r.last_error.as_deref().unwrap_or("")),
         );
     }

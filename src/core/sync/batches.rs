@@ -317,7 +317,14 @@ impl SyncMachine {
         // copied only when a split query is parked.
         let limits = self.page_limits(relay);
         let Some((purpose, plan)) = self.link_mut(relay).and_then(|l| {
-            l.loading.remove(sub_id);
+            // A live-only REQ (`limit: 0`) has no history: not counted.
+            if l.loading.remove(sub_id).is_some()
+                && l.subs
+                    .get(sub_id)
+                    .is_some_and(|i| i.filter.limit != Some(0))
+            {
+                l.history_queries_completed += 1;
+            }
             l.subs
                 .get(sub_id)
                 .map(|info| (info.purpose, plan_pages(&info.filter, stats, &limits)))

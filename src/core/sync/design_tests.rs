@@ -1381,3 +1381,30 @@ fn the_stored_history_is_applied_when_read_to_its_end_not_when_the_window_closes
     w.advance(secs(5));
     assert_eq!(w.m.repo_index().len(), 26);
 }
+
+#[test]
+fn history_queries_pending_count_down_to_completed_at_their_eose() {
+    // Progress (core/progress.rs): a relay's history queries are pending from their REQ to
+    // their EOSE, then counted as completed.
+    let (mut w, _) = synced();
+    let st = |w: &World| w.m.relay_statuses(w.now)[0].clone();
+    let done_before = st(&w).history_queries_completed;
+    assert!(done_before > 0, "the first sync completed queries");
+    assert_eq!(st(&w).history_queries_pending, 0);
+    w.relay(A).hold_eose = true;
+    w.drop(A);
+    w.advance(secs(10));
+    assert_eq!(status(&w, A), ConnectionStatus::Connected);
+    let pending = st(&w).history_queries_pending;
+    // The quick reconnect's seven catch-ups wait for their EOSE; its seven live-only REQs
+    // carry no history and are not counted.
+    assert_eq!(pending, 7);
+    assert_eq!(st(&w).history_queries_completed, done_before);
+    assert_eq!(st(&w).batches_retry_at, None);
+    w.release_eose(A);
+    assert_eq!(st(&w).history_queries_pending, 0);
+    assert_eq!(
+        st(&w).history_queries_completed,
+        done_before + pending as u64
+    );
+}

@@ -521,6 +521,25 @@ impl Link {
         }
     }
 
+    /// History queries not finished (live-only REQs, `limit: 0`, carry no history and are
+    /// not counted): sent without EOSE yet, waiting for room in the budget, closed by the
+    /// relay and waiting to be opened again, and waiting for room for their pages.
+    fn history_queries_pending(&self) -> usize {
+        let history = |f: &Filter| f.limit != Some(0);
+        let loading = self
+            .loading
+            .keys()
+            .filter(|s| self.subs.get(*s).is_some_and(|i| history(&i.filter)))
+            .count();
+        let queued = self
+            .queue
+            .iter()
+            .filter(|(_, i)| history(&i.filter))
+            .count();
+        let reopen = self.reopen.iter().filter(|(_, _, f)| history(f)).count();
+        loading + queued + reopen + self.parked.len()
+    }
+
     /// Forgets every subscription and everything waiting to be (re)subscribed: after a lost
     /// connection, or before the daily resync rebuilds them.
     fn forget_subscriptions(&mut self) {
@@ -646,6 +665,9 @@ struct Link {
     /// Batches failed, queries incomplete.
     failed_batches: u64,
     incomplete_queries: u64,
+    /// History queries finished: EOSEs of loading queries and reconciliations done
+    /// ([`RelaySyncStatus::history_queries_completed`]).
+    history_queries_completed: u64,
 }
 
 #[derive(Debug)]
@@ -775,6 +797,18 @@ pub struct RelaySyncStatus {
     pub nip77: Nip77Support,
     /// Reconciliations running or waiting on this relay.
     pub reconciliations_pending: usize,
+    /// History queries not finished: sent without EOSE yet, waiting for room in the budget,
+    /// closed by the relay and waiting to be opened again, waiting for room for their pages,
+    /// and NIP-77 reconciliations (see [`crate::core::progress`]). Live-only REQs
+    /// (`limit: 0`) carry no history and are not counted.
+    pub history_queries_pending: usize,
+    /// History queries finished since the relay became known: an EOSE of a query that was
+    /// loading (not live-only), or a NIP-77 reconciliation done (a counter, for the
+    /// completion rate).
+    pub history_queries_completed: u64,
+    /// When failed batches (or a rate limit) stop holding back the relay's next batches, if
+    /// they do: its unconfirmed items wait until then without a query.
+    pub batches_retry_at: Option<Time>,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -1351,6 +1385,17 @@ impl SyncMachine {
         self.root_events_known
     }
 
+    /// Each known relay's history queries completed (a counter; see
+    /// [`RelaySyncStatus::history_queries_completed`]), cheaper than [`Self::relay_statuses`].
+    pub fn history_queries_completed(&self) -> impl Iterator<Item = (&RelayUrl, u64)> + '_ {
+        self.relays.keys().map(|url| {
+            (
+                url,
+                self.link_of(url).map_or(0, |l| l.history_queries_completed),
+            )
+        })
+    }
+
     /// A status line per remote relay, sorted by URL.
     pub fn relay_statuses(&self, now: Time) -> Vec<RelaySyncStatus> {
         let targets = self.plan.targets();
@@ -1389,6 +1434,10 @@ impl SyncMachine {
                     reopen_pending: link.map_or(0, |l| l.reopen.len()),
                     nip77: self.nip77_support(url),
                     reconciliations_pending: self.recon.jobs_of(url),
+                    history_queries_pending: link.map_or(0, Link::history_queries_pending)
+                        + self.recon.jobs_of(url),
+                    history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
+                    batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
                 }
             })
             .collect()

@@ -1047,6 +1047,7 @@ impl SyncMachine {
                 info!("{relay}: speaks NIP-77; history is reconciled from now on");
                 r.nip77 = Nip77Support::Works;
             }
+            r.link.history_queries_completed += 1;
         }
         self.counters.reconciliations += 1;
         self.counters.reconcile_ids_fetched += job.need.len() as u64;
