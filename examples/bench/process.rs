@@ -231,7 +231,12 @@ impl Client {
 
     /// Publishes `events` (JSON) and waits for every OK (true, or a duplicate).
     fn publish(&mut self, events: &[&str]) {
-        for chunk in events.chunks(SEED_WINDOW) {
+        self.publish_window(events, SEED_WINDOW);
+    }
+
+    /// [`Client::publish`] with `window` events sent before their OKs are read.
+    fn publish_window(&mut self, events: &[&str], window: usize) {
+        for chunk in events.chunks(window) {
             for e in chunk {
                 self.write(format!(r#"["EVENT",{e}]"#));
             }
@@ -617,6 +622,7 @@ impl Drop for Daemon {
 
 /// What one run measured.
 struct Run {
+    own: Own,
     unique: usize,
     seconds: f64,
     cpu: f64,
@@ -626,9 +632,38 @@ struct Run {
     threads_seen: usize,
 }
 
+#[derive(Clone, Copy, PartialEq)]
 enum Own {
     Local,
     NostrRs,
+}
+
+/// Events published for the own relay's write ceiling: LocalRelay takes them in a few
+/// seconds; nostr-rs-relay writes a few hundred a second.
+const CEILING_EVENTS_LOCAL: usize = 50_000;
+const CEILING_EVENTS_NRR: usize = 3_000;
+
+/// The own relay's write ceiling: `events` published into a fresh relay process of the
+/// kind `own` by one client, as many in flight as the relay takes (nostr-rs-relay drops OKs
+/// beyond 128 queued: 50 there, [`SEED_WINDOW`] on LocalRelay); events per second.
+fn write_ceiling(bins: &Binaries, own: Own, events: &[&str]) -> (f64, usize, usize) {
+    let (relay, n, window) = match own {
+        Own::Local => (RelayProc::local(&bins.local_relay), CEILING_EVENTS_LOCAL, SEED_WINDOW),
+        Own::NostrRs => (
+            RelayProc::nostr_rs(bins.nostr_rs_relay.as_ref().expect("checked")),
+            CEILING_EVENTS_NRR,
+            50,
+        ),
+    };
+    let events = &events[..n.min(events.len())];
+    let mut client = Client::connect(&relay.url);
+    let started = Instant::now();
+    client.publish_window(events, window);
+    (
+        events.len() as f64 / started.elapsed().as_secs_f64(),
+        events.len(),
+        window,
+    )
 }
 
 /// One variant: `relays` remote relay processes, each repository on `spread` of them.
@@ -790,6 +825,7 @@ fn run(
         ));
     }
     Run {
+        own: own_kind,
         unique,
         seconds,
         cpu: total.max(sampled),
@@ -801,7 +837,13 @@ fn run(
 }
 
 /// Figures of one variant.
-fn figures_of(label: &str, run: &Run, floor: f64, notes: &mut Vec<String>) -> Vec<Figure> {
+fn figures_of(
+    label: &str,
+    run: &Run,
+    floor: f64,
+    ceiling: (f64, usize, usize),
+    notes: &mut Vec<String>,
+) -> Vec<Figure> {
     let per = run.cpu / run.unique as f64;
     let mut f = vec![
         Figure::new(
@@ -821,6 +863,28 @@ fn figures_of(label: &str, run: &Run, floor: f64, notes: &mut Vec<String>) -> Ve
             run.unique as f64 / run.seconds,
             "ev/s",
             Budget::None,
+        ),
+        Figure::new(
+            format!(
+                "{label}: own relay's write ceiling (one client, {} events, {} in flight)",
+                number(ceiling.1 as f64),
+                ceiling.2
+            ),
+            ceiling.0,
+            "ev/s",
+            Budget::None,
+        ),
+        Figure::new(
+            format!("{label}: into the own relay ÷ its write ceiling"),
+            run.unique as f64 / run.seconds / ceiling.0,
+            "×",
+            // Only where the own relay is the bottleneck does the ratio measure the
+            // forwarder (issue 21, item 5); on LocalRelay the CPU of the sync bounds it.
+            if run.own == Own::NostrRs {
+                Budget::AtLeast(0.80)
+            } else {
+                Budget::None
+            },
         ),
         Figure::new(
             format!("{label}: verify floor per event"),
@@ -900,6 +964,9 @@ pub fn process_figures(
         let before = verify_cost(all);
         let run = run(bins, corpus, relays, spread, own, notes);
         let after = verify_cost(all);
+        let json: Vec<String> = corpus.events.iter().map(|(_, e)| e.as_json()).collect();
+        let refs: Vec<&str> = json.iter().map(String::as_str).collect();
+        let ceiling = write_ceiling(bins, own, &refs);
         notes.push(format!(
             "{label}: verify floor before and after: {:.1} and {:.1} µs",
             before * 1e6,
@@ -913,7 +980,7 @@ pub fn process_figures(
             run.cpu / run.unique as f64 / floor,
             run.hwm_kib as f64 / 1024.0
         );
-        figures.extend(figures_of(&label, &run, floor, notes));
+        figures.extend(figures_of(&label, &run, floor, ceiling, notes));
     };
     for s in spreads {
         let label = format!(
