@@ -648,7 +648,11 @@ const CEILING_EVENTS_NRR: usize = 3_000;
 /// beyond 128 queued: 50 there, [`SEED_WINDOW`] on LocalRelay); events per second.
 fn write_ceiling(bins: &Binaries, own: Own, events: &[&str]) -> (f64, usize, usize) {
     let (relay, n, window) = match own {
-        Own::Local => (RelayProc::local(&bins.local_relay), CEILING_EVENTS_LOCAL, SEED_WINDOW),
+        Own::Local => (
+            RelayProc::local(&bins.local_relay),
+            CEILING_EVENTS_LOCAL,
+            SEED_WINDOW,
+        ),
         Own::NostrRs => (
             RelayProc::nostr_rs(bins.nostr_rs_relay.as_ref().expect("checked")),
             CEILING_EVENTS_NRR,

@@ -231,6 +231,50 @@ pub enum Known {
 pub struct VerifiedSet {
     shards: Box<[Mutex<VerifiedShard>]>,
     per_shard: usize,
+    keys: AuthorKeys,
+}
+
+/// Authors' x-only public keys as parsed for the Schnorr check, at most
+/// [`AUTHOR_KEYS`] of them (in 16 shards; a full shard is emptied). Parsing a key takes a
+/// field square root, about a tenth of a signature check: the events of a sync come from far
+/// fewer authors than events, so each key is parsed about once (issue 21).
+#[derive(Debug)]
+struct AuthorKeys {
+    shards: Box<[Mutex<HashMap<[u8; 32], secp256k1::XOnlyPublicKey>>]>,
+}
+
+/// Authors whose parsed keys are kept ([`VerifiedSet::verify_signature`]): 4,096, about
+/// 400 KiB.
+pub const AUTHOR_KEYS: usize = 4_096;
+
+fn secp() -> &'static secp256k1::Secp256k1<secp256k1::VerifyOnly> {
+    static SECP: std::sync::LazyLock<secp256k1::Secp256k1<secp256k1::VerifyOnly>> =
+        std::sync::LazyLock::new(secp256k1::Secp256k1::verification_only);
+    &SECP
+}
+
+impl AuthorKeys {
+    fn new() -> AuthorKeys {
+        AuthorKeys {
+            shards: (0..16).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// The parsed key of `pubkey` (`None`: not a valid x-only key).
+    fn get(&self, pubkey: &nostr::key::PublicKey) -> Option<secp256k1::XOnlyPublicKey> {
+        let bytes = pubkey.to_bytes();
+        let shard = &self.shards[usize::from(bytes[0]) % self.shards.len()];
+        if let Some(k) = shard.lock().get(&bytes) {
+            return Some(*k);
+        }
+        let key = secp256k1::XOnlyPublicKey::from_byte_array(&bytes).ok()?;
+        let mut map = shard.lock();
+        if map.len() >= AUTHOR_KEYS / self.shards.len() {
+            map.clear();
+        }
+        map.insert(bytes, key);
+        Some(key)
+    }
 }
 
 /// What a copy recognised by its id needs, kept in the hash map itself (88 bytes per entry
@@ -336,6 +380,24 @@ impl VerifiedSet {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
             // A ring slot is a `u32`.
             per_shard: capacity.div_ceil(shards).clamp(1, u32::MAX as usize),
+            keys: AuthorKeys::new(),
+        }
+    }
+
+    /// `event`'s Schnorr signature checked against its id, as
+    /// [`Event::verify_signature`](nostr::event::Event::verify_signature) does, with the
+    /// author's x-only key parsed once per author ([`AUTHOR_KEYS`] kept). The id itself is
+    /// not recomputed here.
+    pub fn verify_signature(&self, event: &nostr::event::Event) -> bool {
+        match self.keys.get(&event.pubkey) {
+            Some(key) => secp()
+                .verify_schnorr(
+                    &secp256k1::schnorr::Signature::from_byte_array(*event.sig.as_bytes()),
+                    event.id.as_bytes(),
+                    &key,
+                )
+                .is_ok(),
+            None => false,
         }
     }
 
@@ -478,6 +540,53 @@ impl VerifiedSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signatures_check_as_nostr_checks_them_with_each_key_parsed_once() {
+        use nostr::event::{EventBuilder, FinalizeEvent, Kind};
+        let keys = nostr::key::Keys::generate();
+        let set = VerifiedSet::new(16);
+        let events: Vec<Event> = (0..3)
+            .map(|i| {
+                EventBuilder::new(Kind::TextNote, format!("n{i}"))
+                    .finalize(&keys)
+                    .unwrap()
+            })
+            .collect();
+        for e in &events {
+            assert!(e.verify_signature());
+            assert!(set.verify_signature(e));
+        }
+        let parsed: usize = set.keys.shards.iter().map(|s| s.lock().len()).sum();
+        assert_eq!(parsed, 1, "one author, one parsed key");
+        // Another event's signature, or another author, fails as in nostr.
+        let mut forged = events[0].clone();
+        forged.sig = events[1].sig;
+        assert!(!forged.verify_signature());
+        assert!(!set.verify_signature(&forged));
+        let mut other = events[0].clone();
+        other.pubkey = nostr::key::Keys::generate().public_key();
+        assert!(!set.verify_signature(&other));
+        // Bytes that are no point on the curve (x = 5 has no y).
+        let mut off_curve = events[0].clone();
+        let mut x = [0u8; 32];
+        x[31] = 5;
+        off_curve.pubkey = PublicKey::from_byte_array(x);
+        assert!(!off_curve.verify_signature());
+        assert!(!set.verify_signature(&off_curve));
+    }
+
+    #[test]
+    fn the_author_key_cache_is_bounded() {
+        let cache = AuthorKeys::new();
+        for _ in 0..(AUTHOR_KEYS * 2) {
+            cache
+                .get(&nostr::key::Keys::generate().public_key())
+                .unwrap();
+        }
+        let kept: usize = cache.shards.iter().map(|s| s.lock().len()).sum();
+        assert!(kept <= AUTHOR_KEYS, "{kept}");
+    }
 
     #[test]
     fn bounded_fifo() {

@@ -373,7 +373,7 @@ pub fn check_parsed_cached(
     if !event.verify_id() {
         return Err(EventRejection::BadId);
     }
-    if !event.verify_signature() {
+    if !verified.verify_signature(event) {
         return Err(EventRejection::BadSignature);
     }
     verified.insert(event.id, event.sig, digest, EventSummary::of(event));
