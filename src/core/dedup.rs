@@ -240,8 +240,11 @@ pub struct VerifiedSet {
 /// fewer authors than events, so each key is parsed about once (issue 21).
 #[derive(Debug)]
 struct AuthorKeys {
-    shards: Box<[Mutex<HashMap<[u8; 32], secp256k1::XOnlyPublicKey>>]>,
+    shards: Box<[Mutex<KeyShard>]>,
 }
+
+/// One shard of [`AuthorKeys`]: public key bytes to the parsed key.
+type KeyShard = HashMap<[u8; 32], secp256k1::XOnlyPublicKey>;
 
 /// Authors whose parsed keys are kept ([`VerifiedSet::verify_signature`]): 4,096, about
 /// 400 KiB.
