@@ -434,9 +434,10 @@ pub fn other_notices(r: &grasp_sync::RelayStatus) -> u64 {
 // ----- `grasp-sync audit` -----
 
 /// One repository on the own relay whose announcement lists one remote relay, with a known
-/// gap: the remote holds three related events the own relay lacks (a reply, a patch, a
-/// comment on the repository), the own relay one the remote lacks, and the remote an
-/// unrelated note that is not missing.
+/// gap: the remote holds four related events the own relay lacks (a reply, a patch, a reply
+/// to that patch, found only once the patch counts as a root event, and a comment on the
+/// repository), the own relay one the remote lacks, and the remote an unrelated note that is
+/// not missing.
 pub struct AuditGap {
     /// The repository's coordinate.
     pub repo: String,
@@ -457,6 +458,7 @@ pub fn audit_gap(keys: &Keys, remote: &str) -> AuditGap {
     let both = comment(keys, &issue, "on both relays");
     let reply = comment(keys, &issue, "only on the remote");
     let patch = root(keys, 1617, &repo, "a patch only on the remote", &[]);
+    let patch_reply = comment(keys, &patch, "a reply to the patch, only on the remote");
     let on_repo = repo_comment(
         keys,
         &repo,
@@ -465,10 +467,19 @@ pub fn audit_gap(keys: &Keys, remote: &str) -> AuditGap {
     let own_only = comment(keys, &issue, "only on the own relay");
     let unrelated = note(keys, "unrelated");
     AuditGap {
-        missing: [reply.id, patch.id, on_repo.id].into(),
+        missing: [reply.id, patch.id, patch_reply.id, on_repo.id].into(),
         extra: [own_only.id].into(),
         own: vec![ann.clone(), issue.clone(), both.clone(), own_only],
-        remote: vec![ann, issue, both, reply, patch, on_repo, unrelated],
+        remote: vec![
+            ann,
+            issue,
+            both,
+            reply,
+            patch,
+            patch_reply,
+            on_repo,
+            unrelated,
+        ],
         repo,
     }
 }

@@ -573,54 +573,43 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         )));
     }
     let repositories = index.values().filter(|n| n.announced_at.is_some()).count();
-    // 2. The daemon's targets.
-    let targets = machine_targets(&index, &Exclusions::new(), &config.sync_config());
-    let repos: HashSet<RepoRef> = targets
-        .targets
-        .values()
-        .flat_map(|n| n.repos.iter().cloned())
-        .collect();
-    let roots: HashSet<EventId> = repos
-        .iter()
-        .filter_map(|r| index.get(r))
-        .flat_map(|n| n.root_events.iter().copied())
-        .collect();
-    log::info!(
-        "audit: {repositories} repositories on {own_url}, {} with relays to audit, {} root events, {} relays",
-        repos.len(),
-        roots.len(),
-        targets.targets.len()
-    );
-    // 3. The own relay's related events (ids and links only).
-    let mut side = OwnSide::new(&index, &repos);
-    for f in build_layer2_and_layer3_filters(&repos, &roots, None) {
-        let end = own
-            .read_history(&f, &own_limits, page_timeout, deadline, &mut |e| {
-                side.add(&e)
-            })
-            .map_err(AuditError::OwnRelay)?;
-        if let QueryEnd::Incomplete(why) = end {
-            return Err(AuditError::OwnRelay(format!(
-                "its related events cannot be read in full: {why}"
-            )));
-        }
-    }
-    drop(own);
-    log::info!(
-        "audit: the own relay holds {} related events; asking {} relays",
-        side.events.len(),
-        targets.targets.len()
-    );
-    // 4. Every target relay, a few at once.
-    let ctx = Ctx {
+    // 2–4, and once more when the relays hold root events the own relay lacks: their
+    // replies are related too (the daemon syncs them once it has forwarded the root).
+    let mut round = audit_round(
         config,
         opts,
-        dial_policy: policy.clone(),
-        side: &side,
-    };
-    let mut jobs: Vec<(&RelayUrl, &RelaySyncNeeds)> = targets.targets.iter().collect();
-    jobs.sort_by(|a, b| a.0.cmp(b.0));
-    let results = run_jobs(&ctx, &jobs);
+        &policy,
+        &mut own,
+        &own_limits,
+        &index,
+        deadline,
+    )?;
+    let new_roots = missing_roots(&round.results, &index);
+    if !new_roots.is_empty() {
+        log::info!(
+            "audit: {} root events only the listed relays hold; asking again for their replies",
+            new_roots.len()
+        );
+        for (id, repos) in new_roots {
+            apply(&mut index, SelfEventMeaning::RootEvent { id, repos });
+        }
+        round = audit_round(
+            config,
+            opts,
+            &policy,
+            &mut own,
+            &own_limits,
+            &index,
+            deadline,
+        )?;
+    }
+    drop(own);
+    let Round {
+        repos_targeted,
+        root_events,
+        own_events,
+        results,
+    } = round;
     // 5. Totals, and the events to publish (each once).
     let mut missing_all: BTreeMap<EventId, Option<String>> = BTreeMap::new();
     let mut relays = Vec::with_capacity(results.len());
@@ -651,9 +640,9 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     let report = AuditReport {
         own_relay: own_url,
         repositories,
-        repositories_targeted: repos.len(),
-        root_events: roots.len(),
-        own_events: side.events.len(),
+        repositories_targeted: repos_targeted,
+        root_events,
+        own_events,
         relays,
         missing: missing_all.len(),
         not_kept,
@@ -666,6 +655,113 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         report.relays_with_problems()
     );
     Ok(report)
+}
+
+/// What one round of steps 2–4 found.
+struct Round {
+    repos_targeted: usize,
+    root_events: usize,
+    own_events: usize,
+    results: Vec<(RelayAudit, Missing)>,
+}
+
+/// Steps 2–4 for `index`: the daemon's targets, the own relay's related events, every target
+/// relay asked.
+fn audit_round(
+    config: &Config,
+    opts: &AuditOptions,
+    policy: &Arc<crate::net::policy::AddressPolicy>,
+    own: &mut Conn,
+    own_limits: &PageLimits,
+    index: &RepoSyncIndex,
+    deadline: Instant,
+) -> Result<Round, AuditError> {
+    let page_timeout = config.eose_timeout;
+    // 2. The daemon's targets.
+    let targets = machine_targets(index, &Exclusions::new(), &config.sync_config());
+    let repos: HashSet<RepoRef> = targets
+        .targets
+        .values()
+        .flat_map(|n| n.repos.iter().cloned())
+        .collect();
+    let roots: HashSet<EventId> = repos
+        .iter()
+        .filter_map(|r| index.get(r))
+        .flat_map(|n| n.root_events.iter().copied())
+        .collect();
+    log::info!(
+        "audit: {} repositories with relays to audit, {} root events, {} relays",
+        repos.len(),
+        roots.len(),
+        targets.targets.len()
+    );
+    // 3. The own relay's related events (ids and links only).
+    let mut side = OwnSide::new(index, &repos);
+    for f in build_layer2_and_layer3_filters(&repos, &roots, None) {
+        let end = own
+            .read_history(&f, own_limits, page_timeout, deadline, &mut |e| {
+                side.add(&e)
+            })
+            .map_err(AuditError::OwnRelay)?;
+        if let QueryEnd::Incomplete(why) = end {
+            return Err(AuditError::OwnRelay(format!(
+                "its related events cannot be read in full: {why}"
+            )));
+        }
+    }
+    log::info!(
+        "audit: the own relay holds {} related events; asking {} relays",
+        side.events.len(),
+        targets.targets.len()
+    );
+    // 4. Every target relay, a few at once.
+    let ctx = Ctx {
+        config,
+        opts,
+        dial_policy: policy.clone(),
+        side: &side,
+    };
+    let mut jobs: Vec<(&RelayUrl, &RelaySyncNeeds)> = targets.targets.iter().collect();
+    jobs.sort_by(|a, b| a.0.cmp(b.0));
+    let results = run_jobs(&ctx, &jobs);
+    Ok(Round {
+        repos_targeted: repos.len(),
+        root_events: roots.len(),
+        own_events: side.events.len(),
+        results,
+    })
+}
+
+/// Missing events that are root events of repositories in `index` not linked there yet,
+/// with those repositories.
+fn missing_roots(
+    results: &[(RelayAudit, Missing)],
+    index: &RepoSyncIndex,
+) -> Vec<(EventId, Vec<RepoRef>)> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (_, missing) in results {
+        for (id, (raw, _)) in missing {
+            let Some(raw) = raw else { continue };
+            if !seen.insert(*id) {
+                continue;
+            }
+            let Ok(event) = crate::core::message::parse_event(raw) else {
+                continue;
+            };
+            if !crate::core::nip34::is_root_kind(event.kind) {
+                continue;
+            }
+            let repos: Vec<RepoRef> = crate::core::nip34::root_event_repos(&event)
+                .into_iter()
+                .filter(|r| index.get(r).is_some_and(|n| !n.root_events.contains(id)))
+                .collect();
+            if !repos.is_empty() {
+                out.push((*id, repos));
+            }
+        }
+    }
+    out
 }
 
 fn open_own(
