@@ -171,3 +171,27 @@ fn relays_on_private_addresses_are_refused_without_allow_private_relays() {
         "no connection reached the remote"
     );
 }
+
+#[test]
+fn missing_events_beyond_max_missing_are_counted_and_fixed_by_the_next_run() {
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    seed(&own, &gap.own);
+    seed(&remote, &gap.remote);
+    let before = own.event_ids();
+    let (code, doc) = run_audit(&own.url(), &["--max-missing", "2", "--fix"]);
+    assert_eq!(code, 1, "some are still missing: {doc:#}");
+    assert_eq!(doc["fix"]["accepted"], 2, "{doc:#}");
+    assert!(doc["not_kept"].as_u64().unwrap() >= 1, "{doc:#}");
+    let mut runs = 1;
+    loop {
+        let (code, doc) = run_audit(&own.url(), &["--max-missing", "2", "--fix"]);
+        runs += 1;
+        if code == 0 {
+            break;
+        }
+        assert!(runs < 5, "still missing after {runs} runs: {doc:#}");
+    }
+    let expected: HashSet<_> = before.union(&gap.missing).copied().collect();
+    assert_eq!(own.event_ids(), expected);
+}

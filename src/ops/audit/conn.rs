@@ -163,7 +163,8 @@ impl Conn {
 
     /// Reads `filter`'s whole history, page by page ([`plan_pages`]), calling `on_event` with
     /// every event that matches its page's filter and carries its true id (the signature is
-    /// left to the caller). `page_timeout` bounds the wait for each page's `EOSE`; `deadline`
+    /// left to the caller, which answers whether it trusts the event: only trusted events
+    /// count for paging, so a relay cannot make us page on with forgeries). `page_timeout` bounds the wait for each page's `EOSE`; `deadline`
     /// the whole query.
     pub(super) fn read_history(
         &mut self,
@@ -171,7 +172,7 @@ impl Conn {
         limits: &PageLimits,
         page_timeout: Duration,
         deadline: Instant,
-        on_event: &mut dyn FnMut(Event),
+        on_event: &mut dyn FnMut(Event) -> bool,
     ) -> Result<QueryEnd, String> {
         let mut first = filter.clone();
         if let (Some(max), None) = (limits.max_limit, first.limit) {
@@ -222,8 +223,12 @@ impl Conn {
                                 if page.match_event(&event, MatchEventOptions::new())
                                     && event.verify_id() =>
                             {
-                                stats.record_summary(&EventSummary::of(&event));
-                                on_event(event);
+                                let summary = EventSummary::of(&event);
+                                if on_event(event) {
+                                    stats.record_summary(&summary);
+                                } else {
+                                    stats.record_rejected();
+                                }
                             }
                             _ => {
                                 stats.record_rejected();
@@ -348,7 +353,7 @@ impl Conn {
     }
 
     /// Fetches the events `ids` (within `filter`) by `ids` queries; `on_event` gets each that
-    /// matches, has its true id and was asked for.
+    /// matches, has its true id and was asked for, and answers whether it trusts it.
     pub(super) fn fetch_ids(
         &mut self,
         filter: &Filter,
@@ -356,18 +361,14 @@ impl Conn {
         limits: &PageLimits,
         page_timeout: Duration,
         deadline: Instant,
-        on_event: &mut dyn FnMut(Event),
+        on_event: &mut dyn FnMut(Event) -> bool,
     ) -> Result<QueryEnd, String> {
         let chunk = limits.page_size.saturating_sub(1).clamp(1, IDS_PER_REQ);
         let mut end = QueryEnd::Complete;
         for part in ids.chunks(chunk) {
             let wanted: HashSet<EventId> = part.iter().copied().collect();
             let query = filter.clone().ids(part.iter().copied());
-            let mut keep = |e: Event| {
-                if wanted.contains(&e.id) {
-                    on_event(e)
-                }
-            };
+            let mut keep = |e: Event| wanted.contains(&e.id) && on_event(e);
             if let QueryEnd::Incomplete(why) =
                 self.read_history(&query, limits, page_timeout, deadline, &mut keep)?
             {

@@ -133,6 +133,9 @@ pub struct RelayAudit {
     pub missing: usize,
     /// Their ids, sorted, at most [`MAX_LISTED`].
     pub missing_ids: Vec<EventId>,
+    /// Of `missing`, those beyond [`AuditOptions::max_missing`]: counted (per delivery, so
+    /// an upper bound), not kept, not listed, not fixed in this run.
+    pub missing_not_kept: usize,
     /// Distinct related events the own relay holds that it does not.
     pub extra: usize,
     /// Ids a reconciliation named as missing that the relay then did not deliver.
@@ -223,6 +226,7 @@ impl AuditReport {
                     "reason": reason,
                     "missing": r.missing,
                     "missing_ids": r.missing_ids.iter().map(|id| id.to_hex()).collect::<Vec<_>>(),
+                    "missing_not_kept": r.missing_not_kept,
                     "extra": r.extra,
                     "undelivered": r.undelivered,
                     "rejected": r.rejected,
@@ -556,7 +560,8 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         apply(
             &mut index,
             classify_self_event_with(&e, config.max_relays_per_announcement, &own_names),
-        )
+        );
+        true
     };
     let end = own
         .read_history(
@@ -613,7 +618,9 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     // 5. Totals, and the events to publish (each once).
     let mut missing_all: BTreeMap<EventId, Option<String>> = BTreeMap::new();
     let mut relays = Vec::with_capacity(results.len());
+    let mut not_kept = 0;
     for (audit, missing) in results {
+        not_kept += audit.missing_not_kept;
         for (id, (raw, _)) in missing {
             let slot = missing_all.entry(id).or_insert(None);
             if slot.is_none() {
@@ -623,7 +630,6 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         relays.push(audit);
     }
     let mut kept: Vec<(EventId, String)> = Vec::new();
-    let mut not_kept = 0;
     for (id, raw) in &missing_all {
         match raw {
             Some(r) if kept.len() < opts.max_missing => kept.push((*id, r.clone())),
@@ -644,7 +650,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         root_events,
         own_events,
         relays,
-        missing: missing_all.len(),
+        missing: missing_all.len() + not_kept,
         not_kept,
         fix,
     };
@@ -700,7 +706,8 @@ fn audit_round(
     for f in build_layer2_and_layer3_filters(&repos, &roots, None) {
         let end = own
             .read_history(&f, own_limits, page_timeout, deadline, &mut |e| {
-                side.add(&e)
+                side.add(&e);
+                true
             })
             .map_err(AuditError::OwnRelay)?;
         if let QueryEnd::Incomplete(why) = end {
@@ -828,12 +835,15 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
         outcome: RelayOutcome::Complete,
         missing: 0,
         missing_ids: Vec::new(),
+        missing_not_kept: 0,
         extra: 0,
         undelivered: 0,
         rejected: 0,
         repos: Vec::new(),
     };
     let mut missing: Missing = HashMap::new();
+    // Missing events not kept (beyond `max_missing`), counted per delivery.
+    let mut beyond = 0usize;
     let mut candidates: HashSet<EventId> = HashSet::new();
     let mut held: HashSet<EventId> = HashSet::new();
     let finish = |mut audit: RelayAudit,
@@ -858,7 +868,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
                 }
             }
         }
-        audit.missing = missing.len();
+        audit.missing = missing.len() + audit.missing_not_kept;
         let mut ids: Vec<EventId> = missing.keys().copied().collect();
         ids.sort();
         ids.truncate(MAX_LISTED);
@@ -917,17 +927,23 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
     let mut answered = false;
     for filter in build_layer2_and_layer3_filters(&needs.repos, &needs.root_events, None) {
         let own_f = side.matching(&filter);
-        let keep = |e: Event, missing: &mut Missing, rejected: &mut u64| {
+        // Trusted: the own relay holds the id (and the id is the hash of the content), or
+        // the signature verifies. Missing events beyond `max_missing` are only counted.
+        let keep = |e: Event, missing: &mut Missing, rejected: &mut u64, beyond: &mut usize| {
             if side.events.contains_key(&e.id) {
-                return;
+                return true;
             }
             if !e.verify_signature() {
                 *rejected += 1;
-                return;
+                return false;
             }
-            let repos = side.repos_of(&side.refs(&e), &allowed);
-            let kept = missing.len() < ctx.opts.max_missing;
-            missing.insert(e.id, (kept.then(|| e.as_json()), repos));
+            if missing.len() < ctx.opts.max_missing || missing.contains_key(&e.id) {
+                let repos = side.repos_of(&side.refs(&e), &allowed);
+                missing.insert(e.id, (Some(e.as_json()), repos));
+            } else {
+                *beyond += 1;
+            }
+            true
         };
         let mut bad_sigs = 0u64;
         let result = 'query: {
@@ -953,7 +969,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
                             deadline,
                             &mut |e| {
                                 delivered += 1;
-                                keep(e, &mut missing, &mut bad_sigs)
+                                keep(e, &mut missing, &mut bad_sigs, &mut beyond)
                             },
                         );
                         audit.undelivered += need.len().saturating_sub(delivered);
@@ -972,8 +988,12 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
             used_req = true;
             candidates.extend(own_f.iter().map(|(_, id)| *id));
             let r = conn.read_history(&filter, &limits, page_timeout, deadline, &mut |e| {
-                held.insert(e.id);
-                keep(e, &mut missing, &mut bad_sigs)
+                let id = e.id;
+                let trusted = keep(e, &mut missing, &mut bad_sigs, &mut beyond);
+                if trusted {
+                    held.insert(id);
+                }
+                trusted
             });
             if r.is_ok() {
                 answered = true;
@@ -999,6 +1019,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
             }
         }
     }
+    audit.missing_not_kept = beyond;
     audit.rejected += conn.rejected;
     audit.method = match (used_nip77, used_req) {
         (true, true) => "nip77+req",
