@@ -1369,7 +1369,13 @@ fn open_req(
     filter: Filter,
     ids: Option<(Vec<(u64, EventId)>, bool)>,
 ) -> String {
-    let text = ClientMessage::req(sub_id.clone(), vec![filter.clone()]).as_json();
+    // `["REQ",<id>,<filter>]` written directly: building a `ClientMessage` would copy the
+    // filter (a Layer 2/3 filter holds 100 tag values) only to serialise it.
+    let text = format!(
+        "[\"REQ\",{},{}]",
+        serde_json::Value::from(sub_id.as_str()),
+        filter.as_json()
+    );
     trace!("{url} <- {text}");
     conn.subs.insert(
         sub_id.to_string(),
