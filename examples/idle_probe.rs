@@ -234,7 +234,7 @@ fn main() {
         tx.send(Control::Subscribe {
             generation: 1,
             sub_id: SubscriptionId::new("live"),
-            filter: Box::new(Filter::new().kind(nostr::event::Kind::Custom(1621))),
+            filter: std::sync::Arc::new(Filter::new().kind(nostr::event::Kind::Custom(1621))),
         })
         .unwrap();
         controls.push(tx);

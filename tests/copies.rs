@@ -87,7 +87,7 @@ fn subscribe(t: &Thread, sub: &str, filter: Filter) {
         .send(Control::Subscribe {
             generation: 1,
             sub_id: SubscriptionId::new(sub),
-            filter: Box::new(filter),
+            filter: std::sync::Arc::new(filter),
         })
         .unwrap();
 }

@@ -464,7 +464,7 @@ impl Coordinator {
                     Control::Subscribe {
                         generation,
                         sub_id,
-                        filter: Box::new(filter),
+                        filter,
                     },
                 ),
                 Command::Unsubscribe {

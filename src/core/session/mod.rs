@@ -82,7 +82,7 @@ pub enum Control {
         /// Subscription id.
         sub_id: SubscriptionId,
         /// Filter.
-        filter: Box<Filter>,
+        filter: std::sync::Arc<Filter>,
     },
     /// Send a CLOSE.
     Unsubscribe {
@@ -394,7 +394,7 @@ impl TimerTable {
 /// A subscription open on the connection.
 #[derive(Debug)]
 struct Sub {
-    filter: Filter,
+    filter: std::sync::Arc<Filter>,
     /// What arrived before EOSE (for paging decisions).
     stats: PageStats,
     eose: bool,
@@ -599,7 +599,7 @@ impl RelaySession {
                 filter,
             } if generation == current => {
                 let live_only = filter.limit == Some(0);
-                let text = open_req(url, conn, sub_id.clone(), *filter, None);
+                let text = open_req(url, conn, sub_id.clone(), filter, None);
                 if live_only {
                     // A REQ for new events only has no history to end: it is live once sent.
                     // Its EOSE is reported now, not awaited: nostr-rs-relay never sends one
@@ -626,7 +626,7 @@ impl RelaySession {
                 url,
                 conn,
                 sub_id,
-                *filter,
+                std::sync::Arc::new(*filter),
                 Some((Vec::new(), false)),
             )),
             Control::NegOpen {
@@ -986,9 +986,7 @@ impl RelaySession {
                     if let Some(ids) = sub.ids.as_mut() {
                         *ids = (Vec::new(), false);
                     }
-                    let text =
-                        ClientMessage::req(SubscriptionId::new(sub_id), vec![sub.filter.clone()])
-                            .as_json();
+                    let text = req_text(sub_id.as_str(), &sub.filter);
                     trace!("{url} <- {text}");
                     self.transmits.push_back(Transmit::Text(text));
                 }
@@ -1362,20 +1360,24 @@ fn budgeted(budget: &mut LogBudget, now: Time, kind: &'static str, level: Level)
 
 /// Records a subscription (`ids`: a `CollectIds` query keeping `(created_at, id)` pairs) and
 /// returns its `REQ` frame.
+/// `["REQ",<sub_id>,<filter>]`, written directly: building a `ClientMessage` would copy the
+/// filter (a Layer 2/3 filter holds 100 tag values) only to serialise it.
+fn req_text(sub_id: &str, filter: &Filter) -> String {
+    format!(
+        "[\"REQ\",{},{}]",
+        serde_json::Value::from(sub_id),
+        filter.as_json()
+    )
+}
+
 fn open_req(
     url: &RelayUrl,
     conn: &mut Connection,
     sub_id: SubscriptionId,
-    filter: Filter,
+    filter: std::sync::Arc<Filter>,
     ids: Option<(Vec<(u64, EventId)>, bool)>,
 ) -> String {
-    // `["REQ",<id>,<filter>]` written directly: building a `ClientMessage` would copy the
-    // filter (a Layer 2/3 filter holds 100 tag values) only to serialise it.
-    let text = format!(
-        "[\"REQ\",{},{}]",
-        serde_json::Value::from(sub_id.as_str()),
-        filter.as_json()
-    );
+    let text = req_text(sub_id.as_str(), &filter);
     trace!("{url} <- {text}");
     conn.subs.insert(
         sub_id.to_string(),

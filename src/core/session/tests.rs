@@ -85,7 +85,7 @@ impl Harness {
             Control::Subscribe {
                 generation: self.s.generation().unwrap(),
                 sub_id: SubscriptionId::new(sub),
-                filter: Box::new(filter),
+                filter: std::sync::Arc::new(filter),
             },
         );
     }
@@ -173,8 +173,7 @@ fn a_subscribe_sends_its_req_and_events_are_checked_against_its_filter() {
     match &h.transmits()[..] {
         [Transmit::Text(req)] => assert_eq!(
             *req,
-            nostr::message::ClientMessage::req(SubscriptionId::new("s1"), vec![issues()])
-                .as_json(),
+            nostr::message::ClientMessage::req(SubscriptionId::new("s1"), vec![issues()]).as_json(),
             "the REQ is written as nostr writes it"
         ),
         other => panic!("expected one REQ, got {other:?}"),
@@ -688,7 +687,7 @@ fn commands_of_another_generation_are_dropped() {
         Control::Subscribe {
             generation: 7,
             sub_id: SubscriptionId::new("old"),
-            filter: Box::new(issues()),
+            filter: std::sync::Arc::new(issues()),
         },
     );
     assert!(h.transmits().is_empty());
@@ -710,7 +709,7 @@ impl Harness {
             Control::Subscribe {
                 generation,
                 sub_id: SubscriptionId::new("x"),
-                filter: Box::new(issues()),
+                filter: std::sync::Arc::new(issues()),
             },
         );
     }

@@ -760,7 +760,12 @@ impl SyncMachine {
                 generation,
                 sub_id: sub,
             });
-            self.open_sub(url, generation, info.purpose, info.filter);
+            self.open_sub(
+                url,
+                generation,
+                info.purpose,
+                std::sync::Arc::unwrap_or_clone(info.filter),
+            );
             self.drain_queue(url);
         }
     }
@@ -788,7 +793,7 @@ impl SyncMachine {
                 generation: self.own.generation,
                 sub_id: sub,
             });
-            self.open_own_sub(info.purpose, info.filter);
+            self.open_own_sub(info.purpose, std::sync::Arc::unwrap_or_clone(info.filter));
         }
     }
 

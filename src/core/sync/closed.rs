@@ -101,7 +101,11 @@ impl SyncMachine {
                 SubPurpose::Batch(_) => SubPurpose::Live,
                 p => p,
             };
-            self.link(relay).reopen.push((at, purpose, info.filter));
+            self.link(relay).reopen.push((
+                at,
+                purpose,
+                std::sync::Arc::unwrap_or_clone(info.filter),
+            ));
         }
     }
 

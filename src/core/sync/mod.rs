@@ -323,8 +323,9 @@ pub enum Command {
         generation: u64,
         /// Subscription id.
         sub_id: SubscriptionId,
-        /// The one filter of this REQ.
-        filter: Filter,
+        /// The one filter of this REQ (shared with the machine's record of the
+        /// subscription: a Layer 2/3 filter holds 100 tag values).
+        filter: std::sync::Arc<Filter>,
     },
     /// Send `["REQ", sub_id, filter]` to the own relay and keep only `(created_at, id)` of
     /// each matching event (no signature check, nothing forwarded); answered by
@@ -487,12 +488,12 @@ impl Link {
                 if info.filter.limit == Some(0) {
                     continue;
                 }
-                kept.push(info.filter.clone());
+                kept.push(std::sync::Arc::unwrap_or_clone(info.filter.clone()));
             }
         }
         for (_, info) in &self.queue {
             if !is_batch_query(info.purpose) && info.filter.limit != Some(0) {
-                kept.push(info.filter.clone());
+                kept.push(std::sync::Arc::unwrap_or_clone(info.filter.clone()));
             }
         }
         for (_, purpose, filter) in &self.reopen {
@@ -612,7 +613,7 @@ impl Parked {
 struct SubInfo {
     purpose: SubPurpose,
     /// The filter exactly as sent (for paging).
-    filter: Filter,
+    filter: std::sync::Arc<Filter>,
 }
 
 #[derive(Debug, Default)]

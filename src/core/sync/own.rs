@@ -68,7 +68,10 @@ impl SyncMachine {
             filter = filter.limit(max);
         }
         let sub_id = self.new_sub_id();
-        let info = SubInfo { purpose, filter };
+        let info = SubInfo {
+            purpose,
+            filter: filter.into(),
+        };
         let budget = self.budget(&self.config.own_relay.clone());
         if self.own_link.subs.len() >= budget || !self.own_link.queue.is_empty() {
             self.own_link.queue.push_back((sub_id, info));
@@ -86,7 +89,7 @@ impl SyncMachine {
             self.commands.push_back(Command::CollectIds {
                 generation: self.own.generation,
                 sub_id,
-                filter,
+                filter: std::sync::Arc::unwrap_or_clone(filter),
             });
             return;
         }
@@ -232,9 +235,11 @@ impl SyncMachine {
             warn!(
                 "own relay closed a page of the self-subscription ({message:?}); asking again in {delay:?}"
             );
-            self.own_link
-                .reopen
-                .push((now.plus(delay), info.purpose, info.filter));
+            self.own_link.reopen.push((
+                now.plus(delay),
+                info.purpose,
+                std::sync::Arc::unwrap_or_clone(info.filter),
+            ));
             return;
         }
         warn!("own relay closed the self-subscription ({message:?}); reconnecting after backoff");

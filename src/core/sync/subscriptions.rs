@@ -38,7 +38,10 @@ impl SyncMachine {
         let budget = self.budget(relay);
         let cooling = self.cooling(relay, self.last_now);
         let link = self.link(relay);
-        let info = SubInfo { purpose, filter };
+        let info = SubInfo {
+            purpose,
+            filter: filter.into(),
+        };
         if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
             // Never more open subscriptions than the relay allows: wait for room.
             link.queue.push_back((sub_id.clone(), info));

@@ -491,7 +491,7 @@ impl World {
                 Control::Subscribe {
                     generation,
                     sub_id,
-                    filter: Box::new(filter),
+                    filter,
                 },
             ),
             Command::Unsubscribe {
