@@ -17,7 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
 use crate::core::dedup::ForwardGate;
-use crate::core::progress::{OwnInput, Progress, ProgressTracker, RelayCounts, RelayProgress};
+use crate::core::progress::{Progress, ProgressTracker, RelayCounts};
 use crate::core::session::Disconnect;
 use crate::core::sync::{Command, SyncMachine};
 use crate::core::time::Time;
@@ -332,26 +332,7 @@ impl Coordinator {
         statuses: &[crate::core::sync::RelaySyncStatus],
         now: Time,
     ) -> Progress {
-        let tracker = self.progress.lock();
-        let relay_progress: Vec<RelayProgress> = statuses
-            .iter()
-            .map(|s| {
-                let accepted = self
-                    .metrics
-                    .relay_if_known(&s.url)
-                    .map_or(0, |c| RelayCounters::get(&c.events_accepted));
-                RelayProgress::of(s, accepted, &tracker, now)
-            })
-            .collect();
-        let f = &self.metrics.forward;
-        let own = OwnInput {
-            connected: m.own_status() == crate::core::ConnectionStatus::Connected,
-            self_sync_pending: m.self_sync_pending(),
-            forward_backlog: f.unresolved.load(Ordering::Relaxed),
-            forwarded_per_second: tracker
-                .forwarded_per_second(now, f.stored.load(Ordering::Relaxed)),
-        };
-        Progress::of(statuses.iter().zip(&relay_progress), &own)
+        crate::engine::progress_at(&self.metrics, &self.progress.lock(), m, statuses, now).0
     }
 
     fn summary(&self, now: Time) {

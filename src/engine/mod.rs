@@ -432,6 +432,34 @@ fn log_scope(config: &Config) {
     }
 }
 
+/// The progress of every relay and in total at `now`, for `/status` and the summary line.
+pub(crate) fn progress_at(
+    metrics: &Metrics,
+    tracker: &ProgressTracker,
+    m: &SyncMachine,
+    statuses: &[crate::core::sync::RelaySyncStatus],
+    now: crate::core::Time,
+) -> (Progress, Vec<RelayProgress>) {
+    let relay_progress: Vec<RelayProgress> = statuses
+        .iter()
+        .map(|s| {
+            let accepted = metrics
+                .relay_if_known(&s.url)
+                .map_or(0, |c| RelayCounters::get(&c.events_accepted));
+            RelayProgress::of(s, accepted, tracker, now)
+        })
+        .collect();
+    let f = &metrics.forward;
+    let own = OwnInput {
+        connected: m.own_status() == ConnectionStatus::Connected,
+        self_sync_pending: m.self_sync_pending(),
+        forward_backlog: f.unresolved.load(Ordering::Relaxed),
+        forwarded_per_second: tracker.forwarded_per_second(now, f.stored.load(Ordering::Relaxed)),
+    };
+    let total = Progress::of(statuses.iter().zip(&relay_progress), &own);
+    (total, relay_progress)
+}
+
 impl SyncHandle {
     /// A consistent snapshot of the sync state and counters.
     pub fn status(&self) -> Status {
@@ -439,28 +467,13 @@ impl SyncHandle {
         let m = self.machine.read();
         let statuses = m.relay_statuses(clock_now);
         let f = &self.metrics.forward;
-        let (progress, relay_progress) = {
-            let tracker = self.progress.lock();
-            let relay_progress: Vec<RelayProgress> = statuses
-                .iter()
-                .map(|s| {
-                    let accepted = self
-                        .metrics
-                        .relay_if_known(&s.url)
-                        .map_or(0, |c| RelayCounters::get(&c.events_accepted));
-                    RelayProgress::of(s, accepted, &tracker, clock_now)
-                })
-                .collect();
-            let own = OwnInput {
-                connected: m.own_status() == ConnectionStatus::Connected,
-                self_sync_pending: m.self_sync_pending(),
-                forward_backlog: f.unresolved.load(Ordering::Relaxed),
-                forwarded_per_second: tracker
-                    .forwarded_per_second(clock_now, f.stored.load(Ordering::Relaxed)),
-            };
-            let total = Progress::of(statuses.iter().zip(&relay_progress), &own);
-            (total, relay_progress)
-        };
+        let (progress, relay_progress) = progress_at(
+            &self.metrics,
+            &self.progress.lock(),
+            &m,
+            &statuses,
+            clock_now,
+        );
         let relays = statuses
             .into_iter()
             .zip(relay_progress)

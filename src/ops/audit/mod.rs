@@ -580,15 +580,10 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     let repositories = index.values().filter(|n| n.announced_at.is_some()).count();
     // 2–4, and once more when the relays hold root events the own relay lacks: their
     // replies are related too (the daemon syncs them once it has forwarded the root).
-    let mut round = audit_round(
-        config,
-        opts,
-        &policy,
-        &mut own,
-        &own_limits,
-        &index,
-        deadline,
-    )?;
+    let ask = |own: &mut Conn, index: &RepoSyncIndex| {
+        audit_round(config, opts, &policy, own, &own_limits, index, deadline)
+    };
+    let mut round = ask(&mut own, &index)?;
     let new_roots = missing_roots(&round.results, &index);
     if !new_roots.is_empty() {
         log::info!(
@@ -598,15 +593,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         for (id, repos) in new_roots {
             apply(&mut index, SelfEventMeaning::RootEvent { id, repos });
         }
-        round = audit_round(
-            config,
-            opts,
-            &policy,
-            &mut own,
-            &own_limits,
-            &index,
-            deadline,
-        )?;
+        round = ask(&mut own, &index)?;
     }
     drop(own);
     let Round {
