@@ -185,7 +185,7 @@ impl Conn {
         while let Some(page) = pages.pop_front() {
             let sub = self.sub_id("req");
             self.send(ClientMessage::req(sub.clone(), page.clone()).as_json())?;
-            let page_deadline = deadline.min(Instant::now() + page_timeout);
+            let page_deadline = deadline.min(super::deadline_in(page_timeout));
             let mut stats = PageStats::default();
             loop {
                 let Some(text) = self.next_frame(page_deadline)? else {
@@ -291,10 +291,12 @@ impl Conn {
         let first = neg.initiate().map_err(|e| e.to_string())?;
         let sub = self.sub_id("neg");
         self.send(ClientMessage::neg_open(sub.clone(), filter.clone(), hex(&first)).as_json())?;
-        let (mut have, mut need) = (Vec::new(), Vec::new());
+        // Ids the own relay alone holds, each once (rounds may name an id again).
+        let mut have: HashSet<EventId> = HashSet::new();
+        let mut need = Vec::new();
         let mut rounds = 0u32;
         loop {
-            let round_deadline = deadline.min(Instant::now() + cfg.round_timeout);
+            let round_deadline = deadline.min(super::deadline_in(cfg.round_timeout));
             let Some(text) = self.next_frame(round_deadline)? else {
                 return Err(format!(
                     "no NIP-77 answer within {} s",
@@ -346,7 +348,7 @@ impl Conn {
                         }
                         .as_json(),
                     )?;
-                    return Ok((have, need));
+                    return Ok((have.into_iter().collect(), need));
                 }
             }
         }

@@ -518,6 +518,14 @@ fn apply(index: &mut RepoSyncIndex, meaning: SelfEventMeaning) {
     }
 }
 
+/// `now + d`, or a year from now when `d` is too large to add (a huge `--relay-deadline`).
+pub(crate) fn deadline_in(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
+}
+
 /// Page limits from a NIP-11 answer, as the daemon derives them.
 fn page_limits(fetch: &LimitsFetch, assumed: usize) -> (PageLimits, Option<bool>) {
     match fetch {
@@ -538,6 +546,8 @@ struct Ctx<'a> {
     opts: &'a AuditOptions,
     dial_policy: Arc<crate::net::policy::AddressPolicy>,
     side: &'a OwnSide,
+    /// Missing events kept so far over all relays ([`AuditOptions::max_missing`]).
+    kept: std::sync::atomic::AtomicUsize,
 }
 
 /// A missing event: its JSON and the repositories it links to on the relay that has it.
@@ -549,7 +559,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     let policy = Arc::new(config.address_policy(Vec::new()));
     let own_url = config.own_relay.clone();
     let (mut own, own_limits) = open_own(config, &policy).map_err(AuditError::OwnRelay)?;
-    let deadline = Instant::now() + opts.relay_deadline;
+    let deadline = deadline_in(opts.relay_deadline);
     let page_timeout = config.eose_timeout;
 
     // 1. Repositories and root events, as the self-subscription reads them.
@@ -580,10 +590,23 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     let repositories = index.values().filter(|n| n.announced_at.is_some()).count();
     // 2–4, and once more when the relays hold root events the own relay lacks: their
     // replies are related too (the daemon syncs them once it has forwarded the root).
-    let ask = |own: &mut Conn, index: &RepoSyncIndex| {
-        audit_round(config, opts, &policy, own, &own_limits, index, deadline)
+    // Each round reads the own relay on a connection of its own, within a deadline of its own:
+    // the first round's remote relays may take their whole deadline meanwhile.
+    drop(own);
+    let ask = |index: &RepoSyncIndex| {
+        let (mut own, own_limits) = open_own(config, &policy).map_err(AuditError::OwnRelay)?;
+        let deadline = deadline_in(opts.relay_deadline);
+        audit_round(
+            config,
+            opts,
+            &policy,
+            &mut own,
+            &own_limits,
+            index,
+            deadline,
+        )
     };
-    let mut round = ask(&mut own, &index)?;
+    let mut round = ask(&index)?;
     let new_roots = missing_roots(&round.results, &index);
     if !new_roots.is_empty() {
         log::info!(
@@ -593,9 +616,8 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         for (id, repos) in new_roots {
             apply(&mut index, SelfEventMeaning::RootEvent { id, repos });
         }
-        round = ask(&mut own, &index)?;
+        round = ask(&index)?;
     }
-    drop(own);
     let Round {
         repos_targeted,
         root_events,
@@ -616,6 +638,8 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         }
         relays.push(audit);
     }
+    // `not_kept` so far: counted by the relays beyond their cap, never in `missing_all`.
+    let beyond_caps = not_kept;
     let mut kept: Vec<(EventId, String)> = Vec::new();
     for (id, raw) in &missing_all {
         match raw {
@@ -637,7 +661,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         root_events,
         own_events,
         relays,
-        missing: missing_all.len() + not_kept,
+        missing: missing_all.len() + beyond_caps,
         not_kept,
         fix,
     };
@@ -714,6 +738,7 @@ fn audit_round(
         opts,
         dial_policy: policy.clone(),
         side: &side,
+        kept: Default::default(),
     };
     let mut jobs: Vec<(&RelayUrl, &RelaySyncNeeds)> = targets.targets.iter().collect();
     jobs.sort_by(|a, b| a.0.cmp(b.0));
@@ -906,7 +931,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
         .clone()
         .or_else(|| ctx.config.ephemeral_auth.then(Keys::generate));
     let mut conn = Conn::new(url.clone(), socket, keys);
-    let deadline = Instant::now() + ctx.opts.relay_deadline;
+    let deadline = deadline_in(ctx.opts.relay_deadline);
     let page_timeout = ctx.config.eose_timeout;
     let nip77_cfg = &ctx.config.nip77;
     let mut try_nip77 = nip77_cfg.enabled && nip77 != Some(false);
@@ -924,7 +949,11 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
                 *rejected += 1;
                 return false;
             }
-            if missing.len() < ctx.opts.max_missing || missing.contains_key(&e.id) {
+            use std::sync::atomic::Ordering::Relaxed;
+            let room = ctx.kept.load(Relaxed) < ctx.opts.max_missing;
+            if missing.contains_key(&e.id)
+                || (room && ctx.kept.fetch_add(1, Relaxed) < ctx.opts.max_missing)
+            {
                 let repos = side.repos_of(&side.refs(&e), &allowed);
                 missing.insert(e.id, (Some(e.as_json()), repos));
             } else {
@@ -1037,7 +1066,7 @@ fn publish(
             return outcome;
         }
     };
-    let deadline = Instant::now() + opts.relay_deadline;
+    let deadline = deadline_in(opts.relay_deadline);
     match conn.publish(events, opts.publish_window.max(1), 6, deadline) {
         Ok(answers) => {
             for (id, answer) in answers {
