@@ -290,7 +290,14 @@ impl Conn {
         let mut neg = Negentropy::owned(storage, cfg.frame_size).map_err(|e| e.to_string())?;
         let first = neg.initiate().map_err(|e| e.to_string())?;
         let sub = self.sub_id("neg");
-        self.send(ClientMessage::neg_open(sub.clone(), filter.clone(), hex(&first)).as_json())?;
+        self.send(
+            ClientMessage::neg_open(
+                sub.clone(),
+                filter.clone(),
+                crate::core::sync::hex_encode(&first),
+            )
+            .as_json(),
+        )?;
         // Ids the own relay alone holds, each once (rounds may name an id again).
         let mut have: HashSet<EventId> = HashSet::new();
         let mut need = Vec::new();
@@ -320,7 +327,7 @@ impl Conn {
             if rounds > cfg.max_rounds {
                 return Err(format!("still negotiating after {} rounds", cfg.max_rounds));
             }
-            let bytes = unhex(&message).ok_or("NEG-MSG is not hex")?;
+            let bytes = crate::core::sync::hex_decode(&message).ok_or("NEG-MSG is not hex")?;
             let (mut h, mut n) = (Vec::new(), Vec::new());
             let next = neg
                 .reconcile_with_ids(&bytes, &mut h, &mut n)
@@ -337,7 +344,7 @@ impl Conn {
                 Some(m) => self.send(
                     ClientMessage::NegMsg {
                         subscription_id: std::borrow::Cow::Owned(sub.clone()),
-                        message: std::borrow::Cow::Owned(hex(&m)),
+                        message: std::borrow::Cow::Owned(crate::core::sync::hex_encode(&m)),
                     }
                     .as_json(),
                 )?,
@@ -381,7 +388,7 @@ impl Conn {
     }
 
     /// Publishes `events` (raw JSON) with at most `window` waiting for their `OK`, answering
-    /// `rate-limited:` and `error:` with a pause (doubling from 1 s up to 30 s) and another
+    /// `rate-limited:` and `error:` with a pause (the forwarder's [`error_pause`](crate::core::forward::error_pause): 1 s doubling, at most 60 s) and another
     /// try, up to `tries` tries per event. Returns per event whether the relay took it, and
     /// the reason when it did not.
     pub(super) fn publish(
@@ -394,7 +401,7 @@ impl Conn {
         let mut queue: VecDeque<(usize, u32)> = (0..events.len()).map(|i| (i, 0)).collect();
         let mut waiting: std::collections::HashMap<EventId, (usize, u32)> = Default::default();
         let mut out = Vec::with_capacity(events.len());
-        let mut pause = Duration::ZERO;
+        let mut errors = 0u32;
         let mut resume = Instant::now();
         while !queue.is_empty() || !waiting.is_empty() {
             if Instant::now() >= deadline {
@@ -437,14 +444,16 @@ impl Conn {
                 Prefix::RateLimited | Prefix::Error | Prefix::AuthRequired
             );
             if accepted || prefix == Prefix::Duplicate {
-                pause = Duration::ZERO;
+                errors = 0;
                 out.push((id, Ok(prefix == Prefix::Duplicate)));
             } else if transient && tried < tries {
                 if prefix == Prefix::AuthRequired {
                     self.wait_for_auth(deadline)?;
                 } else {
-                    pause = (pause * 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
-                    resume = Instant::now() + pause;
+                    // The forwarder's pause: 1 s doubling per answer in a row, at most 60 s.
+                    errors += 1;
+                    let pause = crate::core::forward::error_pause(Duration::from_secs(1), errors);
+                    resume = super::deadline_in(pause);
                     log::info!(
                         "{}: {}; next event in {} s",
                         self.url,
@@ -459,12 +468,4 @@ impl Conn {
         }
         Ok(out)
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    crate::core::sync::hex_encode(bytes)
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    crate::core::sync::hex_decode(text)
 }
