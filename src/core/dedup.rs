@@ -516,6 +516,12 @@ impl VerifiedSet {
         }
     }
 
+    /// What paging needs of the verified event `id` (its summary), whether or not it was
+    /// forwarded; `None` when the set does not remember it.
+    pub fn summary(&self, id: &EventId) -> Option<EventSummary> {
+        self.shard(id).lock().events.get(id).map(|v| v.summary)
+    }
+
     /// Releases a claim: the forwarder gave the event up (the own relay rejected it), so the
     /// next copy is handed over again (the forwarder decides whether to retry it).
     pub fn release_forward(&self, id: &EventId) {

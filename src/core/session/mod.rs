@@ -727,6 +727,9 @@ impl RelaySession {
             if self.forwarded_copy(now, sub_id, raw, verified) {
                 return FrameOutcome::DroppedCopy;
             }
+            if self.collected_copy(sub_id, raw, verified) {
+                return FrameOutcome::Handled;
+            }
             if let Ok(event) = parse_event(raw) {
                 return self.on_event(now, sub_id, raw, event, verified);
             }
@@ -1064,6 +1067,44 @@ impl RelaySession {
             sub.stats.record_summary(&summary);
         }
         trace!("{}: {id} already handed to the forwarder", self.config.url);
+        true
+    }
+
+    /// The own relay's side of a reconciliation (a [`Command::CollectIds`] subscription)
+    /// reading an event this process verified before, recognised by the id its JSON claims
+    /// ([`claimed_id`]): its `(created_at, id)` is taken from what the [`VerifiedSet`]
+    /// remembers, and the JSON is not parsed (in a first sync most of what the own relay
+    /// holds came through this process, and each reconciliation reads it again). As for a
+    /// parsed event, what the summary can tell (window, kinds, authors) is checked against
+    /// the filter; the tags are not (the own relay applies its filters). False (parse the
+    /// event as usual) for any other subscription and for an event the set does not know.
+    fn collected_copy(&mut self, sub_id: &str, raw: &str, verified: Verified<'_>) -> bool {
+        let Some(sub) = self.conn.as_mut().and_then(|c| c.subs.get_mut(sub_id)) else {
+            return false;
+        };
+        let Some((items, truncated)) = sub.ids.as_mut() else {
+            return false;
+        };
+        let Some(id) = claimed_id(raw) else {
+            return false;
+        };
+        let Some(summary) = verified.set.summary(&id) else {
+            return false;
+        };
+        self.counters.events_received += 1;
+        if sub.eose {
+            return true;
+        }
+        if !summary_matches(&sub.filter, &summary) {
+            sub.stats.record_rejected();
+            return true;
+        }
+        sub.stats.record_summary(&summary);
+        if items.len() < MAX_COLLECTED_IDS {
+            items.push((summary.created_at, id));
+        } else {
+            *truncated = true;
+        }
         true
     }
 

@@ -321,6 +321,52 @@ fn collect_ids_reports_created_at_and_id_at_eose_without_checking_signatures() {
     assert_eq!(h.s.counters().signature_checks, 0);
 }
 
+/// The own relay's side of a reconciliation reading events this process verified before
+/// takes `(created_at, id)` from the verified set without parsing the JSON: a frame whose
+/// rest would not parse is collected by its id. Events outside the filter's window are not
+/// collected, and an unknown id is parsed as before.
+#[test]
+fn collect_ids_takes_known_events_from_the_verified_set_without_parsing() {
+    let shared = VerifiedSet::new(1_000);
+    let mut remote = Harness::new(SessionRole::Remote);
+    remote.subscribe(t(1), "s", issues());
+    let keys = Keys::generate();
+    let (known, old) = (issue(&keys, "x", 1_000), issue(&keys, "y", 10));
+    for ev in [&known, &old] {
+        let _ = forwarded(remote.text_with(t(2), &event_frame("s", ev), &shared, true));
+    }
+    let mut own = Harness::new(SessionRole::Own);
+    own.s.handle_command(
+        t(3),
+        Control::CollectIds {
+            generation: 1,
+            sub_id: SubscriptionId::new("own"),
+            filter: Box::new(issues().since(Timestamp::from(500))),
+        },
+    );
+    // Only the claimed id is read: the rest is not an event at all.
+    let garbled = format!(r#"["EVENT","own",{{"id":"{}","kind":"x"}}]"#, known.id);
+    let _ = own.text_with(t(4), &garbled, &shared, true);
+    // A remembered event outside the window is counted as rejected, not collected.
+    let _ = own.text_with(t(4), &event_frame("own", &old), &shared, true);
+    // An event the set does not know is parsed and checked against the whole filter.
+    let fresh = issue(&keys, "z", 2_000);
+    let _ = own.text_with(t(4), &event_frame("own", &fresh), &shared, true);
+    let _ = own.text_with(t(5), r#"["EOSE","own"]"#, &shared, true);
+    match &own.reports()[..] {
+        [Report::OwnIds { items, stats, .. }] => {
+            assert_eq!(items, &vec![(1_000, known.id), (2_000, fresh.id)]);
+            assert_eq!((stats.received, stats.rejected), (2, 1));
+        }
+        other => panic!("expected OwnIds, got {other:?}"),
+    }
+    let c = own.s.counters();
+    assert_eq!(
+        (c.events_received, c.signature_checks, c.garbage_frames),
+        (3, 0, 0)
+    );
+}
+
 // ----- when a copy of an event is dropped -----
 
 #[test]

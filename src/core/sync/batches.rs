@@ -719,8 +719,51 @@ impl SyncMachine {
             .map(|b| b.batch_id)
             .collect();
         for batch_id in expired {
+            self.log_outstanding(relay, batch_id);
             self.fail_batch(relay, batch_id, now, "no EOSE before the deadline");
         }
+    }
+
+    /// Logs (debug) where the outstanding queries of a batch that timed out stand: open
+    /// (and whether still loading), queued, parked, or none of these (a reconciliation).
+    fn log_outstanding(&self, relay: &RelayUrl, batch_id: u64) {
+        if !log::log_enabled!(log::Level::Debug) {
+            return;
+        }
+        let Some(b) = self
+            .pending
+            .get(relay)
+            .and_then(|bs| bs.iter().find(|b| b.batch_id == batch_id))
+        else {
+            return;
+        };
+        let link = self.link_of(relay);
+        let mut place: Vec<String> = b
+            .outstanding_subs
+            .iter()
+            .take(20)
+            .map(|s| {
+                let at = match link {
+                    Some(l) if l.subs.contains_key(s) => {
+                        if l.loading.contains_key(s) {
+                            "open, loading"
+                        } else {
+                            "open, settled"
+                        }
+                    }
+                    Some(l) if l.queue.iter().any(|(q, _)| q == s) => "queued",
+                    Some(l) if l.parked.iter().any(|p| p.id == *s) => "parked",
+                    _ => "elsewhere (a reconciliation?)",
+                };
+                format!("{s}: {at}")
+            })
+            .collect();
+        place.sort();
+        debug!(
+            "{relay}: batch {batch_id} timed out waiting for {} queries: {}",
+            b.outstanding_subs.len(),
+            place.join(", ")
+        );
     }
 
     /// Queries of `relay` outside a batch (Layer 1, catch-up, polls, pages) whose EOSE did

@@ -124,7 +124,11 @@ impl SyncMachine {
                 since = since.min(p);
             }
             let mut merge = |purpose: SubPurpose, f: &Filter| -> bool {
-                if f.limit == Some(0) && purpose.is_live() {
+                // A pending batch's live-only query (the live part of a reconciled history
+                // query) is not rebuilt below: its items are not confirmed, and its batch
+                // waits for its EOSE. Dropping it left the batch to fail at its deadline.
+                let batch = matches!(purpose, SubPurpose::Batch(_));
+                if f.limit == Some(0) && purpose.is_live() && !batch {
                     return true;
                 }
                 match (purpose, f.since) {

@@ -1165,3 +1165,43 @@ fn a_consolidation_that_still_polls_is_not_repeated_every_poll_round() {
     let rebuilt = w.m.counters().consolidations - before;
     assert!(rebuilt <= 1, "{rebuilt} rebuilds in an hour of poll rounds");
 }
+
+/// A rebuild of the live set (run when queries wait behind settled subscriptions) drops the
+/// live-only queries waiting in the queue, because it opens the live set again; but the
+/// live-only query of a pending batch (the live part of a reconciled history query) is not
+/// part of that set: dropped, its batch waited for an EOSE that could not come and failed at
+/// its deadline two minutes later (seen in a first sync on NIP-77 relays, issue 21).
+#[test]
+fn a_rebuild_keeps_the_queued_live_query_of_a_pending_batch() {
+    use crate::core::state::{PendingBatch, PendingItems};
+    use crate::core::sync::{SubInfo, SubPurpose};
+    let (mut w, _) = one_repo(|_| {});
+    let a = RelayUrl::parse(A).unwrap();
+    let now = w.m.last_now;
+    let sub = w.m.new_sub_id();
+    w.m.pending
+        .entry(a.clone())
+        .or_default()
+        .push(PendingBatch {
+            batch_id: 777,
+            items: PendingItems::default(),
+            outstanding_subs: [sub.clone()].into_iter().collect(),
+            started_at: now,
+            incomplete: false,
+            uncovered_from: None,
+        });
+    let live = Filter::new().kind(Kind::Custom(1111)).limit(0);
+    w.m.link(&a).queue.push_back((
+        sub.clone(),
+        SubInfo {
+            purpose: SubPurpose::Batch(777),
+            filter: std::sync::Arc::new(live),
+        },
+    ));
+    w.m.run_deferred(&a, now);
+    let l = w.m.link(&a);
+    assert!(
+        l.subs.contains_key(&sub) || l.queue.iter().any(|(s, _)| *s == sub),
+        "the batch's live query was dropped by the rebuild"
+    );
+}

@@ -21,7 +21,7 @@
 //! query only ([`FallbackReason`]). A job is one entry in its batch's outstanding set, so a
 //! batch is never confirmed while one of its jobs runs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use log::{debug, info};
@@ -239,20 +239,86 @@ pub(super) struct Reconciler {
     jobs: BTreeMap<u64, Job>,
     by_neg: HashMap<SubscriptionId, u64>,
     next_job: u64,
+    /// The jobs of each relay, oldest first: [`SyncMachine::pump_jobs`] runs on most
+    /// reports, and a scan of every job (thousands wait in a first sync) was a third of the
+    /// coordinator's CPU (issue 21).
+    by_relay: HashMap<RelayUrl, BTreeSet<u64>>,
+    /// Jobs not [`Phase::Waiting`] per relay (one at most while `pump_jobs` starts them).
+    running_on: HashMap<RelayUrl, usize>,
+    /// Jobs not [`Phase::Waiting`] in all.
+    running: usize,
 }
 
 impl Reconciler {
     /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
     /// does not apply meanwhile: the job has its own).
     pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
-        self.jobs
-            .values()
-            .any(|j| j.batch == Some(batch) && j.relay == *relay)
+        self.ids_of(relay)
+            .any(|id| self.jobs.get(&id).is_some_and(|j| j.batch == Some(batch)))
     }
 
     /// Reconciliations running or waiting on `relay`.
     pub(super) fn jobs_of(&self, relay: &RelayUrl) -> usize {
-        self.jobs.values().filter(|j| j.relay == *relay).count()
+        self.by_relay.get(relay).map_or(0, BTreeSet::len)
+    }
+
+    /// The ids of the jobs of `relay`, oldest first.
+    fn ids_of<'a>(&'a self, relay: &RelayUrl) -> impl Iterator<Item = u64> + 'a {
+        self.by_relay.get(relay).into_iter().flatten().copied()
+    }
+
+    /// Adds a job (waiting or not) to the map and the indexes.
+    fn insert(&mut self, id: u64, job: Job) {
+        self.by_relay
+            .entry(job.relay.clone())
+            .or_default()
+            .insert(id);
+        if job.phase != Phase::Waiting {
+            self.count_running(&job.relay, true);
+        }
+        self.jobs.insert(id, job);
+    }
+
+    /// Removes a job from the map and the indexes.
+    fn remove(&mut self, id: u64) -> Option<Job> {
+        let job = self.jobs.remove(&id)?;
+        if let Some(ids) = self.by_relay.get_mut(&job.relay) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.by_relay.remove(&job.relay);
+            }
+        }
+        if job.phase != Phase::Waiting {
+            self.count_running(&job.relay, false);
+        }
+        Some(job)
+    }
+
+    /// Moves a job to `phase`, keeping the running counts.
+    fn set_phase(&mut self, id: u64, phase: Phase) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let was = std::mem::replace(&mut job.phase, phase);
+        if (was == Phase::Waiting) != (phase == Phase::Waiting) {
+            let relay = job.relay.clone();
+            self.count_running(&relay, phase != Phase::Waiting);
+        }
+    }
+
+    fn count_running(&mut self, relay: &RelayUrl, started: bool) {
+        if started {
+            self.running += 1;
+            *self.running_on.entry(relay.clone()).or_default() += 1;
+        } else {
+            self.running = self.running.saturating_sub(1);
+            if let Some(n) = self.running_on.get_mut(relay) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.running_on.remove(relay);
+                }
+            }
+        }
     }
 
     /// The history filters of the jobs of `relay` outside a batch (Layer 1, catch-up):
@@ -262,9 +328,9 @@ impl Reconciler {
         &'a self,
         relay: &'a RelayUrl,
     ) -> impl Iterator<Item = &'a Filter> + 'a {
-        self.jobs
-            .values()
-            .filter(move |j| j.relay == *relay && j.batch.is_none())
+        self.ids_of(relay)
+            .filter_map(|id| self.jobs.get(&id))
+            .filter(|j| j.batch.is_none())
             .map(|j| &j.filter)
     }
 }
@@ -321,7 +387,7 @@ impl SyncMachine {
         self.add_outstanding(relay, batch, [live_id.clone(), neg_id.clone()]);
         self.recon.next_job += 1;
         let id = self.recon.next_job;
-        self.recon.jobs.insert(
+        self.recon.insert(
             id,
             Job {
                 relay: relay.clone(),
@@ -377,66 +443,74 @@ impl SyncMachine {
     /// Starts waiting jobs while slots are free: one per relay, `max_active` in all.
     pub(super) fn pump_jobs(&mut self) {
         let max_active = self.config.nip77.max_active;
-        let mut active: HashSet<RelayUrl> = self
-            .recon
-            .jobs
-            .values()
-            .filter(|j| j.phase != Phase::Waiting)
-            .map(|j| j.relay.clone())
-            .collect();
-        let mut running = self
-            .recon
-            .jobs
-            .values()
-            .filter(|j| j.phase != Phase::Waiting)
-            .count();
-        let waiting: Vec<u64> = self
-            .recon
-            .jobs
-            .iter()
-            .filter(|(_, j)| j.phase == Phase::Waiting)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in waiting {
-            if running >= max_active {
-                return;
-            }
-            let Some(job) = self.recon.jobs.get(&id) else {
-                continue;
-            };
-            if active.contains(&job.relay) {
+        if self.recon.running >= max_active {
+            return;
+        }
+        let own_up = self.own.connection_status == ConnectionStatus::Connected;
+        // Of each relay without a running job: its jobs whose connection is gone, and its
+        // oldest job whose live REQ is on the wire (every such job while the own relay is
+        // down: they are sent as REQ). A job whose live REQ waits in the queue is passed
+        // over, not waited for: the slots it waits for may be held by the batches of later
+        // jobs.
+        let mut gone = Vec::new();
+        let mut ready = Vec::new();
+        for (relay, ids) in &self.recon.by_relay {
+            if self.recon.running_on.contains_key(relay) {
                 continue;
             }
-            if self.connected_generation(&job.relay) != Some(job.generation) {
-                // Its connection is gone (its batch failed with it).
-                self.drop_job(id);
-                continue;
+            let current = self.connected_generation(relay);
+            let queued: HashSet<&SubscriptionId> = self
+                .link_of(relay)
+                .map(|l| l.queue.iter().map(|(s, _)| s).collect())
+                .unwrap_or_default();
+            for id in ids {
+                let Some(job) = self.recon.jobs.get(id) else {
+                    continue;
+                };
+                if job.phase != Phase::Waiting {
+                    continue;
+                }
+                if current != Some(job.generation) {
+                    gone.push(*id);
+                } else if !job.after.as_ref().is_some_and(|a| queued.contains(a)) {
+                    ready.push(*id);
+                    if own_up {
+                        break;
+                    }
+                }
             }
-            let queued = job.after.as_ref().is_some_and(|a| {
-                self.link_of(&job.relay)
-                    .is_some_and(|l| l.queue.iter().any(|(s, _)| s == a))
-            });
-            if queued {
-                continue;
-            }
-            if self.own.connection_status != ConnectionStatus::Connected {
+        }
+        // Their connection is gone (their batch failed with it).
+        for id in gone {
+            self.drop_job(id);
+        }
+        // Oldest first over all relays, as the jobs were opened.
+        ready.sort_unstable();
+        for id in ready {
+            if !own_up {
                 self.fallback(
                     id,
                     FallbackReason::OwnSide,
                     "the own relay is not connected",
                 );
-                continue;
+            } else if self.recon.running < max_active {
+                self.start_job(id);
+            } else {
+                return;
             }
-            active.insert(job.relay.clone());
-            running += 1;
-            let filter = job.filter.clone();
-            let deadline = self.last_now.plus(self.config.eose_timeout);
-            if let Some(job) = self.recon.jobs.get_mut(&id) {
-                job.phase = Phase::OwnRead;
-            }
-            self.timers.set(Timer::JobDeadline(id), deadline);
-            self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
         }
+    }
+
+    /// Starts waiting job `id`: reads the own relay's side.
+    fn start_job(&mut self, id: u64) {
+        let Some(job) = self.recon.jobs.get(&id) else {
+            return;
+        };
+        let filter = job.filter.clone();
+        let deadline = self.last_now.plus(self.config.eose_timeout);
+        self.recon.set_phase(id, Phase::OwnRead);
+        self.timers.set(Timer::JobDeadline(id), deadline);
+        self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
     }
 
     /// True while own-relay queries of the job are open, queued or waiting to reopen.
@@ -473,7 +547,7 @@ impl SyncMachine {
 
     /// Forgets a job without opening anything (its connection or batch is gone).
     fn drop_job(&mut self, id: u64) {
-        let Some(job) = self.recon.jobs.remove(&id) else {
+        let Some(job) = self.recon.remove(id) else {
             return;
         };
         self.recon.by_neg.remove(&job.neg_id);
@@ -606,10 +680,8 @@ impl SyncMachine {
             Some(FallbackReason::NegErr | FallbackReason::Closed)
         );
         if session_over {
-            if let Some(j) = self.recon.jobs.get_mut(&id) {
-                // NEG-ERR and CLOSED end the session: no NEG-CLOSE.
-                j.phase = Phase::Waiting;
-            }
+            // NEG-ERR and CLOSED end the session: no NEG-CLOSE.
+            self.recon.set_phase(id, Phase::Waiting);
         }
         self.drop_job(id);
         let mut others = Vec::new();
@@ -628,13 +700,7 @@ impl SyncMachine {
             if was.is_some_and(|w| w != Nip77Support::Unsupported) {
                 info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
                 // Its other jobs would each wait out their deadline in vain.
-                others = self
-                    .recon
-                    .jobs
-                    .iter()
-                    .filter(|(_, j)| j.relay == relay)
-                    .map(|(id, _)| *id)
-                    .collect();
+                others = self.recon.ids_of(&relay).collect();
             }
         } else {
             info!(
@@ -1030,7 +1096,7 @@ impl SyncMachine {
     /// The negotiation is over: fetch what the own relay lacks, by `ids`, as pages of the
     /// same batch.
     fn finish_job(&mut self, id: u64) {
-        let Some(job) = self.recon.jobs.remove(&id) else {
+        let Some(job) = self.recon.remove(id) else {
             return;
         };
         self.recon.by_neg.remove(&job.neg_id);
