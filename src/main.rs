@@ -589,7 +589,25 @@ fn parse<T: FromArgs>(cmd: &[&str], rest: &[String]) -> Result<T, ExitCode> {
     })
 }
 
+/// glibc gives threads that allocate at once arenas of their own (up to eight per core), and
+/// each arena keeps what was freed in it: with a thread per relay, a first sync's peak RSS
+/// was 11 % above what two arenas need, for no measurable CPU (decision 0086). An operator's
+/// own `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` arena setting is left alone.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let operator_set = std::env::var_os("MALLOC_ARENA_MAX").is_some()
+            || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"));
+        if !operator_set {
+            // SAFETY: `mallopt` only sets an allocator parameter; it runs before any other
+            // thread exists, and a refusal (return value 0) leaves glibc's default.
+            let _ = unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let argv: Vec<String> = std::env::args().collect();
     let rest: Vec<String> = argv.iter().skip(1).cloned().collect();
     if rest.iter().any(|a| a == "--version") {
