@@ -247,6 +247,12 @@ pub(super) struct Reconciler {
     running_on: HashMap<RelayUrl, usize>,
     /// Jobs not [`Phase::Waiting`] in all.
     running: usize,
+    /// [`SyncMachine::pump_jobs`] is running: a fallback inside it pumps again, and while
+    /// the own relay is down that fell back the next job from inside the last one, as deep
+    /// as jobs wait (thousands: enough to exhaust the coordinator's stack).
+    pumping: bool,
+    /// A nested `pump_jobs` was asked for while one ran: the running one goes round again.
+    pump_again: bool,
 }
 
 impl Reconciler {
@@ -442,6 +448,23 @@ impl SyncMachine {
 
     /// Starts waiting jobs while slots are free: one per relay, `max_active` in all.
     pub(super) fn pump_jobs(&mut self) {
+        if self.recon.pumping {
+            self.recon.pump_again = true;
+            return;
+        }
+        self.recon.pumping = true;
+        loop {
+            self.recon.pump_again = false;
+            self.pump_jobs_once();
+            if !self.recon.pump_again {
+                break;
+            }
+        }
+        self.recon.pumping = false;
+    }
+
+    /// One round of [`Self::pump_jobs`].
+    fn pump_jobs_once(&mut self) {
         let max_active = self.config.nip77.max_active;
         if self.recon.running >= max_active {
             return;
@@ -1203,5 +1226,62 @@ impl SyncCounters {
     /// Reconciliations that fell back to paged REQs for `reason`.
     pub fn fallbacks(&self, reason: FallbackReason) -> u64 {
         self.reconcile_fallbacks[reason.index()]
+    }
+}
+
+#[cfg(test)]
+mod pump_tests {
+    use super::*;
+    use crate::core::sync::world::{announcement, World};
+
+    /// With the own relay down every waiting job falls back to REQ, and each fallback asks
+    /// for another pump: that used to fall back the next job from inside the last one, as
+    /// deep as jobs wait. 20,000 jobs on a 256 KiB stack: fallen back in one loop.
+    #[test]
+    fn falling_back_thousands_of_waiting_jobs_does_not_recurse() {
+        const A: &str = "ws://a.example";
+        let mut w = World::new("ws://own.example", |_| {});
+        let t = w.secs();
+        let ann = announcement("r", &[A], t - 86_400);
+        w.own.store.push(ann.clone());
+        w.relay(A).store.push(ann);
+        w.start();
+        w.advance(Duration::from_secs(30));
+        let a = RelayUrl::parse(A).unwrap();
+        let generation = w.m.connected_generation(&a).expect("A connected");
+        for i in 0..20_000u64 {
+            w.m.recon.next_job += 1;
+            let id = w.m.recon.next_job;
+            w.m.recon.insert(
+                id,
+                Job {
+                    relay: a.clone(),
+                    generation,
+                    batch: None,
+                    filter: Filter::new(),
+                    orig: Filter::new(),
+                    live: SubPurpose::Announcements,
+                    neg_id: SubscriptionId::new(format!("t{i}")),
+                    after: None,
+                    phase: Phase::Waiting,
+                    own: Vec::new(),
+                    neg: None,
+                    rounds: 0,
+                    need: HashSet::new(),
+                },
+            );
+        }
+        w.m.own.connection_status = ConnectionStatus::Disconnected;
+        let m = &mut w.m;
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .stack_size(256 << 10)
+                .spawn_scoped(s, move || m.pump_jobs())
+                .expect("spawn")
+                .join()
+                .expect("pump_jobs returned");
+        });
+        assert_eq!(w.m.recon.jobs_of(&a), 0);
+        assert!(!w.m.recon.pumping);
     }
 }
