@@ -590,8 +590,8 @@ fn parse<T: FromArgs>(cmd: &[&str], rest: &[String]) -> Result<T, ExitCode> {
 }
 
 /// glibc gives threads that allocate at once arenas of their own (up to eight per core), and
-/// each arena keeps what was freed in it: with a thread per relay, a first sync's peak RSS
-/// was 11 % above what two arenas need, for no measurable CPU (decision 0086). An operator's
+/// each arena keeps what was freed in it: with a thread per relay, two arenas lowered a
+/// first sync's peak RSS by about a tenth, for no measurable CPU (decision 0086). An operator's
 /// own `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` arena setting is left alone.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

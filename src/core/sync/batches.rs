@@ -725,7 +725,8 @@ impl SyncMachine {
     }
 
     /// Logs (debug) where the outstanding queries of a batch that timed out stand: open
-    /// (and whether still loading), queued, parked, or none of these (a reconciliation).
+    /// (and whether still loading), queued, parked, a reconciliation, or nowhere (a query
+    /// lost by the machine: the bug class of issue 21's stalled first syncs).
     fn log_outstanding(&self, relay: &RelayUrl, batch_id: u64) {
         if !log::log_enabled!(log::Level::Debug) {
             return;
@@ -753,7 +754,8 @@ impl SyncMachine {
                     }
                     Some(l) if l.queue.iter().any(|(q, _)| q == s) => "queued",
                     Some(l) if l.parked.iter().any(|p| p.id == *s) => "parked",
-                    _ => "elsewhere (a reconciliation?)",
+                    _ if self.recon.is_job(s) => "a reconciliation",
+                    _ => "nowhere (lost)",
                 };
                 format!("{s}: {at}")
             })

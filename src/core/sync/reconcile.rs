@@ -245,8 +245,6 @@ pub(super) struct Reconciler {
     by_relay: HashMap<RelayUrl, BTreeSet<u64>>,
     /// Jobs not [`Phase::Waiting`] per relay (one at most while `pump_jobs` starts them).
     running_on: HashMap<RelayUrl, usize>,
-    /// Jobs not [`Phase::Waiting`] in all.
-    running: usize,
     /// [`SyncMachine::pump_jobs`] is running: a fallback inside it pumps again, and while
     /// the own relay is down that fell back the next job from inside the last one, as deep
     /// as jobs wait (thousands: enough to exhaust the coordinator's stack).
@@ -266,6 +264,11 @@ impl Reconciler {
     /// Reconciliations running or waiting on `relay`.
     pub(super) fn jobs_of(&self, relay: &RelayUrl) -> usize {
         self.by_relay.get(relay).map_or(0, BTreeSet::len)
+    }
+
+    /// True when `neg_id` is a job's negentropy subscription.
+    pub(super) fn is_job(&self, neg_id: &SubscriptionId) -> bool {
+        self.by_neg.contains_key(neg_id)
     }
 
     /// The ids of the jobs of `relay`, oldest first.
@@ -312,17 +315,18 @@ impl Reconciler {
         }
     }
 
+    /// Jobs not [`Phase::Waiting`] in all (`running_on` has at most `max_active` entries).
+    fn running(&self) -> usize {
+        self.running_on.values().sum()
+    }
+
     fn count_running(&mut self, relay: &RelayUrl, started: bool) {
         if started {
-            self.running += 1;
             *self.running_on.entry(relay.clone()).or_default() += 1;
-        } else {
-            self.running = self.running.saturating_sub(1);
-            if let Some(n) = self.running_on.get_mut(relay) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.running_on.remove(relay);
-                }
+        } else if let Some(n) = self.running_on.get_mut(relay) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.running_on.remove(relay);
             }
         }
     }
@@ -466,7 +470,7 @@ impl SyncMachine {
     /// One round of [`Self::pump_jobs`].
     fn pump_jobs_once(&mut self) {
         let max_active = self.config.nip77.max_active;
-        if self.recon.running >= max_active {
+        if self.recon.running() >= max_active {
             return;
         }
         let own_up = self.own.connection_status == ConnectionStatus::Connected;
@@ -504,6 +508,7 @@ impl SyncMachine {
             }
         }
         // Their connection is gone (their batch failed with it).
+        gone.sort_unstable();
         for id in gone {
             self.drop_job(id);
         }
@@ -516,7 +521,7 @@ impl SyncMachine {
                     FallbackReason::OwnSide,
                     "the own relay is not connected",
                 );
-            } else if self.recon.running < max_active {
+            } else if self.recon.running() < max_active {
                 self.start_job(id);
             } else {
                 return;
