@@ -235,6 +235,7 @@ fn main() {
             generation: 1,
             sub_id: SubscriptionId::new("live"),
             filter: std::sync::Arc::new(Filter::new().kind(nostr::event::Kind::Custom(1621))),
+            scope: None,
         })
         .unwrap();
         controls.push(tx);

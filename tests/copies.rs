@@ -88,6 +88,7 @@ fn subscribe(t: &Thread, sub: &str, filter: Filter) {
             generation: 1,
             sub_id: SubscriptionId::new(sub),
             filter: std::sync::Arc::new(filter),
+            scope: None,
         })
         .unwrap();
 }

@@ -439,6 +439,7 @@ impl Coordinator {
                     generation,
                     sub_id,
                     filter,
+                    scope,
                 } => self.send(
                     threads,
                     &relay,
@@ -446,6 +447,7 @@ impl Coordinator {
                         generation,
                         sub_id,
                         filter,
+                        scope,
                     },
                 ),
                 Command::Unsubscribe {

@@ -83,6 +83,9 @@ pub enum Control {
         sub_id: SubscriptionId,
         /// Filter.
         filter: std::sync::Arc<Filter>,
+        /// A filter its events must also match, not sent (a reconciliation's fetch by
+        /// `ids`: the query it belongs to).
+        scope: Option<std::sync::Arc<Filter>>,
     },
     /// Send a CLOSE.
     Unsubscribe {
@@ -395,6 +398,8 @@ impl TimerTable {
 #[derive(Debug)]
 struct Sub {
     filter: std::sync::Arc<Filter>,
+    /// What its events must also match (not sent).
+    scope: Option<std::sync::Arc<Filter>>,
     /// What arrived before EOSE (for paging decisions).
     stats: PageStats,
     eose: bool,
@@ -597,9 +602,13 @@ impl RelaySession {
                 generation,
                 sub_id,
                 filter,
+                scope,
             } if generation == current => {
                 let live_only = filter.limit == Some(0);
                 let text = open_req(url, conn, sub_id.clone(), filter, None);
+                if let Some(sub) = conn.subs.get_mut(sub_id.as_str()) {
+                    sub.scope = scope;
+                }
                 if live_only {
                     // A REQ for new events only has no history to end: it is live once sent.
                     // Its EOSE is reported now, not awaited: nostr-rs-relay never sends one
@@ -1152,7 +1161,15 @@ impl RelaySession {
         }
         // A copy (from another relay, another filter, or the own relay reading back what the
         // forwarder stored) has its id checked but not its signature again.
-        let checked = check_parsed_cached(&event, raw, &sub.filter, verified.set);
+        let in_scope = sub
+            .scope
+            .as_ref()
+            .is_none_or(|s| s.match_event(&event, MatchEventOptions::new()));
+        let checked = if in_scope {
+            check_parsed_cached(&event, raw, &sub.filter, verified.set)
+        } else {
+            Err(EventRejection::NotMatching)
+        };
         if matches!(
             checked,
             Ok(SignatureCheck::Verified) | Err(EventRejection::BadSignature)
@@ -1424,6 +1441,7 @@ fn open_req(
         sub_id.to_string(),
         Sub {
             filter,
+            scope: None,
             stats: PageStats::default(),
             eose: false,
             ids,

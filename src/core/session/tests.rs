@@ -86,6 +86,7 @@ impl Harness {
                 generation: self.s.generation().unwrap(),
                 sub_id: SubscriptionId::new(sub),
                 filter: std::sync::Arc::new(filter),
+                scope: None,
             },
         );
     }
@@ -422,6 +423,45 @@ fn a_fetch_by_ids_forwards_an_event_whatever_an_earlier_copy_claimed() {
 }
 
 #[test]
+fn a_fetch_forwards_only_events_inside_its_scope() {
+    // A reconciliation's fetch asks by `ids` without its query's tag values; what the relay
+    // sends must still match the query (the scope), whatever ids it listed.
+    let shared = VerifiedSet::new(1_000);
+    let mut a = Harness::new(SessionRole::Remote);
+    let keys = Keys::generate();
+    let root = "a".repeat(64);
+    let inside = EventBuilder::new(ISSUE, "reply")
+        .tag(nostr::event::Tag::parse(["e", root.as_str()]).unwrap())
+        .finalize(&keys)
+        .unwrap();
+    let outside = issue(&keys, "unrelated", 1_000);
+    let scope = issues().custom_tags(nostr::filter::SingleLetterTag::LOWERCASE_E, [root.clone()]);
+    a.s.handle_command(
+        t(1),
+        Control::Subscribe {
+            generation: a.s.generation().unwrap(),
+            sub_id: SubscriptionId::new("fetch"),
+            filter: std::sync::Arc::new(issues().ids([inside.id, outside.id])),
+            scope: Some(std::sync::Arc::new(scope)),
+        },
+    );
+    let sent = a.transmits();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        !format!("{sent:?}").contains(&root),
+        "the scope is not sent: {sent:?}"
+    );
+    let got = forwarded(a.text_with(t(2), &event_frame("fetch", &inside), &shared, true));
+    assert_eq!(got.id, inside.id);
+    assert!(matches!(
+        a.text_with(t(3), &event_frame("fetch", &outside), &shared, true),
+        FrameOutcome::Handled
+    ));
+    assert_eq!(a.s.counters().events_unmatched, 1);
+    assert_eq!(a.s.counters().events_accepted, 1);
+}
+
+#[test]
 fn a_new_forwarder_epoch_voids_earlier_claims() {
     let shared = VerifiedSet::new(1_000);
     let mut a = Harness::new(SessionRole::Remote);
@@ -734,6 +774,7 @@ fn commands_of_another_generation_are_dropped() {
             generation: 7,
             sub_id: SubscriptionId::new("old"),
             filter: std::sync::Arc::new(issues()),
+            scope: None,
         },
     );
     assert!(h.transmits().is_empty());
@@ -756,6 +797,7 @@ impl Harness {
                 generation,
                 sub_id: SubscriptionId::new("x"),
                 filter: std::sync::Arc::new(issues()),
+                scope: None,
             },
         );
     }

@@ -316,7 +316,7 @@ impl SyncMachine {
         // per EOSE was a third of the coordinator's CPU in a first sync, issue 21); it is
         // copied only when a split query is parked.
         let limits = self.page_limits(relay);
-        let Some((purpose, plan)) = self.link_mut(relay).and_then(|l| {
+        let Some((purpose, scope, plan)) = self.link_mut(relay).and_then(|l| {
             // A live-only REQ (`limit: 0`) has no history: not counted.
             if l.loading.remove(sub_id).is_some()
                 && l.subs
@@ -325,9 +325,10 @@ impl SyncMachine {
             {
                 l.history_queries_completed += 1;
             }
-            l.subs
-                .get(sub_id)
-                .map(|info| (info.purpose, plan_pages(&info.filter, stats, &limits)))
+            l.subs.get(sub_id).map(|info| {
+                let plan = plan_pages(&info.filter, stats, &limits);
+                (info.purpose, info.scope.clone(), plan)
+            })
         }) else {
             return;
         };
@@ -341,7 +342,7 @@ impl SyncMachine {
             let filter = self
                 .link_of(relay)
                 .and_then(|l| l.subs.get(sub_id))
-                .map(|info| info.filter.clone())
+                .map(|info| info.query())
                 .unwrap_or_default();
             self.admit_pages(relay, plan, batch_id, &filter, stats)
         } else {
@@ -351,11 +352,13 @@ impl SyncMachine {
         let mut page_subs = Vec::new();
         for f in std::mem::take(&mut plan.next) {
             self.counters.pages_requested += 1;
-            page_subs.push(self.open_sub(
+            // Pages of a fetch keep its scope (a parked query is its full filter).
+            page_subs.push(self.open_scoped(
                 relay,
                 generation,
                 SubPurpose::Page { batch: batch_id },
                 f,
+                scope.clone(),
             ));
         }
         let constrained = self
@@ -805,11 +808,12 @@ impl SyncMachine {
                 generation,
                 sub_id: sub,
             });
-            self.open_sub(
+            self.open_scoped(
                 url,
                 generation,
                 info.purpose,
                 std::sync::Arc::unwrap_or_clone(info.filter),
+                info.scope,
             );
             self.drain_queue(url);
         }

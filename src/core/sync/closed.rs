@@ -88,9 +88,9 @@ impl SyncMachine {
                 _ => SubPurpose::Live,
             };
             let l = self.link(relay);
-            l.reopen.push((at, purpose, live_only(&info.filter)));
+            l.reopen.push((at, purpose, live_only(&info.query())));
             l.reopen
-                .push((at, SubPurpose::CatchUp, history_since(&info.filter, since)));
+                .push((at, SubPurpose::CatchUp, history_since(&info.query(), since)));
         } else if matches!(info.purpose, SubPurpose::Page { batch: Some(_) }) {
             // A page of a batch that is no longer pending: nothing waits for it.
             debug!("{relay}: page {sub_id} of a finished batch closed; nothing to do");
@@ -104,7 +104,7 @@ impl SyncMachine {
             self.link(relay).reopen.push((
                 at,
                 purpose,
-                std::sync::Arc::unwrap_or_clone(info.filter),
+                std::sync::Arc::unwrap_or_clone(info.query()),
             ));
         }
     }

@@ -1191,13 +1191,9 @@ fn a_rebuild_keeps_the_queued_live_query_of_a_pending_batch() {
             uncovered_from: None,
         });
     let live = Filter::new().kind(Kind::Custom(1111)).limit(0);
-    w.m.link(&a).queue.push_back((
-        sub.clone(),
-        SubInfo {
-            purpose: SubPurpose::Batch(777),
-            filter: std::sync::Arc::new(live),
-        },
-    ));
+    w.m.link(&a)
+        .queue
+        .push_back((sub.clone(), SubInfo::new(SubPurpose::Batch(777), live)));
     w.m.run_deferred(&a, now);
     let l = w.m.link(&a);
     assert!(

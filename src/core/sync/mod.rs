@@ -326,6 +326,10 @@ pub enum Command {
         /// The one filter of this REQ (shared with the machine's record of the
         /// subscription: a Layer 2/3 filter holds 100 tag values).
         filter: std::sync::Arc<Filter>,
+        /// A filter every event must match too, checked here and not sent: a
+        /// reconciliation's fetch asks by `ids` without its query's tag values, and its
+        /// events must still belong to the query (shared by all the fetch's REQs).
+        scope: Option<std::sync::Arc<Filter>>,
     },
     /// Send `["REQ", sub_id, filter]` to the own relay and keep only `(created_at, id)` of
     /// each matching event (no signature check, nothing forwarded); answered by
@@ -488,12 +492,12 @@ impl Link {
                 if info.filter.limit == Some(0) {
                     continue;
                 }
-                kept.push(std::sync::Arc::unwrap_or_clone(info.filter.clone()));
+                kept.push(std::sync::Arc::unwrap_or_clone(info.query()));
             }
         }
         for (_, info) in &self.queue {
             if !is_batch_query(info.purpose) && info.filter.limit != Some(0) {
-                kept.push(std::sync::Arc::unwrap_or_clone(info.filter.clone()));
+                kept.push(std::sync::Arc::unwrap_or_clone(info.query()));
             }
         }
         for (_, purpose, filter) in &self.reopen {
@@ -614,6 +618,33 @@ struct SubInfo {
     purpose: SubPurpose,
     /// The filter exactly as sent (for paging).
     filter: std::sync::Arc<Filter>,
+    /// What its events must also match, not sent ([`Command::Subscribe`]'s `scope`).
+    scope: Option<std::sync::Arc<Filter>>,
+}
+
+impl SubInfo {
+    /// A subscription whose events must match `filter` only.
+    fn new(purpose: SubPurpose, filter: Filter) -> SubInfo {
+        SubInfo {
+            purpose,
+            filter: filter.into(),
+            scope: None,
+        }
+    }
+
+    /// The query as one filter, to send again (a later page, a reopen, a resume): the filter
+    /// as sent with its scope's tag values put back (the rare re-sent fetch is the query's
+    /// full filter, which needs no scope).
+    fn query(&self) -> std::sync::Arc<Filter> {
+        match &self.scope {
+            None => self.filter.clone(),
+            Some(scope) => {
+                let mut f = Filter::clone(&self.filter);
+                f.generic_tags = scope.generic_tags.clone();
+                f.into()
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
+use nostr::key::Keys;
 use nostr::types::Timestamp;
 
 use super::world::{announcement, keys, repo, FakeRelay, Nip77Mode, World};
@@ -322,6 +323,54 @@ fn claimed_ids_of_events_the_relay_does_not_serve_change_nothing() {
     assert!(ids_requested(c.a()).is_superset(&c.missing));
     assert_eq!(c.w.m.relay_statuses(c.w.now)[0].confirmed_repos, 1);
     assert_eq!(c.w.m.relay_statuses(c.w.now)[0].pending_batches, 0);
+}
+
+#[test]
+fn events_a_relay_lists_outside_the_query_are_fetched_but_never_forwarded() {
+    // The fetch asks by `ids` without the query's tag values (issue 21: they were copied
+    // into every fetch REQ); the query still decides what is forwarded. A lists, for every
+    // query, all it stores, among them issues of a repository nobody announced, and serves
+    // them when asked by id: they must not reach the own relay.
+    let mut c = case(
+        10,
+        |i| i % 3 != 1,
+        true,
+        Nip77Mode::On,
+        |_| {},
+        |a| a.neg_strangers = true,
+    );
+    let t = c.w.secs();
+    let strangers: Vec<Event> = (0..5)
+        .map(|i| {
+            let other = Keys::generate();
+            EventBuilder::new(Kind::Custom(1111), format!("stranger {i}"))
+                .tag(Tag::parse(["e", &"b".repeat(64)]).unwrap())
+                .custom_created_at(Timestamp::from(t - 10 * DAY + i))
+                .finalize(&other)
+                .unwrap()
+        })
+        .collect();
+    c.w.relay(A).store.extend(strangers.iter().cloned());
+    c.run(200);
+    c.assert_exact();
+    let fetched = ids_requested(c.a());
+    assert!(
+        strangers.iter().any(|e| fetched.contains(&e.id)),
+        "the strangers were asked for (the relay listed them)"
+    );
+    for e in &strangers {
+        assert!(
+            !c.w.own.store.iter().any(|o| o.id == e.id),
+            "an event outside every query reached the own relay"
+        );
+    }
+    // The fetch REQs carry no tag values: the query's are checked, not sent.
+    let fetch_reqs: Vec<&Filter> = c.a().reqs.iter().filter(|f| f.ids.is_some()).collect();
+    assert!(!fetch_reqs.is_empty());
+    for f in fetch_reqs {
+        assert!(f.generic_tags.is_empty(), "{f:?}");
+    }
+    assert_eq!(c.w.m.relay_statuses(c.w.now)[0].confirmed_repos, 1);
 }
 
 #[test]

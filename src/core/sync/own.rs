@@ -68,10 +68,7 @@ impl SyncMachine {
             filter = filter.limit(max);
         }
         let sub_id = self.new_sub_id();
-        let info = SubInfo {
-            purpose,
-            filter: filter.into(),
-        };
+        let info = SubInfo::new(purpose, filter);
         let budget = self.budget(&self.config.own_relay.clone());
         if self.own_link.subs.len() >= budget || !self.own_link.queue.is_empty() {
             self.own_link.queue.push_back((sub_id, info));
@@ -98,6 +95,7 @@ impl SyncMachine {
             generation: self.own.generation,
             sub_id,
             filter,
+            scope: None,
         });
     }
 

@@ -1157,13 +1157,15 @@ impl SyncMachine {
             self.pump_jobs();
             return;
         }
+        let (filters, scope) = self.fetch_filters(&relay, job.filter, &need);
         let mut subs = Vec::new();
-        for f in self.fetch_filters(&relay, &job.filter, &need) {
-            subs.push(self.open_sub(
+        for f in filters {
+            subs.push(self.open_scoped(
                 &relay,
                 job.generation,
                 SubPurpose::Page { batch: job.batch },
                 f,
+                scope.clone(),
             ));
         }
         if let Some(b) = job.batch {
@@ -1173,27 +1175,41 @@ impl SyncMachine {
         self.pump_jobs();
     }
 
-    /// REQs for `need` with the query's filter: at most one id fewer than a page (so a full
-    /// answer is never taken for a capped one) and within the relay's message size.
+    /// REQs for `need`, and the scope their events must match: at most one id fewer than a
+    /// page (so a full answer is never taken for a capped one) and within the relay's message
+    /// size. A query with tag values (Layer 2/3: up to 100 of them) is sent without them, by
+    /// its `ids`, kinds, authors and window, and the query itself becomes the scope, checked
+    /// on each event and shared by every REQ: copying it into each REQ held megabytes of
+    /// queued fetches in a first sync and serialised the tag values into every one (issue
+    /// 21). A relay that listed an event outside the query still cannot have it forwarded.
     pub(super) fn fetch_filters(
         &self,
         relay: &RelayUrl,
-        filter: &Filter,
+        filter: Filter,
         need: &[EventId],
-    ) -> Vec<Filter> {
+    ) -> (Vec<Filter>, Option<std::sync::Arc<Filter>>) {
+        let (base, scope) = if filter.generic_tags.is_empty() {
+            (filter, None)
+        } else {
+            let mut base = filter.clone();
+            base.generic_tags.clear();
+            (base, Some(std::sync::Arc::new(filter)))
+        };
         let page = self.page_limits(relay).page_size;
-        let base = filter.as_json().len() + 200;
+        let size = base.as_json().len() + 200;
         let by_size = self
             .nip11_of(relay)
             .max_message
-            .map_or(MAX_IDS_PER_REQ, |m| m.saturating_sub(base) / 67);
+            .map_or(MAX_IDS_PER_REQ, |m| m.saturating_sub(size) / 67);
         let chunk = page
             .saturating_sub(1)
             .min(by_size)
             .clamp(1, MAX_IDS_PER_REQ);
-        need.chunks(chunk)
-            .map(|c| filter.clone().ids(c.iter().copied()))
-            .collect()
+        let filters = need
+            .chunks(chunk)
+            .map(|c| base.clone().ids(c.iter().copied()))
+            .collect();
+        (filters, scope)
     }
 }
 

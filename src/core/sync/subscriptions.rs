@@ -29,6 +29,19 @@ impl SyncMachine {
         purpose: SubPurpose,
         filter: Filter,
     ) -> SubscriptionId {
+        self.open_scoped(relay, generation, purpose, filter, None)
+    }
+
+    /// [`Self::open_sub`] whose events must also match `scope` (not sent; see
+    /// [`Command::Subscribe`]).
+    pub(super) fn open_scoped(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        purpose: SubPurpose,
+        filter: Filter,
+        scope: Option<std::sync::Arc<Filter>>,
+    ) -> SubscriptionId {
         let mut filter = filter;
         if let (Some(max), None) = (self.page_limits(relay).max_limit, filter.limit) {
             // The relay's default page may be smaller than its max_limit: ask for the max.
@@ -41,6 +54,7 @@ impl SyncMachine {
         let info = SubInfo {
             purpose,
             filter: filter.into(),
+            scope,
         };
         if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
             // Never more open subscriptions than the relay allows: wait for room.
@@ -60,6 +74,7 @@ impl SyncMachine {
         info: SubInfo,
     ) {
         let filter = info.filter.clone();
+        let scope = info.scope.clone();
         let now = self.last_now;
         if let SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) } = info.purpose {
             // The batch's EOSE deadline counts from when its REQs are sent, not queued.
@@ -78,6 +93,7 @@ impl SyncMachine {
             generation,
             sub_id,
             filter,
+            scope,
         });
     }
 

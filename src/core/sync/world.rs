@@ -83,6 +83,9 @@ pub(crate) struct FakeRelay {
     pub advertise_nip77: bool,
     /// Ids (of no stored event) added to its negentropy set: a relay claiming events.
     pub neg_phantoms: usize,
+    /// Lists every stored event in its negentropy set, matching the filter or not (a
+    /// hostile relay claiming events outside the query, which it serves when asked by id).
+    pub neg_strangers: bool,
     /// Frame size limit of its negentropy answers (0: none; else ≥ 4096).
     pub neg_frame: u64,
     /// Open negentropy sessions: (generation, id) → responder.
@@ -220,7 +223,7 @@ impl FakeRelay {
     fn neg_server(&self, filter: &Filter) -> NegServer {
         let mut storage = NegentropyStorageVector::new();
         for e in &self.store {
-            if filter.match_event(e, MatchEventOptions::new()) {
+            if self.neg_strangers || filter.match_event(e, MatchEventOptions::new()) {
                 storage
                     .insert(e.created_at.as_secs(), Id::from_byte_array(e.id.to_bytes()))
                     .expect("insert");
@@ -486,12 +489,14 @@ impl World {
                 generation,
                 sub_id,
                 filter,
+                scope,
             } => (
                 relay,
                 Control::Subscribe {
                     generation,
                     sub_id,
                     filter,
+                    scope,
                 },
             ),
             Command::Unsubscribe {
