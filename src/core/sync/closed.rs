@@ -89,8 +89,11 @@ impl SyncMachine {
             };
             let l = self.link(relay);
             l.reopen.push((at, purpose, live_only(&info.query())));
-            l.reopen
-                .push((at, SubPurpose::CatchUp, history_since(&info.query(), since)));
+            l.reopen.push((
+                at,
+                SubPurpose::CatchUp,
+                history_since(std::sync::Arc::unwrap_or_clone(info.query()), since),
+            ));
         } else if matches!(info.purpose, SubPurpose::Page { batch: Some(_) }) {
             // A page of a batch that is no longer pending: nothing waits for it.
             debug!("{relay}: page {sub_id} of a finished batch closed; nothing to do");

@@ -222,7 +222,8 @@ impl SyncMachine {
         for f in &live {
             self.open_sub(relay, generation, SubPurpose::Live, live_only(f));
         }
-        for f in &live {
+        let opened = !live.is_empty();
+        for f in live {
             self.open_sub(
                 relay,
                 generation,
@@ -230,7 +231,7 @@ impl SyncMachine {
                 history_since(f, since),
             );
         }
-        if !live.is_empty() {
+        if opened {
             let l = self.link(relay);
             l.catch_up_since = Some(l.catch_up_since.map_or(since, |c| c.min(since)));
         }

@@ -461,8 +461,8 @@ pub(crate) fn live_only(f: &Filter) -> Filter {
 
 /// The filter of a history query for the same events as `f` from `since` on (no `limit`:
 /// the relay's page size applies and paging reads the rest).
-pub(crate) fn history_since(f: &Filter, since: nostr::types::Timestamp) -> Filter {
-    let mut f = f.clone();
+pub(crate) fn history_since(f: Filter, since: nostr::types::Timestamp) -> Filter {
+    let mut f = f;
     f.since = Some(since);
     f.until = None;
     f.limit = None;

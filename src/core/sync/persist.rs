@@ -603,7 +603,7 @@ impl SyncMachine {
                 relay,
                 generation,
                 SubPurpose::CatchUp,
-                history_since(&f, since),
+                history_since(f, since),
             );
         }
         // Live from now on once the live set is rebuilt (its catch-up covers the gap).

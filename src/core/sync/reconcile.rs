@@ -217,9 +217,10 @@ pub(super) struct Job {
     relay: RelayUrl,
     generation: u64,
     batch: Option<u64>,
-    /// The history filter (no `limit`).
-    filter: Filter,
     /// The query as the caller gave it, and the purpose of its REQ: what a fallback sends.
+    /// Its history filter (no `limit`, [`history_filter`]) is derived when sent: a batch of
+    /// thousands of new root events opens as many jobs at once, and a second copy of each
+    /// query's tag values was a fifth of the peak heap of a first sync (issue 21).
     orig: Filter,
     live: SubPurpose,
     /// The negentropy subscription id, also the job's entry in its batch's outstanding set.
@@ -341,13 +342,13 @@ impl Reconciler {
         self.ids_of(relay)
             .filter_map(|id| self.jobs.get(&id))
             .filter(|j| j.batch.is_none())
-            .map(|j| &j.filter)
+            .map(|j| &j.orig)
     }
 }
 
 /// A filter of the history of `f` (no `limit`: paging applies the relay's page size).
-fn history_filter(f: &Filter) -> Filter {
-    let mut f = f.clone();
+fn history_filter(f: Filter) -> Filter {
+    let mut f = f;
     f.limit = None;
     f
 }
@@ -403,7 +404,6 @@ impl SyncMachine {
                 relay: relay.clone(),
                 generation,
                 batch,
-                filter: history_filter(&filter),
                 orig: filter,
                 live,
                 neg_id: neg_id.clone(),
@@ -534,7 +534,7 @@ impl SyncMachine {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
-        let filter = job.filter.clone();
+        let filter = history_filter(job.orig.clone());
         let deadline = self.last_now.plus(self.config.eose_timeout);
         self.recon.set_phase(id, Phase::OwnRead);
         self.timers.set(Timer::JobDeadline(id), deadline);
@@ -608,7 +608,7 @@ impl SyncMachine {
                 continue;
             };
             if keep_history && job.batch.is_none() {
-                let f = job.filter.clone();
+                let f = history_filter(job.orig.clone());
                 let link = self.link(relay);
                 if link.resume.len() >= MAX_RESUME {
                     link.resume_overflow = true;
@@ -932,7 +932,7 @@ impl SyncMachine {
             relay,
             generation: job.generation,
             sub_id: job.neg_id.clone(),
-            filter: job.filter.clone(),
+            filter: history_filter(job.orig.clone()),
             message: hex_encode(&msg),
         });
     }
@@ -1157,7 +1157,7 @@ impl SyncMachine {
             self.pump_jobs();
             return;
         }
-        let (filters, scope) = self.fetch_filters(&relay, job.filter, &need);
+        let (filters, scope) = self.fetch_filters(&relay, history_filter(job.orig), &need);
         let mut subs = Vec::new();
         for f in filters {
             subs.push(self.open_scoped(
@@ -1279,7 +1279,6 @@ mod pump_tests {
                     relay: a.clone(),
                     generation,
                     batch: None,
-                    filter: Filter::new(),
                     orig: Filter::new(),
                     live: SubPurpose::Announcements,
                     neg_id: SubscriptionId::new(format!("t{i}")),

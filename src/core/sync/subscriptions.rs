@@ -330,7 +330,10 @@ impl SyncMachine {
         if !queries.is_empty() {
             self.link(relay).catch_up_since = Some(since);
         }
-        for (_, filter) in &queries {
+        // The catch-ups take the queries' filters (a live set's Layer 3 filters hold every
+        // root event id of the relay three times: copying them again was a third of the peak
+        // heap of a first sync, issue 21).
+        for (_, filter) in queries {
             self.open_sub(
                 relay,
                 generation,
