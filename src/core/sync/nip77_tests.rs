@@ -305,19 +305,17 @@ fn a_relay_claiming_too_many_missing_ids_is_read_by_reqs_instead() {
     );
 }
 
+/// Ten issues with a reply each on A, which advertises NIP-77 and behaves as `relay` says;
+/// the own relay holds some issues and some replies, so every query is reconciled.
+fn reconciled_case(relay: impl FnOnce(&mut FakeRelay)) -> Case {
+    case(10, |i| i % 3 != 1, true, Nip77Mode::On, |_| {}, relay)
+}
+
 #[test]
 fn claimed_ids_of_events_the_relay_does_not_serve_change_nothing() {
     // Within the bound: the phantom ids are asked for (with the query's filter) and never
     // arrive; the set is exact and the batch confirms.
-    // The own relay holds some issues and some replies: every query is reconciled.
-    let mut c = case(
-        10,
-        |i| i % 3 != 1,
-        true,
-        Nip77Mode::On,
-        |_| {},
-        |a| a.neg_phantoms = 5,
-    );
+    let mut c = reconciled_case(|a| a.neg_phantoms = 5);
     c.run(200);
     c.assert_exact();
     assert!(ids_requested(c.a()).is_superset(&c.missing));
@@ -329,16 +327,9 @@ fn claimed_ids_of_events_the_relay_does_not_serve_change_nothing() {
 fn events_a_relay_lists_outside_the_query_are_fetched_but_never_forwarded() {
     // The fetch asks by `ids` without the query's tag values (issue 21: they were copied
     // into every fetch REQ); the query still decides what is forwarded. A lists, for every
-    // query, all it stores, among them issues of a repository nobody announced, and serves
+    // query, all it stores, among them comments on a root nobody announced, and serves
     // them when asked by id: they must not reach the own relay.
-    let mut c = case(
-        10,
-        |i| i % 3 != 1,
-        true,
-        Nip77Mode::On,
-        |_| {},
-        |a| a.neg_strangers = true,
-    );
+    let mut c = reconciled_case(|a| a.neg_strangers = true);
     let t = c.w.secs();
     let strangers: Vec<Event> = (0..5)
         .map(|i| {
