@@ -21,7 +21,7 @@ use grasp_sync::testing::internals::ForwardItem;
 use grasp_sync::testing::internals::Input;
 use grasp_sync::testing::internals::{connection, ConnectionThread, Control, Role};
 use grasp_sync::testing::internals::{Metrics, RelayCounters};
-use grasp_sync::testing::{wait_until, TestRelay};
+use grasp_sync::testing::{wait_until, TestRelay, TestRelayOptions};
 use grasp_sync::{Config, RelayUrl};
 use nostr::event::{Event, FinalizeEvent};
 use nostr::filter::Filter;
@@ -128,12 +128,29 @@ fn forge_in_place(e: &Event, content: &str) -> String {
     )
 }
 
+/// [`common::forge_content`] with the id's key written `"i\u0064"`: the same object for a
+/// JSON parser, but not read by `claimed_id` (which compares keys byte for byte).
+fn forge_escaped_key(e: &Event, content: &str) -> String {
+    let forged = common::forge_content(e, content);
+    assert!(forged.contains("\"id\":"));
+    forged.replacen("\"id\":", "\"i\\u0064\":", 1)
+}
+
 #[test]
 fn an_event_from_three_relays_and_read_back_is_verified_once() {
     common::init_logging();
     let keys = Keys::generate();
     let issue: Event = common::root(&keys, 1621, &common::repo_ref(&keys, "r"), "issue", &[]);
-    let relays: Vec<TestRelay> = (0..3).map(|_| TestRelay::start()).collect();
+    // The last two write events with their keys sorted (`content` first), as rust-nostr's
+    // relay builder does: their copies are recognised by their id all the same.
+    let relays: Vec<TestRelay> = (0..3)
+        .map(|i| {
+            TestRelay::start_with(TestRelayOptions {
+                sorted_keys: i > 0,
+                ..TestRelayOptions::default()
+            })
+        })
+        .collect();
     let own = TestRelay::start();
     for r in relays.iter().chain([&own]) {
         r.insert(&issue);
@@ -200,14 +217,22 @@ fn an_event_from_three_relays_and_read_back_is_verified_once() {
         (0, 0, 2),
         "dropped by its id, before any parsing"
     );
-    // The same forgery in another key order: parsed, refused by its id, counted.
-    relays[2].push_to_subscriptions(&common::forge_content(&issue, "forged"));
+    // The same forgery with the keys sorted (as rust-nostr's relay builder writes events,
+    // the id after `content`): the id is still found, the copy dropped unparsed.
+    let sorted = common::forge_content(&issue, "forged");
+    assert!(sorted.starts_with("{\"content\":"), "{sorted}");
+    relays[2].push_to_subscriptions(&sorted);
+    assert!(wait_until(WAIT, || copies(last) == 3));
+    assert_eq!((accepted(last), checks(last), received(last)), (0, 0, 3));
+    // With the id's key written with an escape, which the reading without the parser does not
+    // follow: parsed, refused by its id, counted.
+    relays[2].push_to_subscriptions(&forge_escaped_key(&issue, "forged"));
     assert!(wait_until(WAIT, || RelayCounters::get(
         &last.counters.events_invalid
     ) == 1));
     assert_eq!(
         (accepted(last), checks(last), copies(last)),
-        (0, 0, 2),
+        (0, 0, 3),
         "refused by its id, before any signature check"
     );
     threads.push(own_thread);
@@ -265,9 +290,9 @@ fn an_echo_in_other_bytes_has_its_id_checked_and_a_forgery_with_its_id_is_refuse
         &own_thread.counters.events_invalid
     ) == 1));
     // The same forgery on the remote relay, which forwarded the event: refused by its id when
-    // parsed (another key order), dropped unparsed as a copy when written id first; neither
-    // is forwarded.
-    remote.push_to_subscriptions(&common::forge_content(&issue, "forged"));
+    // parsed (its id's key escaped, so not read without the parser), dropped unparsed as a
+    // copy when its id is read; neither is forwarded.
+    remote.push_to_subscriptions(&forge_escaped_key(&issue, "forged"));
     assert!(wait_until(WAIT, || RelayCounters::get(
         &first.counters.events_invalid
     ) == 1));

@@ -498,6 +498,41 @@ proptest! {
         }
     }
 
+    /// Relays order an event's members differently (nostr-rs-relay writes the id first,
+    /// rust-nostr's relay builder sorts the keys, so `content` comes first) and may put
+    /// whitespace between tokens: the claimed id is the parsed id in every order, with extra
+    /// members (nested objects holding another "id" among them) anywhere.
+    #[test]
+    fn the_claimed_id_is_read_in_any_member_order(
+        order in Just((0usize..8).collect::<Vec<_>>()).prop_shuffle(),
+        space in prop_oneof![Just(""), Just(" "), Just("\n\t")],
+        decoy in any::<bool>(),
+    ) {
+        use grasp_sync::core::message::{claimed_id, parse_event};
+        use serde_json::Value;
+        let event: serde_json::Map<String, Value> =
+            serde_json::from_str(&signed_event_json()).unwrap();
+        let mut members: Vec<(String, Value)> = event.into_iter().collect();
+        if decoy {
+            members.push((
+                "x".into(),
+                serde_json::json!({"id": "ab".repeat(32), "a": [["id", "}"], "\"id\":"]}),
+            ));
+        } else {
+            members.push(("x".into(), Value::from(7)));
+        }
+        let body: Vec<String> = order
+            .iter()
+            .map(|&i| {
+                let (key, value) = &members[i];
+                format!("{space}{}{space}:{space}{value}{space}", Value::from(key.as_str()))
+            })
+            .collect();
+        let raw = format!("{{{}}}", body.join(","));
+        let parsed = parse_event(&raw).unwrap();
+        prop_assert_eq!(claimed_id(&raw), Some(parsed.id), "{}", raw);
+    }
+
     /// The `OK` fast path reads exactly what the JSON parser reads, whenever it reads at all;
     /// and it reads the compact shape relays send.
     #[test]

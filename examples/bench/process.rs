@@ -793,6 +793,9 @@ fn run(
     sample(pid, tick, &mut threads);
     let total = process_seconds(pid, tick);
     let hwm_kib = vm_hwm_kib(pid);
+    if let Some(line) = copy_counters(metrics_addr) {
+        notes.push(format!("process: remote relays' events: {line}"));
+    }
     daemon.stop();
     assert!(
         complete,
@@ -835,6 +838,38 @@ fn run(
         hwm_kib,
         threads_seen: threads.len(),
     }
+}
+
+/// The remote relays' event counters summed from `/status`: copies received, parsed and
+/// checked, Schnorr checks, and copies not forwarded (where the per-copy CPU goes).
+fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
+    let (code, body) = grasp_sync::ops::http::get(addr, "/status", WAIT).ok()?;
+    let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
+    let mut sums = [0u64; 4];
+    for relay in doc["relays"].as_array()? {
+        let events = &relay["events"];
+        for (sum, key) in sums.iter_mut().zip([
+            "received",
+            "accepted",
+            "signature_checks",
+            "copies_not_forwarded",
+        ]) {
+            *sum += events[key].as_u64().unwrap_or(0);
+        }
+    }
+    let [received, accepted, checks, not_forwarded] = sums;
+    let sync = &doc["sync"];
+    let counter = |key: &str| sync[key].as_u64().unwrap_or(0);
+    Some(format!(
+        "{received} received, {accepted} parsed and accepted, {checks} signature checks, \
+         {not_forwarded} copies not forwarded, {} received but not accepted (copies \
+         recognised by id unparsed, and any dropped); {} reconciliations ({} skipped: own \
+         relay empty), {} ids fetched",
+        received.saturating_sub(accepted),
+        counter("reconciliations"),
+        counter("reconcile_skipped_empty"),
+        counter("reconcile_ids_fetched"),
+    ))
 }
 
 /// Figures of one variant.

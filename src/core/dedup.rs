@@ -289,7 +289,7 @@ impl AuthorKeys {
 struct Hot {
     summary: EventSummary,
     /// The forwarder generation (plus one, [`mark`]) this event was handed to; 0: not
-    /// handed over.
+    /// handed over. The [`STORED`] bit is set once the own relay confirmed holding it.
     forwarded: u32,
     /// Its [`Cold`] part in the shard's ring.
     slot: u32,
@@ -313,10 +313,16 @@ struct VerifiedShard {
 }
 
 /// The claim mark of forwarder `generation`: its number plus one (0 is "not handed over"),
-/// held at `u32::MAX` after four billion forwarder restarts.
+/// held at `STORED - 1` after two billion forwarder restarts.
 fn mark(generation: u64) -> u32 {
-    u32::try_from(generation.saturating_add(1)).unwrap_or(u32::MAX)
+    u32::try_from(generation.saturating_add(1))
+        .unwrap_or(u32::MAX)
+        .min(STORED - 1)
 }
+
+/// The bit of [`Hot::forwarded`] saying the own relay answered `OK` for the event (stored it
+/// or had it) since it was handed over.
+const STORED: u32 = 1 << 31;
 
 impl VerifiedShard {
     fn cold(&self, hot: &Hot) -> &Cold {
@@ -492,12 +498,36 @@ impl VerifiedSet {
     pub fn claim_forward(&self, id: &EventId, generation: u64) -> bool {
         let mark = mark(generation);
         match self.shard(id).lock().events.get_mut(id) {
-            Some(v) if v.forwarded == mark => false,
+            Some(v) if v.forwarded & !STORED == mark => false,
             Some(v) => {
                 v.forwarded = mark;
                 true
             }
             None => true,
+        }
+    }
+
+    /// Records that the own relay answered `OK` for `id` (stored it, or had it): a claimed
+    /// event is no longer in flight ([`VerifiedSet::in_flight_copy`]). Nothing for an event
+    /// not handed over (or forgotten).
+    pub fn mark_stored(&self, id: &EventId) {
+        if let Some(v) = self.shard(id).lock().events.get_mut(id) {
+            if v.forwarded != 0 {
+                v.forwarded |= STORED;
+            }
+        }
+    }
+
+    /// [`VerifiedSet::forwarded_copy`] for an event still in flight: handed to the forwarder
+    /// of `generation` and not yet confirmed by the own relay's `OK`. A reconciliation's fetch
+    /// forwards what it gets even when an earlier copy was stored (decision 0061: the own
+    /// relay may have lost it), but a copy of an event the forwarder still holds would be
+    /// dropped by it anyway, so the fetch's copy of it is dropped unread.
+    pub fn in_flight_copy(&self, id: &EventId, generation: u64) -> Option<EventSummary> {
+        let mark = mark(generation);
+        match self.shard(id).lock().events.get(id) {
+            Some(v) if v.forwarded == mark => Some(v.summary),
+            _ => None,
         }
     }
 
@@ -511,7 +541,7 @@ impl VerifiedSet {
     pub fn forwarded_copy(&self, id: &EventId, generation: u64) -> Option<EventSummary> {
         let mark = mark(generation);
         match self.shard(id).lock().events.get(id) {
-            Some(v) if v.forwarded == mark => Some(v.summary),
+            Some(v) if v.forwarded & !STORED == mark => Some(v.summary),
             _ => None,
         }
     }
@@ -691,6 +721,42 @@ mod tests {
         // Not remembered (never, or forgotten): always handed over.
         let unknown = EventId::from_byte_array([9; 32]);
         assert!(v.claim_forward(&unknown, 1) && v.claim_forward(&unknown, 1));
+    }
+
+    #[test]
+    fn an_event_is_in_flight_from_its_claim_until_the_own_relay_confirms_it() {
+        let v = VerifiedSet::new(100);
+        let id = EventId::from_byte_array([7; 32]);
+        v.insert(id, sig(1), raw(1), summary(42));
+        v.mark_stored(&id);
+        assert_eq!(v.in_flight_copy(&id, 0), None, "not handed over");
+        assert!(v.claim_forward(&id, 0));
+        assert_eq!(v.in_flight_copy(&id, 0), Some(summary(42)));
+        assert_eq!(v.in_flight_copy(&id, 1), None, "another forwarder's claim");
+        v.mark_stored(&id);
+        assert_eq!(v.in_flight_copy(&id, 0), None, "confirmed by the own relay");
+        // Stored is still forwarded: copies on history queries stay recognised, and the
+        // same forwarder does not claim it again.
+        assert_eq!(v.forwarded_copy(&id, 0), Some(summary(42)));
+        assert!(!v.claim_forward(&id, 0));
+        // A restarted forwarder claims it again: in flight once more.
+        assert!(v.claim_forward(&id, 1));
+        assert_eq!(v.in_flight_copy(&id, 1), Some(summary(42)));
+        assert_eq!(v.forwarded_copy(&id, 0), None);
+        // Given up: neither.
+        v.release_forward(&id);
+        assert_eq!(v.in_flight_copy(&id, 1), None);
+        v.mark_stored(&id);
+        assert_eq!(
+            v.forwarded_copy(&id, 1),
+            None,
+            "stored without a claim is no claim"
+        );
+        // The mark saturates below the stored bit.
+        assert!(v.claim_forward(&id, u64::MAX));
+        assert_eq!(v.in_flight_copy(&id, u64::MAX), Some(summary(42)));
+        v.mark_stored(&id);
+        assert_eq!(v.forwarded_copy(&id, u64::MAX), Some(summary(42)));
     }
 
     #[test]

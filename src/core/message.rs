@@ -157,26 +157,118 @@ pub fn split_event_frame(text: &str) -> Option<(&str, &str)> {
     raw.starts_with('{').then_some((sub_id, raw))
 }
 
-/// The id an event's JSON claims, read without parsing when the JSON starts the way relays
-/// write events, `{"id":"` and 64 lowercase hex digits and `"`; `None` for any other
-/// shape (the caller then parses the event). Only a claim: nothing says the id is the hash of
-/// the content, or that the rest is JSON at all; it serves to recognise copies of events
-/// already verified and forwarded ([`crate::core::dedup::VerifiedSet::forwarded_copy`]).
+/// The id an event's JSON claims, read without parsing it: the value of the object's
+/// top-level `"id"` member when that is written `"id":"` and 64 lowercase hex digits and `"`,
+/// whatever the order of the members (relays write the id first, such as nostr-rs-relay, or
+/// the keys sorted, such as rust-nostr's relay builder, whose `content` comes first). `None`
+/// when the text is not an object whose members can be delimited up to that one, when the id
+/// is written another way (escapes, upper case, spaces inside) or missing; the caller then
+/// parses the event. Only a claim: nothing says the id is the hash of the content, or that
+/// the rest is JSON at all; it serves to recognise copies of events already verified and
+/// forwarded ([`crate::core::dedup::VerifiedSet::forwarded_copy`]).
 ///
 /// ```
 /// use grasp_sync::core::message::claimed_id;
 /// let id = "ab".repeat(32);
 /// assert_eq!(claimed_id(&format!("{{\"id\":\"{id}\",\"kind\":1}}")).unwrap().to_hex(), id);
-/// assert!(claimed_id(&format!("{{\"kind\":1,\"id\":\"{id}\"}}")).is_none());
+/// let sorted = format!("{{\"content\":\"a \\\"quote\\\"\",\"created_at\":1, \"id\" : \"{id}\"}}");
+/// assert_eq!(claimed_id(&sorted).unwrap().to_hex(), id);
+/// assert!(claimed_id(&format!("{{\"tags\":[[\"e\",\"{id}\"]],\"kind\":1}}")).is_none());
 /// assert!(claimed_id(&format!("{{\"id\":\"{}\"}}", id.to_uppercase())).is_none());
 /// ```
 pub fn claimed_id(raw: &str) -> Option<EventId> {
     const PREFIX: &[u8] = b"{\"id\":\"";
-    let hex = raw.as_bytes().strip_prefix(PREFIX)?;
-    if hex.get(64) != Some(&b'"') {
+    let bytes = raw.as_bytes();
+    if let Some(hex) = bytes.strip_prefix(PREFIX) {
+        // The shape most relays write: no scan.
+        return id_value(hex);
+    }
+    let mut at = skip_space(bytes, bytes.strip_prefix(b"{").map(|_| 1)?);
+    if bytes.get(at) == Some(&b'}') {
         return None;
     }
-    hex_id(&hex[..64])
+    loop {
+        // A member: key, colon, value; then a comma or the end of the object.
+        if bytes.get(at) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(bytes, at + 1)?;
+        let key = &bytes[at + 1..key_end];
+        at = skip_space(bytes, key_end + 1);
+        if bytes.get(at) != Some(&b':') {
+            return None;
+        }
+        at = skip_space(bytes, at + 1);
+        if key == b"id" {
+            return id_value(bytes.get(at..)?.strip_prefix(b"\"")?);
+        }
+        at = skip_space(bytes, value_end(bytes, at)?);
+        match bytes.get(at) {
+            Some(b',') => at = skip_space(bytes, at + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// 64 lowercase hex digits closed by `"` at the start of `text`, as an id.
+fn id_value(text: &[u8]) -> Option<EventId> {
+    if text.get(64) != Some(&b'"') {
+        return None;
+    }
+    hex_id(&text[..64])
+}
+
+/// The first index at or after `at` that is not JSON whitespace.
+fn skip_space(bytes: &[u8], mut at: usize) -> usize {
+    while matches!(bytes.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// The index of the quote that closes the JSON string whose content starts at `at`.
+fn string_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        at += memchr::memchr2(b'"', b'\\', bytes.get(at..)?)?;
+        if bytes[at] == b'"' {
+            return Some(at);
+        }
+        // An escape: the next byte is escaped (`\uXXXX` has no quote or backslash after it).
+        at += 2;
+    }
+}
+
+/// The index just after the JSON value starting at `at`: a string, an array or object (its
+/// strings skipped, its brackets counted), or a number or literal (up to the next `,`, `}`,
+/// `]` or whitespace). Only delimits: what is inside is not checked.
+fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
+    match *bytes.get(at)? {
+        b'"' => Some(string_end(bytes, at + 1)? + 1),
+        b'[' | b'{' => {
+            let mut depth = 0usize;
+            let mut i = at;
+            loop {
+                match *bytes.get(i)? {
+                    b'"' => i = string_end(bytes, i + 1)?,
+                    b'[' | b'{' => depth += 1,
+                    b']' | b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            let len = bytes[at..]
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))?;
+            (len > 0).then_some(at + len)
+        }
+    }
 }
 
 /// 64 lowercase hex digits as an id.

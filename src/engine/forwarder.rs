@@ -784,6 +784,10 @@ impl Forwarder {
             // against the rejected store's own byte bound).
             self.admissions.borrow_mut().remove(&event_id);
         }
+        if matches!(outcome, OkOutcome::Stored | OkOutcome::Duplicate) {
+            // No longer in flight: a reconciliation's fetch forwards its next copy.
+            self.gate.verified().mark_stored(&event_id);
+        }
         match outcome {
             OkOutcome::Stored => {
                 self.error_spell_warned.set(false);

@@ -223,7 +223,7 @@ pub fn prometheus(status: &Status) -> String {
             p.sample(name, &[("relay", url), ("kind", "root_event")], roots(r));
         }
     }
-    let counters: [(&str, &str, RelayCounter); 10] = [
+    let counters: [(&str, &str, RelayCounter); 12] = [
         (
             "relay_failed_batches_total",
             "Batches of the relay that failed (EOSE deadline, CLOSED, disconnect).",
@@ -263,6 +263,16 @@ pub fn prometheus(status: &Status) -> String {
             "relay_events_unmatched_total",
             "Events from the relay that did not match their subscription.",
             |r| r.events_unmatched,
+        ),
+        (
+            "relay_signature_checks_total",
+            "Schnorr signature checks done for the relay's events (copies of events verified before skip it).",
+            |r| r.signature_checks,
+        ),
+        (
+            "relay_copies_not_forwarded_total",
+            "Events from the relay not handed to the forwarder because a copy already was.",
+            |r| r.copies_not_forwarded,
         ),
         (
             "relay_notices_total",
@@ -648,6 +658,8 @@ pub fn status_json(status: &Status) -> Value {
                     "invalid": r.events_invalid,
                     "unmatched": r.events_unmatched,
                     "unknown_subscription": r.events_unknown_subscription,
+                    "signature_checks": r.signature_checks,
+                    "copies_not_forwarded": r.copies_not_forwarded,
                 },
                 "notices": r.notices,
                 "closed": r.closed,

@@ -44,7 +44,8 @@ pub enum Profile {
     /// rust-nostr's relay builder (`LocalRelay`): 60 writes per minute per connection (burst 60,
     /// then one a second; `OK false "rate-limited: slow down"`); no NIP-11 (404); 500 results
     /// for a filter without `limit`; 500 subscriptions per connection, then
-    /// `CLOSED "rate-limited: too many REQs"`; NIP-77 served (not advertised: no NIP-11).
+    /// `CLOSED "rate-limited: too many REQs"`; NIP-77 served (not advertised: no NIP-11);
+    /// events written with their keys sorted (`content` first, the id third).
     LocalRelay,
     /// A relay that lists NIP-77 in its NIP-11 document but refuses it: every `NEG-OPEN`,
     /// `NEG-MSG` and `NEG-CLOSE` is answered `NOTICE "ERROR: bad msg: negentropy disabled"`
@@ -156,6 +157,7 @@ impl TestRelayOptions {
                     Duration::from_secs(60) / LOCAL_RELAY_WRITES,
                 )),
                 nip77: Nip77Mode::On,
+                sorted_keys: true,
                 ..base
             },
             Profile::Nip77Refusing { silent } => TestRelayOptions {

@@ -192,6 +192,11 @@ pub struct TestRelayOptions {
     /// ngit-relay's rule that a written event must relate to what is stored (see
     /// [`GraspPolicy`]); `None`: every valid event is stored.
     pub grasp_policy: Option<GraspPolicy>,
+    /// Write the events it stores with their members in key order (`content`, `created_at`,
+    /// `id`, `kind`, `pubkey`, `sig`, `tags`), as rust-nostr's relay builder does, instead of
+    /// as they were received (id first, as nostr-rs-relay writes them). Events stored with
+    /// [`TestRelay::insert_raw`] are kept verbatim.
+    pub sorted_keys: bool,
 }
 
 impl Default for TestRelayOptions {
@@ -222,6 +227,7 @@ impl Default for TestRelayOptions {
             parse_error_notice: PARSE_ERROR.to_string(),
             write_rate: None,
             grasp_policy: None,
+            sorted_keys: false,
         }
     }
 }
@@ -439,6 +445,21 @@ struct State {
 }
 
 impl State {
+    /// `event` as this relay writes it: `raw` (what it received), or with its keys sorted
+    /// ([`TestRelayOptions::sorted_keys`]).
+    fn stored(&self, event: Event, raw: &str) -> Stored {
+        let raw: Arc<str> = if self.opts.sorted_keys {
+            let members: BTreeMap<String, Value> =
+                serde_json::from_str(raw).expect("a parsed event is a JSON object");
+            serde_json::to_string(&members)
+                .expect("a JSON object serialises")
+                .into()
+        } else {
+            raw.into()
+        };
+        Stored { event, raw }
+    }
+
     /// Queues `["EVENT", sub, raw]` for every open subscription matching `event`.
     fn deliver(&self, event: &Event, raw: &str) {
         for conn in self.conns.values() {
@@ -944,22 +965,18 @@ impl TestRelay {
     /// subscriptions. Returns `false` if it was a duplicate or a newer version
     /// of its replaceable/addressable slot is held.
     pub fn insert(&self, event: &Event) -> bool {
-        let stored = Stored {
-            event: event.clone(),
-            raw: event.as_json().into(),
-        };
-        self.shared.state.lock().store_and_deliver(stored) == StoreOutcome::Stored
+        let mut state = self.shared.state.lock();
+        let stored = state.stored(event.clone(), &event.as_json());
+        state.store_and_deliver(stored) == StoreOutcome::Stored
     }
 
     /// Stores `event` without verifying it and *without* delivering it to open subscriptions,
     /// as if it had reached the relay while the subscriber's live subscription missed it (only
     /// a later query finds it). Returns whether it was stored, as [`insert`](Self::insert).
     pub fn insert_silently(&self, event: &Event) -> bool {
-        let stored = Stored {
-            event: event.clone(),
-            raw: event.as_json().into(),
-        };
-        self.shared.state.lock().store.put(stored) == StoreOutcome::Stored
+        let mut state = self.shared.state.lock();
+        let stored = state.stored(event.clone(), &event.as_json());
+        state.store.put(stored) == StoreOutcome::Stored
     }
 
     /// Stores the event JSON `raw` verbatim (not verified: forged signatures
@@ -1804,14 +1821,12 @@ fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
         }
     }
     let id = event.id;
-    if is_ephemeral(&event) {
-        state.deliver(&event, raw);
+    let stored = state.stored(event, raw);
+    if is_ephemeral(&stored.event) {
+        state.deliver(&stored.event, &stored.raw);
         return Handled::frame(ok_frame(&id, true, ""));
     }
-    let outcome = state.store_and_deliver(Stored {
-        event,
-        raw: raw.into(),
-    });
+    let outcome = state.store_and_deliver(stored);
     let frame = match outcome {
         StoreOutcome::Stored => ok_frame(&id, true, ""),
         StoreOutcome::Duplicate => ok_frame(&id, true, &state.opts.duplicate_reply),

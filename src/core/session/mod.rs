@@ -1035,9 +1035,11 @@ impl RelaySession {
     /// recognised by the id its JSON claims ([`claimed_id`]) before anything is parsed: it
     /// is counted (received, not forwarded) and, before EOSE, counted for its page with what
     /// paging needs of the verified event; the copy's bytes are not read. False (parse and
-    /// check the copy as usual) for the own relay, for reconciliation subscriptions (their
-    /// copies carry information or must be forwarded), for an unknown subscription and for
-    /// any event not verified and forwarded before.
+    /// check the copy as usual) for the own relay, for the own relay's side of a
+    /// reconciliation (its copies carry information), for an unknown subscription and for
+    /// any event not verified and forwarded before; on a reconciliation's fetch, for any
+    /// event not still in flight ([`VerifiedSet::in_flight_copy`]: what the own relay
+    /// confirmed may have been lost since, decision 0061).
     fn forwarded_copy(
         &mut self,
         now: Time,
@@ -1054,10 +1056,17 @@ impl RelaySession {
         let Some(sub) = self.conn.as_mut().and_then(|c| c.subs.get_mut(sub_id)) else {
             return false;
         };
-        if sub.ids.is_some() || sub.filter.ids.is_some() {
+        if sub.ids.is_some() {
             return false;
         }
-        let Some(summary) = verified.set.forwarded_copy(&id, verified.forward_epoch) else {
+        // A reconciliation's fetch (the only query naming ids) forwards its copies even when
+        // an earlier copy was stored (decision 0061), unless that copy is still in flight.
+        let summary = if sub.filter.ids.is_some() {
+            verified.set.in_flight_copy(&id, verified.forward_epoch)
+        } else {
+            verified.set.forwarded_copy(&id, verified.forward_epoch)
+        };
+        let Some(summary) = summary else {
             return false;
         };
         self.counters.events_received += 1;

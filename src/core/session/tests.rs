@@ -411,14 +411,24 @@ fn a_dropped_copy_outside_its_subscriptions_window_counts_as_unmatched() {
 }
 
 #[test]
-fn a_fetch_by_ids_forwards_an_event_whatever_an_earlier_copy_claimed() {
+fn a_fetch_by_ids_forwards_an_event_the_own_relay_confirmed_and_drops_one_in_flight() {
+    // Decision 0061: what a fetch gets is forwarded even when an earlier copy was stored
+    // (the own relay may have lost it since); a copy the forwarder still holds would be
+    // dropped by it, so the fetch's copy is dropped unread.
     let shared = VerifiedSet::new(1_000);
     let mut a = Harness::new(SessionRole::Remote);
     let ev = issue(&Keys::generate(), "x", 1_000);
     a.subscribe(t(1), "live", issues());
     a.subscribe(t(1), "fetch", Filter::new().id(ev.id));
-    let _ = forwarded(a.text_with(t(2), &event_frame("live", &ev), &shared, true));
-    let again = forwarded(a.text_with(t(3), &event_frame("fetch", &ev), &shared, true));
+    let first = forwarded(a.text_with(t(2), &event_frame("live", &ev), &shared, true));
+    assert!(!first.missing);
+    assert!(matches!(
+        a.text_with(t(3), &event_frame("fetch", &ev), &shared, true),
+        FrameOutcome::DroppedCopy
+    ));
+    assert_eq!(a.s.counters().copies_not_forwarded, 1);
+    shared.mark_stored(&ev.id);
+    let again = forwarded(a.text_with(t(4), &event_frame("fetch", &ev), &shared, true));
     assert!(again.missing);
 }
 
