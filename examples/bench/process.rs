@@ -845,7 +845,7 @@ fn run(
 fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
     let (code, body) = grasp_sync::ops::http::get(addr, "/status", WAIT).ok()?;
     let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
-    let mut sums = [0u64; 4];
+    let mut sums = [0u64; 5];
     for relay in doc["relays"].as_array()? {
         let events = &relay["events"];
         for (sum, key) in sums.iter_mut().zip([
@@ -853,22 +853,27 @@ fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
             "accepted",
             "signature_checks",
             "copies_not_forwarded",
+            "fetch_ids_in_flight",
         ]) {
             *sum += events[key].as_u64().unwrap_or(0);
         }
     }
-    let [received, accepted, checks, not_forwarded] = sums;
+    let [received, accepted, checks, not_forwarded, in_flight] = sums;
     let sync = &doc["sync"];
     let counter = |key: &str| sync[key].as_u64().unwrap_or(0);
     Some(format!(
         "{received} received, {accepted} parsed and accepted, {checks} signature checks, \
          {not_forwarded} copies not forwarded, {} received but not accepted (copies \
          recognised by id unparsed, and any dropped); {} reconciliations ({} skipped: own \
-         relay empty), {} ids fetched",
+         relay empty), {} ids fetched ({in_flight} more not asked for: in flight); {} batches confirmed, {} pages requested, {} \
+         consolidations",
         received.saturating_sub(accepted),
         counter("reconciliations"),
         counter("reconcile_skipped_empty"),
         counter("reconcile_ids_fetched"),
+        counter("batches_confirmed"),
+        counter("pages_requested"),
+        counter("consolidations"),
     ))
 }
 

@@ -289,7 +289,13 @@ impl ConnectionThread {
                     }
                     #[cfg(feature = "testing")]
                     Control::Panic => panic!("{}: panic injected by a test", self.url),
-                    c => session.handle_command(now, c),
+                    c => {
+                        let verified = Verified {
+                            set: self.gate.verified(),
+                            forward_epoch: self.gate.epoch(),
+                        };
+                        session.handle_command_with(now, c, verified);
+                    }
                 }
                 if let Err(e) = write_transmits(&mut socket, session, &mut flush_each) {
                     session.on_lost(e);

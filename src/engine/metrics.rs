@@ -51,6 +51,9 @@ pub struct RelayCounters {
     /// ([`crate::core::dedup::VerifiedSet::forwarded_copy`]; these are not counted as
     /// accepted).
     pub copies_not_forwarded: AtomicU64,
+    /// Ids a reconciliation's fetch did not ask for: a copy was on its way to the own relay
+    /// ([`crate::core::session::RelaySession::handle_command_with`]).
+    pub fetch_ids_in_flight: AtomicU64,
     /// Gauge: JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: AtomicU64,
     /// Times this relay's thread had to wait because the forward pipeline's byte bound (or
@@ -77,7 +80,7 @@ impl RelayCounters {
             return;
         }
         let c = self;
-        let pairs: [(&AtomicU64, u64, u64); 14] = [
+        let pairs: [(&AtomicU64, u64, u64); 15] = [
             (
                 &c.events_received,
                 now.events_received,
@@ -132,6 +135,11 @@ impl RelayCounters {
                 now.copies_not_forwarded,
                 published.copies_not_forwarded,
             ),
+            (
+                &c.fetch_ids_in_flight,
+                now.fetch_ids_in_flight,
+                published.fetch_ids_in_flight,
+            ),
         ];
         for (counter, current, before) in pairs {
             if current > before {
@@ -141,7 +149,7 @@ impl RelayCounters {
         *published = now;
     }
 
-    fn fields(&self) -> [&AtomicU64; 15] {
+    fn fields(&self) -> [&AtomicU64; 16] {
         [
             &self.events_received,
             &self.events_accepted,
@@ -158,6 +166,7 @@ impl RelayCounters {
             &self.thread_restarts,
             &self.signature_checks,
             &self.copies_not_forwarded,
+            &self.fetch_ids_in_flight,
         ]
     }
 

@@ -143,6 +143,9 @@ pub struct RelayStatus {
     /// Events not handed to the forwarder because a copy already was: checked copies, and
     /// copies recognised by their id before parsing (those count as received, not accepted).
     pub copies_not_forwarded: u64,
+    /// Ids a reconciliation's fetch did not ask this relay for because a copy of the event
+    /// was on its way to the own relay.
+    pub fetch_ids_in_flight: u64,
     /// JSON bytes of this relay's events in the forward pipeline now.
     pub forward_bytes: u64,
     /// Times this relay waited for the forward pipeline's byte bound.
@@ -498,6 +501,7 @@ impl SyncHandle {
                     oversized_frames: get(|c| &c.oversized_frames),
                     signature_checks: get(|c| &c.signature_checks),
                     copies_not_forwarded: get(|c| &c.copies_not_forwarded),
+                    fetch_ids_in_flight: get(|c| &c.fetch_ids_in_flight),
                     forward_bytes: get(|c| &c.forward_bytes),
                     forward_byte_waits: get(|c| &c.forward_byte_waits),
                     progress,

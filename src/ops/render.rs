@@ -223,7 +223,7 @@ pub fn prometheus(status: &Status) -> String {
             p.sample(name, &[("relay", url), ("kind", "root_event")], roots(r));
         }
     }
-    let counters: [(&str, &str, RelayCounter); 12] = [
+    let counters: [(&str, &str, RelayCounter); 13] = [
         (
             "relay_failed_batches_total",
             "Batches of the relay that failed (EOSE deadline, CLOSED, disconnect).",
@@ -273,6 +273,11 @@ pub fn prometheus(status: &Status) -> String {
             "relay_copies_not_forwarded_total",
             "Events from the relay not handed to the forwarder because a copy already was.",
             |r| r.copies_not_forwarded,
+        ),
+        (
+            "relay_fetch_ids_in_flight_total",
+            "Ids a reconciliation's fetch did not ask the relay for because a copy was on its way to the own relay.",
+            |r| r.fetch_ids_in_flight,
         ),
         (
             "relay_notices_total",
@@ -660,6 +665,7 @@ pub fn status_json(status: &Status) -> Value {
                     "unknown_subscription": r.events_unknown_subscription,
                     "signature_checks": r.signature_checks,
                     "copies_not_forwarded": r.copies_not_forwarded,
+                    "fetch_ids_in_flight": r.fetch_ids_in_flight,
                 },
                 "notices": r.notices,
                 "closed": r.closed,

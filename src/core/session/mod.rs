@@ -359,6 +359,9 @@ pub struct SessionCounters {
     pub signature_checks: u64,
     /// Events not handed to the forwarder because a copy already was.
     pub copies_not_forwarded: u64,
+    /// Ids a reconciliation's fetch did not ask for because a copy of the event was on its
+    /// way to the own relay ([`RelaySession::handle_command_with`]).
+    pub fetch_ids_in_flight: u64,
 }
 
 /// The deadlines of a session, by kind.
@@ -585,6 +588,44 @@ impl RelaySession {
     }
 
     // ----- commands -----
+
+    /// [`RelaySession::handle_command`] for the engine, which knows what is in flight: a
+    /// reconciliation's fetch (a [`Control::Subscribe`] naming ids) does not ask for the ids
+    /// of events handed to the current forwarder and not yet confirmed by the own relay
+    /// ([`VerifiedSet::in_flight_copy`]): the forwarder would drop their copies, and the
+    /// events reach the own relay anyway (a first sync reconciles one relay while another
+    /// relay's copies are on their way). At least one id is kept, so the fetch is still a
+    /// REQ with its EOSE.
+    pub fn handle_command_with(&mut self, now: Time, command: Control, verified: Verified<'_>) {
+        let command = match command {
+            Control::Subscribe {
+                generation,
+                sub_id,
+                filter,
+                scope,
+            } => {
+                let filter = match without_ids_in_flight(&filter, verified) {
+                    Some((pruned, skipped)) => {
+                        self.counters.fetch_ids_in_flight += skipped;
+                        trace!(
+                            "{}: {sub_id} does not ask for {skipped} ids in flight",
+                            self.config.url
+                        );
+                        pruned
+                    }
+                    None => filter,
+                };
+                Control::Subscribe {
+                    generation,
+                    sub_id,
+                    filter,
+                    scope,
+                }
+            }
+            other => other,
+        };
+        self.handle_command(now, command);
+    }
 
     /// A coordinator command at `now`. Commands of another generation than the open
     /// connection's (or with none open) are dropped; so are the thread's own `Connect`,
@@ -1435,6 +1476,34 @@ fn req_text(sub_id: &str, filter: &Filter) -> String {
         serde_json::Value::from(sub_id),
         filter.as_json()
     )
+}
+
+/// `filter` without the ids of events in flight ([`VerifiedSet::in_flight_copy`]), and how
+/// many were left out; `None` when it names no ids or none is in flight. At least one id
+/// stays.
+fn without_ids_in_flight(
+    filter: &std::sync::Arc<Filter>,
+    verified: Verified<'_>,
+) -> Option<(std::sync::Arc<Filter>, u64)> {
+    let ids = filter.ids.as_ref()?;
+    let in_flight = |id: &EventId| {
+        verified
+            .set
+            .in_flight_copy(id, verified.forward_epoch)
+            .is_some()
+    };
+    let mut keep: std::collections::BTreeSet<EventId> =
+        ids.iter().filter(|id| !in_flight(id)).copied().collect();
+    if keep.len() == ids.len() {
+        return None;
+    }
+    if keep.is_empty() {
+        keep.extend(ids.iter().next().copied());
+    }
+    let skipped = (ids.len() - keep.len()) as u64;
+    let mut pruned = (**filter).clone();
+    pruned.ids = Some(keep);
+    Some((std::sync::Arc::new(pruned), skipped))
 }
 
 fn open_req(

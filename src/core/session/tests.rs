@@ -433,6 +433,64 @@ fn a_fetch_by_ids_forwards_an_event_the_own_relay_confirmed_and_drops_one_in_fli
 }
 
 #[test]
+fn a_fetch_does_not_ask_for_events_on_their_way_to_the_own_relay() {
+    // A first sync reconciles one relay while another relay's copies are still on their way
+    // to the own relay: the fetch asks only for what is not in flight, and keeps one id when
+    // everything is (a REQ with its EOSE, not none).
+    let shared = VerifiedSet::new(1_000);
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..3)
+        .map(|i| issue(&keys, &format!("e{i}"), 1_000 + i))
+        .collect();
+    let mut other = Harness::new(SessionRole::Remote);
+    other.subscribe(t(1), "s", issues());
+    let _ = forwarded(other.text_with(t(2), &event_frame("s", &events[0]), &shared, true));
+    let _ = forwarded(other.text_with(t(2), &event_frame("s", &events[1]), &shared, true));
+    // The second is already confirmed by the own relay: asked for again (decision 0061).
+    shared.mark_stored(&events[1].id);
+    let mut a = Harness::new(SessionRole::Remote);
+    let fetch = |sub: &str, ids: &[&Event]| Control::Subscribe {
+        generation: 1,
+        sub_id: SubscriptionId::new(sub),
+        filter: std::sync::Arc::new(issues().ids(ids.iter().map(|e| e.id))),
+        scope: None,
+    };
+    let verified = |set| Verified {
+        set,
+        forward_epoch: 0,
+    };
+    let all: Vec<&Event> = events.iter().collect();
+    a.s.handle_command_with(t(3), fetch("f1", &all), verified(&shared));
+    let sent = format!("{:?}", a.transmits());
+    assert!(!sent.contains(&events[0].id.to_hex()), "{sent}");
+    assert!(sent.contains(&events[1].id.to_hex()) && sent.contains(&events[2].id.to_hex()));
+    assert_eq!(a.s.counters().fetch_ids_in_flight, 1);
+    // Only events in flight: one is still asked for.
+    a.s.handle_command_with(t(4), fetch("f2", &all[..1]), verified(&shared));
+    let sent = format!("{:?}", a.transmits());
+    assert!(
+        sent.contains("f2") && sent.contains(&events[0].id.to_hex()),
+        "{sent}"
+    );
+    assert_eq!(a.s.counters().fetch_ids_in_flight, 1);
+    // Another forwarder (restarted) holds nothing: everything is asked for.
+    a.s.handle_command_with(
+        t(5),
+        fetch("f3", &all),
+        Verified {
+            set: &shared,
+            forward_epoch: 1,
+        },
+    );
+    let sent = format!("{:?}", a.transmits());
+    assert!(
+        events.iter().all(|e| sent.contains(&e.id.to_hex())),
+        "{sent}"
+    );
+    assert_eq!(a.s.counters().fetch_ids_in_flight, 1);
+}
+
+#[test]
 fn a_fetch_forwards_only_events_inside_its_scope() {
     // A reconciliation's fetch asks by `ids` without its query's tag values; what the relay
     // sends must still match the query (the scope), whatever ids it listed.
