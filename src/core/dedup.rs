@@ -149,25 +149,47 @@ impl RecentIds {
     }
 }
 
-/// Events remembered by default by [`VerifiedSet::default`] (about 300 bytes each with the
-/// hash map's spare room: some 20 MB when full).
+/// Events remembered by default by [`VerifiedSet::default`] (about 240 bytes each with the
+/// hash map's spare room: some 16 MB when full).
 pub const VERIFIED_REMEMBERED: usize = 65_536;
 
 /// Shards of a [`VerifiedSet`] (each behind its own lock, chosen by the id's first byte).
 pub const VERIFIED_SHARDS: usize = 16;
 
-/// SHA-256 of an event's JSON exactly as a relay sent it: two copies with the same digest
-/// are the same bytes (SHA-256 is collision resistant), so they parse to the same event.
+/// SHA-256 of an event's JSON exactly as a relay sent it, cut to its first 128 bits: two
+/// copies with the same digest are the same bytes (finding other bytes with the digest of
+/// given ones takes about 2^128 hashes), so they parse to the same event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RawDigest([u8; 32]);
+pub struct RawDigest([u8; 16]);
 
 impl RawDigest {
     /// The digest of `raw` (about 1 µs for a 1 KB event with the SHA extensions, far less
     /// than recomputing the id, which serialises the event again before hashing it).
     pub fn of(raw: &str) -> RawDigest {
-        use bitcoin_hashes::Hash as _;
-        RawDigest(bitcoin_hashes::sha256::Hash::hash(raw.as_bytes()).to_byte_array())
+        RawDigest(digest128(raw.as_bytes()))
     }
+}
+
+/// A verified signature as the [`VerifiedSet`] remembers it: the first 128 bits of its
+/// SHA-256. Telling a remembered signature from another one for the same id needs no more:
+/// another signature with the same digest takes about 2^128 hashes to find (the first bytes
+/// of the signature itself would not do: they are the nonce's point, which a forger chooses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SigDigest([u8; 16]);
+
+impl SigDigest {
+    fn of(sig: &Signature) -> SigDigest {
+        SigDigest(digest128(sig.as_bytes()))
+    }
+}
+
+/// The first 16 bytes of the SHA-256 of `bytes`.
+fn digest128(bytes: &[u8]) -> [u8; 16] {
+    use bitcoin_hashes::Hash as _;
+    let full = bitcoin_hashes::sha256::Hash::hash(bytes).to_byte_array();
+    let mut cut = [0u8; 16];
+    cut.copy_from_slice(&full[..16]);
+    cut
 }
 
 /// What paging needs to know of a verified event ([`crate::core::paging::PageStats`]): kept
@@ -213,8 +235,9 @@ pub enum Known {
 /// filters, or read back from the own relay) costs a SHA-256 of its bytes instead of a
 /// signature check (≈ 30 µs) and an id check (≈ 3 µs).
 ///
-/// Each remembered event keeps its signature and the [`RawDigest`] of the JSON that was
-/// verified. A copy with the same digest is the same bytes, hence the same verified event.
+/// Each remembered event keeps a digest of its signature and the [`RawDigest`] of the JSON
+/// that was verified (128 bits each: 64 bytes per event with the id, half of what the
+/// signature and a full SHA-256 took). A copy with the same digest is the same bytes, hence the same verified event.
 /// A copy with other bytes and the same `(id, signature)` is trusted only after its id was
 /// recomputed from its content: the id commits to the author's key and to everything signed,
 /// so such a copy carries exactly the signed event. A copy with another signature for the
@@ -300,7 +323,7 @@ struct Hot {
 #[derive(Debug, Clone, Copy)]
 struct Cold {
     id: EventId,
-    sig: Signature,
+    sig: SigDigest,
     raw: RawDigest,
 }
 
@@ -416,6 +439,7 @@ impl VerifiedSet {
 
     /// What is known about an event with this id, signature and JSON digest.
     pub fn known(&self, id: &EventId, sig: &Signature, raw: &RawDigest) -> Known {
+        let sig = &SigDigest::of(sig);
         let shard = self.shard(id).lock();
         let Some(hot) = shard.events.get(id) else {
             return Known::No;
@@ -429,6 +453,7 @@ impl VerifiedSet {
 
     /// True if this exact signature was verified for `id`.
     pub fn contains(&self, id: &EventId, sig: &Signature) -> bool {
+        let sig = &SigDigest::of(sig);
         let shard = self.shard(id).lock();
         shard
             .events
@@ -447,6 +472,7 @@ impl VerifiedSet {
         raw: RawDigest,
         summary: EventSummary,
     ) -> bool {
+        let sig = SigDigest::of(&sig);
         let mut guard = self.shard(&id).lock();
         let shard = &mut *guard;
         if let Some(hot) = shard.events.get_mut(&id) {
@@ -463,11 +489,12 @@ impl VerifiedSet {
         let cold = Cold { id, sig, raw };
         let slot = if shard.ring.len() < self.per_shard {
             if shard.ring.len() == shard.ring.capacity() {
-                // Doubling, but never past the bound.
+                // A quarter more, never past the bound: doubling left up to half the ring's
+                // memory unused at a sync's peak.
                 let len = shard.ring.len();
                 shard
                     .ring
-                    .reserve_exact(len.max(16).min(self.per_shard - len));
+                    .reserve_exact((len / 4).max(16).min(self.per_shard - len));
             }
             shard.ring.push(cold);
             shard.ring.len() - 1
@@ -649,7 +676,7 @@ mod tests {
     }
 
     fn raw(b: u8) -> RawDigest {
-        RawDigest([b; 32])
+        RawDigest([b; 16])
     }
 
     fn summary(created_at: u64) -> EventSummary {
@@ -851,7 +878,8 @@ mod tests {
     fn a_lookup_by_id_touches_one_small_map_entry() {
         // `forwarded_copy` reads only the map entry: key and `Hot` within 88 bytes.
         assert!(std::mem::size_of::<(EventId, Hot)>() <= 88);
-        assert_eq!(std::mem::size_of::<Cold>(), 128);
+        // The ring's part: the id and two 128-bit digests.
+        assert_eq!(std::mem::size_of::<Cold>(), 64);
     }
 
     #[test]
