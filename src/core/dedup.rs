@@ -149,31 +149,33 @@ impl RecentIds {
     }
 }
 
-/// Events remembered by default by [`VerifiedSet::default`] (about 240 bytes each with the
-/// hash map's spare room: some 16 MB when full).
+/// Events remembered by default by [`VerifiedSet::default`] (about 260 bytes each with the
+/// hash map's spare room: some 17 MB when full).
 pub const VERIFIED_REMEMBERED: usize = 65_536;
 
 /// Shards of a [`VerifiedSet`] (each behind its own lock, chosen by the id's first byte).
 pub const VERIFIED_SHARDS: usize = 16;
 
-/// SHA-256 of an event's JSON exactly as a relay sent it, cut to its first 128 bits: two
-/// copies with the same digest are the same bytes (finding other bytes with the digest of
-/// given ones takes about 2^128 hashes), so they parse to the same event.
+/// SHA-256 of an event's JSON exactly as a relay sent it: two copies with the same digest
+/// are the same bytes (SHA-256 is collision resistant: a relay that writes both texts cannot
+/// make two with one digest), so they parse to the same event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RawDigest([u8; 16]);
+pub struct RawDigest([u8; 32]);
 
 impl RawDigest {
     /// The digest of `raw` (about 1 µs for a 1 KB event with the SHA extensions, far less
     /// than recomputing the id, which serialises the event again before hashing it).
     pub fn of(raw: &str) -> RawDigest {
-        RawDigest(digest128(raw.as_bytes()))
+        use bitcoin_hashes::Hash as _;
+        RawDigest(bitcoin_hashes::sha256::Hash::hash(raw.as_bytes()).to_byte_array())
     }
 }
 
 /// A verified signature as the [`VerifiedSet`] remembers it: the first 128 bits of its
 /// SHA-256. Telling a remembered signature from another one for the same id needs no more:
-/// another signature with the same digest takes about 2^128 hashes to find (the first bytes
-/// of the signature itself would not do: they are the nonce's point, which a forger chooses).
+/// the remembered one is the author's, so a forger must find another signature with its
+/// digest, about 2^128 hashes (the first bytes of the signature itself would not do: they are
+/// the nonce's point, which a forger chooses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SigDigest([u8; 16]);
 
@@ -235,9 +237,8 @@ pub enum Known {
 /// filters, or read back from the own relay) costs a SHA-256 of its bytes instead of a
 /// signature check (≈ 30 µs) and an id check (≈ 3 µs).
 ///
-/// Each remembered event keeps a digest of its signature and the [`RawDigest`] of the JSON
-/// that was verified (128 bits each: 64 bytes per event with the id, half of what the
-/// signature and a full SHA-256 took). A copy with the same digest is the same bytes, hence the same verified event.
+/// Each remembered event keeps a 128-bit digest of its signature and the [`RawDigest`] of
+/// the JSON that was verified (80 bytes per event with the id; the signature itself took 64). A copy with the same digest is the same bytes, hence the same verified event.
 /// A copy with other bytes and the same `(id, signature)` is trusted only after its id was
 /// recomputed from its content: the id commits to the author's key and to everything signed,
 /// so such a copy carries exactly the signed event. A copy with another signature for the
@@ -676,7 +677,7 @@ mod tests {
     }
 
     fn raw(b: u8) -> RawDigest {
-        RawDigest([b; 16])
+        RawDigest([b; 32])
     }
 
     fn summary(created_at: u64) -> EventSummary {
@@ -878,8 +879,8 @@ mod tests {
     fn a_lookup_by_id_touches_one_small_map_entry() {
         // `forwarded_copy` reads only the map entry: key and `Hot` within 88 bytes.
         assert!(std::mem::size_of::<(EventId, Hot)>() <= 88);
-        // The ring's part: the id and two 128-bit digests.
-        assert_eq!(std::mem::size_of::<Cold>(), 64);
+        // The ring's part: the id, the signature's 128-bit digest and the JSON's digest.
+        assert_eq!(std::mem::size_of::<Cold>(), 80);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::time::Duration;
 use log::{debug, info};
 use nostr::event::EventId;
 
-use crate::core::dedup::{IdMap, IdSet, RecentIds};
+use crate::core::dedup::{IdMap, IdSet, RecentIds, VerifiedSet};
 use crate::core::relay_text::Prefix;
 use crate::core::time::Time;
 
@@ -119,6 +119,23 @@ pub enum Offer {
     AlreadyQueued,
     /// Rejected by the own relay before; kept for a retry when the index changes.
     PreviouslyRejected,
+}
+
+impl Offer {
+    /// What this answer to an offer means for the event's claim in `verified` (the relay
+    /// threads' record of what was handed to the forwarder, [`VerifiedSet::claim_forward`]):
+    /// an offer that queued nothing gets no `OK` of its own, so an event already stored is
+    /// marked stored ([`VerifiedSet::mark_stored`]) and one rejected before is released
+    /// ([`VerifiedSet::release_forward`]); left claimed and unconfirmed, a reconciliation's
+    /// fetch would leave it out for good (decision 0088). A queued offer, or one whose copy
+    /// is queued or in flight, waits for its `OK`.
+    pub fn settle_claim(&self, id: &EventId, verified: &VerifiedSet) {
+        match self {
+            Offer::AlreadyStored => verified.mark_stored(id),
+            Offer::PreviouslyRejected => verified.release_forward(id),
+            Offer::Queued | Offer::AlreadyQueued => {}
+        }
+    }
 }
 
 /// What an `OK` meant.
@@ -845,6 +862,56 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
         assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.counters().stored, 2);
+    }
+
+    #[test]
+    fn an_offer_that_queues_nothing_settles_its_claim() {
+        // A copy claimed by a relay thread but answered from the queue's memory gets no `OK`:
+        // its claim is settled so that a reconciliation's fetch does not take it for an
+        // event still in flight (decision 0088).
+        use crate::core::dedup::{EventSummary, RawDigest};
+        let t = Time::from_secs(0);
+        let verified = VerifiedSet::new(16);
+        let summary = EventSummary {
+            created_at: 1,
+            kind: 1621,
+            pubkey: nostr::key::Keys::generate().public_key(),
+        };
+        let sig = nostr::event::Signature::from_byte_array([1; 64]);
+        let claimed = |n: u8| {
+            verified.insert(id(n), sig, RawDigest::of("{}"), summary);
+            assert!(verified.claim_forward(&id(n), 0));
+            assert!(verified.in_flight_copy(&id(n), 0).is_some());
+        };
+        let mut q = ForwardQueue::new(limits());
+        // Stored earlier (and forgotten by the set since): marked stored, not in flight.
+        q.offer(id(1), raw(1));
+        let _ = q.poll_send(t);
+        assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
+        claimed(1);
+        let offer = q.offer(id(1), raw(1));
+        assert_eq!(offer, Offer::AlreadyStored);
+        offer.settle_claim(&id(1), &verified);
+        assert!(verified.in_flight_copy(&id(1), 0).is_none());
+        assert!(verified.forwarded_copy(&id(1), 0).is_some(), "still a copy");
+        // Rejected before: released, so the next copy is handed over and decided again.
+        q.offer(id(2), raw(2));
+        let _ = q.poll_send(t);
+        let _ = q.on_ok(id(2), false, Prefix::of("blocked: no"), t);
+        claimed(2);
+        let offer = q.offer(id(2), raw(2));
+        assert_eq!(offer, Offer::PreviouslyRejected);
+        offer.settle_claim(&id(2), &verified);
+        assert!(verified.forwarded_copy(&id(2), 0).is_none());
+        assert!(verified.claim_forward(&id(2), 0));
+        // Queued, or a copy of one queued: in flight until its `OK`.
+        claimed(3);
+        for expected in [Offer::Queued, Offer::AlreadyQueued] {
+            let offer = q.offer(id(3), raw(3));
+            assert_eq!(offer, expected);
+            offer.settle_claim(&id(3), &verified);
+            assert!(verified.in_flight_copy(&id(3), 0).is_some());
+        }
     }
 
     #[test]

@@ -380,6 +380,7 @@ impl Forwarder {
         } else {
             queue.offer(item.id, item.raw)
         };
+        offer.settle_claim(&item.id, self.gate.verified());
         if offer != Offer::Queued {
             // A copy: its admission is dropped (released) here.
             self.resolved();
