@@ -865,8 +865,8 @@ fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
         "{received} received, {accepted} parsed and accepted, {checks} signature checks, \
          {not_forwarded} copies not forwarded, {} received but not accepted (copies \
          recognised by id unparsed, and any dropped); {} reconciliations ({} skipped: own \
-         relay empty), {} ids fetched ({in_flight} more not asked for: in flight); {} batches confirmed, {} pages requested, {} \
-         consolidations",
+         relay empty), {} ids fetched ({in_flight} more not asked for: in flight); {} batches \
+         confirmed, {} pages requested, {} consolidations",
         received.saturating_sub(accepted),
         counter("reconciliations"),
         counter("reconcile_skipped_empty"),

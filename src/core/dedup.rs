@@ -238,7 +238,8 @@ pub enum Known {
 /// signature check (≈ 30 µs) and an id check (≈ 3 µs).
 ///
 /// Each remembered event keeps a 128-bit digest of its signature and the [`RawDigest`] of
-/// the JSON that was verified (80 bytes per event with the id; the signature itself took 64). A copy with the same digest is the same bytes, hence the same verified event.
+/// the JSON that was verified (80 bytes per event with the id; the signature itself took
+/// 64). A copy with the same digest is the same bytes, hence the same verified event.
 /// A copy with other bytes and the same `(id, signature)` is trusted only after its id was
 /// recomputed from its content: the id commits to the author's key and to everything signed,
 /// so such a copy carries exactly the signed event. A copy with another signature for the

@@ -552,7 +552,12 @@ impl World {
         };
         let now = self.now;
         if let Some(s) = self.sessions.get_mut(&relay) {
-            s.handle_command(now, control);
+            // As the engine's relay thread does: a fetch leaves out ids in flight.
+            let verified = Verified {
+                set: &self.verified,
+                forward_epoch: 0,
+            };
+            s.handle_command_with(now, control, verified);
         }
         self.drive(&relay);
     }
@@ -693,6 +698,8 @@ impl World {
         if let FrameOutcome::Forward(f) = s.handle_frame(now, frame, verified) {
             let e = Event::from_json(&*f.raw).expect("a checked event");
             self.store_on_own_quietly(&e);
+            // The simulated forwarder stores at once: its `OK` ends the event's flight.
+            self.verified.mark_stored(&e.id);
         }
         self.collect(relay);
     }
