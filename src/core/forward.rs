@@ -215,6 +215,9 @@ pub struct ForwardQueue {
     last_error_round: Option<Time>,
     /// Since when the own relay rate-limits us, and what it stored since.
     throttle: Option<Throttle>,
+    /// How long the own relay took to answer recently (a moving average over the `OK`s of
+    /// stored and duplicate events; [`ForwardQueue::recent_ok_latency`]).
+    ok_latency: Option<Duration>,
     counters: ForwardCounters,
 }
 
@@ -332,6 +335,7 @@ impl ForwardQueue {
             successes: 0,
             last_error_round: None,
             throttle: None,
+            ok_latency: None,
             counters: ForwardCounters::default(),
         }
     }
@@ -372,6 +376,13 @@ impl ForwardQueue {
         self.in_flight
             .get(id)
             .map(|f| f.deadline.minus(self.limits.ok_timeout))
+    }
+
+    /// How long the own relay has recently taken from a write to its `OK` (a moving average
+    /// over stored and duplicate events; `None` before the first). With the window full it
+    /// is about the time the relay takes for a window of events.
+    pub fn recent_ok_latency(&self) -> Option<Duration> {
+        self.ok_latency
     }
 
     /// Events sent whose `OK` has not arrived yet.
@@ -450,6 +461,9 @@ impl ForwardQueue {
         };
         if accepted || prefix == Prefix::Duplicate {
             self.errors_in_a_row = 0;
+            let took = now.since(flight.deadline.minus(self.limits.ok_timeout));
+            // A moving average weighing the latest answer by an eighth.
+            self.ok_latency = Some(self.ok_latency.map_or(took, |l| (l * 7 + took) / 8));
         }
         if prefix == Prefix::Duplicate {
             self.stored.insert(id);
@@ -862,6 +876,39 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
         assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.counters().stored, 2);
+    }
+
+    #[test]
+    fn the_ok_latency_is_a_moving_average_of_stored_and_duplicate_answers() {
+        let t = Time::from_secs(0);
+        let ms = |n: u64| t.plus(Duration::from_millis(n));
+        let mut q = ForwardQueue::new(ForwardLimits {
+            in_flight: 4,
+            ..limits()
+        });
+        assert_eq!(q.recent_ok_latency(), None);
+        for n in 1..=4 {
+            q.offer(id(n), raw(n));
+            assert_eq!(q.poll_send(t).map(|s| s.0), Some(id(n)));
+        }
+        assert_eq!(
+            q.on_ok(id(1), true, Prefix::Other, ms(40)),
+            OkOutcome::Stored
+        );
+        assert_eq!(q.recent_ok_latency(), Some(Duration::from_millis(40)));
+        // The latest answer weighs an eighth.
+        assert_eq!(
+            q.on_ok(id(2), false, Prefix::Duplicate, ms(120)),
+            OkOutcome::Duplicate
+        );
+        assert_eq!(q.recent_ok_latency(), Some(Duration::from_millis(50)));
+        // A rejection or a failure says nothing about how long storing takes.
+        assert!(matches!(
+            q.on_ok(id(3), false, Prefix::Other, ms(900)),
+            OkOutcome::Rejected(_)
+        ));
+        let _ = q.on_ok(id(4), false, Prefix::Error, ms(900));
+        assert_eq!(q.recent_ok_latency(), Some(Duration::from_millis(50)));
     }
 
     #[test]

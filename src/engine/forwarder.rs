@@ -123,6 +123,9 @@ pub(crate) const READ_LINGER: Duration = Duration::from_millis(1);
 const READ_BATCH: usize = 256;
 /// Queued events that end a [`WRITE_LINGER`] early.
 pub(crate) const WRITE_BATCH: usize = 32;
+/// The longest a full window waits for `OK`s to gather before the slots they freed are
+/// filled ([`full_window_linger`]).
+pub(crate) const FULL_WINDOW_LINGER: Duration = Duration::from_millis(8);
 
 /// What a turn of the forwarder's loop leaves to its wait.
 #[derive(Debug, Clone, Copy)]
@@ -640,7 +643,10 @@ impl Forwarder {
             return;
         }
         let take_events = open.events && !self.intake_paused(queue);
-        if take_events {
+        // A full window with events waiting needs no new event before its `OK`s: new ones
+        // wait in the channel until the `OK`s are read (decision 0092).
+        let window_busy = queue.window_full() && queue.backlog() > queue.in_flight();
+        if take_events && !window_busy {
             select.recv(&self.events);
         }
         if let Some(linger) = lazy_oks(queue, take_events, auth, self.drain.get().is_some(), now) {
@@ -892,10 +898,22 @@ fn lazy_oks(
     if waiting == 0 && take_events && queue.window_open(now) {
         Some(OK_LINGER)
     } else if waiting > 0 && queue.window_full() {
-        Some(WRITE_LINGER)
+        Some(full_window_linger(queue.recent_ok_latency()))
     } else {
         None
     }
+}
+
+/// How long a full window with events waiting lets the own relay's `OK`s gather before the
+/// freed slots are filled: a quarter of its recent `OK` latency (`ok_latency`, about the time
+/// it takes for a window of events), so three quarters of the window stay with the relay,
+/// within [`WRITE_LINGER`]..=[`FULL_WINDOW_LINGER`]. A relay that stores a thousand events a
+/// second (nostr-rs-relay) answered one `OK` per wake-up with a fixed millisecond: the
+/// forwarder's wake-ups cost more than everything else it did (decision 0092).
+fn full_window_linger(ok_latency: Option<Duration>) -> Duration {
+    ok_latency.map_or(WRITE_LINGER, |l| {
+        (l / 4).clamp(WRITE_LINGER, FULL_WINDOW_LINGER)
+    })
 }
 
 /// `["EVENT",<raw>]` in one allocation of the exact size.
@@ -910,7 +928,8 @@ fn event_frame(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{
-        intake_paused, lazy_oks, throttle_warning, write_held, OK_LINGER, WRITE_BATCH, WRITE_LINGER,
+        full_window_linger, intake_paused, lazy_oks, throttle_warning, write_held,
+        FULL_WINDOW_LINGER, OK_LINGER, WRITE_BATCH, WRITE_LINGER,
     };
     use crate::core::auth::{AuthLimits, AuthState};
     use crate::core::forward::{ForwardLimits, ForwardQueue};
@@ -988,14 +1007,49 @@ mod tests {
         assert_eq!(lazy_oks(&q, true, &auth, true, t), None);
         let late = Time::from_secs(11);
         assert_eq!(lazy_oks(&q, true, &auth, false, late), None);
-        // The window full and events waiting: the OKs are read in batches.
+        // The window full and events waiting: the OKs are read in batches, for a quarter of
+        // the own relay's recent OK latency (none known yet: the shortest wait).
         offer(&mut q, 1, 4, t);
         assert!(q.window_full());
         assert_eq!(lazy_oks(&q, false, &auth, false, t), Some(WRITE_LINGER));
+        let answered = t.plus(Duration::from_millis(20));
+        assert_eq!(
+            q.on_ok(id(0), true, Prefix::Other, answered),
+            crate::core::forward::OkOutcome::Stored
+        );
+        assert!(q.poll_send(answered).is_some());
+        assert!(q.window_full());
+        assert_eq!(
+            lazy_oks(&q, false, &auth, false, answered),
+            Some(Duration::from_millis(5))
+        );
         // The window full and nothing waiting: an OK lets the next event go at once.
         let mut q = queue(1, 4096);
         offer(&mut q, 0, 1, t);
         assert_eq!(lazy_oks(&q, true, &auth, false, t), None);
+    }
+
+    #[test]
+    fn a_full_window_waits_a_quarter_of_the_ok_latency_within_bounds() {
+        // Decision 0092: a relay storing a window in 64 ms gets its freed slots filled every
+        // 8 ms, not every millisecond; a fast relay every millisecond as before.
+        assert_eq!(full_window_linger(None), WRITE_LINGER);
+        assert_eq!(
+            full_window_linger(Some(Duration::from_millis(2))),
+            WRITE_LINGER
+        );
+        assert_eq!(
+            full_window_linger(Some(Duration::from_millis(20))),
+            Duration::from_millis(5)
+        );
+        assert_eq!(
+            full_window_linger(Some(Duration::from_millis(64))),
+            FULL_WINDOW_LINGER
+        );
+        assert_eq!(
+            full_window_linger(Some(Duration::from_secs(3))),
+            FULL_WINDOW_LINGER
+        );
     }
 
     #[test]
