@@ -459,8 +459,9 @@ impl Forwarder {
     ///
     /// The socket's reads run on a helper thread ([`ws::read_on_helper_thread`]), so the loop
     /// waits on the own relay's frames, the event channel and the control channel at once
-    /// ([`Forwarder::wait_for_work`]): an event is written the moment it arrives and an `OK`
-    /// is read the moment it arrives, with no tick in between.
+    /// ([`Forwarder::wait_for_work`]): there is no tick; events and `OK`s are handled when
+    /// they arrive, or gathered for at most a few milliseconds where batching saves wake-ups
+    /// ([`WRITE_LINGER`], [`OK_LINGER`], [`full_window_linger`]).
     fn session(&self, socket: &mut ws::Socket, queue: &mut ForwardQueue) -> bool {
         let mut keepalive = Keepalive::new(self.clock.now(), self.ping_interval, self.pong_timeout);
         let mut auth = AuthState::new(self.auth_keys.is_some(), AuthLimits::default());
@@ -601,7 +602,8 @@ impl Forwarder {
     }
 
     /// Blocks until there is work: a frame (or the end of the connection) from the own relay,
-    /// an event (while the queue has room), a command, or the next deadline (keepalive, an
+    /// an event (while the queue has room and the window is not full with events waiting,
+    /// [`watches_events`]), a command, or the next deadline (keepalive, an
     /// overdue `OK`, the end of a pause, NIP-42, the drain deadline). Nothing is taken here:
     /// the loop does that.
     fn wait_for_work(
@@ -643,10 +645,7 @@ impl Forwarder {
             return;
         }
         let take_events = open.events && !self.intake_paused(queue);
-        // A full window with events waiting needs no new event before its `OK`s: new ones
-        // wait in the channel until the `OK`s are read (decision 0092).
-        let window_busy = queue.window_full() && queue.backlog() > queue.in_flight();
-        if take_events && !window_busy {
+        if watches_events(take_events, queue) {
             select.recv(&self.events);
         }
         if let Some(linger) = lazy_oks(queue, take_events, auth, self.drain.get().is_some(), now) {
@@ -874,8 +873,8 @@ fn write_held(
 /// * Nothing waits to be sent and the window has room: the next event's turn reads them, or
 ///   the end of [`OK_LINGER`].
 /// * The window is full and events wait: the own relay has a window's worth of work; the
-///   `OK`s that arrived within [`WRITE_LINGER`] are read together and their slots filled in
-///   one write, instead of one wake-up and one write per `OK`.
+///   `OK`s that arrive within [`full_window_linger`] are read together and their slots
+///   filled in one write, instead of one wake-up and one write per `OK`.
 ///
 /// Never while authenticating, draining, retrying, paused or with an `OK` overdue.
 fn lazy_oks(
@@ -904,6 +903,15 @@ fn lazy_oks(
     }
 }
 
+/// Whether the forwarder's wait wakes on a new event: when it may take events at all
+/// (`take_events`), unless the window is full and events wait already. Such a window needs
+/// no new event before its `OK`s; new ones stay in the channel until the next turn
+/// (decision 0092).
+fn watches_events(take_events: bool, queue: &ForwardQueue) -> bool {
+    let window_busy = queue.window_full() && queue.backlog() > queue.in_flight();
+    take_events && !window_busy
+}
+
 /// How long a full window with events waiting lets the own relay's `OK`s gather before the
 /// freed slots are filled: a quarter of its recent `OK` latency (`ok_latency`, about the time
 /// it takes for a window of events), so three quarters of the window stay with the relay,
@@ -928,7 +936,7 @@ fn event_frame(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{
-        full_window_linger, intake_paused, lazy_oks, throttle_warning, write_held,
+        full_window_linger, intake_paused, lazy_oks, throttle_warning, watches_events, write_held,
         FULL_WINDOW_LINGER, OK_LINGER, WRITE_BATCH, WRITE_LINGER,
     };
     use crate::core::auth::{AuthLimits, AuthState};
@@ -1027,6 +1035,27 @@ mod tests {
         let mut q = queue(1, 4096);
         offer(&mut q, 0, 1, t);
         assert_eq!(lazy_oks(&q, true, &auth, false, t), None);
+    }
+
+    #[test]
+    fn a_full_window_with_events_waiting_does_not_wake_on_new_events() {
+        let t = Time::from_secs(0);
+        let mut q = queue(2, 4096);
+        assert!(watches_events(true, &q), "empty");
+        assert!(
+            !watches_events(false, &q),
+            "intake paused or channel closed"
+        );
+        offer(&mut q, 0, 2, t);
+        assert!(q.window_full());
+        assert!(
+            watches_events(true, &q),
+            "full, nothing waiting: the next event goes next"
+        );
+        offer(&mut q, 2, 3, t);
+        assert!(!watches_events(true, &q), "full with an event waiting");
+        let _ = q.on_ok(id(0), true, Prefix::Other, t);
+        assert!(watches_events(true, &q), "a slot free");
     }
 
     #[test]
