@@ -373,9 +373,12 @@ impl ForwardQueue {
 
     /// When `id` was sent, while it is in flight.
     pub fn sent_at(&self, id: &EventId) -> Option<Time> {
-        self.in_flight
-            .get(id)
-            .map(|f| f.deadline.minus(self.limits.ok_timeout))
+        self.in_flight.get(id).map(|f| self.sent_time(f))
+    }
+
+    /// When an event in flight was sent: its `OK` deadline less the timeout.
+    fn sent_time(&self, flight: &InFlight) -> Time {
+        flight.deadline.minus(self.limits.ok_timeout)
     }
 
     /// How long the own relay has recently taken from a write to its `OK` (a moving average
@@ -461,7 +464,7 @@ impl ForwardQueue {
         };
         if accepted || prefix == Prefix::Duplicate {
             self.errors_in_a_row = 0;
-            let took = now.since(flight.deadline.minus(self.limits.ok_timeout));
+            let took = now.since(self.sent_time(&flight));
             // A moving average weighing the latest answer by an eighth.
             self.ok_latency = Some(self.ok_latency.map_or(took, |l| (l * 7 + took) / 8));
         }
@@ -479,7 +482,7 @@ impl ForwardQueue {
         if prefix == Prefix::RateLimited {
             self.counters.resent += 1;
             self.counters.rate_limited += 1;
-            let sent = flight.deadline.minus(self.limits.ok_timeout);
+            let sent = self.sent_time(&flight);
             self.slow_down(sent, now);
             self.queued.insert(id);
             self.queue.push_front((id, flight.raw));
@@ -492,7 +495,7 @@ impl ForwardQueue {
             // pause lengthens the next one.
             self.counters.resent += 1;
             self.counters.relay_errors += 1;
-            let sent = flight.deadline.minus(self.limits.ok_timeout);
+            let sent = self.sent_time(&flight);
             if self.last_error_round.is_none_or(|r| sent > r) {
                 self.last_error_round = Some(now);
                 self.errors_in_a_row = self.errors_in_a_row.saturating_add(1);
