@@ -90,6 +90,20 @@ struct Args {
     /// events of the process section's large-patch variant (default 2,000; 200 with --quick)
     #[argh(option)]
     large_events: Option<usize>,
+    /// repositories of the process section (default 30 per relay)
+    #[argh(option)]
+    repos: Option<usize>,
+    /// process section: the own relay holds the root events before the sync, not only the
+    /// announcements (as a GRASP server that took them in itself)
+    #[argh(switch)]
+    seed_roots: bool,
+    /// process section: seconds the events' created_at spread over, ending now (default a
+    /// year; shorter than one second per event puts several in one second)
+    #[argh(option)]
+    span_secs: Option<u64>,
+    /// process section: announcements newer than every event (default: older)
+    #[argh(switch)]
+    new_announcements: bool,
     /// internal: run one memory probe in this process and print its JSON
     /// (`engine:N` or `clients:N`)
     #[argh(option)]
@@ -2401,6 +2415,12 @@ fn main() {
                         sizes.relays,
                         sizes.spread,
                         large,
+                        process::Shape {
+                            repos: args.repos,
+                            seed_roots: args.seed_roots,
+                            span: args.span_secs,
+                            new_announcements: args.new_announcements,
+                        },
                         n,
                     )
                 });

@@ -401,10 +401,14 @@ struct Corpus {
     repos: usize,
     /// (repository, event).
     events: Vec<(usize, Event)>,
+    /// Seconds the events' `created_at` spread over, ending now.
+    span: u64,
+    /// Announcements newer than every event (else older).
+    new_announcements: bool,
 }
 
 impl Corpus {
-    fn generate(repos: usize, n: usize, patch: (usize, usize), seed: u64) -> Corpus {
+    fn generate(repos: usize, n: usize, patch: (usize, usize), seed: u64, span: u64) -> Corpus {
         let mut rng = Rng(seed | 1);
         let owners: Vec<Keys> = (0..repos.div_ceil(REPOS_PER_OWNER))
             .map(|_| Keys::generate())
@@ -415,10 +419,17 @@ impl Corpus {
         // Spread over the last year in order (real histories do not share one second; a
         // relay without NIP-77 is paged by created_at).
         let now = nostr::types::Timestamp::now().as_secs();
-        let step = (YEAR / n.max(1) as u64).max(1);
-        let start = now - YEAR;
+        // `span` seconds in all; shorter than one second per event, several share a second
+        // (a busy day, or data published by a script).
+        let span = span.max(1);
+        let step = (span / n.max(1) as u64).max(1);
+        let start = now - span;
         for i in 0..n {
-            let at = start + i as u64 * step + rng.below(step as usize) as u64;
+            let at = if span >= n as u64 {
+                start + i as u64 * step + rng.below(step as usize) as u64
+            } else {
+                start + i as u64 * span / n as u64
+            };
             let r = i % repos;
             let owner = &owners[r / REPOS_PER_OWNER];
             let repo = format!("30617:{}:repo-{r}", owner.public_key().to_hex());
@@ -494,6 +505,8 @@ impl Corpus {
             owners,
             repos,
             events,
+            span,
+            new_announcements: false,
         }
     }
 
@@ -527,8 +540,22 @@ impl Corpus {
             &tags,
             // Each its own minute before the events (more than a page in one second cannot
             // be paged by created_at on a relay without NIP-77).
-            nostr::types::Timestamp::now().as_secs() - YEAR - 60 * (self.repos - r) as u64,
+            if self.new_announcements {
+                // Announced (or updated) after their events, as a repository's latest
+                // announcement usually is.
+                nostr::types::Timestamp::now().as_secs() - (self.repos - r) as u64
+            } else {
+                nostr::types::Timestamp::now().as_secs() - self.span - 60 - 60 * (self.repos - r) as u64
+            },
         )
+    }
+
+    /// Whether `e` is a root event (an issue, or a patch that starts a series): what a GRASP
+    /// server's own relay holds before its sync when `--seed-roots` is given.
+    fn is_root(e: &Event) -> bool {
+        e.kind.as_u16() == 1621
+            || (e.kind.as_u16() == 1617
+                && e.tags.iter().any(|t| t.as_slice().first().map(String::as_str) == Some("t")))
     }
 
     fn mean_bytes(&self) -> f64 {
@@ -674,6 +701,7 @@ fn run(
     relays: usize,
     spread: usize,
     own_kind: Own,
+    seed_roots: bool,
     notes: &mut Vec<String>,
 ) -> Run {
     let own = match own_kind {
@@ -712,7 +740,14 @@ fn run(
                 Client::connect(&relay.url).publish(&refs);
             });
         }
-        let ann_json: Vec<String> = anns.iter().map(Event::as_json).collect();
+        // The own relay: the announcements, and with `seed_roots` the root events too (a
+        // GRASP server that took them in by itself before its sync ran).
+        let roots = corpus
+            .events
+            .iter()
+            .filter(|(_, e)| seed_roots && Corpus::is_root(e))
+            .map(|(_, e)| e);
+        let ann_json: Vec<String> = anns.iter().chain(roots).map(Event::as_json).collect();
         let refs: Vec<&str> = ann_json.iter().map(String::as_str).collect();
         Client::connect(&own.url).publish(&refs);
     });
@@ -976,6 +1011,19 @@ fn figures_of(
     f
 }
 
+/// The data's shape beyond its size.
+#[derive(Clone, Copy, Default)]
+pub struct Shape {
+    /// Repositories (default 30 per relay).
+    pub repos: Option<usize>,
+    /// The own relay holds the root events before the sync, not only the announcements.
+    pub seed_roots: bool,
+    /// Seconds the events' `created_at` spread over (default a year).
+    pub span: Option<u64>,
+    /// Announcements newer than every event (default: older).
+    pub new_announcements: bool,
+}
+
 /// The section: variant A (repositories on 1 relay), B (on 3), large patches, and one row
 /// with nostr-rs-relay as the own relay.
 pub fn process_figures(
@@ -984,11 +1032,21 @@ pub fn process_figures(
     relays: usize,
     spread: Option<usize>,
     large_events: usize,
+    shape: Shape,
     notes: &mut Vec<String>,
 ) -> Vec<Figure> {
     let mut figures = Vec::new();
-    let repos = 30 * relays;
-    let corpus = Corpus::generate(repos, events, (400, 16_000), 21);
+    let repos = shape.repos.unwrap_or(30 * relays);
+    let seed_roots = shape.seed_roots;
+    if seed_roots {
+        notes.push("process: the own relay holds the announcements and the root events before the sync".into());
+    }
+    let span = shape.span.unwrap_or(YEAR);
+    let mut corpus = Corpus::generate(repos, events, (400, 16_000), 21, span);
+    corpus.new_announcements = shape.new_announcements;
+    if span != YEAR {
+        notes.push(format!("process: created_at spread over the last {span} s"));
+    }
     notes.push(format!(
         "process: {} events over {repos} repositories, mean {:.0} bytes of JSON",
         number(corpus.events.len() as f64),
@@ -1003,7 +1061,7 @@ pub fn process_figures(
                        own: Own,
                        notes: &mut Vec<String>| {
         let before = verify_cost(all);
-        let run = run(bins, corpus, relays, spread, own, notes);
+        let run = run(bins, corpus, relays, spread, own, seed_roots, notes);
         let after = verify_cost(all);
         let json: Vec<String> = corpus.events.iter().map(|(_, e)| e.as_json()).collect();
         let refs: Vec<&str> = json.iter().map(String::as_str).collect();
@@ -1031,7 +1089,7 @@ pub fn process_figures(
         variant(&corpus, &all, label, s, Own::Local, notes);
     }
     if large_events > 0 {
-        let large = Corpus::generate(repos, large_events, (20_000, 100_000), 34);
+        let large = Corpus::generate(repos, large_events, (20_000, 100_000), 34, span);
         notes.push(format!(
             "process, large patches: {} events, mean {:.0} bytes of JSON",
             number(large.events.len() as f64),

@@ -29,7 +29,10 @@ mod persist_tests;
 #[cfg(test)]
 mod plan_tests;
 mod reconcile;
+
 mod remote;
+#[cfg(test)]
+mod replicated_tests;
 mod standing;
 mod subscriptions;
 mod timers;
