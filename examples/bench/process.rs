@@ -545,7 +545,10 @@ impl Corpus {
                 // announcement usually is.
                 nostr::types::Timestamp::now().as_secs() - (self.repos - r) as u64
             } else {
-                nostr::types::Timestamp::now().as_secs() - self.span - 60 - 60 * (self.repos - r) as u64
+                nostr::types::Timestamp::now().as_secs()
+                    - self.span
+                    - 60
+                    - 60 * (self.repos - r) as u64
             },
         )
     }
@@ -555,7 +558,9 @@ impl Corpus {
     fn is_root(e: &Event) -> bool {
         e.kind.as_u16() == 1621
             || (e.kind.as_u16() == 1617
-                && e.tags.iter().any(|t| t.as_slice().first().map(String::as_str) == Some("t")))
+                && e.tags
+                    .iter()
+                    .any(|t| t.as_slice().first().map(String::as_str) == Some("t")))
     }
 
     fn mean_bytes(&self) -> f64 {
@@ -1039,7 +1044,10 @@ pub fn process_figures(
     let repos = shape.repos.unwrap_or(30 * relays);
     let seed_roots = shape.seed_roots;
     if seed_roots {
-        notes.push("process: the own relay holds the announcements and the root events before the sync".into());
+        notes.push(
+            "process: the own relay holds the announcements and the root events before the sync"
+                .into(),
+        );
     }
     let span = shape.span.unwrap_or(YEAR);
     let mut corpus = Corpus::generate(repos, events, (400, 16_000), 21, span);

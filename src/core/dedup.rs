@@ -560,6 +560,19 @@ impl VerifiedSet {
         }
     }
 
+    /// True when `id` was handed to the forwarder of `generation` and is still in flight or
+    /// was confirmed by the own relay's `OK` since: a fetch that left it out as in flight
+    /// needs nothing more for it. False when it was released (refused), claimed by an
+    /// earlier forwarder, or forgotten.
+    pub fn in_flight_or_stored(&self, id: &EventId, generation: u64) -> bool {
+        let mark = mark(generation);
+        self.shard(id)
+            .lock()
+            .events
+            .get(id)
+            .is_some_and(|v| v.forwarded & !STORED == mark)
+    }
+
     /// A copy recognised by its id alone: when the event with this id was verified and
     /// already handed to the forwarder of `generation`, returns what paging needs of it, and
     /// the copy can be dropped unread. The copy's bytes are not looked at, so a forgery that

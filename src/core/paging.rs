@@ -60,6 +60,10 @@ pub struct PageStats {
     pub kinds_at_oldest: BTreeSet<u16>,
     /// Authors seen in the oldest second (at most [`MAX_SEEN`]).
     pub authors_at_oldest: BTreeSet<PublicKey>,
+    /// A query by `ids` (a reconciliation's fetch): the ids it asked for that neither
+    /// arrived nor are in flight to, or stored on, the own relay (issue 33). Empty for any
+    /// other query.
+    pub undelivered: Vec<nostr::event::EventId>,
 }
 
 impl PageStats {

@@ -118,6 +118,9 @@ pub struct RelayStatus {
     pub failed_batches: u64,
     /// Queries whose history this relay could not deliver completely.
     pub incomplete_queries: u64,
+    /// Ids it listed for a reconciled query and did not deliver when asked by id twice
+    /// (its history as read is short by them; issue 33).
+    pub ids_undelivered: u64,
     /// Queries waiting for room in its subscription budget.
     pub queued_queries: usize,
     /// Layer 2/3 queries polled because they do not fit its budget.
@@ -522,6 +525,7 @@ impl SyncHandle {
                     catch_up_since: s.catch_up_since,
                     failed_batches: s.failed_batches,
                     incomplete_queries: s.incomplete_queries,
+                    ids_undelivered: s.ids_undelivered,
                     queued_queries: s.queued_queries,
                     polled_queries: s.polled_queries,
                     loading_queries: s.loading_queries,

@@ -223,7 +223,7 @@ pub fn prometheus(status: &Status) -> String {
             p.sample(name, &[("relay", url), ("kind", "root_event")], roots(r));
         }
     }
-    let counters: [(&str, &str, RelayCounter); 13] = [
+    let counters: [(&str, &str, RelayCounter); 14] = [
         (
             "relay_failed_batches_total",
             "Batches of the relay that failed (EOSE deadline, CLOSED, disconnect).",
@@ -233,6 +233,11 @@ pub fn prometheus(status: &Status) -> String {
             "relay_incomplete_queries_total",
             "Queries whose history the relay could not deliver completely.",
             |r| r.incomplete_queries,
+        ),
+        (
+            "relay_ids_undelivered_total",
+            "Ids the relay listed for a reconciled query and did not deliver when asked by id twice.",
+            |r| r.ids_undelivered,
         ),
         (
             "relay_connects_total",
@@ -471,6 +476,16 @@ pub fn prometheus(status: &Status) -> String {
             c.reconcile_skipped_empty,
         ),
         (
+            "fetch_ids_retried_total",
+            "Ids a reconciliation's fetch asked for again because its first REQ ended without them.",
+            c.fetch_ids_retried,
+        ),
+        (
+            "fetch_ids_undelivered_total",
+            "Ids relays listed for a query and did not deliver when asked by id twice.",
+            c.fetch_ids_undelivered,
+        ),
+        (
             "forward_resent_total",
             "Events the forwarder sent to the own relay again.",
             status.forward_resent,
@@ -657,6 +672,7 @@ pub fn status_json(status: &Status) -> Value {
                 "pending": {"batches": r.pending_batches, "repositories": r.pending_repos, "root_events": r.pending_root_events},
                 "failed_batches": r.failed_batches,
                 "incomplete_queries": r.incomplete_queries,
+                "ids_undelivered": r.ids_undelivered,
                 "events": {
                     "received": r.events_received,
                     "accepted": r.events_accepted,
@@ -764,6 +780,8 @@ pub fn status_json(status: &Status) -> Value {
             "neg_unknown": c.neg_unknown,
             "nip77_detections": c.nip77_detections,
             "reconcile_skipped_empty": c.reconcile_skipped_empty,
+            "fetch_ids_retried": c.fetch_ids_retried,
+            "fetch_ids_undelivered": c.fetch_ids_undelivered,
         },
         "relays": relays,
     })

@@ -408,6 +408,23 @@ struct Sub {
     eose: bool,
     /// A `CollectIds` query: `(created_at, id)` of its events, and whether the bound cut it.
     ids: Option<(Vec<(u64, EventId)>, bool)>,
+    /// A query by `ids` on a remote relay (a reconciliation's fetch): what it has not
+    /// delivered yet, and what it left out as in flight ([`FetchTrack`]).
+    fetch: Option<Box<FetchTrack>>,
+}
+
+/// What a query by `ids` (a reconciliation's fetch) was asked for and has delivered: at its
+/// EOSE, the ids neither delivered nor safely elsewhere are reported
+/// ([`PageStats::undelivered`]) so that the machine asks again or says so (issue 33: a
+/// fetch never ends short in silence).
+#[derive(Debug, Default)]
+struct FetchTrack {
+    /// Asked for and not delivered yet (delivered: a checked copy, or a copy recognised by
+    /// its id while the event is in flight to the own relay).
+    asked: HashSet<EventId>,
+    /// Left out of the REQ because the event was in flight to the own relay then
+    /// ([`VerifiedSet::in_flight_copy`]); at EOSE each must be in flight still or stored.
+    pruned: Vec<EventId>,
 }
 
 /// The state of one open connection.
@@ -597,6 +614,7 @@ impl RelaySession {
     /// relay's copies are on their way). At least one id is kept, so the fetch is still a
     /// REQ with its EOSE.
     pub fn handle_command_with(&mut self, now: Time, command: Control, verified: Verified<'_>) {
+        let mut left_out = Vec::new();
         let command = match command {
             Control::Subscribe {
                 generation,
@@ -606,11 +624,13 @@ impl RelaySession {
             } => {
                 let filter = match without_ids_in_flight(&filter, verified) {
                     Some((pruned, skipped)) => {
-                        self.counters.fetch_ids_in_flight += skipped;
+                        self.counters.fetch_ids_in_flight += skipped.len() as u64;
                         trace!(
-                            "{}: {sub_id} does not ask for {skipped} ids in flight",
-                            self.config.url
+                            "{}: {sub_id} does not ask for {} ids in flight",
+                            self.config.url,
+                            skipped.len()
                         );
+                        left_out = skipped;
                         pruned
                     }
                     None => filter,
@@ -624,7 +644,17 @@ impl RelaySession {
             }
             other => other,
         };
+        let sub_id = match &command {
+            Control::Subscribe { sub_id, .. } if !left_out.is_empty() => Some(sub_id.clone()),
+            _ => None,
+        };
         self.handle_command(now, command);
+        if let Some(track) = sub_id
+            .and_then(|s| self.conn.as_mut()?.subs.get_mut(s.as_str()))
+            .and_then(|sub| sub.fetch.as_mut())
+        {
+            track.pruned = left_out;
+        }
     }
 
     /// A coordinator command at `now`. Commands of another generation than the open
@@ -807,7 +837,7 @@ impl RelaySession {
                     }
                 };
             }
-            Incoming::Eose(sub_id) => return self.on_eose(&sub_id),
+            Incoming::Eose(sub_id) => return self.on_eose(&sub_id, verified),
             Incoming::Closed { sub_id, message } => return self.on_closed(now, &sub_id, &message),
             Incoming::Notice(text) => {
                 self.counters.notices += 1;
@@ -894,7 +924,7 @@ impl RelaySession {
     /// EOSE: the subscription's history is complete. A `CollectIds` query reports what it
     /// collected; any other reports what arrived before (for paging). A repeated EOSE, or
     /// one for a subscription not open, is logged and dropped.
-    fn on_eose(&mut self, sub_id: &str) -> FrameOutcome {
+    fn on_eose(&mut self, sub_id: &str, verified: Verified<'_>) -> FrameOutcome {
         let url = &self.config.url;
         let Some(conn) = self.conn.as_mut() else {
             return FrameOutcome::Handled;
@@ -912,6 +942,16 @@ impl RelaySession {
         }
         sub.eose = true;
         let generation = conn.generation;
+        if let Some(track) = sub.fetch.take() {
+            sub.stats.undelivered = undelivered(*track, verified);
+            if !sub.stats.undelivered.is_empty() {
+                debug!(
+                    "{url}: {} ids asked for by {} were not delivered",
+                    sub.stats.undelivered.len(),
+                    escape_for_log(sub_id, 64)
+                );
+            }
+        }
         // A `CollectIds` query keeps its marker (an empty list): what arrives after its EOSE,
         // until the machine closes it, is not the own relay's history to report.
         let report = match sub.ids.as_mut().map(std::mem::take) {
@@ -1122,6 +1162,9 @@ impl RelaySession {
             return true;
         }
         self.counters.copies_not_forwarded += 1;
+        if let Some(f) = sub.fetch.as_mut() {
+            f.asked.remove(&id);
+        }
         if !sub.eose {
             sub.stats.record_summary(&summary);
         }
@@ -1227,6 +1270,11 @@ impl RelaySession {
             self.counters.signature_checks += 1;
         }
         let checked = checked.map(|_| ());
+        if checked.is_ok() {
+            if let Some(f) = sub.fetch.as_mut() {
+                f.asked.remove(&event.id);
+            }
+        }
         if !sub.eose {
             // Paging trusts only checked events inside the window.
             match checked {
@@ -1484,7 +1532,7 @@ fn req_text(sub_id: &str, filter: &Filter) -> String {
 fn without_ids_in_flight(
     filter: &std::sync::Arc<Filter>,
     verified: Verified<'_>,
-) -> Option<(std::sync::Arc<Filter>, u64)> {
+) -> Option<(std::sync::Arc<Filter>, Vec<EventId>)> {
     let ids = filter.ids.as_ref()?;
     let in_flight = |id: &EventId| {
         verified
@@ -1501,9 +1549,31 @@ fn without_ids_in_flight(
         keep.extend(ids.iter().next().copied());
     }
     let skipped = (ids.len() - keep.len()) as u64;
+    let left_out: Vec<EventId> = ids
+        .iter()
+        .filter(|id| !keep.contains(id))
+        .copied()
+        .collect();
+    debug_assert_eq!(left_out.len() as u64, skipped);
     let mut pruned = (**filter).clone();
     pruned.ids = Some(keep);
-    Some((std::sync::Arc::new(pruned), skipped))
+    Some((std::sync::Arc::new(pruned), left_out))
+}
+
+/// The ids of a finished fetch that the own relay may still lack: asked for and not
+/// delivered, and those left out as in flight that are neither in flight nor stored now (the
+/// own relay refused them meanwhile, or the forwarder restarted). Sorted.
+fn undelivered(track: FetchTrack, verified: Verified<'_>) -> Vec<EventId> {
+    let mut out: Vec<EventId> = track.asked.into_iter().collect();
+    out.extend(
+        track
+            .pruned
+            .into_iter()
+            .filter(|id| !verified.set.in_flight_or_stored(id, verified.forward_epoch)),
+    );
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 fn open_req(
@@ -1518,6 +1588,12 @@ fn open_req(
     conn.subs.insert(
         sub_id.to_string(),
         Sub {
+            fetch: filter.ids.as_ref().filter(|_| ids.is_none()).map(|asked| {
+                Box::new(FetchTrack {
+                    asked: asked.iter().copied().collect(),
+                    pruned: Vec::new(),
+                })
+            }),
             filter,
             scope: None,
             stats: PageStats::default(),

@@ -491,6 +491,52 @@ fn a_fetch_does_not_ask_for_events_on_their_way_to_the_own_relay() {
 }
 
 #[test]
+fn a_fetch_reports_at_eose_what_it_neither_got_nor_left_safely_in_flight() {
+    // Issue 33: a fetch by ids that ends short says so in its EOSE (`undelivered`): ids the
+    // relay did not send, and ids left out as in flight whose event is no longer on its way
+    // (the own relay refused it meanwhile); an id still in flight is not reported.
+    let shared = VerifiedSet::new(1_000);
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..4)
+        .map(|i| issue(&keys, &format!("e{i}"), 1_000 + i))
+        .collect();
+    let mut other = Harness::new(SessionRole::Remote);
+    other.subscribe(t(1), "s", issues());
+    for e in &events[..2] {
+        let _ = forwarded(other.text_with(t(2), &event_frame("s", e), &shared, true));
+    }
+    let mut a = Harness::new(SessionRole::Remote);
+    let verified = Verified {
+        set: &shared,
+        forward_epoch: 0,
+    };
+    a.s.handle_command_with(
+        t(3),
+        Control::Subscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("f"),
+            filter: std::sync::Arc::new(issues().ids(events.iter().map(|e| e.id))),
+            scope: None,
+        },
+        verified,
+    );
+    assert_eq!(a.s.counters().fetch_ids_in_flight, 2);
+    // events[0] is refused by the own relay meanwhile; events[1] is still on its way.
+    shared.release_forward(&events[0].id);
+    // The relay sends events[2] only.
+    let _ = forwarded(a.text_with(t(4), &event_frame("f", &events[2]), &shared, true));
+    let _ = a.text_with(t(5), r#"["EOSE","f"]"#, &shared, true);
+    let stats = eose_stats(&a.reports(), "f");
+    let mut want = vec![events[0].id, events[3].id];
+    want.sort();
+    assert_eq!(stats.undelivered, want);
+    // Any other query reports nothing undelivered.
+    a.subscribe(t(6), "s", issues());
+    let _ = a.text(t(7), r#"["EOSE","s"]"#);
+    assert!(eose_stats(&a.reports(), "s").undelivered.is_empty());
+}
+
+#[test]
 fn a_fetch_forwards_only_events_inside_its_scope() {
     // A reconciliation's fetch asks by `ids` without its query's tag values; what the relay
     // sends must still match the query (the scope), whatever ids it listed.

@@ -361,6 +361,15 @@ impl SyncMachine {
                 scope.clone(),
             ));
         }
+        if !stats.undelivered.is_empty() {
+            page_subs.extend(self.refetch_undelivered(
+                relay,
+                sub_id,
+                batch_id,
+                scope.clone(),
+                &stats.undelivered,
+            ));
+        }
         let constrained = self
             .link_of(relay)
             .is_some_and(|l| !l.queue.is_empty() || !l.polled.is_empty());

@@ -703,6 +703,9 @@ struct Link {
     /// History queries finished: EOSEs of loading queries and reconciliations done
     /// ([`RelaySyncStatus::history_queries_completed`]).
     history_queries_completed: u64,
+    /// Ids the relay listed for a reconciled query and did not deliver when asked twice
+    /// ([`RelaySyncStatus::ids_undelivered`]).
+    ids_undelivered: u64,
 }
 
 #[derive(Debug)]
@@ -777,6 +780,12 @@ pub struct SyncCounters {
     /// Reconciliations that sent their query as one REQ because the own relay holds
     /// nothing for it (a reconciliation would fetch everything by `ids`).
     pub reconcile_skipped_empty: u64,
+    /// Ids a reconciliation's fetch asked for again because its first REQ ended without
+    /// them (issue 33).
+    pub fetch_ids_retried: u64,
+    /// Ids a relay listed for a query and did not deliver when asked by id twice: the own
+    /// relay may lack them (warned, and counted in the relay's incomplete queries).
+    pub fetch_ids_undelivered: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.
@@ -841,6 +850,9 @@ pub struct RelaySyncStatus {
     /// loading (not live-only), or a NIP-77 reconciliation done (a counter, for the
     /// completion rate).
     pub history_queries_completed: u64,
+    /// Ids the relay listed for a reconciled query and did not deliver when asked by id
+    /// twice since it became known (issue 33): its history as read is short by them.
+    pub ids_undelivered: u64,
     /// When failed batches (or a rate limit) stop holding back the relay's next batches, if
     /// they do: its unconfirmed items wait until then without a query.
     pub batches_retry_at: Option<Time>,
@@ -1472,6 +1484,7 @@ impl SyncMachine {
                     history_queries_pending: link.map_or(0, Link::history_queries_pending)
                         + self.recon.jobs_of(url),
                     history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
+                    ids_undelivered: link.map_or(0, |l| l.ids_undelivered),
                     batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
                 }
             })

@@ -620,3 +620,40 @@ fn hex_round_trips_and_rejects_garbage() {
     assert_eq!(hex_decode("zz"), None);
     assert_eq!(hex_decode("é1"), None);
 }
+
+#[test]
+fn a_fetch_that_ends_without_events_it_asked_for_asks_again_and_gets_them() {
+    // Issue 33: A lists every missing event and, asked by id, leaves some out once (a
+    // store still writing, a cut answer). Before, the batch confirmed at the fetch's EOSE
+    // and those events were never asked for again.
+    let mut c = reconciled_case(|_| {});
+    let withheld: BTreeSet<EventId> = c.missing.iter().take(3).copied().collect();
+    c.w.relay(A).withhold_once = withheld.clone();
+    c.run(200);
+    c.assert_exact();
+    let counters = c.w.m.counters();
+    assert_eq!(counters.fetch_ids_retried, 3, "{counters:?}");
+    assert_eq!(counters.fetch_ids_undelivered, 0, "{counters:?}");
+    assert!(c.a().withhold_once.is_empty(), "each was asked for");
+    let st = &c.w.m.relay_statuses(c.w.now)[0];
+    assert_eq!((st.pending_batches, st.ids_undelivered), (0, 0));
+}
+
+#[test]
+fn ids_a_relay_lists_and_never_serves_are_asked_twice_then_reported() {
+    // Phantom ids (listed, never served): the batch still confirms, but not in silence:
+    // asked for a second time, then counted for the relay and as an incomplete query.
+    let mut c = reconciled_case(|a| a.neg_phantoms = 5);
+    c.run(200);
+    c.assert_exact();
+    let counters = c.w.m.counters();
+    // Five phantoms are listed in every reconciliation.
+    let phantoms = 5 * counters.reconciliations;
+    assert!(phantoms > 0);
+    assert_eq!(counters.fetch_ids_retried, phantoms, "{counters:?}");
+    assert_eq!(counters.fetch_ids_undelivered, phantoms, "{counters:?}");
+    let st = &c.w.m.relay_statuses(c.w.now)[0];
+    assert_eq!(st.ids_undelivered, phantoms);
+    assert!(st.incomplete_queries >= 1);
+    assert_eq!(st.pending_batches, 0);
+}

@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use log::{debug, info};
+use log::{debug, info, warn};
 use negentropy::{Id, Negentropy, NegentropyStorageVector};
 use nostr::event::EventId;
 use nostr::filter::Filter;
@@ -252,6 +252,9 @@ pub(super) struct Reconciler {
     pumping: bool,
     /// A nested `pump_jobs` was asked for while one ran: the running one goes round again.
     pump_again: bool,
+    /// Fetches that ask a second time for ids a first fetch did not deliver (issue 33):
+    /// one that ends short too is reported, not asked again.
+    pub(super) refetches: HashSet<SubscriptionId>,
 }
 
 impl Reconciler {
@@ -1182,6 +1185,56 @@ impl SyncMachine {
     /// on each event and shared by every REQ: copying it into each REQ held megabytes of
     /// queued fetches in a first sync and serialised the tag values into every one (issue
     /// 21). A relay that listed an event outside the query still cannot have it forwarded.
+    /// A fetch `sub_id` reached EOSE without delivering `undelivered` (ids the relay listed
+    /// for its query, or ids left out as in flight whose event is neither in flight nor
+    /// stored now): asked once more, with the same filter and scope, as a page of the same
+    /// batch (returned, for the batch's outstanding set); a second fetch that ends short is
+    /// never asked again but counted (`fetch_ids_undelivered`, the relay's incomplete
+    /// queries) and warned about, naming the relay and the query, so a batch never confirms
+    /// short in silence (issue 33, decision 0093).
+    pub(super) fn refetch_undelivered(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: &SubscriptionId,
+        batch: Option<u64>,
+        scope: Option<std::sync::Arc<Filter>>,
+        undelivered: &[EventId],
+    ) -> Option<SubscriptionId> {
+        let n = undelivered.len() as u64;
+        let filter = self.link_of(relay)?.subs.get(sub_id)?.filter.clone();
+        let query = scope.as_deref().unwrap_or(&filter).clone();
+        if self.recon.refetches.remove(sub_id) {
+            self.counters.fetch_ids_undelivered += n;
+            self.counters.incomplete_queries += 1;
+            if let Some(l) = self.link_mut(relay) {
+                l.incomplete_queries += 1;
+                l.ids_undelivered += n;
+            }
+            let first = self.link_of(relay).is_some_and(|l| l.ids_undelivered == n);
+            let mut query = query;
+            query.ids = None;
+            if !first {
+                debug!("{relay}: {n} more ids listed and not delivered (see the warning before)");
+                return None;
+            }
+            warn!(
+                "{relay}: listed {n} events for {} and did not deliver them when asked by id twice \
+                 (first {}); the own relay may lack them until the relay's next full sync",
+                crate::core::message::escape_for_log(&query.as_json(), 300),
+                undelivered[0]
+            );
+            return None;
+        }
+        let generation = self.connected_generation(relay)?;
+        self.counters.fetch_ids_retried += n;
+        debug!("{relay}: {sub_id} did not deliver {n} ids; asking again");
+        let mut f = (*filter).clone();
+        f.ids = Some(undelivered.iter().copied().collect());
+        let sub = self.open_scoped(relay, generation, SubPurpose::Page { batch }, f, scope);
+        self.recon.refetches.insert(sub.clone());
+        Some(sub)
+    }
+
     pub(super) fn fetch_filters(
         &self,
         relay: &RelayUrl,

@@ -135,6 +135,9 @@ pub(crate) struct FakeRelay {
     pub too_many_notice: Option<&'static str>,
     /// Most generic tag keys (`#e`, `#a`, …) in one filter; beyond: CLOSED (strfry: 3).
     pub max_tag_keys: Option<usize>,
+    /// Events left out of the first answer to a REQ by `ids` that asks for them (a relay
+    /// that lists an event and fails to serve it once: a store still writing, a cut page).
+    pub withhold_once: BTreeSet<EventId>,
 }
 
 /// The observable behaviour of a real relay, for [`FakeRelay::profile`] (`docs/relays.md`;
@@ -823,7 +826,12 @@ impl World {
             self.send_text(&relay, &closed);
             return;
         }
-        let answer = f.stored_answer(&filter);
+        let mut answer = f.stored_answer(&filter);
+        if filter.ids.is_some() && !f.withhold_once.is_empty() {
+            // Asked by id: these are left out of this answer, once each.
+            let withheld = &mut f.withhold_once;
+            answer.retain(|e| !withheld.remove(&e.id));
+        }
         let drop_at = match f.drop_after {
             Some(k) if answer.len() > k => {
                 f.drop_after = None;
