@@ -41,6 +41,11 @@
 //!     cargo test --release --all-features --test faults -- seeds_from_env --nocapture
 //! ```
 //!
+//! The replicated shape (issue 33; `replicated_seed_a`, `replicated_seed_b`, or
+//! `GRASP_SYNC_FAULT_REPLICATED=1` with the seeds from the environment): every repository on
+//! two to four relays, each holding everything of it, so copies of every event race in from
+//! all of them; three in four relays have LocalRelay's answers (NIP-77 found without NIP-11).
+//!
 //! `GRASP_SYNC_FAULT_DEADLINE` (seconds) overrides how long convergence may take after the
 //! last fault (default 20 s for the fixed seeds, 120 s for seeds from the environment);
 //! `GRASP_SYNC_FAULT_STEPS` overrides the number of fault steps (default 24).
@@ -111,10 +116,30 @@ fn seed_c() {
 /// self-subscription losses; 9024: the own relay's history cut mid-answer).
 const FIXED_SEEDS: [u64; 3] = [9002, 9003, 9024];
 
+// ----- the replicated shape (issue 33): fixed seeds of the normal suite -----
+
+#[test]
+fn replicated_seed_a() {
+    run_fixed_shape(REPLICATED_SEEDS[0], true);
+}
+
+#[test]
+fn replicated_seed_b() {
+    run_fixed_shape(REPLICATED_SEEDS[1], true);
+}
+
+/// Seeds of the replicated shape: each puts every repository on two to four relays, most of
+/// them LocalRelays.
+const REPLICATED_SEEDS: [u64; 2] = [9002, 9013];
+
 fn run_fixed(seed: u64) {
+    run_fixed_shape(seed, false);
+}
+
+fn run_fixed_shape(seed: u64, replicated: bool) {
     init_logging();
     let deadline = env_secs("GRASP_SYNC_FAULT_DEADLINE").unwrap_or(FIXED_DEADLINE);
-    if let Err(report) = run_seed(seed, steps(), deadline) {
+    if let Err(report) = run_shape(seed, replicated, steps(), deadline) {
         panic!("{report}");
     }
 }
@@ -133,10 +158,11 @@ fn seeds_from_env() {
     };
     init_logging();
     let deadline = env_secs("GRASP_SYNC_FAULT_DEADLINE").unwrap_or(ENV_DEADLINE);
+    let replicated = env_u64("GRASP_SYNC_FAULT_REPLICATED").is_some_and(|v| v != 0);
     let mut failed: Vec<u64> = Vec::new();
     for &seed in &seeds {
         let started = Instant::now();
-        match run_seed(seed, steps(), deadline) {
+        match run_shape(seed, replicated, steps(), deadline) {
             Ok(summary) => eprintln!(
                 "fault seed {seed}: ok in {:.1} s ({summary})",
                 started.elapsed().as_secs_f64()
@@ -243,6 +269,10 @@ impl Faults {
 
 struct World {
     seed: u64,
+    /// The replicated shape (issue 33): every repository on 2–4 relays, each of which holds
+    /// everything of it (copies of every event race in from all of them), most relays with
+    /// LocalRelay's answers (NIP-77 found without NIP-11).
+    replicated: bool,
     rng: StdRng,
     /// The profile of each remote relay (`None`: the plain `TestRelay`).
     profiles: Vec<Option<Profile>>,
@@ -301,11 +331,13 @@ enum Age {
 }
 
 impl World {
-    fn new(seed: u64) -> World {
+    fn new(seed: u64, replicated: bool) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        // Each remote relay behaves like a real one, chosen by the seed (issue 19).
+        // Each remote relay behaves like a real one, chosen by the seed (issue 19); in the
+        // replicated shape three in four are LocalRelays.
         let profiles: Vec<Option<Profile>> = (0..REMOTES)
             .map(|_| match rng.random_range(0..5) {
+                _ if replicated && rng.random_bool(0.75) => Some(Profile::LocalRelay),
                 0 => None,
                 1 => Some(Profile::NostrRsRelay),
                 2 => Some(Profile::Strfry),
@@ -328,6 +360,7 @@ impl World {
             .collect();
         World {
             seed,
+            replicated,
             rng,
             profiles,
             own_url: own.url(),
@@ -431,6 +464,9 @@ impl World {
     /// A random non-empty subset of the relays of repository `r`.
     fn some_relays_of(&mut self, r: usize) -> Vec<Place> {
         let relays = self.repos[r].relays.clone();
+        if self.replicated {
+            return relays.iter().map(|&i| Place::Remote(i)).collect();
+        }
         let mut out: Vec<Place> = relays
             .iter()
             .filter(|_| self.rng.random_bool(0.5))
@@ -459,6 +495,13 @@ impl World {
                 (0..REMOTES).filter(|_| self.rng.random_bool(0.4)).collect();
             if relays.is_empty() {
                 relays.push(self.random_remote());
+            }
+            if self.replicated {
+                // 2–4 relays, each holding everything of the repository.
+                relays = (0..REMOTES).collect();
+                relays.shuffle(&mut self.rng);
+                relays.truncate(self.rng.random_range(2..=REMOTES.min(4)));
+                relays.sort_unstable();
             }
             let mut relay_tags: Vec<String> = relays
                 .iter()
@@ -1225,9 +1268,14 @@ fn live_everywhere(handle: &grasp_sync::SyncHandle) -> bool {
 }
 
 /// Runs one seed; `Ok(fault summary)` or `Err(report)`.
-fn run_seed(seed: u64, steps: usize, deadline: Duration) -> Result<String, String> {
+fn run_shape(
+    seed: u64,
+    replicated: bool,
+    steps: usize,
+    deadline: Duration,
+) -> Result<String, String> {
     let started = Instant::now();
-    let mut w = World::new(seed);
+    let mut w = World::new(seed, replicated);
     w.setup();
     let handle = grasp_sync::start(engine_config(&w)).unwrap();
     // Every kind of step once, in a seeded order, then random ones.
@@ -1357,7 +1405,7 @@ fn run_seed(seed: u64, steps: usize, deadline: Duration) -> Result<String, Strin
 /// Not a fault test: the model of the expected set against a hand-made case.
 #[test]
 fn expected_set_model_follows_announcements_roots_and_relays() {
-    let mut w = World::new(1);
+    let mut w = World::new(1, false);
     let keys = keys_from(&mut w.rng);
     let coord = format!("30617:{}:x", keys.public_key().to_hex());
     let (u0, u1) = (w.remote_urls[0].clone(), w.remote_urls[1].clone());

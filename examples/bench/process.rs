@@ -906,7 +906,8 @@ fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
          {not_forwarded} copies not forwarded, {} received but not accepted (copies \
          recognised by id unparsed, and any dropped); {} reconciliations ({} skipped: own \
          relay empty), {} ids fetched ({in_flight} more not asked for: in flight); {} batches \
-         confirmed, {} pages requested, {} consolidations",
+         confirmed, {} pages requested, {} consolidations; fetch ids asked again {}, \
+         listed and not delivered {}",
         received.saturating_sub(accepted),
         counter("reconciliations"),
         counter("reconcile_skipped_empty"),
@@ -914,6 +915,8 @@ fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
         counter("batches_confirmed"),
         counter("pages_requested"),
         counter("consolidations"),
+        counter("fetch_ids_retried"),
+        counter("fetch_ids_undelivered"),
     ))
 }
 

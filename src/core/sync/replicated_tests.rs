@@ -85,7 +85,6 @@ fn replicated_repositories_converge_when_every_batch_query_is_reconciled_beyond_
     });
     w.start();
     w.run_for(Duration::from_secs(1_200), Duration::from_secs(1));
-    eprintln!("{:?}", w.m.counters());
     for i in 0..4 {
         let url = RelayUrl::parse(&format!("ws://r{i}.example")).unwrap();
         assert_ne!(w.m.nip77_support(&url), Nip77Support::Unsupported);
