@@ -882,9 +882,34 @@ impl SyncMachine {
                         *t = t.plus(paused);
                     }
                 }
+                let relays: Vec<RelayUrl> = self.remotes.keys().cloned().collect();
+                self.resume_nip77_deadlines(relays.iter());
                 self.timers_stale.extend(self.remotes.keys().cloned());
             }
             _ => {}
+        }
+    }
+
+    /// True while nothing is read from `relay`: the forward queue is full, or its thread
+    /// waits for the forward pipeline's byte bound. Deadlines that wait for the relay's
+    /// answers (EOSE, NIP-77 rounds and detection) do not count meanwhile.
+    pub(super) fn reading_paused(&self, relay: &RelayUrl) -> bool {
+        self.forward_paused_since.is_some() || self.is_stalled(relay)
+    }
+
+    /// Reading `relays` resumes: their NIP-77 deadlines (rounds and detection), which did
+    /// not count while nothing was read, give the answer a whole round from now (issue 36).
+    fn resume_nip77_deadlines<'a>(&mut self, relays: impl Iterator<Item = &'a RelayUrl>) {
+        let round = self.last_now.plus(self.config.nip77.round_timeout);
+        let mut timers: Vec<Timer> = Vec::new();
+        for relay in relays {
+            timers.push(Timer::Nip77Detection(relay.clone()));
+            timers.extend(self.recon.ids_of(relay).map(Timer::JobDeadline));
+        }
+        for t in timers {
+            if self.timers.get(&t).is_some_and(|at| at < round) {
+                self.timers.set(t, round);
+            }
         }
     }
 
@@ -918,6 +943,7 @@ impl SyncMachine {
                 for b in self.pending.get_mut(relay).into_iter().flatten() {
                     b.started_at = b.started_at.plus(paused);
                 }
+                self.resume_nip77_deadlines(std::iter::once(relay));
             }
             _ => return,
         }

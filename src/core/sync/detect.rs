@@ -125,6 +125,7 @@ impl SyncMachine {
                 sub_id: d.sub_id,
             });
         }
+        let now = self.last_now;
         let Some(remote) = self.remote_mut(relay) else {
             return;
         };
@@ -132,6 +133,9 @@ impl SyncMachine {
             return;
         }
         remote.nip77 = found;
+        if found == Nip77Support::Unsupported {
+            remote.unsupported_at = Some(now);
+        }
         if found == Nip77Support::Works {
             info!("{relay}: speaks NIP-77 ({why}); its history is reconciled from the next full sync on");
         } else {
@@ -192,6 +196,14 @@ impl SyncMachine {
 
     /// The detection's deadline passed ([`Timer::Nip77Detection`]): silence.
     pub(super) fn detection_expired(&mut self, relay: &RelayUrl) {
+        if self.reading_paused(relay) {
+            // The relay's thread reads nothing (it waits for the forward pipeline), so
+            // silence says nothing: the deadline waits too (issue 36).
+            let deadline = self.last_now.plus(self.config.nip77.round_timeout);
+            self.timers
+                .set(Timer::Nip77Detection(relay.clone()), deadline);
+            return;
+        }
         self.end_detection(
             relay,
             Some(Nip77Support::Unsupported),

@@ -657,3 +657,33 @@ fn ids_a_relay_lists_and_never_serves_are_asked_twice_then_reported() {
     assert!(st.incomplete_queries >= 1);
     assert_eq!(st.pending_batches, 0);
 }
+
+#[test]
+fn no_nip77_verdict_while_the_relay_is_not_read_and_a_no_expires_after_a_day() {
+    // Issue 36, item 1: while the forward queue is full the relay threads read nothing, so
+    // a NEG-OPEN's answer cannot arrive (modelled by a silent relay); the detection's and
+    // the rounds' deadlines wait like EOSE deadlines instead of recording "no NIP-77".
+    let mut c = case(10, |i| i % 2 == 0, false, Nip77Mode::Silent, probe, |_| {});
+    let a = RelayUrl::parse(A).unwrap();
+    c.w.start();
+    c.w.inject(super::Report::ForwardBackPressure { active: true });
+    c.w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    assert_eq!(
+        c.w.m.nip77_support(&a),
+        Nip77Support::Unknown,
+        "no verdict while nothing is read"
+    );
+    assert_eq!(c.fallbacks(FallbackReason::Unsupported), 0);
+    // Reading resumes; the relay stays silent: now the silence is a verdict.
+    c.w.inject(super::Report::ForwardBackPressure { active: false });
+    c.w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Unsupported);
+    c.assert_exact();
+    // A day later the relay answers NIP-77: its next fresh sync (the daily resync) tries
+    // again and learns it.
+    c.w.relay(A).nip77 = Nip77Mode::On;
+    c.w.run_for(Duration::from_secs(26 * 3600), Duration::from_secs(600));
+    assert!(c.w.m.counters().daily_resyncs >= 1);
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Works);
+    c.assert_exact();
+}

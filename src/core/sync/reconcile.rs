@@ -276,7 +276,7 @@ impl Reconciler {
     }
 
     /// The ids of the jobs of `relay`, oldest first.
-    fn ids_of<'a>(&'a self, relay: &RelayUrl) -> impl Iterator<Item = u64> + 'a {
+    pub(super) fn ids_of<'a>(&'a self, relay: &RelayUrl) -> impl Iterator<Item = u64> + 'a {
         self.by_relay.get(relay).into_iter().flatten().copied()
     }
 
@@ -441,8 +441,25 @@ impl SyncMachine {
         }
     }
 
-    /// Opens Layer 1 on a fresh sync (history by reconciliation where possible).
+    /// Opens Layer 1 on a fresh sync (history by reconciliation where possible). A "no
+    /// NIP-77" verdict at least `daily_min` old (about a day) is forgotten first, so the
+    /// relay's daily resync tries it again (a relay may have been busy, or upgraded; issue 36).
     pub(super) fn open_announcements(&mut self, relay: &RelayUrl, generation: u64) {
+        let now = self.last_now;
+        let ttl = self.config.daily_min;
+        if let Some(r) = self.remote_mut(relay) {
+            if r.nip77 == Nip77Support::Unsupported
+                && r.unsupported_at.is_some_and(|t| now.since(t) >= ttl)
+            {
+                info!("{relay}: trying NIP-77 again (found without it a day ago)");
+                r.nip77 = if r.nip11.nip77 {
+                    Nip77Support::Advertised
+                } else {
+                    Nip77Support::Unknown
+                };
+                r.unsupported_at = None;
+            }
+        }
         self.open_history(
             relay,
             generation,
@@ -725,9 +742,11 @@ impl SyncMachine {
         };
         self.counters.reconcile_fallbacks[reason.index()] += 1;
         if reason == FallbackReason::Unsupported {
-            let was = self
-                .remote_mut(&relay)
-                .map(|r| std::mem::replace(&mut r.nip77, Nip77Support::Unsupported));
+            let now = self.last_now;
+            let was = self.remote_mut(&relay).map(|r| {
+                r.unsupported_at = Some(now);
+                std::mem::replace(&mut r.nip77, Nip77Support::Unsupported)
+            });
             if was.is_some_and(|w| w != Nip77Support::Unsupported) {
                 info!("{relay}: does not speak NIP-77 ({why}); its history is read by REQ from now on");
                 // Its other jobs would each wait out their deadline in vain.
@@ -1102,6 +1121,14 @@ impl SyncMachine {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
+        if job.phase == Phase::Negotiating && self.reading_paused(&job.relay) {
+            // The relay's thread reads nothing (it waits for the forward pipeline): no answer
+            // can arrive, so the round's deadline waits too (issue 36; a verdict learnt here
+            // would mark a relay that speaks NIP-77 as one that does not, and persist it).
+            let deadline = self.last_now.plus(self.config.nip77.round_timeout);
+            self.timers.set(Timer::JobDeadline(id), deadline);
+            return;
+        }
         // Never answered a NEG-OPEN (advertised or not: some relays list NIP-77 and stay
         // silent, nostr.wine): one silence says it does not speak it, so the next jobs do
         // not each wait out their deadline.

@@ -29,6 +29,9 @@ pub(super) struct RemoteRelay {
     pub(super) nip11: Nip11,
     /// What is known about its NIP-77 support.
     pub(super) nip77: Nip77Support,
+    /// When it was last found not to speak NIP-77 (or restored so): the verdict is tried
+    /// again at the first fresh sync `daily_min` (about a day) later (issue 36).
+    pub(super) unsupported_at: Option<crate::core::time::Time>,
     /// The NIP-77 detection on the wire, if any (issue 21).
     pub(super) detection: Option<super::detect::Detection>,
     /// Restored confirmations not in its targets at its first connect (issue 11).
@@ -77,8 +80,10 @@ impl SyncMachine {
     /// Starts knowing `relay` with `state` (a relay just discovered, or a bootstrap relay):
     /// its [`RemoteRelay`] takes what a restored snapshot taught about it.
     pub(super) fn add_remote(&mut self, relay: &RelayUrl, state: RelayState) {
+        let nip77 = self.persist.take_nip77(relay).unwrap_or_default();
         let mut remote = RemoteRelay {
-            nip77: self.persist.take_nip77(relay).unwrap_or_default(),
+            nip77,
+            unsupported_at: (nip77 == Nip77Support::Unsupported).then_some(self.last_now),
             ..RemoteRelay::default()
         };
         if let Some(nip11) = self.unknown_nip11.remove(relay) {
