@@ -209,7 +209,7 @@ impl SyncMachine {
             relay,
             build_layer2_and_layer3_filters(&items.repos, &items.root_events, None),
         );
-        let budget = self.budget(relay);
+        let budget = self.req_budget(relay);
         let link = self.link(relay);
         let open = link.subs.values().filter(|i| i.purpose.is_live()).count();
         let capacity = if link.polled.is_empty() {

@@ -54,6 +54,14 @@ impl SyncMachine {
         if self.nip77_support(relay) != Nip77Support::Unknown {
             return;
         }
+        // The NEG session takes a subscription slot (strfry counts it with the REQs).
+        if self
+            .link_of(relay)
+            .is_some_and(|l| l.subs.len() + self.negs_open(relay) >= self.budget(relay))
+        {
+            debug!("{relay}: no subscription slot for a NIP-77 detection on this connection");
+            return;
+        }
         let sub_id = self.new_sub_id();
         let Some(remote) = self.remote_mut(relay) else {
             return;
@@ -114,6 +122,8 @@ impl SyncMachine {
             return;
         };
         self.timers.cancel(&Timer::Nip77Detection(relay.clone()));
+        // Its slot is free for a queued REQ.
+        self.drain_queue(relay);
         let Some(found) = found else {
             debug!("{relay}: NIP-77 detection inconclusive ({why})");
             return;

@@ -687,3 +687,44 @@ fn no_nip77_verdict_while_the_relay_is_not_read_and_a_no_expires_after_a_day() {
     assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Works);
     c.assert_exact();
 }
+
+#[test]
+fn neg_sessions_count_in_the_subscription_budget_of_a_relay_that_counts_them() {
+    // Issue 36, item 4: strfry counts NEG-OPEN sessions with REQs and answers the one over
+    // its limit with a NOTICE (no CLOSED, no EOSE). Uncounted, a reconciliation opened with
+    // every slot held by REQs got that NOTICE and the relay was taken for one without
+    // NIP-77. A holds 10 issues with a reply each, the own relay some of each, so every
+    // query is reconciled; A allows 5 subscriptions, NEG sessions included.
+    let mut c = case(
+        10,
+        |i| i % 3 != 1,
+        true,
+        Nip77Mode::On,
+        |_| {},
+        |a| {
+            a.profile(super::world::SimProfile::Strfry);
+            a.max_subs = Some(5);
+            a.max_limit = Some(20);
+        },
+    );
+    c.run(600);
+    c.assert_exact();
+    let a = RelayUrl::parse(A).unwrap();
+    assert!(
+        c.w.m.nip77_support(&a).in_use(),
+        "{:?}",
+        c.w.m.nip77_support(&a)
+    );
+    assert_eq!(c.fallbacks(FallbackReason::Unsupported), 0);
+    assert_eq!(c.w.m.counters().notices_other, 0, "{:?}", c.w.m.counters());
+    assert!(
+        c.w.m.counters().reconciliations >= 2,
+        "{:?}",
+        c.w.m.counters()
+    );
+    assert!(
+        c.a().max_open_seen <= 5,
+        "REQs and NEG sessions at once: {}",
+        c.a().max_open_seen
+    );
+}

@@ -319,6 +319,12 @@ impl Reconciler {
         }
     }
 
+    /// Jobs of `relay` not [`Phase::Waiting`]: each holds (or is about to open) a NEG
+    /// session, which relays count against the subscription budget.
+    pub(super) fn running_of(&self, relay: &RelayUrl) -> usize {
+        self.running_on.get(relay).copied().unwrap_or(0)
+    }
+
     /// Jobs not [`Phase::Waiting`] in all (`running_on` has at most `max_active` entries).
     fn running(&self) -> usize {
         self.running_on.values().sum()
@@ -510,6 +516,11 @@ impl SyncMachine {
                 .link_of(relay)
                 .map(|l| l.queue.iter().map(|(s, _)| s).collect())
                 .unwrap_or_default();
+            // A NEG session takes a subscription slot (strfry counts them with REQs): a job
+            // starts only with one free (REQs leave one for it, `neg_slots`).
+            let room = self
+                .link_of(relay)
+                .is_none_or(|l| l.subs.len() + self.negs_open(relay) < self.budget(relay));
             for id in ids {
                 let Some(job) = self.recon.jobs.get(id) else {
                     continue;
@@ -519,7 +530,9 @@ impl SyncMachine {
                 }
                 if current != Some(job.generation) {
                     gone.push(*id);
-                } else if !job.after.as_ref().is_some_and(|a| queued.contains(a)) {
+                } else if (room || !own_up)
+                    && !job.after.as_ref().is_some_and(|a| queued.contains(a))
+                {
                     ready.push(*id);
                     if own_up {
                         break;
@@ -610,6 +623,10 @@ impl SyncMachine {
                 generation: job.generation,
                 sub_id: job.neg_id.clone(),
             });
+        }
+        if job.phase != Phase::Waiting {
+            // Its NEG slot is free for a queued REQ.
+            self.drain_queue(&job.relay);
         }
     }
 
@@ -1202,6 +1219,8 @@ impl SyncMachine {
             self.replace_outstanding(&relay, b, &job.neg_id, subs);
             self.confirm_if_done(&relay, b, self.last_now);
         }
+        // Its NEG slot is free for a queued REQ (and the next job).
+        self.drain_queue(&relay);
         self.pump_jobs();
     }
 

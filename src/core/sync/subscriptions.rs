@@ -48,7 +48,7 @@ impl SyncMachine {
             filter = filter.limit(max);
         }
         let sub_id = self.new_sub_id();
-        let budget = self.budget(relay);
+        let budget = self.req_budget(relay);
         let cooling = self.cooling(relay, self.last_now);
         let link = self.link(relay);
         let info = SubInfo {
@@ -107,7 +107,7 @@ impl SyncMachine {
 
     /// Sends queued subscriptions while the budget has room.
     pub(super) fn drain_queue(&mut self, relay: &RelayUrl) {
-        let budget = self.budget(relay);
+        let budget = self.req_budget(relay);
         let last_now = self.last_now;
         let Some(generation) = self.connected_generation(relay) else {
             return;
@@ -136,7 +136,7 @@ impl SyncMachine {
     /// room for more live subscriptions (the history queries that held slots have finished):
     /// rebuild, so that they become live again.
     pub(super) fn promote_polled(&mut self, relay: &RelayUrl, now: Time) {
-        let budget = self.budget(relay);
+        let budget = self.req_budget(relay);
         let max_chunk = self.max_live_chunk(relay);
         let Some(link) = self.link_of(relay) else {
             return;
@@ -171,7 +171,7 @@ impl SyncMachine {
     /// EOSE will ever free a slot, so the live set is rebuilt at once (settled
     /// subscriptions closed and consolidated within the budget, one slot kept for history).
     pub(super) fn unstick_queue(&mut self, relay: &RelayUrl) {
-        let budget = self.budget(relay);
+        let budget = self.req_budget(relay);
         let now = self.last_now;
         let cooling = self.cooling(relay, now);
         let Some(link) = self.link_of(relay) else {
@@ -216,6 +216,33 @@ impl SyncMachine {
             self.link(relay).rebuild_needed = true;
             self.timers.set(Timer::Consolidate(relay.clone()), now);
         }
+    }
+
+    /// NIP-77 sessions open on `relay` (a running reconciliation, a detection): relays such
+    /// as strfry count them against the same budget as REQs (issue 36).
+    pub(super) fn negs_open(&self, relay: &RelayUrl) -> usize {
+        let detection = self.remote_of(relay).is_some_and(|r| r.detection.is_some());
+        self.recon.running_of(relay) + usize::from(detection)
+    }
+
+    /// Slots of `relay`'s budget kept from REQs for NIP-77 sessions: those open, and at
+    /// least one while its history may be reconciled, so a reconciliation can always start
+    /// (its batch's REQs could otherwise fill every slot and wait for it for ever).
+    pub(super) fn neg_slots(&self, relay: &RelayUrl) -> usize {
+        let support = self.nip77_support(relay);
+        let cfg = &self.config.nip77;
+        let may = cfg.enabled
+            && *relay != self.config.own_relay
+            && (support.in_use()
+                || (cfg.probe_unadvertised && support == super::Nip77Support::Unknown));
+        self.negs_open(relay).max(usize::from(may))
+    }
+
+    /// Open REQs `relay` is given: its budget less [`Self::neg_slots`], at least one.
+    pub(super) fn req_budget(&self, relay: &RelayUrl) -> usize {
+        self.budget(relay)
+            .saturating_sub(self.neg_slots(relay))
+            .max(1)
     }
 
     /// Open subscriptions the relay allows (NIP-11 `max_subscriptions`, else the default);
@@ -296,7 +323,7 @@ impl SyncMachine {
             l.subs.values().filter(|i| i.purpose.is_live()).count()
         });
         let capacity = self
-            .budget(relay)
+            .req_budget(relay)
             .saturating_sub(1)
             .saturating_sub(open)
             .max(usize::from(with_l1));

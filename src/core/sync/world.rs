@@ -135,6 +135,9 @@ pub(crate) struct FakeRelay {
     pub too_many_notice: Option<&'static str>,
     /// Most generic tag keys (`#e`, `#a`, …) in one filter; beyond: CLOSED (strfry: 3).
     pub max_tag_keys: Option<usize>,
+    /// NIP-77 sessions count against `max_subs` with the REQs (strfry): a NEG-OPEN or REQ
+    /// beyond it gets the too-many answer.
+    pub negs_count_as_subs: bool,
     /// Events left out of the first answer to a REQ by `ids` that asks for them (a relay
     /// that lists an event and fails to serve it once: a store still writing, a cut page).
     pub withhold_once: BTreeSet<EventId>,
@@ -184,6 +187,7 @@ impl FakeRelay {
                 self.nip77 = Nip77Mode::Off;
             }
             SimProfile::Strfry => {
+                self.negs_count_as_subs = true;
                 self.max_limit = Some(500);
                 self.max_subs = Some(200);
                 self.too_many_notice = Some("ERROR: too many concurrent REQs");
@@ -242,6 +246,25 @@ impl FakeRelay {
         }
         storage.seal().expect("seal");
         Negentropy::owned(storage, self.neg_frame).expect("negentropy")
+    }
+
+    /// Subscriptions of connection `generation` held against `max_subs`: REQs, and NEG
+    /// sessions where they count.
+    fn open_count(&self, generation: u64) -> usize {
+        let negs = if self.negs_count_as_subs {
+            self.negs.keys().filter(|(g, _)| *g == generation).count()
+        } else {
+            0
+        };
+        self.subs.len() + negs
+    }
+
+    /// The answer to a REQ or NEG-OPEN beyond `max_subs`.
+    fn too_many(&self, sub_id: &SubscriptionId) -> String {
+        match self.too_many_notice {
+            Some(text) => serde_json::json!(["NOTICE", text]).to_string(),
+            None => frame3("CLOSED", sub_id, "error: too many subscriptions"),
+        }
     }
 
     fn stored_answer(&self, filter: &Filter) -> Vec<Event> {
@@ -727,6 +750,15 @@ impl World {
             return;
         }
         f.neg_opens.push(filter.clone());
+        if f.negs_count_as_subs
+            && f.nip77 != Nip77Mode::Off
+            && f.max_subs
+                .is_some_and(|max| f.open_count(generation) >= max)
+        {
+            let answer = f.too_many(&sub_id);
+            self.send_text(&relay, &answer);
+            return;
+        }
         let answer = match f.nip77 {
             Nip77Mode::Off => serde_json::json!(["NOTICE", "could not parse command"]).to_string(),
             Nip77Mode::Silent => return,
@@ -738,6 +770,8 @@ impl World {
             _ => {
                 let server = f.neg_server(&filter);
                 f.negs.insert((generation, sub_id.clone()), server);
+                let open = f.open_count(generation);
+                f.max_open_seen = f.max_open_seen.max(open);
                 return self.neg_msg(relay, generation, sub_id, message);
             }
         };
@@ -810,11 +844,8 @@ impl World {
         }
         f.reqs.push(filter.clone());
         if let Some(max) = f.max_subs {
-            if !f.subs.contains_key(&sub_id) && f.subs.len() >= max {
-                let answer = match f.too_many_notice {
-                    Some(text) => serde_json::json!(["NOTICE", text]).to_string(),
-                    None => frame3("CLOSED", &sub_id, "error: too many subscriptions"),
-                };
+            if !f.subs.contains_key(&sub_id) && f.open_count(generation) >= max {
+                let answer = f.too_many(&sub_id);
                 self.send_text(&relay, &answer);
                 return;
             }
@@ -854,7 +885,8 @@ impl World {
         let hold = f.hold_eose;
         // Open before the stored answer: a live event stored meanwhile reaches it too.
         f.subs.insert(sub_id.clone(), filter);
-        f.max_open_seen = f.max_open_seen.max(f.subs.len());
+        let open = f.open_count(generation);
+        f.max_open_seen = f.max_open_seen.max(open);
         for (i, e) in answer.iter().enumerate() {
             if drop_at == Some(i) {
                 self.drop_connection(&relay);
