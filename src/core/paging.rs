@@ -205,6 +205,13 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
             plan.next.extend(parts);
             plan.partial_split = partial;
         }
+        // The relay publishes no limits and sent more than the page size we assume for it
+        // (issue 36): it does not cap there. The second is asked for once more with an
+        // explicit limit of twice what came; fewer than that is the whole second.
+        None if query.limit.is_none() && limits.max_limit.is_none() && total > cap as u64 => {
+            plan.next
+                .push(in_second.limit((total as usize).saturating_mul(2)));
+        }
         None => {
             plan.incomplete = Some(format!(
                 "more than {cap} events share created_at {second} and the query cannot be split further"
@@ -342,6 +349,47 @@ mod tests {
             newest: Some(newest),
             ..PageStats::default()
         }
+    }
+
+    #[test]
+    fn a_page_beyond_the_assumed_cap_asks_its_second_again_with_a_limit() {
+        // Issue 36, item 6: one author, one kind, 30 events in one second on a relay that
+        // publishes no limits (20 assumed). The page cannot be split; it holds more than the
+        // assumed cap, so the relay does not cap there: the second is asked again with an
+        // explicit limit, and an answer below it is the whole second.
+        let pk = nostr::key::Keys::parse(&format!("{:064x}", 7))
+            .unwrap()
+            .public_key();
+        let mut s = stats(30, 100, 100);
+        s.kinds_at_oldest = [1621u16].into();
+        s.authors_at_oldest = [pk].into();
+        let q = l2(&["only"]).kind(Kind::Custom(1621)).author(pk);
+        let p = plan_pages(&q, &s, &PageLimits::assumed(20));
+        assert_eq!(p.incomplete, None);
+        let again = p.next.last().expect("the second again");
+        assert_eq!(again.limit, Some(60));
+        assert_eq!(again.since, Some(Timestamp::from_secs(100)));
+        assert_eq!(again.until, Some(Timestamp::from_secs(100)));
+        // The answer: 30 again, fewer than asked for: complete.
+        assert_eq!(
+            plan_pages(again, &s, &PageLimits::assumed(20)),
+            PagePlan::default()
+        );
+        // 60 of 60: a relay that does cap there: reported, never another round.
+        let full = stats(60, 100, 100);
+        let mut full = full;
+        full.kinds_at_oldest = [1621u16].into();
+        full.authors_at_oldest = [pk].into();
+        assert!(plan_pages(again, &full, &PageLimits::assumed(20))
+            .incomplete
+            .is_some());
+        // Exactly the assumed cap: the relay may cap there; still incomplete as before.
+        let mut at_cap = stats(20, 100, 100);
+        at_cap.kinds_at_oldest = [1621u16].into();
+        at_cap.authors_at_oldest = [pk].into();
+        assert!(plan_pages(&q, &at_cap, &PageLimits::assumed(20))
+            .incomplete
+            .is_some());
     }
 
     #[test]

@@ -1209,3 +1209,30 @@ fn a_rebuild_keeps_the_queued_live_query_of_a_pending_batch() {
         "the batch's live query was dropped by the rebuild"
     );
 }
+
+#[test]
+fn more_events_in_one_second_than_the_assumed_page_on_a_relay_without_limits_read_complete() {
+    // Issue 36, item 6: one author, one kind, 30 issues in one second on a relay that
+    // publishes no NIP-11 (20 events per page assumed) and returns everything. The page
+    // cannot be split by tag, kind or author; before, the batch was confirmed INCOMPLETE
+    // (`--once` exits 1, nothing saved) although every event had arrived.
+    let (mut w, ann) = one_repo(|w| {
+        let t = w.secs() - 3 * DAY;
+        let burst: Vec<Event> = (0..30)
+            .map(|i| issue("r", &format!("burst {i}"), t))
+            .collect();
+        w.relay(A).store.extend(burst);
+    });
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let burst: Vec<Event> = w.relays[&RelayUrl::parse(A).unwrap()]
+        .store
+        .iter()
+        .filter(|e| e.content.starts_with("burst"))
+        .cloned()
+        .collect();
+    assert_eq!(burst.len(), 30);
+    let mut want: Vec<&Event> = burst.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+    assert_eq!(w.m.counters().incomplete_queries, 0, "{:?}", w.m.counters());
+}
