@@ -1236,3 +1236,43 @@ fn more_events_in_one_second_than_the_assumed_page_on_a_relay_without_limits_rea
     w.assert_own_holds(&want);
     assert_eq!(w.m.counters().incomplete_queries, 0, "{:?}", w.m.counters());
 }
+
+#[test]
+fn self_subscription_pages_beyond_the_queue_bound_are_parked_not_dropped() {
+    // Issue 36, item 8: the own relay caps at three events per REQ and allows two
+    // subscriptions; announcements of three authors share each second, so every full page
+    // of one second splits (by kind, then by author) into more queries than the (here tiny)
+    // bound of waiting pages. The splits were cut and those repositories never indexed.
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    let mut w = World::new(OWN, |c| c.max_queued_pages = 2);
+    let t = w.secs() - 5 * DAY;
+    let authors: Vec<nostr::key::Keys> = (0..3).map(|_| nostr::key::Keys::generate()).collect();
+    let mut want = Vec::new();
+    for second in 0..6u64 {
+        for (k, keys) in authors.iter().enumerate() {
+            let d = format!("s{second}-k{k}");
+            let ann = EventBuilder::new(Kind::Custom(30617), "")
+                .tag(Tag::parse(["d", &d]).unwrap())
+                .tag(Tag::parse(["relays", A]).unwrap())
+                .custom_created_at(at(t + second))
+                .finalize(keys)
+                .unwrap();
+            w.own.store.push(ann.clone());
+            w.relay(A).store.push(ann.clone());
+            want.push(ann);
+        }
+    }
+    w.own.max_limit = Some(3);
+    w.own.max_subs = Some(2);
+    w.own.publish_nip11 = true;
+    w.start();
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    assert_eq!(
+        w.m.repo_index().len(),
+        want.len(),
+        "every repository indexed"
+    );
+    assert_eq!(w.m.counters().incomplete_queries, 0, "{:?}", w.m.counters());
+    let want: Vec<&Event> = want.iter().collect();
+    w.assert_own_holds(&want);
+}

@@ -44,6 +44,7 @@ impl SyncMachine {
         self.own_link.queue.clear();
         self.own_link.loading.clear();
         self.own_link.reopen.clear();
+        self.own_link.parked.clear();
         self.own_side_lost();
         info!(
             "own relay {} connected; self-subscribing (full history{})",
@@ -103,9 +104,83 @@ impl SyncMachine {
         let budget = self.budget(&self.config.own_relay.clone());
         while self.own_link.subs.len() < budget {
             let Some((sub_id, info)) = self.own_link.queue.pop_front() else {
-                return;
+                break;
             };
             self.send_own_sub(sub_id, info);
+        }
+        self.unpark_own_pages();
+    }
+
+    /// Self-subscription pages waiting for a slot on the own relay.
+    fn own_pages_queued(&self) -> usize {
+        self.own_link
+            .queue
+            .iter()
+            .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
+            .count()
+    }
+
+    /// The part of the self-subscription's `plan` to queue now, as on a remote relay
+    /// (`admit_pages`): a page split into more queries than the own relay's waiting pages
+    /// leave room for is parked whole and planned again when there is room
+    /// ([`Self::unpark_own_pages`]), never dropped (issue 36: repositories on the own relay
+    /// were never indexed); only beyond [`super::batches::MAX_PARKED`] parked queries are
+    /// the splits cut and the query reported incomplete.
+    fn admit_own_pages(
+        &mut self,
+        plan: crate::core::paging::PagePlan,
+        filter: &Filter,
+        stats: &PageStats,
+    ) -> crate::core::paging::PagePlan {
+        let max = self.config.max_queued_pages;
+        let queued = self.own_pages_queued();
+        if plan.next.len() <= 1 || queued == 0 || queued + plan.next.len() <= max {
+            return plan;
+        }
+        if self.own_link.parked.len() >= super::batches::MAX_PARKED {
+            return bound_plan(plan, queued, max);
+        }
+        debug!(
+            "own relay: {} pages of a split query wait for room ({queued} pages queued)",
+            plan.next.len()
+        );
+        let id = self.new_sub_id();
+        self.own_link.parked.push_back(super::Parked {
+            id,
+            batch: None,
+            filter: filter.clone(),
+            stats: stats.clone(),
+        });
+        crate::core::paging::PagePlan {
+            next: Vec::new(),
+            ..plan
+        }
+    }
+
+    /// Queues the pages of parked self-subscription queries, oldest first, while the own
+    /// relay's waiting pages leave room.
+    fn unpark_own_pages(&mut self) {
+        if self.own.connection_status != ConnectionStatus::Connected {
+            return;
+        }
+        let own = self.config.own_relay.clone();
+        let limits = self.page_limits(&own);
+        let max = self.config.max_queued_pages;
+        while let Some(first) = self.own_link.parked.front() {
+            let plan = plan_pages(&first.filter, &first.stats, &limits);
+            let queued = self.own_pages_queued();
+            if queued > 0 && queued + plan.next.len() > max {
+                return;
+            }
+            self.own_link.parked.pop_front();
+            if let Some(why) = &plan.incomplete {
+                self.counters.incomplete_queries += 1;
+                warn!("own relay {own}: self-subscription history incomplete: {why}");
+            }
+            for f in plan.next {
+                self.counters.pages_requested += 1;
+                self.open_own_sub(SubPurpose::Page { batch: None }, f);
+            }
         }
     }
 
@@ -117,15 +192,8 @@ impl SyncMachine {
             return;
         };
         let own = self.config.own_relay.clone();
-        let plan = bound_plan(
-            plan_pages(&info.filter, stats, &self.page_limits(&own)),
-            self.own_link
-                .queue
-                .iter()
-                .filter(|(_, i)| matches!(i.purpose, SubPurpose::Page { .. }))
-                .count(),
-            self.config.max_queued_pages,
-        );
+        let plan = plan_pages(&info.filter, stats, &self.page_limits(&own));
+        let plan = self.admit_own_pages(plan, &info.filter, stats);
         if let SubPurpose::Page { .. } = info.purpose {
             self.own_link.subs.remove(sub_id);
             self.commands.push_back(Command::Unsubscribe {
@@ -176,6 +244,7 @@ impl SyncMachine {
                 .is_some_and(|i| history(&i.purpose))
         }) || self.own_link.queue.iter().any(|(_, i)| history(&i.purpose))
             || self.own_link.reopen.iter().any(|r| history(&r.1))
+            || !self.own_link.parked.is_empty()
     }
 
     pub(super) fn handle_own_disconnected(&mut self, reason: &str, now: Time) {
@@ -187,6 +256,7 @@ impl SyncMachine {
         self.own_link.queue.clear();
         self.own_link.loading.clear();
         self.own_link.reopen.clear();
+        self.own_link.parked.clear();
         self.own_side_lost();
         self.own_link
             .health
