@@ -397,7 +397,126 @@ pub fn check_event(raw: &str, filter: &Filter) -> Result<Event, EventRejection> 
 
 /// Parses an event object without checking it.
 pub fn parse_event(raw: &str) -> Result<Event, EventRejection> {
+    if !tags_within_bounds(raw) {
+        return Err(EventRejection::Malformed(format!(
+            "more than {MAX_EVENT_TAGS} tags or {MAX_TAG_STRINGS} tag values (not parsed)"
+        )));
+    }
     Event::from_json(raw).map_err(|e| EventRejection::Malformed(e.to_string()))
+}
+
+/// Most tags an event may carry to be parsed (strfry refuses more than 2,000 too): a frame
+/// of a megabyte of empty tags would otherwise cost about 20 MiB to parse (issue 36).
+pub const MAX_EVENT_TAGS: usize = 2_000;
+
+/// Most strings all tags of an event may hold together to be parsed.
+pub const MAX_TAG_STRINGS: usize = 20_000;
+
+/// True when the event JSON `raw` stays within [`MAX_EVENT_TAGS`] and [`MAX_TAG_STRINGS`],
+/// read without parsing it: the elements of every top-level `"tags"` member are counted.
+/// When the members cannot be delimited (a shape relays do not write, such as escapes in a
+/// key), the whole text is bounded instead: no more `[` than tags allowed, no more `"` than
+/// two per string allowed plus the other members'.
+///
+/// ```
+/// use grasp_sync::core::message::{tags_within_bounds, MAX_EVENT_TAGS};
+/// assert!(tags_within_bounds(r#"{"kind":1,"tags":[["e","x"],["p","y"]],"content":"[[["}"#));
+/// let many = format!(r#"{{"kind":1,"tags":[{}[]]}}"#, "[],".repeat(MAX_EVENT_TAGS));
+/// assert!(!tags_within_bounds(&many));
+/// ```
+pub fn tags_within_bounds(raw: &str) -> bool {
+    match tags_shape(raw.as_bytes()) {
+        Some((tags, strings)) => tags <= MAX_EVENT_TAGS && strings <= MAX_TAG_STRINGS,
+        None => {
+            let bytes = raw.as_bytes();
+            memchr::memchr_iter(b'[', bytes).count() <= MAX_EVENT_TAGS + 1
+                && memchr::memchr_iter(b'"', bytes).count() <= 2 * (MAX_TAG_STRINGS + 64)
+        }
+    }
+}
+
+/// (tags, strings in them) over every top-level `"tags"` member of the object `bytes`;
+/// `None` when the members cannot be delimited or a key has an escape.
+fn tags_shape(bytes: &[u8]) -> Option<(usize, usize)> {
+    let mut at = skip_space(bytes, bytes.strip_prefix(b"{").map(|_| 1)?);
+    let (mut tags, mut strings) = (0usize, 0usize);
+    if bytes.get(at) == Some(&b'}') {
+        return Some((0, 0));
+    }
+    loop {
+        if bytes.get(at) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(bytes, at + 1)?;
+        let key = &bytes[at + 1..key_end];
+        if key.contains(&b'\\') {
+            return None;
+        }
+        at = skip_space(bytes, key_end + 1);
+        if bytes.get(at) != Some(&b':') {
+            return None;
+        }
+        at = skip_space(bytes, at + 1);
+        let end = if key == b"tags" {
+            let (end, t, s) = tags_array(bytes, at)?;
+            tags = tags.saturating_add(t);
+            strings = strings.saturating_add(s);
+            end
+        } else {
+            value_end(bytes, at)?
+        };
+        at = skip_space(bytes, end);
+        match bytes.get(at) {
+            Some(b',') => at = skip_space(bytes, at + 1),
+            Some(b'}') => return Some((tags, strings)),
+            _ => return None,
+        }
+    }
+}
+
+/// The end of the array of arrays of strings starting at `at`, its arrays and their
+/// strings counted; `None` for any other shape.
+fn tags_array(bytes: &[u8], at: usize) -> Option<(usize, usize, usize)> {
+    if bytes.get(at) != Some(&b'[') {
+        return None;
+    }
+    let (mut tags, mut strings) = (0usize, 0usize);
+    let mut i = skip_space(bytes, at + 1);
+    if bytes.get(i) == Some(&b']') {
+        return Some((i + 1, 0, 0));
+    }
+    loop {
+        if bytes.get(i) != Some(&b'[') {
+            return None;
+        }
+        tags += 1;
+        i = skip_space(bytes, i + 1);
+        if bytes.get(i) == Some(&b']') {
+            i += 1;
+        } else {
+            loop {
+                if bytes.get(i) != Some(&b'"') {
+                    return None;
+                }
+                strings += 1;
+                i = skip_space(bytes, string_end(bytes, i + 1)? + 1);
+                match bytes.get(i) {
+                    Some(b',') => i = skip_space(bytes, i + 1),
+                    Some(b']') => {
+                        i += 1;
+                        break;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        i = skip_space(bytes, i);
+        match bytes.get(i) {
+            Some(b',') => i = skip_space(bytes, i + 1),
+            Some(b']') => return Some((i + 1, tags, strings)),
+            _ => return None,
+        }
+    }
 }
 
 /// Checks a parsed event: `filter` matches it, its id is the hash of its content and its
@@ -512,6 +631,41 @@ mod tests {
 
     use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
     use nostr::key::Keys;
+
+    #[test]
+    fn events_beyond_the_tag_bounds_are_refused_before_the_parser_sees_them() {
+        // Issue 36, item 11: a frame of a megabyte of empty tags cost ~20 MiB to parse.
+        let keys = Keys::generate();
+        let ok = EventBuilder::new(Kind::Custom(1621), "a [[[ bracketed ]]] \"text\"")
+            .tag(Tag::parse(["a", "30617:x:y"]).unwrap())
+            .tag(Tag::parse(["e", &"b".repeat(64), "", "root"]).unwrap())
+            .finalize(&keys)
+            .unwrap();
+        let json = ok.as_json();
+        assert_eq!(tags_shape(json.as_bytes()), Some((2, 6)));
+        assert_eq!(parse_event(&json).unwrap(), ok);
+        let base = |tags: &str| format!(r#"{{"kind":1,"tags":[{tags}],"content":""}}"#);
+        let empty = |n: usize| vec!["[]"; n].join(",");
+        assert!(tags_within_bounds(&base(&empty(MAX_EVENT_TAGS))));
+        assert!(!tags_within_bounds(&base(&empty(MAX_EVENT_TAGS + 1))));
+        let values = |n: usize| format!("[{}]", vec!["\"\""; n].join(","));
+        assert!(tags_within_bounds(&base(&values(MAX_TAG_STRINGS))));
+        assert!(!tags_within_bounds(&base(&values(MAX_TAG_STRINGS + 1))));
+        // Two `tags` members are counted together.
+        let twice = format!(
+            r#"{{"tags":[{}],"kind":1,"tags":[{}]}}"#,
+            empty(MAX_EVENT_TAGS),
+            empty(2)
+        );
+        assert!(!tags_within_bounds(&twice));
+        // A key with an escape cannot be delimited: the whole text is bounded.
+        let escaped = format!(r#"{{"t\u0061gs":[{}]}}"#, empty(MAX_EVENT_TAGS + 1));
+        assert!(!tags_within_bounds(&escaped));
+        assert!(matches!(
+            parse_event(&base(&empty(MAX_EVENT_TAGS + 1))),
+            Err(EventRejection::Malformed(m)) if m.contains("not parsed")
+        ));
+    }
 
     #[test]
     fn a_claimed_id_is_read_from_lowercase_hex_only() {

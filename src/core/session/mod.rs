@@ -804,6 +804,9 @@ impl RelaySession {
         // the JSON parser over the whole frame first. Any other shape, or JSON that is not
         // one event, is read by `parse_relay_frame`.
         if let Some((sub_id, raw)) = split_event_frame(text) {
+            if self.unknown_subscription(sub_id) {
+                return FrameOutcome::Handled;
+            }
             if self.forwarded_copy(now, sub_id, raw, verified) {
                 return FrameOutcome::DroppedCopy;
             }
@@ -829,6 +832,9 @@ impl RelaySession {
         match msg {
             Incoming::Event { sub_id, raw } => {
                 let raw = raw.get();
+                if self.unknown_subscription(&sub_id) {
+                    return FrameOutcome::Handled;
+                }
                 return match parse_event(raw) {
                     Ok(event) => self.on_event(now, &sub_id, raw, event, verified),
                     Err(e) => {
@@ -1325,6 +1331,26 @@ impl RelaySession {
                 FrameOutcome::Handled
             }
         }
+    }
+
+    /// An EVENT frame for no open subscription of this connection: counted, logged at debug
+    /// level and dropped before its event is parsed (what a stranger sends costs no parse;
+    /// issue 36). False for a known subscription.
+    fn unknown_subscription(&mut self, sub_id: &str) -> bool {
+        let Some(conn) = self.conn.as_ref() else {
+            return false;
+        };
+        if conn.subs.contains_key(sub_id) {
+            return false;
+        }
+        self.counters.events_received += 1;
+        self.counters.events_unknown_subscription += 1;
+        debug!(
+            "{}: event for unknown subscription {}",
+            self.config.url,
+            escape_for_log(sub_id, 64)
+        );
+        true
     }
 
     /// An EVENT frame whose event JSON does not parse: counted for its subscription.

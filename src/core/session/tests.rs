@@ -1149,3 +1149,29 @@ fn relay_urls_in_log_lines_hold_no_control_characters() {
         }
     }
 }
+
+#[test]
+fn events_of_strangers_and_events_of_too_many_tags_are_dropped_before_a_parse() {
+    // Issue 36, item 11: an EVENT frame for no open subscription is counted and dropped
+    // before its event is parsed; one with more tags than `MAX_EVENT_TAGS` is refused as
+    // malformed without being parsed (a megabyte of empty tags cost ~20 MiB to parse).
+    let mut cfg = config(SessionRole::Remote, None);
+    cfg.max_event_size = 1 << 20;
+    let mut a = Harness::with(cfg);
+    a.subscribe(t(1), "s", issues());
+    let tags = vec!["[]"; crate::core::message::MAX_EVENT_TAGS + 1].join(",");
+    let raw = format!(
+        r#"{{"id":"{}","pubkey":"{}","created_at":1,"kind":1621,"tags":[{tags}],"content":"","sig":"{}"}}"#,
+        "a".repeat(64),
+        "b".repeat(64),
+        "c".repeat(128)
+    );
+    let stranger = format!(r#"["EVENT","nobody",{raw}]"#);
+    assert!(matches!(a.text(t(2), &stranger), FrameOutcome::Handled));
+    assert_eq!(a.s.counters().events_unknown_subscription, 1);
+    assert_eq!(a.s.counters().events_invalid, 0);
+    let known = format!(r#"["EVENT","s",{raw}]"#);
+    assert!(matches!(a.text(t(3), &known), FrameOutcome::Handled));
+    assert_eq!(a.s.counters().events_invalid, 1);
+    assert_eq!(a.s.counters().events_accepted, 0);
+}
