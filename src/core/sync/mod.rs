@@ -40,7 +40,7 @@ mod timers;
 mod world;
 
 pub(crate) use reconcile::{hex_decode, hex_encode};
-pub use reconcile::{FallbackReason, Nip77Config, Nip77Support};
+pub use reconcile::{FallbackReason, NegClient, Nip77Config, Nip77Support};
 pub use standing::{FAILING_TTL, RESELECT_DELAY};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

@@ -728,3 +728,47 @@ fn neg_sessions_count_in_the_subscription_budget_of_a_relay_that_counts_them() {
         c.a().max_open_seen
     );
 }
+
+#[test]
+fn a_relay_answering_each_round_just_in_time_holds_a_slot_only_until_the_job_deadline() {
+    // Issue 36, item 12: a relay answering every round after 29 s with a mismatch held one
+    // of the `max_active` slots for ~32 minutes (64 rounds × 30 s). The job has a deadline
+    // of its own (5 min): then its query is read by REQ, with the exact set.
+    let mut c = reconciled_case(|a| {
+        a.nip77 = Nip77Mode::Endless;
+        a.hold_neg = true;
+    });
+    c.w.start();
+    let mut fell_back_at = None;
+    for step in 0..80u64 {
+        c.w.advance(Duration::from_secs(29));
+        c.w.release_neg(A);
+        if fell_back_at.is_none() && c.fallbacks(FallbackReason::Timeout) > 0 {
+            fell_back_at = Some(29 * (step + 1));
+        }
+    }
+    let at = fell_back_at.expect("the job ended at its deadline");
+    assert!(at <= 300 + 60, "fell back after {at} s");
+    c.w.run_for(Duration::from_secs(600), Duration::from_secs(5));
+    c.assert_exact();
+}
+
+#[test]
+fn neg_msg_bytes_of_one_reconciliation_are_bounded() {
+    // Issue 36, item 12: rounds are bounded in count and in bytes.
+    let mut c = case(
+        10,
+        |i| i % 3 != 1,
+        true,
+        Nip77Mode::Endless,
+        |cfg| {
+            cfg.nip77.max_rounds = 10_000;
+            cfg.nip77.max_neg_bytes = 200;
+        },
+        |_| {},
+    );
+    c.run(300);
+    c.assert_exact();
+    assert!(c.fallbacks(FallbackReason::TooManyRounds) > 0);
+    assert!(c.a().neg_rounds < 40, "{} rounds", c.a().neg_rounds);
+}

@@ -38,6 +38,7 @@ use crate::shared::RelayUrl;
 
 use super::timers::Timer;
 use super::{live_only, Command, SubPurpose, SyncCounters, SyncMachine, MAX_RESUME};
+use crate::core::time::Time;
 
 /// NIP-77 settings.
 #[derive(Debug, Clone)]
@@ -69,6 +70,13 @@ pub struct Nip77Config {
     /// Negentropy frame size limit of our messages in bytes (default 60,000; the relay's
     /// NIP-11 `max_message_length` lowers it).
     pub frame_size: u64,
+    /// The most time one reconciliation may take from its start, however often the relay
+    /// answers just inside `round_timeout` (default 5 min; issue 36: a relay answering
+    /// each round after 29 s held one of the `max_active` slots for half an hour).
+    pub job_deadline: Duration,
+    /// The most NEG-MSG bytes (hex) one reconciliation takes from the relay (default
+    /// 16 MiB), besides the count of rounds.
+    pub max_neg_bytes: usize,
 }
 
 impl Default for Nip77Config {
@@ -84,6 +92,8 @@ impl Default for Nip77Config {
             max_active: 8,
             max_waiting_per_relay: 1_000,
             frame_size: 60_000,
+            job_deadline: Duration::from_secs(300),
+            max_neg_bytes: 16 << 20,
         }
     }
 }
@@ -229,9 +239,14 @@ pub(super) struct Job {
     after: Option<SubscriptionId>,
     phase: Phase,
     own: Vec<(u64, EventId)>,
-    neg: Option<Negentropy<'static, NegentropyStorageVector>>,
+    neg: Option<NegClient>,
     rounds: u32,
     need: HashSet<EventId>,
+    /// When it left the queue (its own side began to be read): [`Nip77Config::job_deadline`]
+    /// counts from here.
+    started: Option<Time>,
+    /// NEG-MSG bytes (hex) taken from the relay so far.
+    neg_bytes: usize,
 }
 
 /// The jobs and what is known per relay.
@@ -422,6 +437,8 @@ impl SyncMachine {
                 neg: None,
                 rounds: 0,
                 need: HashSet::new(),
+                started: None,
+                neg_bytes: 0,
             },
         );
         self.recon.by_neg.insert(neg_id, id);
@@ -569,6 +586,10 @@ impl SyncMachine {
         };
         let filter = history_filter(job.orig.clone());
         let deadline = self.last_now.plus(self.config.eose_timeout);
+        let now = self.last_now;
+        if let Some(job) = self.recon.jobs.get_mut(&id) {
+            job.started = Some(now);
+        }
         self.recon.set_phase(id, Phase::OwnRead);
         self.timers.set(Timer::JobDeadline(id), deadline);
         self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
@@ -931,17 +952,8 @@ impl SyncMachine {
         };
         let own = std::mem::take(&mut job.own);
         let relay = job.relay.clone();
-        let mut storage = NegentropyStorageVector::with_capacity(own.len());
-        let mut built = Ok(());
-        for (t, e) in &own {
-            built = built.and_then(|()| storage.insert(*t, Id::from_byte_array(e.to_bytes())));
-        }
         let frame = self.frame_size(&relay);
-        let started = built
-            .and_then(|()| storage.seal())
-            .and_then(|()| Negentropy::owned(storage, frame))
-            .and_then(|mut n| n.initiate().map(|m| (n, m)));
-        let (neg, msg) = match started {
+        let (neg, msg) = match NegClient::new(&own, frame) {
             Ok(x) => x,
             Err(e) => {
                 self.fallback(
@@ -972,7 +984,7 @@ impl SyncMachine {
             generation: job.generation,
             sub_id: job.neg_id.clone(),
             filter: history_filter(job.orig.clone()),
-            message: hex_encode(&msg),
+            message: msg,
         });
     }
 
@@ -1019,6 +1031,16 @@ impl SyncMachine {
             return;
         };
         job.rounds += 1;
+        job.neg_bytes = job.neg_bytes.saturating_add(message.len());
+        if job.neg_bytes > cfg.max_neg_bytes {
+            let n = job.neg_bytes;
+            self.fallback(
+                id,
+                FallbackReason::TooManyRounds,
+                &format!("{n} bytes of NEG-MSG, more than {}", cfg.max_neg_bytes),
+            );
+            return;
+        }
         if job.rounds > cfg.max_rounds {
             let r = job.rounds - 1;
             self.fallback(
@@ -1028,23 +1050,12 @@ impl SyncMachine {
             );
             return;
         }
-        let Some(bytes) = hex_decode(message) else {
-            let shown = escape_for_log(message, 40);
-            self.fallback(
-                id,
-                FallbackReason::Malformed,
-                &format!("NEG-MSG is not hex: {shown}"),
-            );
-            return;
-        };
-        let mut have = Vec::new();
-        let mut need = Vec::new();
         let Some(neg) = job.neg.as_mut() else {
             return;
         };
-        let out = neg.reconcile_with_ids(&bytes, &mut have, &mut need);
-        job.need
-            .extend(need.iter().map(|i| EventId::from_byte_array(**i)));
+        let mut need = Vec::new();
+        let out = neg.round(message, &mut need);
+        job.need.extend(need);
         if job.need.len() > cfg.max_need_ids {
             self.fallback(
                 id,
@@ -1057,10 +1068,14 @@ impl SyncMachine {
             return;
         }
         match out {
-            Err(e) => self.fallback(id, FallbackReason::Malformed, &format!("bad NEG-MSG: {e}")),
+            Err(e) => self.fallback(id, FallbackReason::Malformed, &e),
             Ok(Some(next)) => {
-                self.timers
-                    .set(Timer::JobDeadline(id), now.plus(cfg.round_timeout));
+                // The next round waits `round_timeout`, but never past the job's own deadline.
+                let round = now.plus(cfg.round_timeout);
+                let deadline = job
+                    .started
+                    .map_or(round, |s| round.min(s.plus(cfg.job_deadline)));
+                self.timers.set(Timer::JobDeadline(id), deadline);
                 let (relay, generation, sub_id, batch) = (
                     job.relay.clone(),
                     job.generation,
@@ -1074,7 +1089,7 @@ impl SyncMachine {
                     relay,
                     generation,
                     sub_id,
-                    message: hex_encode(&next),
+                    message: next,
                 });
             }
             Ok(None) => self.finish_job(id),
@@ -1153,6 +1168,18 @@ impl SyncMachine {
             self.nip77_support(&job.relay),
             Nip77Support::Unknown | Nip77Support::Advertised
         );
+        let overdue = job
+            .started
+            .is_some_and(|s| self.last_now.since(s) >= self.config.nip77.job_deadline);
+        if overdue && job.phase == Phase::Negotiating && job.rounds > 0 {
+            let d = self.config.nip77.job_deadline;
+            self.fallback(
+                id,
+                FallbackReason::Timeout,
+                &format!("still negotiating after {d:?}"),
+            );
+            return;
+        }
         match job.phase {
             Phase::OwnRead => self.fallback(
                 id,
@@ -1312,6 +1339,56 @@ impl SyncMachine {
     }
 }
 
+/// The client side of one negentropy session (NIP-77) over the own relay's
+/// `(created_at, id)` pairs: pure, so a relay's `NEG-MSG` text goes through exactly one
+/// function ([`NegClient::round`], fuzzed by the `neg_msg` target).
+pub struct NegClient {
+    neg: Negentropy<'static, NegentropyStorageVector>,
+}
+
+impl std::fmt::Debug for NegClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NegClient")
+    }
+}
+
+impl NegClient {
+    /// A session over `own` with messages of at most `frame_size` bytes, and its initial
+    /// message (hex, for `NEG-OPEN`). Fails on a frame size below the protocol's minimum
+    /// (4,096) or pairs the storage refuses.
+    pub fn new(own: &[(u64, EventId)], frame_size: u64) -> Result<(NegClient, String), String> {
+        let mut storage = NegentropyStorageVector::with_capacity(own.len());
+        for (t, e) in own {
+            storage
+                .insert(*t, Id::from_byte_array(e.to_bytes()))
+                .map_err(|e| e.to_string())?;
+        }
+        storage.seal().map_err(|e| e.to_string())?;
+        let mut neg = Negentropy::owned(storage, frame_size).map_err(|e| e.to_string())?;
+        let first = neg.initiate().map_err(|e| e.to_string())?;
+        Ok((NegClient { neg }, hex_encode(&first)))
+    }
+
+    /// One round: the relay's `NEG-MSG` text in; the ids it has and we lack are added to
+    /// `need`; `Ok(Some(hex))` is our next message, `Ok(None)` the end. `Err` for text that
+    /// is not hex or not a valid negentropy message (nothing is added then).
+    pub fn round(
+        &mut self,
+        message: &str,
+        need: &mut Vec<EventId>,
+    ) -> Result<Option<String>, String> {
+        let bytes = hex_decode(message)
+            .ok_or_else(|| format!("NEG-MSG is not hex: {}", escape_for_log(message, 40)))?;
+        let (mut have, mut ids) = (Vec::new(), Vec::new());
+        let out = self
+            .neg
+            .reconcile_with_ids(&bytes, &mut have, &mut ids)
+            .map_err(|e| format!("bad NEG-MSG: {e}"))?;
+        need.extend(ids.iter().map(|i| EventId::from_byte_array(**i)));
+        Ok(out.map(|next| hex_encode(&next)))
+    }
+}
+
 /// Lower-case hex of `b`.
 pub(crate) fn hex_encode(b: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -1387,6 +1464,8 @@ mod pump_tests {
                     neg: None,
                     rounds: 0,
                     need: HashSet::new(),
+                    started: None,
+                    neg_bytes: 0,
                 },
             );
         }

@@ -135,6 +135,11 @@ pub(crate) struct FakeRelay {
     pub too_many_notice: Option<&'static str>,
     /// Most generic tag keys (`#e`, `#a`, …) in one filter; beyond: CLOSED (strfry: 3).
     pub max_tag_keys: Option<usize>,
+    /// NEG-MSG answers are held back until [`World::release_neg`] (a relay that answers each
+    /// round late).
+    pub hold_neg: bool,
+    /// NEG-MSG answers held back: (generation, frame).
+    held_neg: Vec<(u64, String)>,
     /// NIP-77 sessions count against `max_subs` with the REQs (strfry): a NEG-OPEN or REQ
     /// beyond it gets the too-many answer.
     pub negs_count_as_subs: bool,
@@ -808,7 +813,30 @@ impl World {
             }
         };
         f.neg_rounds += 1;
-        self.send_text(&relay, &frame3("NEG-MSG", &sub_id, &reply));
+        let frame = frame3("NEG-MSG", &sub_id, &reply);
+        if f.hold_neg {
+            f.held_neg.push((generation, frame));
+            return;
+        }
+        self.send_text(&relay, &frame);
+    }
+
+    /// Sends the NEG-MSG answers held back so far (those of the open connection).
+    pub(super) fn release_neg(&mut self, url: &str) {
+        let url = RelayUrl::parse(url).expect("url");
+        let Some(f) = self.fake(&url) else {
+            return;
+        };
+        let conn = f.conn;
+        let held: Vec<String> = std::mem::take(&mut f.held_neg)
+            .into_iter()
+            .filter(|(g, _)| conn == Some(*g))
+            .map(|(_, frame)| frame)
+            .collect();
+        for frame in held {
+            self.send_text(&url, &frame);
+        }
+        self.pump();
     }
 
     /// The machine gets a NEG-MSG for a session it does not run (one that crossed the
