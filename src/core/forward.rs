@@ -678,8 +678,13 @@ impl ForwardQueue {
         self.retrying.len()
     }
 
-    /// Re-queues in-flight events whose `OK` is overdue.
+    /// Re-queues in-flight events whose `OK` is overdue, and ends a pause that is over (so
+    /// [`ForwardQueue::poll_timeout`] never returns a deadline already past while nothing is
+    /// sent, e.g. during a NIP-42 write pause: the forwarder then spun; issue 36).
     pub fn handle_timeout(&mut self, now: Time) {
+        if self.paused_until.is_some_and(|t| now >= t) {
+            self.paused_until = None;
+        }
         let overdue: Vec<EventId> = self
             .in_flight
             .iter()
@@ -879,6 +884,33 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
         assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.counters().stored, 2);
+    }
+
+    #[test]
+    fn a_pause_that_is_over_is_no_deadline_even_while_nothing_is_sent() {
+        // Issue 36, item 3: during a NIP-42 write pause the forwarder calls no `poll_send`,
+        // so a rate-limit pause that ended was never cleared and `poll_timeout` returned a
+        // deadline in the past: the forwarder's wait was zero, 100 % CPU.
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        assert_eq!(q.poll_send(t).map(|s| s.0), Some(id(1)));
+        let rl = "rate-limited: slow down";
+        assert_eq!(
+            q.on_ok(id(1), false, Prefix::of(rl), t),
+            OkOutcome::RateLimited
+        );
+        let pause_end = q.poll_timeout().expect("a pause");
+        assert!(pause_end > t);
+        let later = pause_end.plus(Duration::from_secs(1));
+        // Nothing is sent (writes held back); the timers are handled as the loop does.
+        q.handle_timeout(later);
+        assert!(
+            q.poll_timeout().is_none_or(|d| d > later),
+            "{:?} is past",
+            q.poll_timeout()
+        );
+        assert!(q.can_send(later));
     }
 
     #[test]

@@ -559,8 +559,14 @@ impl Forwarder {
                     }
                 }
             }
-            // The OKs freed slots: send more now.
-            if held.is_none() && queue.can_send(self.clock.now()) {
+            // The OKs freed slots: send more now (not while NIP-42 holds writes back: the
+            // loop would spin without sending; issue 36).
+            if sends_now(
+                held.is_some(),
+                auth.writes_paused(),
+                queue,
+                self.clock.now(),
+            ) {
                 more = true;
             }
             match keepalive.poll(self.clock.now()) {
@@ -876,6 +882,13 @@ fn write_held(
 ///   `OK`s that arrive within [`full_window_linger`] are read together and their slots
 ///   filled in one write, instead of one wake-up and one write per `OK`.
 ///
+/// True when the forwarder's next turn can send at once, so it must not wait: events can be
+/// sent (the window has room, no pause), writes are not held for a batch and NIP-42 does
+/// not hold them back.
+fn sends_now(held: bool, auth_paused: bool, queue: &ForwardQueue, now: Time) -> bool {
+    !held && !auth_paused && queue.can_send(now)
+}
+
 /// Never while authenticating, draining, retrying, paused or with an `OK` overdue.
 fn lazy_oks(
     queue: &ForwardQueue,
@@ -967,6 +980,24 @@ mod tests {
             q.offer(id(n), format!("{{\"n\":{n}}}").into());
         }
         while q.poll_send(now).is_some() {}
+    }
+
+    #[test]
+    fn a_turn_does_not_repeat_at_once_while_nip42_holds_writes_back() {
+        // Issue 36, item 3: `more` ignored the NIP-42 write pause: with events ready the
+        // loop turned again at once without sending anything, for up to 20 s.
+        let t = Time::from_secs(0);
+        let mut q = queue(64, 4096);
+        q.offer(id(1), "{}".into());
+        assert!(super::sends_now(false, false, &q, t));
+        assert!(
+            !super::sends_now(false, true, &q, t),
+            "writes held by NIP-42"
+        );
+        assert!(
+            !super::sends_now(true, false, &q, t),
+            "writes held for a batch"
+        );
     }
 
     #[test]
