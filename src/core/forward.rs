@@ -152,6 +152,10 @@ pub enum OkOutcome {
     /// `error:` (a failure on the relay's side, not a verdict): re-queued; sending pauses
     /// for [`error_pause`] of the `error:` answers in a row.
     RelayError,
+    /// `error:` for the [`MAX_ERROR_ROUNDS`]th time for this event while the own relay stores
+    /// others: set aside (not queued, not unresolved), sent again every [`ASIDE_RETRY`]
+    /// (issue 36).
+    SetAside,
     /// Rejected; the prefix of the relay's reason (the caller has the whole text).
     Rejected(Prefix),
     /// An `OK` for an event we did not send (or answered twice): ignored.
@@ -176,7 +180,17 @@ pub struct ForwardCounters {
     pub rate_limited: u64,
     /// Copies of an event that was stored or queued already.
     pub deduplicated: u64,
+    /// Events set aside after [`MAX_ERROR_ROUNDS`] `error:` answers (each time).
+    pub set_aside: u64,
 }
+
+/// `error:` answers to one event after which it is set aside ([`OkOutcome::SetAside`]): one
+/// event the own relay always fails to store must not hold the queue, state saves, `--once`
+/// or a stop back for ever.
+pub const MAX_ERROR_ROUNDS: u32 = 8;
+
+/// How often an event set aside is sent again.
+pub const ASIDE_RETRY: Duration = Duration::from_secs(600);
 
 #[derive(Debug)]
 struct InFlight {
@@ -213,6 +227,12 @@ pub struct ForwardQueue {
     successes: u32,
     /// When the last round of `error:` answers began (the same rule).
     last_error_round: Option<Time>,
+    /// `error:` answers per event, and the own relay's stored and duplicate answers when the
+    /// first came (removed when it is stored or rejected).
+    error_rounds: IdMap<(u32, u64)>,
+    /// Events set aside after [`MAX_ERROR_ROUNDS`] `error:` answers, with when each is sent
+    /// again.
+    aside: VecDeque<(EventId, Arc<str>, Time)>,
     /// Since when the own relay rate-limits us, and what it stored since.
     throttle: Option<Throttle>,
     /// How long the own relay took to answer recently (a moving average over the `OK`s of
@@ -334,6 +354,8 @@ impl ForwardQueue {
             last_slow_down: None,
             successes: 0,
             last_error_round: None,
+            error_rounds: IdMap::default(),
+            aside: VecDeque::new(),
             throttle: None,
             ok_latency: None,
             counters: ForwardCounters::default(),
@@ -462,6 +484,9 @@ impl ForwardQueue {
         let Some(flight) = self.in_flight.remove(&id) else {
             return OkOutcome::Unexpected;
         };
+        if prefix != Prefix::Error {
+            self.error_rounds.remove(&id);
+        }
         if accepted || prefix == Prefix::Duplicate {
             self.errors_in_a_row = 0;
             let took = now.since(self.sent_time(&flight));
@@ -493,8 +518,20 @@ impl ForwardQueue {
             // that grows while the failures go on, for as long as they last. The answers to
             // one window of events sent together are one round: only an `error:` after the
             // pause lengthens the next one.
-            self.counters.resent += 1;
             self.counters.relay_errors += 1;
+            let answered = self.counters.stored + self.counters.duplicates;
+            let (rounds, since) = self.error_rounds.entry(id).or_insert((0, answered));
+            *rounds = rounds.saturating_add(1);
+            // Only while the relay stores other events: a relay failing for all (a locked
+            // database) is waited for however long it lasts (decision 0070).
+            if *rounds >= MAX_ERROR_ROUNDS && answered > *since {
+                // This one fails again and again: aside, so the rest goes on.
+                self.counters.set_aside += 1;
+                self.aside
+                    .push_back((id, flight.raw, now.plus(ASIDE_RETRY)));
+                return OkOutcome::SetAside;
+            }
+            self.counters.resent += 1;
             let sent = self.sent_time(&flight);
             if self.last_error_round.is_none_or(|r| sent > r) {
                 self.last_error_round = Some(now);
@@ -685,6 +722,20 @@ impl ForwardQueue {
         if self.paused_until.is_some_and(|t| now >= t) {
             self.paused_until = None;
         }
+        // Events set aside are sent again, each once per `ASIDE_RETRY`: one more `error:`
+        // puts it aside again.
+        while self.aside.front().is_some_and(|a| a.2 <= now) {
+            let Some((id, raw, _)) = self.aside.pop_front() else {
+                break;
+            };
+            let answered = self.counters.stored + self.counters.duplicates;
+            self.error_rounds
+                .insert(id, (MAX_ERROR_ROUNDS - 1, answered.saturating_sub(1)));
+            if self.queued.insert(id) {
+                self.counters.resent += 1;
+                self.queue.push_back((id, raw));
+            }
+        }
         let overdue: Vec<EventId> = self
             .in_flight
             .iter()
@@ -717,15 +768,19 @@ impl ForwardQueue {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
         let ok = self.in_flight.values().map(|f| f.deadline).min();
-        match (ok, self.paused_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let aside = self.aside.front().map(|a| a.2);
+        [ok, self.paused_until, aside].into_iter().flatten().min()
     }
 
     /// The counters.
     pub fn counters(&self) -> ForwardCounters {
         self.counters
+    }
+
+    /// Events set aside after [`MAX_ERROR_ROUNDS`] `error:` answers, waiting for their next
+    /// try (not counted as unresolved: they hold nothing back).
+    pub fn aside(&self) -> usize {
+        self.aside.len()
     }
 
     /// Events kept after a rejection.
@@ -884,6 +939,57 @@ mod tests {
         assert_eq!(q.poll_send(t).unwrap().0, id(1));
         assert_eq!(q.on_ok(id(1), true, Prefix::Other, t), OkOutcome::Stored);
         assert_eq!(q.counters().stored, 2);
+    }
+
+    #[test]
+    fn an_event_the_own_relay_always_fails_to_store_is_set_aside_and_tried_again_later() {
+        // Issue 36, item 2: one event answered `error:` every time was re-queued for ever:
+        // the queue never idle (no state save, `--once` to its deadline, every stop waits
+        // out the drain) and each answer paused the whole queue.
+        let mut t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        q.offer(id(2), raw(2));
+        let err = Prefix::of("error: database is locked");
+        let mut outcomes = Vec::new();
+        for _ in 0..MAX_ERROR_ROUNDS {
+            // Past any pause, as the loop's timers would.
+            t = t.plus(MAX_ERROR_PAUSE).plus(Duration::from_secs(1));
+            q.handle_timeout(t);
+            while let Some((sent, _)) = q.poll_send(t) {
+                let ok = if sent == id(1) {
+                    q.on_ok(sent, false, err, t)
+                } else {
+                    q.on_ok(sent, true, Prefix::Other, t)
+                };
+                outcomes.push((sent, ok));
+            }
+        }
+        assert!(outcomes.contains(&(id(2), OkOutcome::Stored)));
+        assert_eq!(outcomes.last(), Some(&(id(1), OkOutcome::SetAside)));
+        assert_eq!(
+            outcomes.iter().filter(|o| o.0 == id(1)).count() as u32,
+            MAX_ERROR_ROUNDS
+        );
+        assert!(q.is_idle(), "nothing left holds the queue");
+        assert_eq!((q.aside(), q.counters().set_aside), (1, 1));
+        // It is sent again after ASIDE_RETRY, once; stored then, it leaves the aside set.
+        assert_eq!(q.poll_timeout(), Some(t.plus(ASIDE_RETRY)));
+        let later = t.plus(ASIDE_RETRY);
+        q.handle_timeout(later);
+        assert_eq!(q.aside(), 0);
+        assert_eq!(q.poll_send(later).map(|s| s.0), Some(id(1)));
+        // One more `error:`: aside again at once.
+        assert_eq!(q.on_ok(id(1), false, err, later), OkOutcome::SetAside);
+        let again = later.plus(ASIDE_RETRY);
+        q.handle_timeout(again);
+        assert_eq!(q.poll_send(again).map(|s| s.0), Some(id(1)));
+        assert_eq!(
+            q.on_ok(id(1), true, Prefix::Other, again),
+            OkOutcome::Stored
+        );
+        assert!(q.is_idle());
+        assert_eq!(q.aside(), 0);
     }
 
     #[test]

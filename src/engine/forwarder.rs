@@ -446,6 +446,8 @@ impl Forwarder {
         f.resent.store(c.resent, Ordering::Relaxed);
         f.relay_errors.store(c.relay_errors, Ordering::Relaxed);
         f.rate_limited.store(c.rate_limited, Ordering::Relaxed);
+        f.set_aside.store(c.set_aside, Ordering::Relaxed);
+        f.aside.store(queue.aside() as u64, Ordering::Relaxed);
         let throttle = queue.throttle();
         let pace = throttle.map_or(0, |t| t.pace.as_millis() as u64);
         f.pace_ms.store(pace, Ordering::Relaxed);
@@ -825,6 +827,16 @@ impl Forwarder {
                 debug!(
                     "own relay failed to store {event_id} ({}), {errors_in_a_row} failures in a row",
                     message()
+                )
+            }
+            OkOutcome::SetAside => {
+                // Resolved for now: it holds back no state save, `--once` or stop.
+                self.resolved();
+                warn!(
+                    "own relay failed to store {event_id} {} times ({}); set aside, sent again every {} min (counted in forward_set_aside_total)",
+                    crate::core::forward::MAX_ERROR_ROUNDS,
+                    message(),
+                    crate::core::forward::ASIDE_RETRY.as_secs() / 60
                 )
             }
             OkOutcome::AuthRequired => {

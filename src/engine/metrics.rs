@@ -193,6 +193,10 @@ pub struct ForwardCounters {
     pub relay_errors: AtomicU64,
     /// `OK false "rate-limited: …"` answers (each event sent again).
     pub rate_limited: AtomicU64,
+    /// Events set aside after `MAX_ERROR_ROUNDS` `error:` answers (each time).
+    pub set_aside: AtomicU64,
+    /// Events set aside now, waiting for their next try.
+    pub aside: AtomicU64,
     /// The interval between sends while the own relay rate-limits us, in milliseconds (0:
     /// not paced).
     pub pace_ms: AtomicU64,

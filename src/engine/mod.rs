@@ -209,6 +209,10 @@ pub struct Status {
     pub forward_relay_errors: u64,
     /// `rate-limited:` answers of the own relay (each event sent again).
     pub forward_rate_limited: u64,
+    /// Events set aside after repeated `error:` answers (each time; issue 36).
+    pub forward_set_aside: u64,
+    /// Events set aside now, waiting for their next try (every 10 min).
+    pub forward_aside: u64,
     /// The interval between sends while the own relay rate-limits us, in milliseconds (0:
     /// not paced).
     pub forward_pace_ms: u64,
@@ -555,6 +559,8 @@ impl SyncHandle {
             forward_resent: f.resent.load(Ordering::Relaxed),
             forward_relay_errors: f.relay_errors.load(Ordering::Relaxed),
             forward_rate_limited: f.rate_limited.load(Ordering::Relaxed),
+            forward_set_aside: f.set_aside.load(Ordering::Relaxed),
+            forward_aside: f.aside.load(Ordering::Relaxed),
             forward_pace_ms: f.pace_ms.load(Ordering::Relaxed),
             ok_latency: {
                 let (cumulative, sum_secs, count) = f.ok_latency.snapshot();

@@ -496,6 +496,11 @@ pub fn prometheus(status: &Status) -> String {
             status.forward_relay_errors,
         ),
         (
+            "forward_set_aside_total",
+            "Events set aside after repeated OK false \"error:\" answers (sent again every 10 minutes).",
+            status.forward_set_aside,
+        ),
+        (
             "forward_rate_limited_total",
             "OK false \"rate-limited:\" answers of the own relay (the event is sent again, paced).",
             status.forward_rate_limited,
@@ -508,6 +513,12 @@ pub fn prometheus(status: &Status) -> String {
         "gauge",
         "Events queued or in flight in the forwarder.",
         status.forward_queue_depth,
+    );
+    p.single(
+        "forward_aside",
+        "gauge",
+        "Events set aside after repeated OK false \"error:\" answers, waiting for their next try.",
+        status.forward_aside,
     );
     p.single(
         "forward_pace_seconds",
@@ -719,6 +730,8 @@ pub fn status_json(status: &Status) -> Value {
             "resent": status.forward_resent,
             "relay_errors": status.forward_relay_errors,
             "rate_limited": status.forward_rate_limited,
+            "set_aside": status.forward_set_aside,
+            "aside": status.forward_aside,
             "pace_ms": status.forward_pace_ms,
             "ok_latency_count": status.ok_latency.count,
             "ok_latency_sum_seconds": status.ok_latency.sum_secs,
