@@ -209,6 +209,12 @@ pub enum Unknown {
     NoEventsForwarded,
     /// The own relay's self-subscription is not connected.
     OwnRelayDisconnected,
+    /// The relay listed events for its queries that it did not deliver when asked by id
+    /// twice: its history as read is short until its next full sync (issue 33).
+    HistoryShort {
+        /// Ids listed and not delivered.
+        ids: u64,
+    },
     /// The own relay's events are still being read or applied: what to sync is not known.
     OwnHistoryPending,
     /// Relays without an estimate: how many, and the first (by URL) with its reason.
@@ -241,6 +247,10 @@ impl fmt::Display for Unknown {
             }
             Unknown::NoEventsForwarded => f.write_str("no events forwarded in the last minute"),
             Unknown::OwnRelayDisconnected => f.write_str("own relay disconnected"),
+            Unknown::HistoryShort { ids } => write!(
+                f,
+                "history short: {ids} events listed and not delivered (until its next full sync)"
+            ),
             Unknown::OwnHistoryPending => f.write_str("own relay's events not yet read"),
             Unknown::Relays { count, first } => {
                 write!(f, "{}: {}", first.0, first.1)?;
@@ -328,6 +338,8 @@ pub struct RelayInput {
     pub queries_per_second: Option<f64>,
     /// Time until failed batches stop holding back the relay's next batches, if they do.
     pub retry_in: Option<Duration>,
+    /// Ids it listed and did not deliver since its last full sync (issue 33).
+    pub short: u64,
 }
 
 impl RelayInput {
@@ -344,7 +356,9 @@ impl RelayInput {
         }
         let confirmed = self.confirmed.0 >= self.target.0 && self.confirmed.1 >= self.target.1;
         if self.history_queries_pending == 0 {
-            return if confirmed && self.pending_batches == 0 {
+            return if confirmed && self.pending_batches == 0 && self.short > 0 {
+                Eta::Unknown(Unknown::HistoryShort { ids: self.short })
+            } else if confirmed && self.pending_batches == 0 {
                 Eta::Settled
             } else if let Some(wait) = self.retry_in.filter(|_| !confirmed) {
                 Eta::Unknown(Unknown::RetryPending {
@@ -402,6 +416,7 @@ impl RelayProgress {
             history_queries_pending: s.history_queries_pending,
             queries_per_second,
             retry_in: s.batches_retry_at.map(|t| t.since(now)),
+            short: s.history_short,
         }
         .eta();
         RelayProgress {
@@ -620,7 +635,21 @@ mod tests {
             history_queries_pending: pending,
             queries_per_second: rate,
             retry_in: None,
+            short: 0,
         }
+    }
+
+    #[test]
+    fn a_relay_whose_history_is_short_is_not_settled() {
+        // Issue 33: the progress line must not say "settled" while a relay's history is
+        // short (ids it listed and did not deliver when asked twice).
+        let mut r = relay(0, None);
+        r.pending_batches = 0;
+        r.confirmed = r.target;
+        assert_eq!(r.eta(), Eta::Settled);
+        r.short = 3;
+        assert_eq!(r.eta(), Eta::Unknown(Unknown::HistoryShort { ids: 3 }));
+        assert!(r.eta().to_string().contains("history short: 3 events"));
     }
 
     #[test]
@@ -759,6 +788,7 @@ mod tests {
                 history_queries_pending: pending,
                 queries_per_second: q,
                 retry_in: None,
+                short: 0,
             }
             .eta();
             if s % 100 == 0 {

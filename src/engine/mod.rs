@@ -121,6 +121,9 @@ pub struct RelayStatus {
     /// Ids it listed for a reconciled query and did not deliver when asked by id twice
     /// (its history as read is short by them; issue 33).
     pub ids_undelivered: u64,
+    /// Of those, the ones since its last full sync: its history as read is short by them
+    /// (not settled meanwhile).
+    pub history_short: u64,
     /// Queries waiting for room in its subscription budget.
     pub queued_queries: usize,
     /// Layer 2/3 queries polled because they do not fit its budget.
@@ -259,8 +262,9 @@ impl Status {
     }
 
     /// True when the own relay is connected and its history read and applied, every known
-    /// relay is connected with nothing pending (no batch, no NIP-77 reconciliation) and
-    /// everything it should carry confirmed, and the forward queue is empty.
+    /// relay is connected with nothing pending (no batch, no NIP-77 reconciliation), its
+    /// history not short (ids it listed and did not deliver, [`RelayStatus::history_short`])
+    /// and everything it should carry confirmed, and the forward queue is empty.
     pub fn is_settled(&self) -> bool {
         self.own_relay == ConnectionStatus::Connected
             && !self.self_sync_pending
@@ -269,6 +273,7 @@ impl Status {
                 r.connection_status == ConnectionStatus::Connected
                     && r.pending_batches == 0
                     && r.reconciliations_pending == 0
+                    && r.history_short == 0
                     && r.confirmed_repos >= r.target_repos
                     && r.confirmed_root_events >= r.target_root_events
             })
@@ -530,6 +535,7 @@ impl SyncHandle {
                     failed_batches: s.failed_batches,
                     incomplete_queries: s.incomplete_queries,
                     ids_undelivered: s.ids_undelivered,
+                    history_short: s.history_short,
                     queued_queries: s.queued_queries,
                     polled_queries: s.polled_queries,
                     loading_queries: s.loading_queries,

@@ -684,6 +684,7 @@ pub fn status_json(status: &Status) -> Value {
                 "failed_batches": r.failed_batches,
                 "incomplete_queries": r.incomplete_queries,
                 "ids_undelivered": r.ids_undelivered,
+                "history_short": r.history_short,
                 "events": {
                     "received": r.events_received,
                     "accepted": r.events_accepted,

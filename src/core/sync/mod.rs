@@ -706,6 +706,8 @@ struct Link {
     /// Ids the relay listed for a reconciled query and did not deliver when asked twice
     /// ([`RelaySyncStatus::ids_undelivered`]).
     ids_undelivered: u64,
+    /// Of those, the ones since its last full sync ([`RelaySyncStatus::history_short`]).
+    history_short: u64,
 }
 
 #[derive(Debug)]
@@ -853,6 +855,10 @@ pub struct RelaySyncStatus {
     /// Ids the relay listed for a reconciled query and did not deliver when asked by id
     /// twice since it became known (issue 33): its history as read is short by them.
     pub ids_undelivered: u64,
+    /// Ids listed and not delivered since the relay's last full sync (a fresh sync or the
+    /// daily resync clears it): while above 0 its history as read is short, and neither
+    /// the relay nor the whole sync counts as settled.
+    pub history_short: u64,
     /// When failed batches (or a rate limit) stop holding back the relay's next batches, if
     /// they do: its unconfirmed items wait until then without a query.
     pub batches_retry_at: Option<Time>,
@@ -1485,6 +1491,7 @@ impl SyncMachine {
                         + self.recon.jobs_of(url),
                     history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
                     ids_undelivered: link.map_or(0, |l| l.ids_undelivered),
+                    history_short: link.map_or(0, |l| l.history_short),
                     batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
                 }
             })

@@ -654,6 +654,7 @@ fn ids_a_relay_lists_and_never_serves_are_asked_twice_then_reported() {
     assert_eq!(counters.fetch_ids_undelivered, phantoms, "{counters:?}");
     let st = &c.w.m.relay_statuses(c.w.now)[0];
     assert_eq!(st.ids_undelivered, phantoms);
+    assert_eq!(st.history_short, phantoms, "short until the next full sync");
     assert!(st.incomplete_queries >= 1);
     assert_eq!(st.pending_batches, 0);
 }

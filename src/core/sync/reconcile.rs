@@ -471,6 +471,8 @@ impl SyncMachine {
         let now = self.last_now;
         let ttl = self.config.daily_min;
         if let Some(r) = self.remote_mut(relay) {
+            // Its history is read again in full: what was short is asked for again.
+            r.link.history_short = 0;
             if r.nip77 == Nip77Support::Unsupported
                 && r.unsupported_at.is_some_and(|t| now.since(t) >= ttl)
             {
@@ -1282,6 +1284,7 @@ impl SyncMachine {
             if let Some(l) = self.link_mut(relay) {
                 l.incomplete_queries += 1;
                 l.ids_undelivered += n;
+                l.history_short += n;
             }
             let first = self.link_of(relay).is_some_and(|l| l.ids_undelivered == n);
             let mut query = query;
