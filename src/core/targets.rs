@@ -139,8 +139,8 @@ pub fn host_port(url: &RelayUrl) -> String {
 
 /// The tier of a pubkey in the global cap's round-robins (lower first): operator-listed
 /// pubkeys, then pubkeys by the [`activity`] of their busiest repository (most first), then
-/// pubkeys whose repositories show no life (no root event). Each tier's round-robin runs to
-/// its end before the next tier's starts.
+/// pubkeys whose repositories show no life (no root event). It orders each round of its
+/// [`band`]'s round-robin.
 fn tier(policy: &TargetPolicy, key: &str, activity: u8) -> u8 {
     if policy.preferred_pubkeys.contains(key) {
         0
@@ -153,6 +153,20 @@ fn tier(policy: &TargetPolicy, key: &str, activity: u8) -> u8 {
 
 /// The highest [`activity`].
 const MAX_ACTIVITY: u8 = 11;
+
+/// The band of a [`tier`]: operator-listed pubkeys (0), pubkeys showing life (1), the rest
+/// (2). The global cap's round-robin runs band by band; inside a band each round gives
+/// every pubkey one relay, in tier order. A band of strict tiers let activity be bought:
+/// 16 throw-away keys with 1,024 cheap issues and 64 silent relays each took every slot
+/// above a real repository (issue 36). Now a pubkey showing life gets its k-th relay before
+/// any pubkey of its band gets its (k+1)-th.
+fn band(tier: u8) -> u8 {
+    match tier {
+        0 => 0,
+        t if t <= MAX_ACTIVITY => 1,
+        _ => 2,
+    }
+}
 
 /// How much life a repository with `root_events` root events shows: 0 for none, else 1 +
 /// the power of two below the count (1; 2–3; 4–7; …), at most 11: a pubkey's tier in the
@@ -523,11 +537,12 @@ fn select_each<'a>(
         }
         allowed.push((key, k, touched));
     }
-    // 3. Global cap: reserved relays first, then round-robins across pubkeys, tier by tier
+    // 3. Global cap: reserved relays first, then round-robins across pubkeys, band by band
     //    (operator-listed pubkeys, then pubkeys whose repositories show life, then the
-    //    rest; within a tier fewest relays first, then by pubkey), first over relays that
-    //    are not failing their connects, then over those that are. At most
-    //    `max_urls_per_host` URLs of one host and port are selected.
+    //    rest: [`band`]); each round in tier order (more activity first), then fewest
+    //    relays first, then by pubkey; first over relays that are not failing their
+    //    connects, then over those that are. At most `max_urls_per_host` URLs of one host
+    //    and port are selected.
     let mut selected = vec![false; n];
     let mut over_host_cap = vec![false; n];
     let mut hosts: HashMap<String, usize> = HashMap::new();
@@ -548,9 +563,11 @@ fn select_each<'a>(
     for pass_failing in [false, true] {
         let mut start = 0;
         while start < allowed.len() && slots > 0 {
-            let t = tier(policy, allowed[start].0, live[allowed[start].1]);
+            let b = band(tier(policy, allowed[start].0, live[allowed[start].1]));
             let mut end = start;
-            while end < allowed.len() && tier(policy, allowed[end].0, live[allowed[end].1]) == t {
+            while end < allowed.len()
+                && band(tier(policy, allowed[end].0, live[allowed[end].1])) == b
+            {
                 end += 1;
             }
             let mut cursors = vec![0usize; end - start];

@@ -230,23 +230,71 @@ fn urls_differing_in_query_or_path_reach_one_host_a_few_times_at_most() {
 }
 
 #[test]
-fn the_repository_with_more_activity_takes_its_slots_first() {
+fn the_repository_with_more_activity_comes_first_in_each_round() {
     // The throw-away repositories have one issue each, the legitimate one five: its pubkey
-    // is in a higher tier and takes both its slots before any black hole failed.
+    // is in a higher tier, so it takes the first slot of every round of the round-robin
+    // (one relay per pubkey and round: activity orders a round, it does not buy all of
+    // them, issue 36), and its second relay once the black holes have failed.
     let (mut w, want) = flooded_with(150, true, 20, 5);
     w.start();
     w.advance(Duration::from_secs(6));
-    for relay in [A, B] {
-        let url = RelayUrl::parse(relay).unwrap();
-        assert!(
-            w.m.relay_index().contains_key(&url),
-            "{relay} has a slot at once"
-        );
-    }
-    w.advance(Duration::from_secs(10));
+    let (a, b) = (RelayUrl::parse(A).unwrap(), RelayUrl::parse(B).unwrap());
+    assert!(
+        w.m.relay_index().contains_key(&a) || w.m.relay_index().contains_key(&b),
+        "a slot at once"
+    );
+    w.advance(Duration::from_secs(60));
     assert_eq!(missing(&w, &want), 0);
     assert_eq!(crate::core::targets::activity(0), 0);
     assert_eq!(crate::core::targets::activity(1), 1);
     assert_eq!(crate::core::targets::activity(5), 3);
     assert_eq!(crate::core::targets::activity(usize::MAX), 11);
+}
+
+#[test]
+fn bought_activity_does_not_take_every_slot_above_a_real_repository() {
+    // Issue 36, item 10, scaled down (the report: 16 keys × 64 silent relays and 1,024
+    // issues against 1,000 slots): 16 throw-away keys, each announcing two repositories on
+    // 4 relays that accept connections and stay silent, with 4 cheap issues each (a higher
+    // tier), against a real repository with one issue on A and B; 100 slots. Tiers used to
+    // run to their end one after the other: the 128 bought relays took every slot. Now each
+    // round gives every pubkey showing life one relay.
+    let mut w = World::new(OWN, |c| c.max_relays = 100);
+    let t = w.secs();
+    for k in 0..16 {
+        let keys = Keys::generate();
+        for (d, half) in [("x", 0), ("y", 4)] {
+            let relays: Vec<String> = (half..half + 4)
+                .map(|i| format!("ws://k{k}r{i}.example"))
+                .collect();
+            for r in &relays {
+                w.relay(r).withhold_eose = true;
+            }
+            w.own
+                .store
+                .push(announcement_by(&keys, d, &relays, t - DAY));
+            for n in 0..4 {
+                w.own.store.push(issue_by(&keys, d, t - DAY + n));
+            }
+        }
+    }
+    let ann = announcement("legit", &[A, B], t - 30 * DAY);
+    let root = issue("legit", "a bug", t - 20 * DAY);
+    w.own.store.push(ann.clone());
+    w.own.store.push(root.clone());
+    let mut want = HashSet::new();
+    for relay in [A, B] {
+        w.relay(relay).store.extend([ann.clone(), root.clone()]);
+        let e = reply(&root, relay, t - 10 * DAY);
+        want.insert(e.id);
+        w.relay(relay).store.push(e);
+    }
+    w.start();
+    w.advance(Duration::from_secs(30));
+    for relay in [A, B] {
+        let url = RelayUrl::parse(relay).unwrap();
+        assert!(w.m.relay_index().contains_key(&url), "{relay} has a slot");
+    }
+    assert_eq!(missing(&w, &want), 0, "the real repository is synced");
+    assert!(w.m.relay_index().len() <= 100);
 }
