@@ -233,6 +233,9 @@ pub struct ForwardQueue {
     /// Events set aside after [`MAX_ERROR_ROUNDS`] `error:` answers, with when each is sent
     /// again.
     aside: VecDeque<(EventId, Arc<str>, Time)>,
+    /// Events set aside that went back into the queue since the last
+    /// [`ForwardQueue::take_reopened`]: unresolved again until the own relay answers.
+    reopened: u64,
     /// Since when the own relay rate-limits us, and what it stored since.
     throttle: Option<Throttle>,
     /// How long the own relay took to answer recently (a moving average over the `OK`s of
@@ -356,6 +359,7 @@ impl ForwardQueue {
             last_error_round: None,
             error_rounds: IdMap::default(),
             aside: VecDeque::new(),
+            reopened: 0,
             throttle: None,
             ok_latency: None,
             counters: ForwardCounters::default(),
@@ -704,6 +708,13 @@ impl ForwardQueue {
         std::mem::take(&mut self.settled)
     }
 
+    /// How many events set aside went back into the queue since the last call: the
+    /// forwarder counts them as unresolved again (it counted them resolved when they were set
+    /// aside), so their next answer resolves each once.
+    pub fn take_reopened(&mut self) -> u64 {
+        std::mem::take(&mut self.reopened)
+    }
+
     /// Rounds of `error:` answers in a row, each after the pause of the one before (0 once an
     /// answer stored something; 1 during the first pause of a spell).
     pub fn errors_in_a_row(&self) -> u32 {
@@ -733,6 +744,7 @@ impl ForwardQueue {
                 .insert(id, (MAX_ERROR_ROUNDS - 1, answered.saturating_sub(1)));
             if self.queued.insert(id) {
                 self.counters.resent += 1;
+                self.reopened += 1;
                 self.queue.push_back((id, raw));
             }
         }
@@ -978,6 +990,8 @@ mod tests {
         let later = t.plus(ASIDE_RETRY);
         q.handle_timeout(later);
         assert_eq!(q.aside(), 0);
+        assert_eq!(q.take_reopened(), 1, "unresolved again");
+        assert_eq!(q.take_reopened(), 0);
         assert_eq!(q.poll_send(later).map(|s| s.0), Some(id(1)));
         // One more `error:`: aside again at once.
         assert_eq!(q.on_ok(id(1), false, err, later), OkOutcome::SetAside);

@@ -438,6 +438,7 @@ impl Forwarder {
         for _ in 0..queue.take_settled() {
             self.resolved();
         }
+
         let c = queue.counters();
         let f = &self.metrics.forward;
         f.stored.store(c.stored, Ordering::Relaxed);
@@ -501,6 +502,15 @@ impl Forwarder {
             }
             let now = self.clock.now();
             queue.handle_timeout(now);
+            // Events set aside (resolved then) are back in the queue: unresolved until their
+            // next answer, counted before it can arrive.
+            let reopened = queue.take_reopened();
+            if reopened > 0 {
+                self.metrics
+                    .forward
+                    .unresolved
+                    .fetch_add(reopened, Ordering::Relaxed);
+            }
             if auth.poll_timeout().is_some_and(|t| t <= now) {
                 auth.handle_timeout(now);
                 if auth.has_failed() {
@@ -830,7 +840,9 @@ impl Forwarder {
                 )
             }
             OkOutcome::SetAside => {
-                // Resolved for now: it holds back no state save, `--once` or stop.
+                // Resolved for now: it holds back no state save, `--once` or stop; its bytes
+                // leave the pipeline.
+                self.admissions.borrow_mut().remove(&event_id);
                 self.resolved();
                 warn!(
                     "own relay failed to store {event_id} {} times ({}); set aside, sent again every {} min (counted in forward_set_aside_total)",
