@@ -10,6 +10,7 @@ use std::net::TcpListener;
 use std::process::Command;
 
 use grasp_sync::testing::{Nip77Mode, TestRelay};
+use nostr::event::FinalizeEvent;
 use nostr::key::Keys;
 
 use common::*;
@@ -194,4 +195,33 @@ fn missing_events_beyond_max_missing_are_counted_and_fixed_by_the_next_run() {
     }
     let expected: HashSet<_> = before.union(&gap.missing).copied().collect();
     assert_eq!(own.event_ids(), expected);
+}
+
+#[test]
+fn a_state_older_than_the_own_relays_and_states_of_other_authors_are_not_missing() {
+    // Issue 34: state events (kind 30618) are audited by their repository's coordinate. The
+    // own relay holds a newer state of the repository than the remote (addressable events
+    // replace each other), and the remote holds a state of the same `d` by another key.
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let keys = Keys::generate();
+    let ann = announcement(&keys, "kept", &[&[&remote.url()]]);
+    let old = common::event(
+        &keys,
+        30618,
+        "",
+        &[&["d", "kept"], &["HEAD", "ref: refs/heads/old"]],
+    );
+    let newer = nostr::event::EventBuilder::new(nostr::event::Kind::Custom(30618), "")
+        .tag(nostr::event::Tag::parse(["d", "kept"]).unwrap())
+        .custom_created_at(nostr::types::Timestamp::from_secs(
+            old.created_at.as_secs() + 60,
+        ))
+        .finalize(&keys)
+        .unwrap();
+    let foreign = repo_state(&Keys::generate(), "kept");
+    seed(&own, &[ann.clone(), newer]);
+    seed(&remote, &[ann, old, foreign]);
+    let (code, doc) = run_audit(&own.url(), &[]);
+    assert_eq!(code, 0, "nothing missing: {doc:#}");
+    assert!(audit_missing_ids(&doc).is_empty(), "{doc:#}");
 }

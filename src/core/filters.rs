@@ -92,6 +92,66 @@ pub(crate) fn tagged_one_of_our_root_event_filters(
     )
 }
 
+/// The state events (kind 30618) of `repos`: per 100 repositories one filter of their
+/// owners and `d` values. A relay answers the cross product (any of those authors with any
+/// of those `d`), so a caller keeps only events whose `30617:<pubkey>:<d>` is one of
+/// `repos` ([`state_coordinate`]). The daemon reads them with Layer 1 (every 30617/30618 of
+/// a relay, a superset); the audit asks for exactly these.
+pub(crate) fn build_state_filters(repos: &HashSet<RepoRef>) -> Vec<Filter> {
+    let mut sorted: Vec<&RepoRef> = repos.iter().collect();
+    sorted.sort();
+    let mut out = Vec::new();
+    for chunk in sorted.chunks(CHUNK_SIZE) {
+        let mut authors = Vec::new();
+        let mut ds = Vec::new();
+        for repo in chunk {
+            let mut parts = repo.splitn(3, ':');
+            let (Some(_), Some(pk), Some(d)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            if let Ok(pk) = nostr::key::PublicKey::from_hex(pk) {
+                authors.push(pk);
+                ds.push(d.to_string());
+            }
+        }
+        if authors.is_empty() {
+            continue;
+        }
+        out.push(
+            Filter::new()
+                .kind(Kind::Custom(KIND_REPO_STATE))
+                .authors(authors)
+                .custom_tags(SingleLetterTag::LOWERCASE_D, ds),
+        );
+    }
+    out
+}
+
+/// The repository coordinate (`30617:<pubkey>:<d>`) a state event (kind 30618) belongs to;
+/// `None` for any other kind or one without a `d` tag.
+pub(crate) fn state_coordinate(event: &nostr::event::Event) -> Option<RepoRef> {
+    if event.kind != Kind::Custom(KIND_REPO_STATE) {
+        return None;
+    }
+    let d = event.tags.identifier()?;
+    Some(format!(
+        "{KIND_REPO_ANNOUNCEMENT}:{}:{d}",
+        event.pubkey.to_hex()
+    ))
+}
+
+/// What the own relay must hold for `repos` and `root_events`, beyond the announcements
+/// themselves: Layers 2 and 3, and the repositories' state events
+/// ([`build_state_filters`]). The audit checks exactly this.
+pub(crate) fn build_related_filters(
+    repos: &HashSet<RepoRef>,
+    root_events: &HashSet<EventId>,
+) -> Vec<Filter> {
+    let mut filters = build_layer2_and_layer3_filters(repos, root_events, None);
+    filters.extend(build_state_filters(repos));
+    filters
+}
+
 /// Layers 2 and 3 together (never Layer 1).
 pub(crate) fn build_layer2_and_layer3_filters(
     repos: &HashSet<RepoRef>,

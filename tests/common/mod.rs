@@ -466,8 +466,12 @@ pub fn audit_gap(keys: &Keys, remote: &str) -> AuditGap {
     );
     let own_only = comment(keys, &issue, "only on the own relay");
     let unrelated = note(keys, "unrelated");
+    // The repository's state, only on the remote (issue 34: the audit skipped state events),
+    // and a state event of the same `d` by someone else, which is not the repository's.
+    let state = repo_state(keys, "audited");
+    let foreign_state = repo_state(&Keys::generate(), "audited");
     AuditGap {
-        missing: [reply.id, patch.id, patch_reply.id, on_repo.id].into(),
+        missing: [reply.id, patch.id, patch_reply.id, on_repo.id, state.id].into(),
         extra: [own_only.id].into(),
         own: vec![ann.clone(), issue.clone(), both.clone(), own_only],
         remote: vec![
@@ -479,6 +483,8 @@ pub fn audit_gap(keys: &Keys, remote: &str) -> AuditGap {
             patch_reply,
             on_repo,
             unrelated,
+            state,
+            foreign_state,
         ],
         repo,
     }

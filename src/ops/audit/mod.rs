@@ -33,7 +33,8 @@ use nostr::key::Keys;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::core::filters::{build_layer2_and_layer3_filters, self_subscription_filter};
+use crate::core::filters::{build_related_filters, self_subscription_filter, state_coordinate};
+use crate::core::nip34::KIND_REPO_ANNOUNCEMENT;
 use crate::core::nip34::{classify_self_event_with, RepoRef, SelfEventMeaning};
 use crate::core::paging::PageLimits;
 use crate::core::session::LimitsFetch;
@@ -399,7 +400,15 @@ struct OwnSide {
     /// Per value: the repositories it links to.
     value_repos: Vec<Vec<u32>>,
     repos: Vec<RepoRef>,
+    /// The newest state event (kind 30618) the own relay holds per audited repository
+    /// (coordinate value): a relay's older state of it is not missing (addressable events
+    /// replace each other).
+    states: HashMap<u32, u64>,
 }
+
+/// The letter under which a state event links to its repository's coordinate (its own
+/// `d`, read with its author: [`state_coordinate`]).
+const STATE_LETTER: u8 = b'd';
 
 /// Tag letters of Layers 2 and 3.
 const LINK_LETTERS: &[u8] = b"aAqeE";
@@ -411,6 +420,7 @@ impl OwnSide {
             values: HashMap::new(),
             value_repos: Vec::new(),
             repos: Vec::new(),
+            states: HashMap::new(),
         };
         let mut sorted: Vec<&RepoRef> = repos.iter().collect();
         sorted.sort();
@@ -438,8 +448,32 @@ impl OwnSide {
         v
     }
 
+    /// The audited repository (coordinate value) a state event belongs to.
+    fn state_of(&self, event: &Event) -> Option<u32> {
+        state_coordinate(event).and_then(|c| self.values.get(&c).copied())
+    }
+
+    /// True when `event` is a state event (kind 30618) that needs no copy on the own relay:
+    /// of no audited repository, or older than (or as old as) the state the own relay holds
+    /// for it.
+    fn state_not_needed(&self, event: &Event) -> bool {
+        if state_coordinate(event).is_none() {
+            return false;
+        }
+        match self.state_of(event) {
+            None => true,
+            Some(v) => self
+                .states
+                .get(&v)
+                .is_some_and(|t| *t >= event.created_at.as_secs()),
+        }
+    }
+
     fn refs(&self, event: &Event) -> Box<[(u8, u32)]> {
         let mut refs = Vec::new();
+        if let Some(v) = self.state_of(event) {
+            refs.push((STATE_LETTER, v));
+        }
         for tag in event.tags.iter() {
             let s = tag.as_slice();
             if s.len() < 2 || s[0].len() != 1 || !LINK_LETTERS.contains(&s[0].as_bytes()[0]) {
@@ -453,6 +487,10 @@ impl OwnSide {
     }
 
     fn add(&mut self, event: &Event) {
+        if let Some(v) = self.state_of(event) {
+            let t = self.states.entry(v).or_insert(0);
+            *t = (*t).max(event.created_at.as_secs());
+        }
         let refs = self.refs(event);
         self.events.insert(
             event.id,
@@ -480,10 +518,24 @@ impl OwnSide {
         let mut conditions: Vec<(u8, HashSet<u32>)> = Vec::new();
         for (tag, values) in filter.generic_tags.iter() {
             let letter = tag.as_char() as u8;
-            let set = values
-                .iter()
-                .filter_map(|v| self.values.get(v).copied())
-                .collect();
+            let set = if letter == STATE_LETTER {
+                // A state filter: its authors × `d` values, as coordinates.
+                let authors = filter.authors.iter().flatten();
+                authors
+                    .flat_map(|pk| {
+                        values.iter().filter_map(move |d| {
+                            self.values
+                                .get(&format!("{KIND_REPO_ANNOUNCEMENT}:{}:{d}", pk.to_hex()))
+                                .copied()
+                        })
+                    })
+                    .collect()
+            } else {
+                values
+                    .iter()
+                    .filter_map(|v| self.values.get(v).copied())
+                    .collect()
+            };
             conditions.push((letter, set));
         }
         self.events
@@ -714,7 +766,7 @@ fn audit_round(
     );
     // 3. The own relay's related events (ids and links only).
     let mut side = OwnSide::new(index, &repos);
-    for f in build_layer2_and_layer3_filters(&repos, &roots, None) {
+    for f in build_related_filters(&repos, &roots) {
         let end = own
             .read_history(&f, own_limits, page_timeout, deadline, &mut |e| {
                 side.add(&e);
@@ -937,12 +989,12 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
     let mut try_nip77 = nip77_cfg.enabled && nip77 != Some(false);
     let (mut used_nip77, mut used_req) = (false, false);
     let mut answered = false;
-    for filter in build_layer2_and_layer3_filters(&needs.repos, &needs.root_events, None) {
+    for filter in build_related_filters(&needs.repos, &needs.root_events) {
         let own_f = side.matching(&filter);
         // Trusted: the own relay holds the id (and the id is the hash of the content), or
         // the signature verifies. Missing events beyond `max_missing` are only counted.
         let keep = |e: Event, missing: &mut Missing, rejected: &mut u64, beyond: &mut usize| {
-            if side.events.contains_key(&e.id) {
+            if side.events.contains_key(&e.id) || side.state_not_needed(&e) {
                 return true;
             }
             if !e.verify_signature() {
