@@ -1148,6 +1148,7 @@ fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::filters::build_layer2_and_layer3_filters;
     use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
 
     fn keys() -> Keys {
