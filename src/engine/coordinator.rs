@@ -52,6 +52,11 @@ const MAX_WAIT: Duration = Duration::from_secs(2);
 /// this long (plus `MAX_WAIT`); the forwarder is looked at on every turn.
 const WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How long a stop waits for the relay threads after telling them to end: one reading ends
+/// within a tick of its wake-up; one blocked in a connect that never answers is left (the
+/// process ends without it), so a stop never waits on connections that never answer.
+const RELAY_STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// The key for the own relay's challenges: `own_auth_keys` only (issue 20: never the remote
 /// relays' key unless the operator gives the same key to both).
 pub(super) fn own_keys(config: &Config) -> Option<nostr::key::Keys> {
@@ -594,8 +599,13 @@ impl Coordinator {
             t.waker.wake();
             retired.push((url.to_string(), t.handle));
         }
-        // Drain reports so no relay thread waits on a full channel while we join.
-        while Instant::now() < deadline && retired.iter().any(|(_, h)| !h.is_finished()) {
+        // Drain reports so no relay thread waits on a full channel while we join. A thread
+        // that reads ends within a tick of its wake-up; one blocked in a connect (a relay
+        // that never answers the handshake) ends only when its connect deadline passes, and
+        // the stop does not wait for it beyond `RELAY_STOP_GRACE` (issue 36: with 150 silent
+        // relays SIGTERM took the whole stop timeout).
+        let relays_deadline = deadline.min(Instant::now() + RELAY_STOP_GRACE);
+        while Instant::now() < relays_deadline && retired.iter().any(|(_, h)| !h.is_finished()) {
             while self.inputs.try_recv().is_ok() {}
             std::thread::sleep(Duration::from_millis(10));
         }
