@@ -94,6 +94,11 @@ fn v6_reason(ip: Ipv6Addr) -> Option<AddressKind> {
     if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
         return v4_reason(embedded_v4(seg[6], seg[7]));
     }
+    // The NAT64 local-use prefix 64:ff9b:1::/48 (RFC 8215): whatever it translates to lies
+    // inside the operator's network (issue 36).
+    if seg[..3] == [0x64, 0xff9b, 1] {
+        return Some(AddressKind::Nat64LocalUse);
+    }
     // 6to4 2002:aabb:ccdd::/48.
     if seg[0] == 0x2002 {
         return v4_reason(embedded_v4(seg[1], seg[2]));
@@ -426,6 +431,8 @@ mod tests {
             ("::127.0.0.1", "loopback"),
             ("::8.8.8.8", "IPv4-compatible"),
             ("64:ff9b::10.0.0.1", "private"),
+            ("64:ff9b:1::8.8.8.8", "NAT64 local-use"),
+            ("64:ff9b:1:ffff::1", "NAT64 local-use"),
             ("2002:7f00:1::", "loopback"),
             ("2002:c0a8:101::", "private"),
         ] {

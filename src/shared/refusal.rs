@@ -125,6 +125,8 @@ pub enum AddressKind {
     SiteLocal,
     /// 100::/64.
     DiscardOnly,
+    /// 64:ff9b:1::/48, the NAT64 local-use prefix (RFC 8215): translated inside one network.
+    Nat64LocalUse,
     /// An address of one of this host's network interfaces (public or not): a relay there
     /// is a service of this machine (issue 20).
     ThisHost,
@@ -150,6 +152,7 @@ impl AddressKind {
             AddressKind::UniqueLocal => "unique_local",
             AddressKind::SiteLocal => "site_local",
             AddressKind::DiscardOnly => "discard_only",
+            AddressKind::Nat64LocalUse => "nat64_local_use",
             AddressKind::ThisHost => "this_host",
         }
     }
@@ -175,6 +178,7 @@ impl fmt::Display for AddressKind {
             AddressKind::UniqueLocal => "unique-local address",
             AddressKind::SiteLocal => "site-local address",
             AddressKind::DiscardOnly => "discard-only address",
+            AddressKind::Nat64LocalUse => "NAT64 local-use address",
             AddressKind::ThisHost => "address of this host",
         })
     }
@@ -241,6 +245,7 @@ mod tests {
             UniqueLocal,
             SiteLocal,
             DiscardOnly,
+            Nat64LocalUse,
         ];
         let labels: std::collections::HashSet<_> = all.iter().map(|k| k.label()).collect();
         assert_eq!(labels.len(), all.len());
