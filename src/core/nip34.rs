@@ -41,10 +41,20 @@ pub fn is_root_kind(kind: Kind) -> bool {
     ROOT_EVENT_KINDS.contains(&kind.as_u16())
 }
 
+/// The longest repository `d` identifier taken, in bytes: a longer one (from a stranger) would
+/// travel in every REQ that names the repository (issue 36). Real ones are short names.
+pub const MAX_D_BYTES: usize = 256;
+
+/// The most repositories one root event links to through its `a` tags: a root event belongs
+/// to one repository (a few with forks); one with more counted for each of them (issue 36:
+/// one event with 16 `a` tags counted for 16 repositories).
+pub const MAX_ROOT_REPOS: usize = 8;
+
 /// Parses a `30617:<pubkey>:<d>` coordinate into its canonical form (pubkey lower-case).
 ///
-/// Returns `None` for another kind, a pubkey that is not 64 hex characters, or a missing
-/// `d` part. The `d` part may itself contain `:` and may be empty.
+/// Returns `None` for another kind, a pubkey that is not 64 hex characters, a missing `d`
+/// part or one longer than [`MAX_D_BYTES`]. The `d` part may itself contain `:` and may be
+/// empty.
 pub fn parse_repo_coordinate(value: &str) -> Option<RepoRef> {
     let mut parts = value.splitn(3, ':');
     let kind = parts.next()?;
@@ -54,6 +64,9 @@ pub fn parse_repo_coordinate(value: &str) -> Option<RepoRef> {
         return None;
     }
     if pubkey.len() != 64 || !pubkey.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    if d.len() > MAX_D_BYTES {
         return None;
     }
     Some(format!("30617:{}:{}", pubkey.to_ascii_lowercase(), d))
@@ -107,6 +120,13 @@ pub fn parse_announcement_with(
         return None;
     }
     let repo_ref = repo_ref_of_announcement(event);
+    if repo_ref.len() > "30617::".len() + 64 + MAX_D_BYTES {
+        debug!(
+            "announcement {}: ignored, its `d` is longer than {MAX_D_BYTES} bytes",
+            event.id
+        );
+        return None;
+    }
     let mut relays: Vec<RelayUrl> = Vec::new();
     let mut counted = 0usize;
     let mut dropped = 0usize;
@@ -156,7 +176,8 @@ pub fn parse_announcement_with(
 }
 
 /// The repositories a root event (1617/1618/1619/1621) belongs to: every `a` tag value that
-/// is a valid 30617 coordinate. Returns an empty list for other kinds.
+/// is a valid 30617 coordinate, the first [`MAX_ROOT_REPOS`] distinct ones (a bounded list,
+/// so the de-duplication is cheap). Returns an empty list for other kinds.
 pub fn root_event_repos(event: &Event) -> Vec<RepoRef> {
     if !is_root_kind(event.kind) {
         return Vec::new();
@@ -170,6 +191,13 @@ pub fn root_event_repos(event: &Event) -> Vec<RepoRef> {
             Some(value) => match parse_repo_coordinate(value) {
                 Some(r) => {
                     if !repos.contains(&r) {
+                        if repos.len() == MAX_ROOT_REPOS {
+                            debug!(
+                                "root event {}: more than {MAX_ROOT_REPOS} repositories in its `a` tags; the rest ignored",
+                                event.id
+                            );
+                            break;
+                        }
                         repos.push(r)
                     }
                 }
@@ -321,6 +349,33 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_tags_and_d_values_are_bounded() {
+        // Issue 36, item 14: one root event with many `a` tags counted for every repository
+        // they named; a `d` of any length travelled in every REQ naming the repository.
+        let pk = keys().public_key().to_hex();
+        let mut b = EventBuilder::new(Kind::Custom(1621), "bug");
+        for i in 0..(MAX_ROOT_REPOS + 10) {
+            b = b.tag(Tag::parse(["a", &format!("30617:{pk}:r{i}")]).unwrap());
+            // Repeats do not count twice.
+            b = b.tag(Tag::parse(["a", &format!("30617:{pk}:r{i}")]).unwrap());
+        }
+        let ev = b.finalize(&keys()).unwrap();
+        let repos = root_event_repos(&ev);
+        assert_eq!(repos.len(), MAX_ROOT_REPOS);
+        assert_eq!(repos[0], format!("30617:{pk}:r0"));
+        let long = "x".repeat(MAX_D_BYTES + 1);
+        assert_eq!(parse_repo_coordinate(&format!("30617:{pk}:{long}")), None);
+        let ok = "x".repeat(MAX_D_BYTES);
+        assert!(parse_repo_coordinate(&format!("30617:{pk}:{ok}")).is_some());
+        let ann = EventBuilder::new(Kind::Custom(KIND_REPO_ANNOUNCEMENT), "")
+            .tag(Tag::parse(["d", &long]).unwrap())
+            .tag(Tag::parse(["relays", "wss://relay.example.com"]).unwrap())
+            .finalize(&keys())
+            .unwrap();
+        assert_eq!(parse_announcement_with(&ann, 32, &[]), None);
     }
 
     #[test]

@@ -379,10 +379,18 @@ impl AuditReport {
 
 /// `30617:<pubkey>:<d>` shortened to `<first 8 of pubkey>…:<d>` for the table.
 fn short_repo(repo: &str) -> String {
+    // The `d` comes from a stranger's announcement: escaped (no terminal control sequences)
+    // and cut for the table (issue 36).
     let mut parts = repo.splitn(3, ':');
     match (parts.next(), parts.next(), parts.next()) {
-        (Some(_), Some(pk), Some(d)) if pk.len() > 8 => format!("{}…:{d}", &pk[..8]),
-        _ => repo.to_string(),
+        (Some(_), Some(pk), Some(d)) if pk.len() > 8 && pk.is_ascii() => {
+            format!(
+                "{}…:{}",
+                &pk[..8],
+                crate::core::message::escape_for_log(d, 64)
+            )
+        }
+        _ => crate::core::message::escape_for_log(repo, 140),
     }
 }
 
@@ -1219,6 +1227,22 @@ mod tests {
             .map(|r| r.to_string())
             .collect();
         assert_eq!(relays, vec!["wss://new.example"]);
+    }
+
+    #[test]
+    fn a_repository_name_is_escaped_in_the_table() {
+        // Issue 36, item 14: a `d` with terminal control sequences, from a stranger's
+        // announcement, reached the operator's terminal unescaped.
+        let pk = "a".repeat(64);
+        let shown = short_repo(&format!("30617:{pk}:evil\u{1b}[2Jname"));
+        assert!(!shown.contains('\u{1b}'), "{shown:?}");
+        assert!(shown.starts_with("aaaaaaaa…:evil"), "{shown:?}");
+        assert!(
+            short_repo(&format!("30617:{pk}:{}", "x".repeat(500)))
+                .chars()
+                .count()
+                < 100
+        );
     }
 
     #[test]
