@@ -344,6 +344,14 @@ pub(crate) const LOCK_FILE: &str = "sync-state.lock";
 /// gets an error that says so.
 pub(crate) fn lock_dir(dir: &Path) -> Result<File, String> {
     let p = dir.join(LOCK_FILE);
+    // A link planted at the lock's name is never followed (opening it would create or
+    // touch the file it points to; issue 36).
+    if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(format!(
+            "the lock file {} is a symbolic link; grasp-sync follows no links in its state directory: remove it",
+            p.display()
+        ));
+    }
     let file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -763,6 +771,17 @@ mod tests {
         assert!(write_atomically(&d, &text).is_err());
         let names: Vec<_> = fs::read_dir(&d).unwrap().collect();
         assert_eq!(names.len(), 1, "temporary file removed");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_planted_symlink_at_the_lock_name_is_refused_not_followed() {
+        let d = dir("locklink");
+        let victim = d.join("elsewhere");
+        std::os::unix::fs::symlink(&victim, d.join(LOCK_FILE)).unwrap();
+        let err = lock_dir(&d).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!victim.exists(), "nothing created through the link");
         fs::remove_dir_all(&d).unwrap();
     }
 
