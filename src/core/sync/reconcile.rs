@@ -1056,7 +1056,7 @@ impl SyncMachine {
             return;
         };
         let mut need = Vec::new();
-        let out = neg.round(message, &mut need);
+        let out = neg.round(message, None, &mut need);
         job.need.extend(need);
         if job.need.len() > cfg.max_need_ids {
             self.fallback(
@@ -1373,21 +1373,26 @@ impl NegClient {
     }
 
     /// One round: the relay's `NEG-MSG` text in; the ids it has and we lack are added to
-    /// `need`; `Ok(Some(hex))` is our next message, `Ok(None)` the end. `Err` for text that
-    /// is not hex or not a valid negentropy message (nothing is added then).
+    /// `need` (and, with `have`, those we have and it lacks to `have`); `Ok(Some(hex))` is
+    /// our next message, `Ok(None)` the end. `Err` for text that is not hex or not a valid
+    /// negentropy message (nothing is added then).
     pub fn round(
         &mut self,
         message: &str,
+        have: Option<&mut Vec<EventId>>,
         need: &mut Vec<EventId>,
     ) -> Result<Option<String>, String> {
         let bytes = hex_decode(message)
             .ok_or_else(|| format!("NEG-MSG is not hex: {}", escape_for_log(message, 40)))?;
-        let (mut have, mut ids) = (Vec::new(), Vec::new());
+        let (mut ours, mut ids) = (Vec::new(), Vec::new());
         let out = self
             .neg
-            .reconcile_with_ids(&bytes, &mut have, &mut ids)
+            .reconcile_with_ids(&bytes, &mut ours, &mut ids)
             .map_err(|e| format!("bad NEG-MSG: {e}"))?;
         need.extend(ids.iter().map(|i| EventId::from_byte_array(**i)));
+        if let Some(have) = have {
+            have.extend(ours.iter().map(|i| EventId::from_byte_array(**i)));
+        }
         Ok(out.map(|next| hex_encode(&next)))
     }
 }

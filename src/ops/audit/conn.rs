@@ -11,7 +11,6 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use negentropy::{Id, Negentropy, NegentropyStorageVector};
 use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
 use nostr::key::Keys;
@@ -280,24 +279,9 @@ impl Conn {
         cfg: &Nip77Config,
         deadline: Instant,
     ) -> Result<(Vec<EventId>, Vec<EventId>), String> {
-        let mut storage = NegentropyStorageVector::with_capacity(own.len());
-        for (t, id) in own {
-            storage
-                .insert(*t, Id::from_byte_array(id.to_bytes()))
-                .map_err(|e| e.to_string())?;
-        }
-        storage.seal().map_err(|e| e.to_string())?;
-        let mut neg = Negentropy::owned(storage, cfg.frame_size).map_err(|e| e.to_string())?;
-        let first = neg.initiate().map_err(|e| e.to_string())?;
+        let (mut neg, first) = crate::core::sync::NegClient::new(own, cfg.frame_size)?;
         let sub = self.sub_id("neg");
-        self.send(
-            ClientMessage::neg_open(
-                sub.clone(),
-                filter.clone(),
-                crate::core::sync::hex_encode(&first),
-            )
-            .as_json(),
-        )?;
+        self.send(ClientMessage::neg_open(sub.clone(), filter.clone(), first).as_json())?;
         // Ids the own relay alone holds, each once (rounds may name an id again).
         let mut have: HashSet<EventId> = HashSet::new();
         let mut need = Vec::new();
@@ -327,13 +311,9 @@ impl Conn {
             if rounds > cfg.max_rounds {
                 return Err(format!("still negotiating after {} rounds", cfg.max_rounds));
             }
-            let bytes = crate::core::sync::hex_decode(&message).ok_or("NEG-MSG is not hex")?;
-            let (mut h, mut n) = (Vec::new(), Vec::new());
-            let next = neg
-                .reconcile_with_ids(&bytes, &mut h, &mut n)
-                .map_err(|e| format!("bad NEG-MSG: {e}"))?;
-            have.extend(h.iter().map(|i| EventId::from_byte_array(**i)));
-            need.extend(n.iter().map(|i| EventId::from_byte_array(**i)));
+            let mut ours = Vec::new();
+            let next = neg.round(&message, Some(&mut ours), &mut need)?;
+            have.extend(ours);
             if need.len() > cfg.max_need_ids {
                 return Err(format!(
                     "the relay claims more than {} missing events",
@@ -344,7 +324,7 @@ impl Conn {
                 Some(m) => self.send(
                     ClientMessage::NegMsg {
                         subscription_id: std::borrow::Cow::Owned(sub.clone()),
-                        message: std::borrow::Cow::Owned(crate::core::sync::hex_encode(&m)),
+                        message: std::borrow::Cow::Owned(m),
                     }
                     .as_json(),
                 )?,
