@@ -70,6 +70,7 @@ fuzz_target!(|i: Input| {
             .take(64)
             .filter_map(pk)
             .collect::<BTreeSet<_>>(),
+        ..PageStats::default()
     };
     let limits = PageLimits {
         page_size: (i.page_size as usize).max(1),
