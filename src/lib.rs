@@ -34,6 +34,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![recursion_limit = "256"]
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 #![forbid(unsafe_code)]

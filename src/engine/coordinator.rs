@@ -218,9 +218,9 @@ impl Coordinator {
     /// (`Status::thread_restarts`) and starts them again. A relay the machine believes
     /// connected or connecting gets a `Disconnected` report, so the machine reconnects it as
     /// after any lost connection (and its next `Connect` spawns a fresh thread); the
-    /// forwarder is restarted at once (events in its queue are lost and fetched again at the
-    /// next reconnect or resync of their relay; the backlog counter is reset to what waits in
-    /// its channel).
+    /// forwarder is restarted at once (events in its queue are lost; the machine is told
+    /// with [`crate::core::Report::ForwarderLost`] and reads every relay's history again; the
+    /// backlog counter is reset to what waits in its channel).
     fn watch(&mut self, threads: &mut HashMap<RelayUrl, RelayThread>, relays: bool) {
         let dead: Vec<RelayUrl> = if relays {
             threads
@@ -280,8 +280,13 @@ impl Coordinator {
             self.metrics
                 .forwarder_restarts
                 .fetch_add(1, Ordering::Relaxed);
-            // Events claimed for the lost forwarder are handed to the new one again.
+            // Events claimed for the lost forwarder are handed to the new one again, and
+            // every relay's history is read again: what the lost one held (and what relay
+            // threads were handing to it) is fetched anew (issue 36).
             self.gate.new_epoch();
+            self.machine
+                .write()
+                .handle_report(crate::core::Report::ForwarderLost, self.config.clock.now());
             let f = &self.metrics.forward;
             f.connected.store(0, Ordering::Relaxed);
             f.unresolved

@@ -796,6 +796,7 @@ pub fn status_json(status: &Status) -> Value {
             "reconcile_skipped_empty": c.reconcile_skipped_empty,
             "fetch_ids_retried": c.fetch_ids_retried,
             "fetch_ids_undelivered": c.fetch_ids_undelivered,
+            "forwarder_losses": c.forwarder_losses,
         },
         "relays": relays,
     })

@@ -32,6 +32,21 @@ impl SyncMachine {
     /// `since`, compute_actions; then its next resync is drawn. A relay that is not
     /// connected only forgets its confirmed state, so that its next connect is a fresh sync
     /// (which draws its next resync).
+    /// [`super::Report::ForwarderLost`]: every relay reads its whole history again (a
+    /// daily resync of each, now), so what the lost forwarder held is fetched again and
+    /// nothing stays confirmed without its events.
+    pub(super) fn handle_forwarder_lost(&mut self, now: Time) {
+        let relays: Vec<RelayUrl> = self.relays.keys().cloned().collect();
+        log::warn!(
+            "the forwarder was lost with what it held; reading the history of {} relays again",
+            relays.len()
+        );
+        self.counters.forwarder_losses += 1;
+        for url in relays {
+            self.daily_resync(&url, now);
+        }
+    }
+
     pub(super) fn daily_resync(&mut self, url: &RelayUrl, now: Time) {
         self.restored_forget(url);
         let Some(state) = self.relays.get_mut(url) else {

@@ -1276,3 +1276,36 @@ fn self_subscription_pages_beyond_the_queue_bound_are_parked_not_dropped() {
     let want: Vec<&Event> = want.iter().collect();
     w.assert_own_holds(&want);
 }
+
+#[test]
+fn what_a_lost_forwarder_held_is_fetched_again() {
+    // Issue 36, item 5: a forwarder that dies loses its queue; the machine was not told, so
+    // the batches those events belonged to stayed confirmed and the events were fetched again
+    // only at the relay's next daily resync. Modelled: events reached the "forwarder" but
+    // not the own relay (removed from it), then the engine reports the loss.
+    let (mut w, ann) = one_repo(|w| {
+        let t = w.secs();
+        for i in 0..5u64 {
+            let root = issue("r", &format!("issue {i}"), t - 3 * DAY + i);
+            let rep = reply(&root, &format!("reply {i}"), t - 2 * DAY + i);
+            w.relay(A).store.extend([root, rep]);
+        }
+    });
+    w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+    let all: Vec<Event> = w.relays[&RelayUrl::parse(A).unwrap()].store.clone();
+    let lost: Vec<nostr::event::EventId> = all
+        .iter()
+        .filter(|e| e.kind.as_u16() == 1111)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(lost.len(), 5);
+    w.own.store.retain(|e| !lost.contains(&e.id));
+    w.lose_forwarder();
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let mut want: Vec<&Event> = all.iter().collect();
+    if !want.iter().any(|e| e.id == ann.id) {
+        want.push(&ann);
+    }
+    w.assert_own_holds(&want);
+    assert_eq!(w.m.counters().forwarder_losses, 1);
+}

@@ -227,6 +227,11 @@ pub enum Report {
         /// True when the queue became full.
         active: bool,
     },
+    /// The forwarder died and was started again: whatever it held (queued, in flight, and
+    /// what relay threads were handing to it) is lost. Every relay's history is read again
+    /// in full (as by the daily resync; NIP-77 makes that cheap), so nothing confirmed
+    /// before stays confirmed without its events (issue 36).
+    ForwarderLost,
     /// The thread of `relay` waits (`active`) to hand an event over to the forwarder, or has
     /// stopped waiting: the forward pipeline's byte bound (its total, or the relay's share)
     /// is reached. While it waits it reads nothing from the relay, so the EOSE deadlines of
@@ -785,6 +790,8 @@ pub struct SyncCounters {
     /// Ids a reconciliation's fetch asked for again because its first REQ ended without
     /// them (issue 33).
     pub fetch_ids_retried: u64,
+    /// Forwarders lost (each made every relay read its history again; issue 36).
+    pub forwarder_losses: u64,
     /// Ids a relay listed for a query and did not deliver when asked by id twice: the own
     /// relay may lack them (warned, and counted in the relay's incomplete queries).
     pub fetch_ids_undelivered: u64,
@@ -1256,6 +1263,7 @@ impl SyncMachine {
                 }
             }
             Report::ForwardBackPressure { active } => self.handle_back_pressure(active, now),
+            Report::ForwarderLost => self.handle_forwarder_lost(now),
             Report::RelayStalled {
                 relay,
                 generation,

@@ -305,6 +305,8 @@ pub(crate) struct World {
     pub frames_sent: usize,
     /// What the forwarder was asked to retry ([`Command::RetryRejected`]), in order.
     pub retries: Vec<(Vec<crate::core::nip34::RepoRef>, Vec<EventId>)>,
+    /// Forwarder restarts so far (the engine's epoch: claims of an earlier one are void).
+    forward_epoch: u64,
 }
 
 /// Ping interval and pong deadline of the simulated sessions (the engine's defaults).
@@ -348,6 +350,7 @@ impl World {
             verified: VerifiedSet::new(VERIFIED),
             frames_sent: 0,
             retries: Vec::new(),
+            forward_epoch: 0,
         }
     }
 
@@ -586,7 +589,7 @@ impl World {
             // As the engine's relay thread does: a fetch leaves out ids in flight.
             let verified = Verified {
                 set: &self.verified,
-                forward_epoch: 0,
+                forward_epoch: self.forward_epoch,
             };
             s.handle_command_with(now, control, verified);
         }
@@ -724,7 +727,7 @@ impl World {
         };
         let verified = Verified {
             set: &self.verified,
-            forward_epoch: 0,
+            forward_epoch: self.forward_epoch,
         };
         if let FrameOutcome::Forward(f) = s.handle_frame(now, frame, verified) {
             let e = Event::from_json(&*f.raw).expect("a checked event");
@@ -1077,6 +1080,13 @@ impl World {
     /// Hands the machine a report no fake relay makes: one from the engine itself
     /// ([`Report::ForwardBackPressure`]), or one of a connection the world cannot
     /// reproduce (a stale generation) to test the machine's own defence against it.
+    /// The forwarder dies and is started again, as the engine's coordinator handles it: a new
+    /// epoch (earlier hand-over claims are void) and [`Report::ForwarderLost`].
+    pub(super) fn lose_forwarder(&mut self) {
+        self.forward_epoch += 1;
+        self.inject(Report::ForwarderLost);
+    }
+
     pub(super) fn inject(&mut self, report: Report) {
         self.reports.push_back(report);
         self.pump();
