@@ -700,7 +700,10 @@ Options:
   --concurrency N   relays asked at once (default 8)
   --relay-deadline SECS
                     the most one relay's questions (and the fix) may take (default 600)
-  --max-missing N   the most missing events kept for --fix (default 100000)
+  --max-missing N   the most missing events kept for --fix (default 100000, and at most
+                    256 MiB of them)
+  --deadline SECS   the most the whole audit may take (default 3600): relays not asked
+                    by then are reported incomplete
   --help, help      display this usage information
 
 Every daemon flag that picks repositories and relays, or sets limits, addresses and keys,
@@ -745,6 +748,7 @@ fn audit_flags(args: &[String]) -> Result<(AuditFlags, Vec<String>), String> {
             "--relay-deadline" => {
                 flags.opts.relay_deadline = secs("relay-deadline", value("relay-deadline")?)?
             }
+            "--deadline" => flags.opts.deadline = secs("deadline", value("deadline")?)?,
             "--max-missing" => {
                 flags.opts.max_missing =
                     at_least("max-missing", value("max-missing")?, 1, "event")? as usize

@@ -225,3 +225,24 @@ fn a_state_older_than_the_own_relays_and_states_of_other_authors_are_not_missing
     assert_eq!(code, 0, "nothing missing: {doc:#}");
     assert!(audit_missing_ids(&doc).is_empty(), "{doc:#}");
 }
+
+#[test]
+fn the_whole_audit_ends_by_its_deadline_however_slow_the_relays() {
+    // Issue 36, item 13: each relay had 10 minutes of its own, so a few slow relays made an
+    // audit last hours. `--deadline` bounds the whole run: a relay that never ends its
+    // answers (EOSE withheld) is reported incomplete when it passes.
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    seed(&own, &gap.own);
+    seed(&remote, &gap.remote);
+    remote.set_withhold_eose(true);
+    let started = std::time::Instant::now();
+    let (_, doc) = run_audit(&own.url(), &["--deadline", "3", "--eose-timeout", "60"]);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    let state = doc["relays"][0]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_ne!(state, "complete", "{doc:#}");
+}

@@ -39,6 +39,7 @@ mod timers;
 #[cfg(test)]
 mod world;
 
+#[cfg(feature = "testing")]
 pub(crate) use reconcile::{hex_decode, hex_encode};
 pub use reconcile::{FallbackReason, NegClient, Nip77Config, Nip77Support};
 pub use standing::{FAILING_TTL, RESELECT_DELAY};

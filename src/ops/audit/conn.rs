@@ -46,6 +46,9 @@ pub(super) struct Conn {
     auth_pending: Option<EventId>,
     /// The relay accepted our `AUTH`.
     authed: bool,
+    /// An `AUTH` was sent on this connection: later challenges are not signed (a relay could
+    /// otherwise make us sign one per frame; issue 36).
+    auth_sent: bool,
     /// Events the relay sent that failed a check (malformed, outside the filter, wrong id).
     pub(super) rejected: u64,
     /// Frames that could not be read.
@@ -74,6 +77,7 @@ impl Conn {
             next_sub: 0,
             auth_pending: None,
             authed: false,
+            auth_sent: false,
             rejected: 0,
             bad_frames: 0,
         }
@@ -138,6 +142,14 @@ impl Conn {
             log::debug!("{}: AUTH challenge, no key to answer it", self.url);
             return Ok(true);
         };
+        if self.auth_sent {
+            log::debug!(
+                "{}: another AUTH challenge on this connection; answered once only",
+                self.url
+            );
+            return Ok(true);
+        }
+        self.auth_sent = true;
         let (id, frame) = auth_event(&keys, &self.url, &challenge, SystemClock.now())?;
         self.auth_pending = Some(id);
         self.send(frame)?;

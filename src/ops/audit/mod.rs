@@ -64,6 +64,13 @@ pub struct AuditOptions {
     pub max_missing: usize,
     /// Events published to the own relay with no answer yet (default 16).
     pub publish_window: usize,
+    /// The most bytes of JSON of missing events kept over all relays (default 256 MiB);
+    /// beyond, they are counted as not kept, as beyond [`AuditOptions::max_missing`].
+    pub max_missing_bytes: usize,
+    /// The most time the whole audit may take (default 1 hour): no relay's questions run
+    /// past it, however many relays there are (issue 36: the deadlines per relay
+    /// multiplied into hours).
+    pub deadline: Duration,
 }
 
 impl Default for AuditOptions {
@@ -74,6 +81,8 @@ impl Default for AuditOptions {
             relay_deadline: Duration::from_secs(600),
             max_missing: 100_000,
             publish_window: 16,
+            max_missing_bytes: 256 << 20,
+            deadline: Duration::from_secs(3600),
         }
     }
 }
@@ -608,6 +617,10 @@ struct Ctx<'a> {
     side: &'a OwnSide,
     /// Missing events kept so far over all relays ([`AuditOptions::max_missing`]).
     kept: std::sync::atomic::AtomicUsize,
+    /// Their bytes of JSON ([`AuditOptions::max_missing_bytes`]).
+    kept_bytes: std::sync::atomic::AtomicUsize,
+    /// The end of the whole audit ([`AuditOptions::deadline`]).
+    overall: Instant,
 }
 
 /// A missing event: its JSON and the repositories it links to on the relay that has it.
@@ -619,7 +632,8 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     let policy = Arc::new(config.address_policy(Vec::new()));
     let own_url = config.own_relay.clone();
     let (mut own, own_limits) = open_own(config, &policy).map_err(AuditError::OwnRelay)?;
-    let deadline = deadline_in(opts.relay_deadline);
+    let overall = deadline_in(opts.deadline);
+    let deadline = deadline_in(opts.relay_deadline).min(overall);
     let page_timeout = config.eose_timeout;
 
     // 1. Repositories and root events, as the self-subscription reads them.
@@ -655,7 +669,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     drop(own);
     let ask = |index: &RepoSyncIndex| {
         let (mut own, own_limits) = open_own(config, &policy).map_err(AuditError::OwnRelay)?;
-        let deadline = deadline_in(opts.relay_deadline);
+        let deadline = deadline_in(opts.relay_deadline).min(overall);
         audit_round(
             config,
             opts,
@@ -664,11 +678,17 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
             &own_limits,
             index,
             deadline,
+            overall,
         )
     };
     let mut round = ask(&index)?;
     let new_roots = missing_roots(&round.results, &index);
-    if !new_roots.is_empty() {
+    if !new_roots.is_empty() && Instant::now() >= overall {
+        log::warn!(
+            "audit: {} root events only the listed relays hold; their replies are not asked for: the audit's --deadline has passed",
+            new_roots.len()
+        );
+    } else if !new_roots.is_empty() {
         log::info!(
             "audit: {} root events only the listed relays hold; asking again for their replies",
             new_roots.len()
@@ -752,6 +772,7 @@ fn audit_round(
     own_limits: &PageLimits,
     index: &RepoSyncIndex,
     deadline: Instant,
+    overall: Instant,
 ) -> Result<Round, AuditError> {
     let page_timeout = config.eose_timeout;
     // 2. The daemon's targets.
@@ -799,6 +820,8 @@ fn audit_round(
         dial_policy: policy.clone(),
         side: &side,
         kept: Default::default(),
+        kept_bytes: Default::default(),
+        overall,
     };
     let mut jobs: Vec<(&RelayUrl, &RelaySyncNeeds)> = targets.targets.iter().collect();
     jobs.sort_by(|a, b| a.0.cmp(b.0));
@@ -991,7 +1014,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
         .clone()
         .or_else(|| ctx.config.ephemeral_auth.then(Keys::generate));
     let mut conn = Conn::new(url.clone(), socket, keys);
-    let deadline = deadline_in(ctx.opts.relay_deadline);
+    let deadline = deadline_in(ctx.opts.relay_deadline).min(ctx.overall);
     let page_timeout = ctx.config.eose_timeout;
     let nip77_cfg = &ctx.config.nip77;
     let mut try_nip77 = nip77_cfg.enabled && nip77 != Some(false);
@@ -1010,12 +1033,17 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
                 return false;
             }
             use std::sync::atomic::Ordering::Relaxed;
-            let room = ctx.kept.load(Relaxed) < ctx.opts.max_missing;
+            let json = e.as_json();
+            let room = ctx.kept.load(Relaxed) < ctx.opts.max_missing
+                && ctx.kept_bytes.load(Relaxed) + json.len() <= ctx.opts.max_missing_bytes;
             if missing.contains_key(&e.id)
-                || (room && ctx.kept.fetch_add(1, Relaxed) < ctx.opts.max_missing)
+                || (room && ctx.kept.fetch_add(1, Relaxed) < ctx.opts.max_missing && {
+                    ctx.kept_bytes.fetch_add(json.len(), Relaxed);
+                    true
+                })
             {
                 let repos = side.repos_of(&side.refs(&e), &allowed);
-                missing.insert(e.id, (Some(e.as_json()), repos));
+                missing.insert(e.id, (Some(json), repos));
             } else {
                 *beyond += 1;
             }
