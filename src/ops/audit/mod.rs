@@ -677,8 +677,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
             &mut own,
             &own_limits,
             index,
-            deadline,
-            overall,
+            (deadline, overall),
         )
     };
     let mut round = ask(&index)?;
@@ -771,8 +770,7 @@ fn audit_round(
     own: &mut Conn,
     own_limits: &PageLimits,
     index: &RepoSyncIndex,
-    deadline: Instant,
-    overall: Instant,
+    (deadline, overall): (Instant, Instant),
 ) -> Result<Round, AuditError> {
     let page_timeout = config.eose_timeout;
     // 2. The daemon's targets.
