@@ -757,6 +757,14 @@ fn run(
         Client::connect(&own.url).publish(&refs);
     });
     drop(per_relay);
+    // What the own relay held before the sync (the /status progress counts only what the
+    // binary stored).
+    let seeded_own = anns.len()
+        + corpus
+            .events
+            .iter()
+            .filter(|(_, e)| seed_roots && Corpus::is_root(e))
+            .count();
     let expected: HashSet<String> = anns
         .iter()
         .map(|e| e.id.to_hex())
@@ -813,7 +821,7 @@ fn run(
             use_count = false;
             let (code, body) = grasp_sync::ops::http::get(metrics_addr, "/status", WAIT).ok()?;
             let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
-            Some(doc["forward"]["stored"].as_u64()? + anns.len() as u64)
+            Some(doc["forward"]["stored"].as_u64()? + seeded_own as u64)
         });
         if let Some(n) = n {
             last = n;
