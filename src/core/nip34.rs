@@ -42,8 +42,9 @@ pub fn is_root_kind(kind: Kind) -> bool {
 }
 
 /// The longest repository `d` identifier taken, in bytes: a longer one (from a stranger) would
-/// travel in every REQ that names the repository (issue 36). Real ones are short names.
-pub const MAX_D_BYTES: usize = 256;
+/// travel in every REQ that names the repository (issue 36). Real ones are short names; 128
+/// keeps every coordinate (`30617:` + 64 hex + `:` + d) within the state file's 200 bytes.
+pub const MAX_D_BYTES: usize = 128;
 
 /// The most repositories one root event links to through its `a` tags: a root event belongs
 /// to one repository (a few with forks); one with more counted for each of them (issue 36:

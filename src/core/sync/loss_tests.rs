@@ -1149,7 +1149,8 @@ fn a_consolidation_that_still_polls_is_not_repeated_every_poll_round() {
     let a = w.relay(A);
     a.publish_nip11 = true;
     a.max_message_length = Some(20_000);
-    let long = "x".repeat(150);
+    // The longest identifier accepted (`MAX_D_BYTES`, 128 bytes), with the four digits below.
+    let long = "x".repeat(crate::core::nip34::MAX_D_BYTES - 4);
     for i in 0..1_200u64 {
         let ann = announcement(&format!("{long}{i:04}"), &[A], t - 30 * DAY + i);
         w.own.store.push(ann.clone());
