@@ -182,6 +182,8 @@ pub struct ForwardCounters {
     pub deduplicated: u64,
     /// Events set aside after [`MAX_ERROR_ROUNDS`] `error:` answers (each time).
     pub set_aside: u64,
+    /// Events set aside that moved to the rejected store because the aside set was full.
+    pub aside_overflow: u64,
 }
 
 /// `error:` answers to one event after which it is set aside ([`OkOutcome::SetAside`]): one
@@ -231,8 +233,13 @@ pub struct ForwardQueue {
     /// first came (removed when it is stored or rejected).
     error_rounds: IdMap<(u32, u64)>,
     /// Events set aside after [`MAX_ERROR_ROUNDS`] `error:` answers, with when each is sent
-    /// again.
+    /// again; at most `rejected_kept` events and `rejected_bytes` bytes (the oldest beyond
+    /// move to the rejected store).
     aside: VecDeque<(EventId, Arc<str>, Time)>,
+    /// The ids in `aside`: a copy offered meanwhile is not queued a second time.
+    aside_ids: IdSet,
+    /// JSON bytes of the events in `aside`.
+    aside_bytes: usize,
     /// Events set aside that went back into the queue since the last
     /// [`ForwardQueue::take_reopened`]: unresolved again until the own relay answers.
     reopened: u64,
@@ -359,6 +366,8 @@ impl ForwardQueue {
             last_error_round: None,
             error_rounds: IdMap::default(),
             aside: VecDeque::new(),
+            aside_ids: IdSet::default(),
+            aside_bytes: 0,
             reopened: 0,
             throttle: None,
             ok_latency: None,
@@ -380,7 +389,11 @@ impl ForwardQueue {
     /// hold it back (the own relay may have lost the event since: a restored database, a
     /// wipe); a copy queued or in flight, or a kept rejection, still does.
     pub fn offer_missing(&mut self, id: EventId, raw: Arc<str>) -> Offer {
-        if self.queued.contains(&id) || self.in_flight.contains_key(&id) {
+        // An event set aside is sent again at its time; a copy of it waits for that `OK`.
+        if self.queued.contains(&id)
+            || self.in_flight.contains_key(&id)
+            || self.aside_ids.contains(&id)
+        {
             self.counters.deduplicated += 1;
             return Offer::AlreadyQueued;
         }
@@ -500,6 +513,9 @@ impl ForwardQueue {
         if prefix == Prefix::Duplicate {
             self.stored.insert(id);
             self.counters.duplicates += 1;
+            // The relay took the write: a pace must shrink on it as on a stored event
+            // (ngit-grasp answers every stored write `OK true "duplicate: event stored"`).
+            self.speed_up();
             return OkOutcome::Duplicate;
         }
         if accepted {
@@ -531,8 +547,7 @@ impl ForwardQueue {
             if *rounds >= MAX_ERROR_ROUNDS && answered > *since {
                 // This one fails again and again: aside, so the rest goes on.
                 self.counters.set_aside += 1;
-                self.aside
-                    .push_back((id, flight.raw, now.plus(ASIDE_RETRY)));
+                self.set_aside(id, flight.raw, now.plus(ASIDE_RETRY));
                 return OkOutcome::SetAside;
             }
             self.counters.resent += 1;
@@ -550,6 +565,28 @@ impl ForwardQueue {
         self.counters.rejected += 1;
         self.keep_rejected(id, flight.raw);
         OkOutcome::Rejected(prefix)
+    }
+
+    /// Puts `id` aside until `retry`, once; beyond the rejected store's bounds the oldest
+    /// events set aside move to that store (retried when what they relate to changes).
+    fn set_aside(&mut self, id: EventId, raw: Arc<str>, retry: Time) {
+        if !self.aside_ids.insert(id) {
+            return;
+        }
+        self.aside_bytes += raw.len();
+        self.aside.push_back((id, raw, retry));
+        while self.aside.len() > self.limits.rejected_kept.max(1)
+            || (self.aside_bytes > self.limits.rejected_bytes && self.aside.len() > 1)
+        {
+            let Some((old, raw, _)) = self.aside.pop_front() else {
+                break;
+            };
+            self.aside_ids.remove(&old);
+            self.aside_bytes = self.aside_bytes.saturating_sub(raw.len());
+            self.error_rounds.remove(&old);
+            self.counters.aside_overflow += 1;
+            self.keep_rejected(old, raw);
+        }
     }
 
     /// A `rate-limited:` answer to an event sent at `sent`: the first of a round (answers to
@@ -739,14 +776,24 @@ impl ForwardQueue {
             let Some((id, raw, _)) = self.aside.pop_front() else {
                 break;
             };
+            self.aside_ids.remove(&id);
+            self.aside_bytes = self.aside_bytes.saturating_sub(raw.len());
+            if self.stored.contains(&id)
+                || self.in_flight.contains_key(&id)
+                || self.queued.contains(&id)
+            {
+                // Stored or on its way meanwhile (a copy offered as missing): that answer
+                // resolves it.
+                self.error_rounds.remove(&id);
+                continue;
+            }
             let answered = self.counters.stored + self.counters.duplicates;
             self.error_rounds
                 .insert(id, (MAX_ERROR_ROUNDS - 1, answered.saturating_sub(1)));
-            if self.queued.insert(id) {
-                self.counters.resent += 1;
-                self.reopened += 1;
-                self.queue.push_back((id, raw));
-            }
+            self.queued.insert(id);
+            self.counters.resent += 1;
+            self.reopened += 1;
+            self.queue.push_back((id, raw));
         }
         let overdue: Vec<EventId> = self
             .in_flight
@@ -1004,6 +1051,91 @@ mod tests {
         );
         assert!(q.is_idle());
         assert_eq!(q.aside(), 0);
+    }
+
+    /// Answers `error:` to `targets` until each is set aside, storing everything else;
+    /// returns when the last was set aside.
+    fn fail_until_aside(q: &mut ForwardQueue, targets: &[EventId], mut t: Time) -> Time {
+        let err = Prefix::of("error: database is locked");
+        let mut left = targets.len();
+        loop {
+            t = t.plus(MAX_ERROR_PAUSE).plus(Duration::from_secs(1));
+            q.handle_timeout(t);
+            while let Some((sent, _)) = q.poll_send(t) {
+                let accepted = !targets.contains(&sent);
+                let prefix = if accepted { Prefix::Other } else { err };
+                if q.on_ok(sent, accepted, prefix, t) == OkOutcome::SetAside {
+                    left -= 1;
+                    if left == 0 {
+                        return t;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_copy_of_an_event_set_aside_is_not_sent_twice() {
+        // Review of issue 36 item 2: a copy offered while its event was aside was queued and
+        // sent; when the aside timer fired the event was queued a second time beside the copy
+        // in flight, the second `OK` came back `Unexpected` and the forwarder's unresolved
+        // count never returned to 0 (no state save again).
+        let mut q = ForwardQueue::new(limits());
+        q.offer(id(1), raw(1));
+        q.offer(id(2), raw(2));
+        let t = fail_until_aside(&mut q, &[id(1)], Time::from_secs(0));
+        assert_eq!(q.aside(), 1);
+        // Copies from other relays, and a reconciliation that finds the own relay lacks it.
+        assert_eq!(q.offer(id(1), raw(1)), Offer::AlreadyQueued);
+        assert_eq!(q.offer_missing(id(1), raw(1)), Offer::AlreadyQueued);
+        assert_eq!(
+            q.poll_send(t),
+            None,
+            "nothing queued besides the event aside"
+        );
+        let later = t.plus(ASIDE_RETRY);
+        q.handle_timeout(later);
+        assert_eq!(q.take_reopened(), 1);
+        assert_eq!(q.poll_send(later).map(|s| s.0), Some(id(1)));
+        assert_eq!(q.poll_send(later), None, "sent once");
+        assert_eq!(
+            q.on_ok(id(1), true, Prefix::Other, later),
+            OkOutcome::Stored
+        );
+        assert_eq!(
+            q.on_ok(id(1), true, Prefix::Other, later),
+            OkOutcome::Unexpected
+        );
+        assert!(q.is_idle());
+    }
+
+    #[test]
+    fn the_aside_set_is_bounded_like_the_rejected_store() {
+        // Review of issue 36 item 2: the aside set grew without bound. It keeps what the
+        // rejected store keeps (here 2 events); the oldest move to that store.
+        let mut q = ForwardQueue::new(limits());
+        for n in 1..=3u8 {
+            q.offer(id(n), raw(n));
+            q.offer(id(100 + n), raw(100 + n));
+        }
+        let t = fail_until_aside(&mut q, &[id(1), id(2), id(3)], Time::from_secs(0));
+        assert_eq!(q.aside(), 2);
+        assert_eq!(q.counters().set_aside, 3);
+        assert_eq!(q.counters().aside_overflow, 1);
+        assert_eq!(
+            q.rejected_kept(),
+            1,
+            "the oldest went to the rejected store"
+        );
+        assert!(q.error_rounds.len() <= 2, "no count kept for it");
+        // An event already aside and answered `error:` again is aside once.
+        let later = t.plus(ASIDE_RETRY);
+        q.handle_timeout(later);
+        while let Some((sent, _)) = q.poll_send(later) {
+            let err = Prefix::of("error: database is locked");
+            assert_eq!(q.on_ok(sent, false, err, later), OkOutcome::SetAside);
+        }
+        assert_eq!(q.aside(), 2);
     }
 
     #[test]

@@ -449,6 +449,7 @@ impl Forwarder {
         f.rate_limited.store(c.rate_limited, Ordering::Relaxed);
         f.set_aside.store(c.set_aside, Ordering::Relaxed);
         f.aside.store(queue.aside() as u64, Ordering::Relaxed);
+        f.aside_overflow.store(c.aside_overflow, Ordering::Relaxed);
         let throttle = queue.throttle();
         let pace = throttle.map_or(0, |t| t.pace.as_millis() as u64);
         f.pace_ms.store(pace, Ordering::Relaxed);

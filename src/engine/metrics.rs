@@ -197,6 +197,8 @@ pub struct ForwardCounters {
     pub set_aside: AtomicU64,
     /// Events set aside now, waiting for their next try.
     pub aside: AtomicU64,
+    /// Events set aside that moved to the rejected store because the aside set was full.
+    pub aside_overflow: AtomicU64,
     /// The interval between sends while the own relay rate-limits us, in milliseconds (0:
     /// not paced).
     pub pace_ms: AtomicU64,

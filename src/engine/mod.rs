@@ -216,6 +216,8 @@ pub struct Status {
     pub forward_set_aside: u64,
     /// Events set aside now, waiting for their next try (every 10 min).
     pub forward_aside: u64,
+    /// Events set aside that moved to the rejected store because the aside set was full.
+    pub forward_aside_overflow: u64,
     /// The interval between sends while the own relay rate-limits us, in milliseconds (0:
     /// not paced).
     pub forward_pace_ms: u64,
@@ -567,6 +569,7 @@ impl SyncHandle {
             forward_rate_limited: f.rate_limited.load(Ordering::Relaxed),
             forward_set_aside: f.set_aside.load(Ordering::Relaxed),
             forward_aside: f.aside.load(Ordering::Relaxed),
+            forward_aside_overflow: f.aside_overflow.load(Ordering::Relaxed),
             forward_pace_ms: f.pace_ms.load(Ordering::Relaxed),
             ok_latency: {
                 let (cumulative, sum_secs, count) = f.ok_latency.snapshot();

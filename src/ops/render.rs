@@ -501,6 +501,11 @@ pub fn prometheus(status: &Status) -> String {
             status.forward_set_aside,
         ),
         (
+            "forward_aside_overflow_total",
+            "Events set aside that moved to the rejected store because the aside set was full.",
+            status.forward_aside_overflow,
+        ),
+        (
             "forward_rate_limited_total",
             "OK false \"rate-limited:\" answers of the own relay (the event is sent again, paced).",
             status.forward_rate_limited,
@@ -733,6 +738,7 @@ pub fn status_json(status: &Status) -> Value {
             "rate_limited": status.forward_rate_limited,
             "set_aside": status.forward_set_aside,
             "aside": status.forward_aside,
+            "aside_overflow": status.forward_aside_overflow,
             "pace_ms": status.forward_pace_ms,
             "ok_latency_count": status.ok_latency.count,
             "ok_latency_sum_seconds": status.ok_latency.sum_secs,

@@ -55,10 +55,7 @@ impl SyncMachine {
             return;
         }
         // The NEG session takes a subscription slot (strfry counts it with the REQs).
-        if self
-            .link_of(relay)
-            .is_some_and(|l| l.subs.len() + self.negs_open(relay) >= self.budget(relay))
-        {
+        if !self.neg_room(relay) {
             debug!("{relay}: no subscription slot for a NIP-77 detection on this connection");
             return;
         }

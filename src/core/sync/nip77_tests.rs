@@ -731,6 +731,30 @@ fn neg_sessions_count_in_the_subscription_budget_of_a_relay_that_counts_them() {
 }
 
 #[test]
+fn a_relay_allowing_two_or_three_subscriptions_is_reconciled() {
+    // Review of issue 36 item 4: with a budget of 2, the slot kept for NIP-77 left one REQ;
+    // Layer 1 held it, every reconciliation's live REQ waited behind it, and no job started:
+    // 7 events never arrived.
+    for max_subs in [2, 3, 4] {
+        let mut c = case(
+            10,
+            |i| i % 3 != 1,
+            true,
+            Nip77Mode::On,
+            |_| {},
+            |a| a.max_subs = Some(max_subs),
+        );
+        c.run(600);
+        c.assert_exact();
+        assert!(
+            c.w.m.counters().reconciliations >= 1,
+            "budget {max_subs}: {:?}",
+            c.w.m.counters()
+        );
+    }
+}
+
+#[test]
 fn a_relay_answering_each_round_just_in_time_holds_a_slot_only_until_the_job_deadline() {
     // Issue 36, item 12: a relay answering every round after 29 s with a mismatch held one
     // of the `max_active` slots for ~32 minutes (64 rounds × 30 s). The job has a deadline

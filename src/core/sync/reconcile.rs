@@ -537,9 +537,7 @@ impl SyncMachine {
                 .unwrap_or_default();
             // A NEG session takes a subscription slot (strfry counts them with REQs): a job
             // starts only with one free (REQs leave one for it, `neg_slots`).
-            let room = self
-                .link_of(relay)
-                .is_none_or(|l| l.subs.len() + self.negs_open(relay) < self.budget(relay));
+            let room = self.neg_room(relay);
             for id in ids {
                 let Some(job) = self.recon.jobs.get(id) else {
                     continue;

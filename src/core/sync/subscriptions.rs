@@ -229,6 +229,9 @@ impl SyncMachine {
     /// least one while its history may be reconciled, so a reconciliation can always start
     /// (its batch's REQs could otherwise fill every slot and wait for it for ever).
     pub(super) fn neg_slots(&self, relay: &RelayUrl) -> usize {
+        if !self.negs_take_slots(relay) {
+            return 0;
+        }
         let support = self.nip77_support(relay);
         let cfg = &self.config.nip77;
         let may = cfg.enabled
@@ -236,6 +239,25 @@ impl SyncMachine {
             && (support.in_use()
                 || (cfg.probe_unadvertised && support == super::Nip77Support::Unknown));
         self.negs_open(relay).max(usize::from(may))
+    }
+
+    /// Whether NEG sessions are counted in `relay`'s budget: only with room for one beside
+    /// Layer 1 and a reconciliation's live REQ (a budget of 3 or more). With less, a slot kept
+    /// for NIP-77 leaves one REQ: Layer 1 holds it, every job's live REQ waits behind it
+    /// and no job ever starts; so sessions run outside the count there, as before decision
+    /// 0094 (a relay that small that counts them refuses the session, and its history is
+    /// read by REQ).
+    pub(super) fn negs_take_slots(&self, relay: &RelayUrl) -> bool {
+        self.budget(relay) >= 3
+    }
+
+    /// Whether a NEG session may open on `relay` now: a slot is free beside its REQs and
+    /// sessions (always when sessions are not counted, [`Self::negs_take_slots`]).
+    pub(super) fn neg_room(&self, relay: &RelayUrl) -> bool {
+        !self.negs_take_slots(relay)
+            || self
+                .link_of(relay)
+                .is_none_or(|l| l.subs.len() + self.negs_open(relay) < self.budget(relay))
     }
 
     /// Open REQs `relay` is given: its budget less [`Self::neg_slots`], at least one.
