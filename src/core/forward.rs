@@ -1530,6 +1530,34 @@ mod tests {
     }
 
     #[test]
+    fn a_relay_answering_duplicate_to_stored_writes_ends_the_pace() {
+        // ngit-grasp answers every stored write `OK true "duplicate: event stored"`. The pace
+        // shrank only on stored answers, so after one `rate-limited:` spell it only grew
+        // (4.4 s per event measured against ngit-grasp).
+        let mut t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 1000,
+            in_flight: 64,
+            ..limits()
+        });
+        for n in 0..250u8 {
+            q.offer(id(n), raw(n));
+        }
+        let (first, _) = q.poll_send(t).unwrap();
+        q.on_ok(first, false, Prefix::of("rate-limited: slow down"), t);
+        assert!(q.throttle().is_some());
+        let dup = Prefix::of("duplicate: event stored");
+        while q.throttle().is_some() && t.since(Time::from_secs(0)) < Duration::from_secs(600) {
+            match q.poll_send(t) {
+                Some((i, _)) => assert_eq!(q.on_ok(i, true, dup, t), OkOutcome::Duplicate),
+                None => t = t.plus(Duration::from_millis(100)),
+            }
+        }
+        assert!(q.throttle().is_none(), "still paced after {t:?}");
+        assert!(t.since(Time::from_secs(0)) < Duration::from_secs(120));
+    }
+
+    #[test]
     fn a_throttling_own_relay_sets_the_pace_and_a_fast_one_ends_it() {
         // An own relay that stores one event per 10 s and answers the rest `rate-limited:`.
         let mut t = Time::from_secs(0);
