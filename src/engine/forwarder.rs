@@ -898,6 +898,13 @@ fn write_held(
         .then_some(until)
 }
 
+/// True when the forwarder's next turn can send at once, so it must not wait: events can be
+/// sent (the window has room, no pause), writes are not held for a batch and NIP-42 does
+/// not hold them back.
+fn sends_now(held: bool, auth_paused: bool, queue: &ForwardQueue, now: Time) -> bool {
+    !held && !auth_paused && queue.can_send(now)
+}
+
 /// How long the forwarder may wait without waking on the own relay's bytes, if it may: when
 /// events are in flight and their `OK`s are not needed at once, they are read in batches.
 ///
@@ -907,13 +914,6 @@ fn write_held(
 ///   `OK`s that arrive within [`full_window_linger`] are read together and their slots
 ///   filled in one write, instead of one wake-up and one write per `OK`.
 ///
-/// True when the forwarder's next turn can send at once, so it must not wait: events can be
-/// sent (the window has room, no pause), writes are not held for a batch and NIP-42 does
-/// not hold them back.
-fn sends_now(held: bool, auth_paused: bool, queue: &ForwardQueue, now: Time) -> bool {
-    !held && !auth_paused && queue.can_send(now)
-}
-
 /// Never while authenticating, draining, retrying, paused or with an `OK` overdue.
 fn lazy_oks(
     queue: &ForwardQueue,

@@ -361,7 +361,10 @@ impl SyncMachine {
                 scope.clone(),
             ));
         }
-        if !stats.undelivered.is_empty() {
+        if stats.undelivered.is_empty() {
+            // A second asking that delivered everything: done with it.
+            self.recon.refetches.remove(sub_id);
+        } else {
             page_subs.extend(self.refetch_undelivered(
                 relay,
                 sub_id,

@@ -26,6 +26,7 @@ impl SyncMachine {
             return;
         };
         let was_loading = sent_at.is_some();
+        self.recon.refetches.remove(sub_id);
         self.drain_queue(relay);
         let prefix = Prefix::of(message);
         let reason = ClosedReason::from(prefix);

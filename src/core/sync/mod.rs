@@ -1365,6 +1365,19 @@ impl SyncMachine {
     /// Forgets every subscription of `relay` and everything waiting to be (re)subscribed,
     /// with their timers ([`Link::forget_subscriptions`]).
     fn forget_subscriptions(&mut self, relay: &RelayUrl) {
+        if !self.recon.refetches.is_empty() {
+            if let Some(link) = self.link_of(relay) {
+                let subs: Vec<SubscriptionId> = link
+                    .subs
+                    .keys()
+                    .chain(link.queue.iter().map(|(s, _)| s))
+                    .cloned()
+                    .collect();
+                for sub in subs {
+                    self.recon.refetches.remove(&sub);
+                }
+            }
+        }
         if let Some(link) = self.link_mut(relay) {
             link.forget_subscriptions();
         }

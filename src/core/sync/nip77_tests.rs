@@ -637,6 +637,13 @@ fn a_fetch_that_ends_without_events_it_asked_for_asks_again_and_gets_them() {
     assert!(c.a().withhold_once.is_empty(), "each was asked for");
     let st = &c.w.m.relay_statuses(c.w.now)[0];
     assert_eq!((st.pending_batches, st.ids_undelivered), (0, 0));
+    // A second asking that delivered everything is forgotten (review: each stayed in the
+    // set for the life of the process).
+    assert!(
+        c.w.m.recon.refetches.is_empty(),
+        "{:?}",
+        c.w.m.recon.refetches
+    );
 }
 
 #[test]
