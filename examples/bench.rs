@@ -74,7 +74,8 @@ struct Args {
     /// nip77, resync, process (the release binary against relay processes; needs
     /// `NIP77_RELAY`, skipped without it); `throttled` runs only when named: about 17 minutes of real time;
     /// `hostile` too: issue 20's floods against the release binary, which
-    /// `cargo build --release` must have built)
+    /// `cargo build --release` must have built; `bought` or `tags`: only issue 36's bought
+    /// tiers and frames of a megabyte of empty tags, also part of `hostile`)
     #[argh(option)]
     only: Option<String>,
     /// events of the `throttled` section (default 2,000; 200 with --quick)
@@ -2363,7 +2364,135 @@ fn hostile_figures(notes: &mut Vec<String>) -> Vec<Figure> {
             Budget::AtMost(4.0),
         ));
     }
+    figures.extend(bought_and_tags_figures(notes));
     figures
+}
+
+/// Issue 36's two cases from outside (also `--only bought,tags`).
+fn bought_and_tags_figures(notes: &mut Vec<String>) -> Vec<Figure> {
+    let Some(bin) = release_binary() else {
+        notes.push("hostile: no target/release/grasp-sync: run cargo build --release first".into());
+        return Vec::new();
+    };
+    // Bought tiers (issue 36, item 10): 16 throw-away keys with 64 live, silent relays each
+    // and 64 issues each (every issue tagging both of the key's repositories), against a
+    // real repository with one issue; the cap (1,000) binds.
+    let mut figures = vec![bought_tiers(&bin, notes)];
+    // Frames of a megabyte of empty tags (issue 36, item 11): dropped before a parse, so the
+    // peak RSS grows by about one frame per connection, not by its parse (~20 MiB).
+    figures.extend(many_tags_frames(&bin, notes));
+    figures
+}
+
+/// Issue 36, item 10, against the release binary: how long the real repository waits.
+fn bought_tiers(bin: &std::path::Path, notes: &mut Vec<String>) -> Figure {
+    let own = TestRelay::start();
+    let mut silent = Vec::new();
+    for _ in 0..16 {
+        let keys = Keys::generate();
+        let relays: Vec<TestRelay> = (0..64).map(|_| TestRelay::start()).collect();
+        let mut coordinates = Vec::new();
+        for (d, half) in relays.chunks(32).enumerate() {
+            let mut tag = vec!["relays".to_string()];
+            tag.extend(half.iter().map(TestRelay::url));
+            let ann = EventBuilder::new(Kind::Custom(30617), "")
+                .tag(Tag::parse(["d", &format!("r{d}")]).unwrap())
+                .tag(Tag::parse(tag).unwrap())
+                .finalize(&keys)
+                .unwrap();
+            own.insert_silently(&ann);
+            coordinates.push(format!("30617:{}:r{d}", keys.public_key().to_hex()));
+        }
+        for i in 0..64 {
+            let mut b = EventBuilder::new(Kind::Custom(1621), format!("bought {i}"));
+            for c in &coordinates {
+                b = b.tag(Tag::parse(["a", c]).unwrap());
+            }
+            own.insert_silently(&b.finalize(&keys).unwrap());
+        }
+        silent.extend(relays);
+    }
+    let (a, b) = (TestRelay::start(), TestRelay::start());
+    let want = live_repository(&own, &[&a, &b], 1, 20);
+    let d = Daemon::start(
+        bin,
+        &own,
+        &["--allow-private-relays", "--max-relays", "1000"],
+    );
+    let t0 = Instant::now();
+    let done = wait_until(Duration::from_secs(600), || {
+        want.iter().all(|id| own.contains(id))
+    });
+    let took = t0.elapsed().as_secs_f64();
+    let doc = d.get().unwrap_or(Value::Null);
+    notes.push(format!(
+        "hostile: bought tiers (16 keys × 64 silent relays, 1,024 issues) against a repository with one issue, --max-relays 1000: synced {done} after {took:.1} s; relays in the cap {}",
+        doc["selection"]["relays_selected"]
+    ));
+    drop(silent);
+    Figure::new(
+        "hostile: bought tiers: the real repository synced after",
+        took,
+        "s",
+        Budget::AtMost(60.0),
+    )
+}
+
+/// The peak resident set of process `pid` (VmHWM), in MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Issue 36, item 11, against the release binary: 32 relays each send 4 frames of a
+/// megabyte of empty tags on the daemon's subscriptions.
+fn many_tags_frames(bin: &std::path::Path, notes: &mut Vec<String>) -> Vec<Figure> {
+    const RELAYS: usize = 32;
+    const FRAMES: usize = 4;
+    let own = TestRelay::start();
+    let remotes: Vec<TestRelay> = (0..RELAYS).map(|_| TestRelay::start()).collect();
+    let refs: Vec<&TestRelay> = remotes.iter().collect();
+    let want = live_repository(&own, &refs, 1, 1);
+    let d = Daemon::start(bin, &own, &["--allow-private-relays"]);
+    let (_, _, settled) = watch(&d, Duration::from_secs(300), |doc| {
+        doc["settled"].as_bool() == Some(true)
+    });
+    let synced = want.iter().all(|id| own.contains(id));
+    let pid = d.child.id();
+    let before = peak_rss_mib(pid);
+    let invalid0 = d.get().map_or(0, |v| v["invalid"].as_u64().unwrap_or(0));
+    // A megabyte of empty tags: 2,000 tags would be parsed; this has 340,000, just under the 1 MiB frame limit.
+    let tags = vec!["[]"; 340_000].join(",");
+    let frame = format!(
+        r#"{{"id":"{0}","pubkey":"{0}","created_at":1,"kind":1,"tags":[{tags}],"content":"","sig":"{0}{0}"}}"#,
+        "0".repeat(64)
+    );
+    for _ in 0..FRAMES {
+        for r in &remotes {
+            r.push_to_subscriptions(&frame);
+        }
+    }
+    let expected = (RELAYS * FRAMES) as u64;
+    let dropped = wait_until(Duration::from_secs(120), || {
+        d.get()
+            .is_some_and(|v| v["invalid"].as_u64().unwrap_or(0) >= invalid0 + expected)
+    });
+    let after = peak_rss_mib(pid);
+    let per_connection = (after - before).max(0.0) / RELAYS as f64;
+    notes.push(format!(
+        "hostile: {RELAYS} relays × {FRAMES} frames of {:.1} MiB of empty tags: settled {settled}, synced {synced}, all dropped {dropped}; peak RSS {before:.1} → {after:.1} MiB ({per_connection:.2} MiB per connection)",
+        frame.len() as f64 / (1 << 20) as f64
+    ));
+    vec![Figure::new(
+        "hostile: frames of a megabyte of empty tags: peak RSS per connection",
+        per_connection,
+        "MiB",
+        Budget::AtMost(4.0),
+    )]
 }
 
 fn main() {
@@ -2442,6 +2571,12 @@ fn main() {
     }
     if args.only.as_deref().is_some_and(|o| o.contains("hostile")) {
         section("hostile", &mut hostile_figures);
+    } else if args
+        .only
+        .as_deref()
+        .is_some_and(|o| o.contains("bought") || o.contains("tags"))
+    {
+        section("bought tiers and tag frames", &mut bought_and_tags_figures);
     }
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let total = started.elapsed().as_secs_f64();

@@ -132,9 +132,70 @@ pub const MAX_REFUSALS_PER_PUBKEY: u32 = 16;
 /// ([`Exclusions::insert_host`]).
 pub const MAX_REFUSALS_PER_HOST: u32 = 4;
 
-/// `host:port` of a relay URL: what [`TargetPolicy::max_urls_per_host`] counts.
+/// `host:port` of a relay URL: what [`TargetPolicy::max_urls_per_host`] counts. The host
+/// is spelled one way for every spelling that reaches one address without a name lookup
+/// ([`canonical_host`]): `0x5db8d822`, `1572395042` and `93.184.216.34.` are one host.
 pub fn host_port(url: &RelayUrl) -> String {
-    format!("{}:{}", url.host(), url.port())
+    format!("{}:{}", canonical_host(url.host()), url.port())
+}
+
+/// One spelling per host that resolves without DNS (issue 36, item 14): trailing dots
+/// dropped, IPv4 in every form the system resolver takes (`inet_aton`: one to four parts,
+/// each decimal, `0x` hex or `0` octal) as a dotted quad, IPv6 in its canonical form and an
+/// IPv4-mapped IPv6 address as its IPv4 address. Names stay names: wildcard DNS can still
+/// give one address many names (docs/security.md states the bound).
+pub fn canonical_host(host: &str) -> String {
+    let host = host.trim_end_matches('.');
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        if let Ok(v6) = inner.parse::<std::net::Ipv6Addr>() {
+            return match v6.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => format!("[{v6}]"),
+            };
+        }
+        return host.to_string();
+    }
+    inet_aton(host).map_or_else(|| host.to_string(), |v4| v4.to_string())
+}
+
+/// `host` as the system resolver reads a numeric IPv4 address (`inet_aton`), if it is one.
+fn inet_aton(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = host.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for p in &parts {
+        let (digits, radix) = if let Some(h) = p.strip_prefix("0x").or(p.strip_prefix("0X")) {
+            (h, 16)
+        } else if p.len() > 1 && p.starts_with('0') {
+            (&p[1..], 8)
+        } else {
+            (*p, 10)
+        };
+        if digits.is_empty() && radix != 16 {
+            return None;
+        }
+        let v = if digits.is_empty() {
+            0
+        } else {
+            u64::from_str_radix(digits, radix).ok()?
+        };
+        values.push(v);
+    }
+    let (last, head) = values.split_last()?;
+    if head.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let last_bits = 32 - 8 * head.len() as u32;
+    if *last >= 1u64 << last_bits {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for (i, v) in head.iter().enumerate() {
+        n |= v << (24 - 8 * i as u32);
+    }
+    Some(std::net::Ipv4Addr::from((n | last) as u32))
 }
 
 /// The tier of a pubkey in the global cap's round-robins (lower first): operator-listed
@@ -1347,6 +1408,36 @@ pub fn compute_actions_for<'a>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn spellings_of_one_address_are_one_host() {
+        // Issue 36, item 14: the per-host cap counted host strings.
+        let of = |u: &str| host_port(&RelayUrl::parse(u).unwrap());
+        let one = of("ws://93.184.216.34");
+        for u in [
+            "ws://0x5db8d822",
+            "ws://1572395042",
+            "ws://93.184.216.34.",
+            "ws://0135.0270.0330.042",
+            "ws://93.0xb8.0330.34",
+            "ws://93.12113954",
+            "ws://[::ffff:5db8:d822]",
+        ] {
+            assert_eq!(of(u), one, "{u}");
+        }
+        assert_eq!(of("ws://Example.COM."), of("ws://example.com"));
+        assert_eq!(of("ws://[0:0::1]"), of("ws://[::1]"));
+        // Not addresses: names (no DNS here), and parts beyond what inet_aton takes.
+        for u in [
+            "ws://093.184.216.034",
+            "ws://1.2.3.4.5",
+            "ws://1.256.3.4",
+            "ws://4294967296",
+        ] {
+            assert_ne!(of(u), one, "{u}");
+        }
+        assert_eq!(of("ws://4294967295"), of("ws://255.255.255.255"));
+    }
+
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
