@@ -246,3 +246,46 @@ fn the_whole_audit_ends_by_its_deadline_however_slow_the_relays() {
         .to_string();
     assert_ne!(state, "complete", "{doc:#}");
 }
+
+#[test]
+fn an_audit_answers_one_auth_challenge_per_connection() {
+    // Issue 36, item 13: every challenge was signed, so a relay could make the audit sign one
+    // per frame. A relay that requires AUTH and sends a new challenge every 5 ms while the
+    // audit reads it gets one AUTH per connection, and the audit still completes.
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let gap = audit_gap(&Keys::generate(), &remote.url());
+    seed(&own, &gap.own);
+    seed(&remote, &gap.remote);
+    remote.set_require_auth(true);
+    remote.set_eose_delay(Some(std::time::Duration::from_millis(100)));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spam = {
+        let (flag, url) = (stop.clone(), remote.url());
+        let remote = &remote;
+        std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                let mut n = 0u64;
+                while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    remote.send_auth(&format!("challenge-{n}"));
+                    n += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                n
+            });
+            let (code, doc) = run_audit(&own.url(), &[]);
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            let sent = h.join().unwrap();
+            (code, doc, sent, url)
+        })
+    };
+    let (code, doc, sent, _) = spam;
+    assert!(sent > 10, "{sent} challenges sent");
+    assert_eq!(code, 1, "the gap is found: {doc:#}");
+    assert_eq!(audit_missing_ids(&doc), gap.missing, "{doc:#}");
+    let answered = remote.auth_messages_received();
+    let connections = remote.connections_accepted();
+    assert!(
+        answered >= 1 && answered <= connections,
+        "{answered} AUTH messages over {connections} connections, {sent} challenges"
+    );
+}

@@ -507,6 +507,8 @@ struct Shared {
     bytes_sent: AtomicU64,
     /// Connections hung up by [`Nip77Mode::DropAfter`].
     nip77_drops: AtomicU64,
+    /// `AUTH` messages received from clients (all connections).
+    auth_messages: AtomicU64,
 }
 
 impl Shared {
@@ -1110,6 +1112,11 @@ impl TestRelay {
         self.shared.nip11_requests.load(Ordering::SeqCst)
     }
 
+    /// `AUTH` messages received from clients (all connections), valid or not.
+    pub fn auth_messages_received(&self) -> u64 {
+        self.shared.auth_messages.load(Ordering::SeqCst)
+    }
+
     /// Websocket pings received from clients (all connections).
     pub fn pings_received(&self) -> u64 {
         self.shared.pings_received.load(Ordering::SeqCst)
@@ -1546,7 +1553,10 @@ fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
             }
             Handled::default()
         }
-        ("AUTH", n) if n >= 2 => match Event::from_json(parts[1].get()) {
+        ("AUTH", n) if n >= 2 => match {
+            shared.auth_messages.fetch_add(1, Ordering::SeqCst);
+            Event::from_json(parts[1].get())
+        } {
             Ok(event) => handle_auth(shared, conn_id, &event),
             Err(_) => parse_error(),
         },
