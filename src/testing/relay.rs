@@ -1553,13 +1553,13 @@ fn handle_message(shared: &Shared, conn_id: u64, text: &str) -> Handled {
             }
             Handled::default()
         }
-        ("AUTH", n) if n >= 2 => match {
+        ("AUTH", n) if n >= 2 => {
             shared.auth_messages.fetch_add(1, Ordering::SeqCst);
-            Event::from_json(parts[1].get())
-        } {
-            Ok(event) => handle_auth(shared, conn_id, &event),
-            Err(_) => parse_error(),
-        },
+            match Event::from_json(parts[1].get()) {
+                Ok(event) => handle_auth(shared, conn_id, &event),
+                Err(_) => parse_error(),
+            }
+        }
         ("NEG-OPEN" | "NEG-MSG" | "NEG-CLOSE", _)
             if shared.state.lock().opts.nip77 == Nip77Mode::Off =>
         {
