@@ -12,8 +12,12 @@
 //!   `type`, `const`, `static`, `mod`, `macro_rules!`, a `use … as` name, or an enum variant
 //!   or struct field starting a line).
 //!
-//! Plain identifiers (`SyncMachine`, `events_invalid`), URLs, flags, JSON, shell commands and
-//! names of other crates (`EXTERNAL`) are not checked. Deterministic, no network.
+//! - a test's name (`a_fetch_that_ends_without_events_it_asked_for_asks_again_and_gets_them`):
+//!   a plain identifier in snake case of six words or more, not ending like a metric; it is
+//!   defined somewhere (decision records cite the tests that prove them).
+//!
+//! Other plain identifiers (`SyncMachine`, `events_invalid`), URLs, flags, JSON, shell
+//! commands and names of other crates (`EXTERNAL`) are not checked. Deterministic, no network.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -185,16 +189,19 @@ fn a_missing_name_is_reported_with_its_line() {
     let defined = defined_names(root);
     let text = "Intro.\n\n```sh\n`core::nope::Missing` in a fence\n```\n\
                 See `core::nope::Missing` and `SyncMachine::handle_timeout`,\n\
-                `src/core/nope.rs`, `core/paging.rs`, `nope_fn()`, `--flag`, `ws://x/a.rs`.\n";
+                `src/core/nope.rs`, `core/paging.rs`, `nope_fn()`, `--flag`, `ws://x/a.rs`.\n\
+                Tests: `a_test_that_was_renamed_long_ago_and_is_gone`,\n\
+                `a_missing_name_is_reported_with_its_line`, `forward_set_aside_total`.\n";
     let (checked, missing) = check_text(root, root, "x.md", text, &defined);
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 7);
     let found: Vec<(usize, &str)> = missing.iter().map(|m| (m.line, m.span.as_str())).collect();
     assert_eq!(
         found,
         vec![
             (6, "core::nope::Missing"),
             (7, "src/core/nope.rs"),
-            (7, "nope_fn()")
+            (7, "nope_fn()"),
+            (8, "a_test_that_was_renamed_long_ago_and_is_gone")
         ]
     );
 }
@@ -387,6 +394,9 @@ fn classify(span: &str) -> Option<Citation> {
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && x.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
+    if segments.len() == 1 && !call && looks_like_test_name(segments[0]) {
+        return Some(Citation::Path(vec![segments[0].to_string()]));
+    }
     if !segments.iter().all(|x| ident(x)) || segments.len() == 1 && !call {
         return None;
     }
@@ -398,6 +408,21 @@ fn classify(span: &str) -> Option<Citation> {
         return None;
     }
     Some(Citation::Path(segments))
+}
+
+/// A plain identifier that reads as a test's name (a sentence in snake case: lower case, six
+/// words or more, not a metric or a setting): decision records and docs cite tests by name,
+/// so these are checked like paths.
+fn looks_like_test_name(s: &str) -> bool {
+    let words = s.split('_').count();
+    words >= 6
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !s.starts_with('_')
+        && !s.contains("__")
+        && !["_total", "_seconds", "_bytes", "_ms"]
+            .iter()
+            .any(|end| s.ends_with(end))
 }
 
 fn file_exists(root: &Path, dir: &Path, path: &str) -> bool {
