@@ -30,6 +30,6 @@ pub use state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RelaySyncNeeds, RepoSyncIndex, RepoSyncNeeds,
 };
-pub use sync::{Command, Report, SubPurpose, SyncConfig, SyncMachine};
+pub use sync::{Command, Report, Route, SubPurpose, SyncConfig, SyncMachine};
 pub use targets::{compute_actions, derive_relay_targets, AddFilters};
 pub use time::{Clock, ManualClock, SystemClock, Time};

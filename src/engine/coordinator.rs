@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::core::dedup::ForwardGate;
 use crate::core::progress::{Progress, ProgressTracker, RelayCounts};
 use crate::core::session::Disconnect;
-use crate::core::sync::{Command, SyncMachine};
+use crate::core::sync::{Route, SyncMachine};
 use crate::core::time::Time;
 use crate::engine::connection::{self, ConnectionThread, Control, Role};
 use crate::engine::forwarder::ForwardItem;
@@ -416,8 +416,8 @@ impl Coordinator {
             let Some(cmd) = self.machine.write().poll_command() else {
                 break;
             };
-            match cmd {
-                Command::Connect { relay, generation } => {
+            match cmd.route(&self.config.own_relay) {
+                Route::Connect { relay, generation } => {
                     if !threads.contains_key(&relay) {
                         match self.spawn_relay(&relay) {
                             Ok(t) => {
@@ -444,79 +444,8 @@ impl Coordinator {
                     }
                     self.send(threads, &relay, Control::Connect { generation });
                 }
-                Command::Subscribe {
-                    relay,
-                    generation,
-                    sub_id,
-                    filter,
-                    scope,
-                } => self.send(
-                    threads,
-                    &relay,
-                    Control::Subscribe {
-                        generation,
-                        sub_id,
-                        filter,
-                        scope,
-                    },
-                ),
-                Command::Unsubscribe {
-                    relay,
-                    generation,
-                    sub_id,
-                } => self.send(threads, &relay, Control::Unsubscribe { generation, sub_id }),
-                Command::CollectIds {
-                    generation,
-                    sub_id,
-                    filter,
-                } => {
-                    let own = self.config.own_relay.clone();
-                    self.send(
-                        threads,
-                        &own,
-                        Control::CollectIds {
-                            generation,
-                            sub_id,
-                            filter: Box::new(filter),
-                        },
-                    )
-                }
-                Command::NegOpen {
-                    relay,
-                    generation,
-                    sub_id,
-                    filter,
-                    message,
-                } => self.send(
-                    threads,
-                    &relay,
-                    Control::NegOpen {
-                        generation,
-                        sub_id,
-                        filter: Box::new(filter),
-                        message,
-                    },
-                ),
-                Command::NegMsg {
-                    relay,
-                    generation,
-                    sub_id,
-                    message,
-                } => self.send(
-                    threads,
-                    &relay,
-                    Control::NegMsg {
-                        generation,
-                        sub_id,
-                        message,
-                    },
-                ),
-                Command::NegClose {
-                    relay,
-                    generation,
-                    sub_id,
-                } => self.send(threads, &relay, Control::NegClose { generation, sub_id }),
-                Command::Forget { relay } => {
+                Route::Relay(relay, control) => self.send(threads, &relay, control),
+                Route::Forget(relay) => {
                     if let Some(t) = threads.remove(&relay) {
                         let _ = t.control.send(Control::Shutdown);
                         t.waker.wake();
@@ -524,7 +453,7 @@ impl Coordinator {
                     }
                     self.metrics.forget(&relay);
                 }
-                Command::RetryRejected { repos, roots } => {
+                Route::RetryRejected { repos, roots } => {
                     if self
                         .forwarder
                         .send(ForwarderControl::RetryRejected { repos, roots })

@@ -1408,3 +1408,44 @@ fn history_queries_pending_count_down_to_completed_at_their_eose() {
         done_before + pending as u64
     );
 }
+
+#[test]
+fn commands_route_to_the_relay_they_name_and_collect_ids_to_the_own_relay() {
+    // One mapping for the coordinator and the World (issue 35, item 2).
+    use crate::core::session::Control;
+    use crate::core::sync::{Command, Route};
+    let (own, a) = (url(OWN), url(A));
+    let sub = SubscriptionId::new("s");
+    let routed = Command::CollectIds {
+        generation: 3,
+        sub_id: sub.clone(),
+        filter: Filter::new(),
+    }
+    .route(&own);
+    assert!(
+        matches!(&routed, Route::Relay(r, Control::CollectIds { generation: 3, .. }) if *r == own),
+        "{routed:?}"
+    );
+    let routed = Command::Unsubscribe {
+        relay: a.clone(),
+        generation: 1,
+        sub_id: sub,
+    }
+    .route(&own);
+    assert!(
+        matches!(&routed, Route::Relay(r, Control::Unsubscribe { generation: 1, .. }) if *r == a),
+        "{routed:?}"
+    );
+    assert!(matches!(
+        Command::Connect {
+            relay: a.clone(),
+            generation: 2
+        }
+        .route(&own),
+        Route::Connect { generation: 2, .. }
+    ));
+    assert!(matches!(
+        Command::Forget { relay: a }.route(&own),
+        Route::Forget(_)
+    ));
+}

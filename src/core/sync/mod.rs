@@ -56,6 +56,7 @@ use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::SelfEventMeaning;
 use crate::core::paging::PageStats;
 use crate::core::relay_text::RATE_LIMIT_COOLDOWN;
+use crate::core::session::Control;
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
@@ -407,6 +408,111 @@ pub enum Command {
         /// Root events newly linked to a repository, and the root events of `repos`.
         roots: Vec<EventId>,
     },
+}
+
+/// Where a [`Command`] goes ([`Command::route`]): the engine's coordinator and the
+/// simulation route every command through this one mapping, so the simulation tests the
+/// routing the engine runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Route {
+    /// Open a connection to `relay` tagged `generation`: the engine spawns the relay's
+    /// thread first if it has none, then hands it [`Control::Connect`].
+    Connect {
+        /// Relay (the own relay for the self-subscription).
+        relay: RelayUrl,
+        /// Generation.
+        generation: u64,
+    },
+    /// A control for the session (thread) of `relay`.
+    Relay(RelayUrl, Control),
+    /// End the relay's thread and forget its session.
+    Forget(RelayUrl),
+    /// For the forwarder: retry the rejected events that name one of these.
+    RetryRejected {
+        /// Repository coordinates.
+        repos: Vec<crate::core::nip34::RepoRef>,
+        /// Root events.
+        roots: Vec<EventId>,
+    },
+}
+
+impl Command {
+    /// Where this command goes; `own` is the own relay (a [`Command::CollectIds`] is for its
+    /// session).
+    #[must_use]
+    pub fn route(self, own: &RelayUrl) -> Route {
+        match self {
+            Command::Connect { relay, generation } => Route::Connect { relay, generation },
+            Command::Forget { relay } => Route::Forget(relay),
+            Command::RetryRejected { repos, roots } => Route::RetryRejected { repos, roots },
+            Command::Subscribe {
+                relay,
+                generation,
+                sub_id,
+                filter,
+                scope,
+            } => Route::Relay(
+                relay,
+                Control::Subscribe {
+                    generation,
+                    sub_id,
+                    filter,
+                    scope,
+                },
+            ),
+            Command::Unsubscribe {
+                relay,
+                generation,
+                sub_id,
+            } => Route::Relay(relay, Control::Unsubscribe { generation, sub_id }),
+            Command::CollectIds {
+                generation,
+                sub_id,
+                filter,
+            } => Route::Relay(
+                own.clone(),
+                Control::CollectIds {
+                    generation,
+                    sub_id,
+                    filter: Box::new(filter),
+                },
+            ),
+            Command::NegOpen {
+                relay,
+                generation,
+                sub_id,
+                filter,
+                message,
+            } => Route::Relay(
+                relay,
+                Control::NegOpen {
+                    generation,
+                    sub_id,
+                    filter: Box::new(filter),
+                    message,
+                },
+            ),
+            Command::NegMsg {
+                relay,
+                generation,
+                sub_id,
+                message,
+            } => Route::Relay(
+                relay,
+                Control::NegMsg {
+                    generation,
+                    sub_id,
+                    message,
+                },
+            ),
+            Command::NegClose {
+                relay,
+                generation,
+                sub_id,
+            } => Route::Relay(relay, Control::NegClose { generation, sub_id }),
+        }
+    }
 }
 
 /// What a subscription is for.

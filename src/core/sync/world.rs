@@ -42,11 +42,11 @@ use negentropy::{Id, Negentropy, NegentropyStorageVector};
 use crate::core::auth::AuthLimits;
 use crate::core::dedup::VerifiedSet;
 use crate::core::session::{
-    Control, Disconnect, Frame, FrameOutcome, LimitsFetch, RelaySession, SessionConfig,
-    SessionRole, Transmit, Verified,
+    Disconnect, Frame, FrameOutcome, LimitsFetch, RelaySession, SessionConfig, SessionRole,
+    Transmit, Verified,
 };
 use crate::core::sync::reconcile::{hex_decode, hex_encode};
-use crate::core::sync::{Command, Report, SyncConfig, SyncMachine};
+use crate::core::sync::{Command, Report, Route, SyncConfig, SyncMachine};
 use crate::core::time::Time;
 use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
@@ -501,9 +501,10 @@ impl World {
     }
 
     fn execute(&mut self, c: Command) {
-        let (relay, control) = match c {
-            Command::Connect { relay, generation } => return self.connect(relay, generation),
-            Command::Forget { relay } => {
+        // The engine's routing (`Command::route`), as the coordinator runs it.
+        let (relay, control) = match c.route(&self.own_url) {
+            Route::Connect { relay, generation } => return self.connect(relay, generation),
+            Route::Forget(relay) => {
                 // The thread ends: its connection and its session are gone.
                 self.sessions.remove(&relay);
                 if let Some(f) = self.fake(&relay) {
@@ -514,75 +515,11 @@ impl World {
                 }
                 return;
             }
-            Command::RetryRejected { repos, roots } => {
+            Route::RetryRejected { repos, roots } => {
                 self.retries.push((repos, roots));
                 return;
             }
-            Command::Subscribe {
-                relay,
-                generation,
-                sub_id,
-                filter,
-                scope,
-            } => (
-                relay,
-                Control::Subscribe {
-                    generation,
-                    sub_id,
-                    filter,
-                    scope,
-                },
-            ),
-            Command::Unsubscribe {
-                relay,
-                generation,
-                sub_id,
-            } => (relay, Control::Unsubscribe { generation, sub_id }),
-            Command::CollectIds {
-                generation,
-                sub_id,
-                filter,
-            } => (
-                self.own_url.clone(),
-                Control::CollectIds {
-                    generation,
-                    sub_id,
-                    filter: Box::new(filter),
-                },
-            ),
-            Command::NegOpen {
-                relay,
-                generation,
-                sub_id,
-                filter,
-                message,
-            } => (
-                relay,
-                Control::NegOpen {
-                    generation,
-                    sub_id,
-                    filter: Box::new(filter),
-                    message,
-                },
-            ),
-            Command::NegMsg {
-                relay,
-                generation,
-                sub_id,
-                message,
-            } => (
-                relay,
-                Control::NegMsg {
-                    generation,
-                    sub_id,
-                    message,
-                },
-            ),
-            Command::NegClose {
-                relay,
-                generation,
-                sub_id,
-            } => (relay, Control::NegClose { generation, sub_id }),
+            Route::Relay(relay, control) => (relay, control),
         };
         let now = self.now;
         if let Some(s) = self.sessions.get_mut(&relay) {
