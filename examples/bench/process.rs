@@ -409,7 +409,23 @@ struct Corpus {
 
 impl Corpus {
     fn generate(repos: usize, n: usize, patch: (usize, usize), seed: u64, span: u64) -> Corpus {
+        Corpus::generate_with(repos, n, patch, seed, span, false)
+    }
+
+    /// [`Corpus::generate`]; with `chains`, one event in eight is a reply below a comment
+    /// that tags only its parent (a legacy kind-1 reply, `["e", parent, "", "reply"]`), up
+    /// to four generations below the root: reachable only by following the chain.
+    pub(super) fn generate_with(
+        repos: usize,
+        n: usize,
+        patch: (usize, usize),
+        seed: u64,
+        span: u64,
+        chains: bool,
+    ) -> Corpus {
         let mut rng = Rng(seed | 1);
+        // Comments and chain replies per repository, with their depth below the root.
+        let mut thread: Vec<Vec<(String, String, u8)>> = vec![Vec::new(); repos];
         let owners: Vec<Keys> = (0..repos.div_ceil(REPOS_PER_OWNER))
             .map(|_| Keys::generate())
             .collect();
@@ -436,7 +452,20 @@ impl Corpus {
             let owner_hex = owner.public_key().to_hex();
             let author = &people[rng.below(people.len())];
             let roll = rng.below(100);
-            let e = if roll < 14 || (roots[r].is_empty() && roll < 60) {
+            let parent = (chains && rng.below(8) == 0 && !thread[r].is_empty())
+                .then(|| thread[r][rng.below(thread[r].len())].clone())
+                .filter(|(_, _, depth)| *depth < 4);
+            let e = if let Some((parent, parent_author, depth)) = parent {
+                let len = rng.log_size(40, 800);
+                let text = words(&mut rng, len);
+                let tags = vec![
+                    tag(&["e", &parent, "", "reply"]),
+                    tag(&["p", &parent_author]),
+                ];
+                let e = sign_event(author, 1, &text, &tags, at);
+                thread[r].push((e.id.to_hex(), e.pubkey.to_hex(), depth + 1));
+                e
+            } else if roll < 14 || (roots[r].is_empty() && roll < 60) {
                 // A patch; the first of a series is a root, the rest reply to it.
                 let len = rng.log_size(patch.0, patch.1);
                 let text = patch_text(&mut rng, len);
@@ -486,7 +515,9 @@ impl Corpus {
                     tag(&["k", &k]),
                     tag(&["p", &root_author]),
                 ];
-                sign_event(author, 1111, &text, &tags, at)
+                let e = sign_event(author, 1111, &text, &tags, at);
+                thread[r].push((e.id.to_hex(), e.pubkey.to_hex(), 1));
+                e
             } else {
                 let (root, _, root_author) = roots[r][rng.below(roots[r].len())].clone();
                 let kind = 1630 + rng.below(4) as u16;
