@@ -887,6 +887,40 @@ impl World {
         }
     }
 
+    /// After convergence: a repository comment (`A`) published live on every remote relay
+    /// that an announcement on the own relay lists, in the expected set by the same rule as
+    /// any other. It reaches the engine behind whatever that relay sent before it, and the own
+    /// relay the same way, so once every marker is stored nothing sent earlier is still on
+    /// its way.
+    fn publish_markers(&mut self) {
+        let mut coord_of: BTreeMap<usize, String> = BTreeMap::new();
+        for e in self.own().events() {
+            if e.kind.as_u16() != 30617 {
+                continue;
+            }
+            let coord = format!(
+                "30617:{}:{}",
+                e.pubkey.to_hex(),
+                first_value(&e, "d").unwrap_or_default()
+            );
+            for t in e.tags.iter().filter(|t| t.kind() == "relays") {
+                for u in t.as_slice().iter().skip(1) {
+                    if let Some(i) = self.remote_urls.iter().position(|r| r == u) {
+                        coord_of.entry(i).or_insert_with(|| coord.clone());
+                    }
+                }
+            }
+        }
+        for (i, coord) in coord_of {
+            let n = self.uniq();
+            let at = self.ts(Age::New);
+            let author = keys_from(&mut self.rng);
+            let tags = [tag(&["A", &coord]), tag(&["K", "30617"])];
+            let e = signed(&author, 1111, &format!("marker {n}"), &tags, at);
+            self.put(format!("marker {n} on remote {i}"), &e, &[Place::Remote(i)]);
+        }
+    }
+
     // ----- the expected set -----
 
     /// The closure the engine must copy to the own relay, from the relays' current stores.
@@ -1307,13 +1341,18 @@ fn run_shape(
         w.faults.mid_answer_fired += w.relay(p).mid_answer_drops();
     }
     let faults_done = Instant::now();
-    let expected = w.expected();
-    let converged = wait_until(deadline, || {
+    let mut expected = w.expected();
+    let mut converged = wait_until(deadline, || {
         w.own().event_ids() == expected && handle.status().is_settled()
     });
-    // Nothing unexpected may trickle in afterwards.
+    // Nothing unexpected may trickle in afterwards: not a pause, but markers behind whatever
+    // the remote relays sent (`World::publish_markers`), then the exact set again.
     if converged {
-        thread::sleep(Duration::from_millis(500));
+        w.publish_markers();
+        expected = w.expected();
+        converged = wait_until(deadline, || {
+            w.own().event_ids() == expected && handle.status().is_settled()
+        });
     }
     let actual = w.own().event_ids();
     let ok = converged && actual == expected;

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{event, init_logging, url, OneRepo, WAIT};
+use common::{event, init_logging, machine_is_past, url, OneRepo, WAIT};
 use grasp_sync::testing::{wait_until, Profile, TestRelay, TestRelayOptions, WriteRate};
 use grasp_sync::{Config, RelayUrl};
 use nostr::event::EventId;
@@ -32,6 +32,7 @@ fn a_quick_reconnect_to_nostr_rs_relay_loses_no_live_event_and_does_not_churn() 
     let mut expected = r.seed(&own, &remote);
     let mut c = config(&own);
     c.eose_timeout = Duration::from_secs(2);
+    let clock = c.clock.clone();
     let handle = grasp_sync::start(c).unwrap();
     assert!(wait_until(WAIT, || own.event_ids() == expected
         && handle.status().is_settled()));
@@ -50,9 +51,17 @@ fn a_quick_reconnect_to_nostr_rs_relay_loses_no_live_event_and_does_not_churn() 
     let held = own.event_ids();
     let missing: HashSet<&EventId> = expected.difference(&held).collect();
     assert!(ok, "missing {missing:?}: {:#?}", handle.status());
-    // Three EOSE deadlines of steady state: no REQ at all.
+    // Three EOSE deadlines of steady state: no REQ at all, and the machine did nothing
+    // (a resent query counts). Not a fixed sleep: the window ends once the coordinator has
+    // handled every deadline that fell in it.
     let reqs = remote.reqs().len();
-    std::thread::sleep(Duration::from_secs(6));
+    let counters = handle.with_machine(|m| m.counters());
+    let end = clock.now().plus(Duration::from_secs(6));
+    assert!(
+        wait_until(WAIT, || machine_is_past(&handle, clock.as_ref(), end)),
+        "the engine's deadlines of the window were not handled"
+    );
+    assert_eq!(handle.with_machine(|m| m.counters()), counters);
     let again: Vec<_> = remote.reqs()[reqs..].to_vec();
     assert!(again.is_empty(), "REQs in steady state: {again:#?}");
     handle.shutdown(Duration::from_secs(10)).unwrap();

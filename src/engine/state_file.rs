@@ -920,6 +920,70 @@ mod tests {
         fs::remove_dir_all(&d).unwrap();
     }
 
+    /// A snapshot that confirms something is handed to the writer only once every event the
+    /// relay threads handed to the forwarder was answered (decision 0056), however many save
+    /// intervals pass meanwhile. In simulated time (`tick` and `finish` take `now`), so the
+    /// intervals surely pass; `finish` returns only once the writer thread has ended, so
+    /// every write it was given is on disk when the directory is read. Fails when `tick` or
+    /// `finish` writes without looking at `unresolved`; the second half shows that the same
+    /// machine is written as soon as nothing is unresolved.
+    #[test]
+    fn a_confirmation_waits_for_its_events_through_any_number_of_save_intervals() {
+        use crate::core::sync::SyncConfig;
+        use crate::core::time::ManualClock;
+        use crate::shared::RelayUrl;
+        let now = Time::from_millis(snapshot().taken_at_ms + 60_000);
+        let clock = Arc::new(ManualClock::new(now));
+        let mut m = SyncMachine::new(SyncConfig::new(RelayUrl::parse("ws://own").unwrap()));
+        assert_eq!(m.restore(snapshot(), now).relays_restored, 1);
+        let machine = RwLock::new(m);
+        let interval = Duration::from_secs(1);
+        let end = now.plus(interval * 10);
+        let writer = |d: &PathBuf| {
+            StateWriter::new(
+                d.clone(),
+                "ws://own".into(),
+                "c".into(),
+                interval,
+                Arc::default(),
+                clock.clone(),
+            )
+            .unwrap()
+        };
+        let stopped = || std::time::Instant::now() + Duration::from_secs(30);
+        // An event is on its way to the own relay through ten save intervals and the stop.
+        let held = dir("unresolved");
+        let metrics = Arc::new(Metrics::default());
+        metrics.forward.unresolved.store(1, Ordering::SeqCst);
+        let mut w = writer(&held);
+        for i in 0..10 {
+            w.tick(&machine, now.plus(interval * i), &metrics);
+            assert!(w.pending.is_some(), "tick {i}: the snapshot waits");
+        }
+        assert!(w.finish(&machine, end, &metrics, stopped()).is_none());
+        assert!(
+            matches!(
+                load(&held, "ws://own", "c"),
+                Loaded::Ignored(IgnoredReason::Missing, _)
+            ),
+            "{:?}",
+            load(&held, "ws://own", "c")
+        );
+        // Nothing unresolved: the first tick writes it.
+        let free = dir("resolved");
+        let metrics = Arc::new(Metrics::default());
+        let mut w = writer(&free);
+        w.tick(&machine, now, &metrics);
+        assert!(w.pending.is_none(), "handed to the writer");
+        assert!(w.finish(&machine, end, &metrics, stopped()).is_none());
+        match load(&free, "ws://own", "c") {
+            Loaded::Snapshot(s) => assert_eq!(s.relays.len(), 1, "{s:?}"),
+            other => panic!("{other:?}"),
+        }
+        fs::remove_dir_all(&held).unwrap();
+        fs::remove_dir_all(&free).unwrap();
+    }
+
     #[test]
     fn temporary_files_of_an_interrupted_write_are_removed_at_start() {
         let d = dir("stale");

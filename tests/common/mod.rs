@@ -235,6 +235,19 @@ pub fn shutdown_clean(handle: SyncHandle, relays: &[&TestRelay]) {
     }
 }
 
+/// True once `end` has passed on `clock` (the engine's) and the sync machine has no timer due at
+/// or before it: every deadline up to `end` (an EOSE deadline, a retry, a poll round) has been
+/// handled by the coordinator. A test that asserts "nothing happens until `end`" waits for
+/// this, a positive signal, instead of sleeping: on a slow host it waits longer rather than
+/// looking before the deadlines it is about ran.
+pub fn machine_is_past(
+    handle: &SyncHandle,
+    clock: &dyn grasp_sync::core::Clock,
+    end: grasp_sync::core::Time,
+) -> bool {
+    clock.now() >= end && handle.with_machine(|m| m.poll_timeout().is_none_or(|t| t > end))
+}
+
 // ----- REQ classification -----
 
 /// What a recorded filter is, by the layer design.
