@@ -282,7 +282,10 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
 fn reasked_second(query: &Filter, limits: &PageLimits) -> Option<(u64, usize)> {
     let limit = query.limit.filter(|l| *l > 0)?;
     let second = query.since.filter(|s| Some(*s) == query.until)?;
-    limits.max_limit.is_none().then_some((second.as_secs(), limit))
+    limits
+        .max_limit
+        .is_none()
+        .then_some((second.as_secs(), limit))
 }
 
 /// The answer `got` to a second asked again with `limit: asked` (twice the `n` events its
@@ -545,41 +548,164 @@ mod tests {
     fn a_page_beyond_the_assumed_cap_asks_its_second_again_with_a_limit() {
         // Issue 36, item 6: one author, one kind, 30 events in one second on a relay that
         // publishes no limits (20 assumed). The page cannot be split; it holds more than the
-        // assumed cap, so the relay does not cap there: the second is asked again with an
-        // explicit limit, and an answer below it is the whole second.
+        // assumed cap, so the relay does not cap at 20: the second is asked again with an
+        // explicit limit. The answer is the whole second only with evidence that the relay
+        // does not cap at its size (decision 0103).
         let pk = nostr::key::Keys::parse(&format!("{:064x}", 7))
             .unwrap()
             .public_key();
-        let mut s = stats(30, 100, 100);
-        s.kinds_at_oldest = [1621u16].into();
-        s.authors_at_oldest = [pk].into();
+        let burst = |n: u64| {
+            let mut s = stats(n, 100, 100);
+            s.kinds_at_oldest = [1621u16].into();
+            s.authors_at_oldest = [pk].into();
+            s
+        };
         let q = l2(&["only"]).kind(Kind::Custom(1621)).author(pk);
-        let p = plan_pages(&q, &s, &PageLimits::assumed(20));
+        let p = plan_pages(&q, &burst(30), &PageLimits::assumed(20));
         assert_eq!(p.incomplete, None);
         let again = p.next.last().expect("the second again");
         assert_eq!(again.limit, Some(60));
         assert_eq!(again.since, Some(Timestamp::from_secs(100)));
         assert_eq!(again.until, Some(Timestamp::from_secs(100)));
-        // The answer: 30 again, fewer than asked for: complete.
-        assert_eq!(
-            plan_pages(again, &s, &PageLimits::assumed(20)),
-            PagePlan::default()
+        // 30 again, and the relay never returned more than 30 to any query: a relay with a
+        // hidden cap of 30 answers exactly so. Reported, never taken as complete.
+        let seen_30 = PageLimits {
+            largest_page: 30,
+            ..PageLimits::assumed(20)
+        };
+        let p = plan_pages(again, &burst(30), &seen_30);
+        assert!(p.next.is_empty());
+        assert!(
+            p.incomplete
+                .as_ref()
+                .is_some_and(|w| w.contains("however asked")),
+            "{p:?}"
         );
+        // 30 again from a relay that returned 31 to some query: it does not cap at 30.
+        let seen_31 = PageLimits {
+            largest_page: 31,
+            ..PageLimits::assumed(20)
+        };
+        assert_eq!(plan_pages(again, &burst(30), &seen_31), PagePlan::default());
+        // More than the first time and fewer than asked: it follows the limit; complete.
+        assert_eq!(plan_pages(again, &burst(45), &seen_30), PagePlan::default());
         // 60 of 60: a relay that does cap there: reported, never another round.
-        let full = stats(60, 100, 100);
-        let mut full = full;
-        full.kinds_at_oldest = [1621u16].into();
-        full.authors_at_oldest = [pk].into();
-        assert!(plan_pages(again, &full, &PageLimits::assumed(20))
-            .incomplete
-            .is_some());
+        assert!(plan_pages(again, &burst(60), &seen_30).incomplete.is_some());
         // Exactly the assumed cap: the relay may cap there; still incomplete as before.
-        let mut at_cap = stats(20, 100, 100);
-        at_cap.kinds_at_oldest = [1621u16].into();
-        at_cap.authors_at_oldest = [pk].into();
-        assert!(plan_pages(&q, &at_cap, &PageLimits::assumed(20))
+        assert!(plan_pages(&q, &burst(20), &PageLimits::assumed(20))
             .incomplete
             .is_some());
+    }
+
+    /// A page of `n` events spanning `[oldest, newest]`, `at_oldest` of them in the oldest
+    /// second.
+    fn page(n: u64, oldest: u64, newest: u64, at_oldest: u64) -> PageStats {
+        PageStats {
+            at_oldest,
+            ..stats(n, oldest, newest)
+        }
+    }
+
+    #[test]
+    fn a_short_page_that_may_be_capped_is_probed_and_a_cap_learnt() {
+        // A relay publishing no limits that silently returns at most 10 events: its page of
+        // 10 is short of the assumed 20, and no page before was larger. Probed once.
+        let mut watch = CapWatch::default();
+        let assumed = PageLimits::assumed(20);
+        let q = l2(&["x"]);
+        let w = watch.plan(&q, &page(10, 100, 200, 2), &assumed);
+        assert!(w.plan.probe && w.learned.is_none(), "{w:?}");
+        assert_eq!(
+            w.plan.next,
+            vec![q.clone().until(Timestamp::from_secs(100))]
+        );
+        assert_eq!(watch.largest_page, 10);
+        // The probe brings events older than its `until`: the first page was cut at 10. The
+        // cap is learnt and the probe's answer, a full page now, is paged on.
+        let probe = w.plan.next[0].clone();
+        let w = watch.plan(&probe, &page(10, 50, 100, 1), &assumed);
+        assert_eq!(w.learned, Some(10));
+        assert!(!w.plan.probe);
+        assert_eq!(
+            w.plan.next,
+            vec![probe.clone().until(Timestamp::from_secs(50))]
+        );
+        assert_eq!(watch.learned_cap, Some(10));
+        let learnt = watch.limits(&assumed);
+        assert_eq!((learnt.page_size, learnt.assumed), (10, false));
+        // From now on a page of 9 is short for certain: no more probes.
+        let w = watch.plan(&l2(&["y"]), &page(9, 100, 200, 1), &assumed);
+        assert!(w.plan.is_complete(), "{w:?}");
+        // Published limits are never replaced by a learnt cap.
+        let published = PageLimits::published(500, Some(500));
+        assert_eq!(watch.limits(&published).page_size, 500);
+    }
+
+    #[test]
+    fn a_probe_answered_with_more_events_of_the_oldest_second_teaches_the_cap() {
+        // The events the capped page lacked all share its oldest second: the probe brings
+        // more of that second than the page held.
+        let mut watch = CapWatch::default();
+        let assumed = PageLimits::assumed(20);
+        let q = l2(&["x"]);
+        let w = watch.plan(&q, &page(10, 100, 200, 2), &assumed);
+        let probe = w.plan.next[0].clone();
+        let w = watch.plan(&probe, &page(10, 100, 100, 10), &assumed);
+        assert_eq!(w.learned, Some(10));
+        // A full page of one second under the learnt cap: split, not taken as complete.
+        assert!(!w.plan.is_complete(), "{w:?}");
+    }
+
+    #[test]
+    fn an_honest_relay_answers_its_probe_with_the_oldest_second_and_probes_stop() {
+        let mut watch = CapWatch::default();
+        let assumed = PageLimits::assumed(20);
+        let q = l2(&["x"]);
+        let w = watch.plan(&q, &page(10, 100, 200, 2), &assumed);
+        let probe = w.plan.next[0].clone();
+        // An uncapped relay: the probe holds the two events of second 100, nothing older.
+        let w = watch.plan(&probe, &page(2, 100, 100, 2), &assumed);
+        assert_eq!(w, WatchedPlan::default(), "complete, nothing learnt");
+        assert_eq!(watch.learned_cap, None);
+        // A smaller page than one the relay returned before cannot be capped.
+        let w = watch.plan(&l2(&["y"]), &page(9, 100, 200, 1), &assumed);
+        assert!(w.plan.is_complete());
+        // One as large may be (the relay may cap exactly there): probed.
+        assert!(
+            watch
+                .plan(&l2(&["z"]), &page(10, 100, 200, 1), &assumed)
+                .plan
+                .probe
+        );
+        // Never probed: a page of one second (`until` cannot check it), a query with its
+        // own `limit` or by `ids`, a relay that publishes its limits.
+        assert!(watch
+            .plan(&q, &page(12, 100, 100, 12), &assumed)
+            .plan
+            .is_complete());
+        assert!(watch
+            .plan(&q.clone().limit(15), &page(12, 100, 200, 1), &assumed)
+            .plan
+            .is_complete());
+        let by_ids = Filter::new().id(nostr::event::EventId::from_byte_array([0; 32]));
+        assert!(watch
+            .plan(&by_ids, &page(13, 100, 200, 1), &assumed)
+            .plan
+            .is_complete());
+        let published = PageLimits::published(20, None);
+        assert!(watch
+            .plan(&q, &page(14, 100, 200, 1), &published)
+            .plan
+            .is_complete());
+        // A full page of the assumed size: the relay does not cap below it; no short page
+        // is probed again.
+        let full = watch.plan(&q, &page(20, 100, 200, 1), &assumed);
+        assert!(!full.plan.probe && full.plan.next.len() == 1);
+        assert!(watch
+            .plan(&q, &page(19, 100, 200, 1), &assumed)
+            .plan
+            .is_complete());
+        assert_eq!(watch.learned_cap, None);
     }
 
     #[test]
@@ -629,6 +755,7 @@ mod tests {
         s.record_event(&ev(150, 4));
         assert_eq!((s.received, s.oldest, s.newest), (4, Some(100), Some(200)));
         assert_eq!(s.kinds_at_oldest, [2u16, 3].into());
+        assert_eq!(s.at_oldest, 2);
         assert_eq!(s.authors_at_oldest.len(), 1);
     }
 
