@@ -1395,3 +1395,37 @@ fn a_relay_capping_silently_below_the_assumed_page_is_read_complete() {
     assert_eq!((c.caps_learned, c.incomplete_queries), (1, 0), "{c:?}");
     assert!(c.cap_probes >= 1, "{c:?}");
 }
+
+#[test]
+fn an_honest_relay_without_limits_costs_one_probe_for_its_short_page() {
+    // The cost of decision 0103 on an honest relay publishing no limits: a repository of 12
+    // issues (a page short of the assumed 20, spanning many seconds) is probed once; the
+    // probe brings the oldest second's one issue again, no cap is learnt, nothing follows.
+    let issues: Vec<Event> = {
+        let t = 1_000_000;
+        (0..12)
+            .map(|i| issue("r", &format!("issue {i}"), t + i * 60))
+            .collect()
+    };
+    let (mut w, ann) = one_repo(|w| {
+        w.relay(A).store.extend(issues.iter().cloned());
+    });
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let mut want: Vec<&Event> = issues.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+    let c = w.m.counters();
+    assert_eq!(
+        (c.cap_probes, c.caps_learned, c.incomplete_queries),
+        (1, 0, 0),
+        "{c:?}"
+    );
+    let a = RelayUrl::parse(A).unwrap();
+    let probes: Vec<&Filter> = w.relays[&a]
+        .reqs
+        .iter()
+        .filter(|f| f.until.is_some())
+        .collect();
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    assert_eq!(probes[0].until, Some(at(1_000_000)));
+}
