@@ -299,8 +299,8 @@ fn whole_second(got: u64, asked: usize, limits: &PageLimits) -> bool {
 }
 
 /// The most probes for a hidden cap whose answers one relay's [`CapWatch`] keeps waiting
-/// for; a probe beyond it is still asked (it is the next page as if the relay capped there)
-/// but its answer teaches no cap.
+/// for. Beyond it the oldest is forgotten: that probe's answer is still paged as any page
+/// (a probe is the next page as if the relay capped there) but teaches no cap.
 pub const MAX_PROBES: usize = 64;
 
 /// What paging learns about a relay beyond what it publishes (decision 0103): the largest
