@@ -289,3 +289,37 @@ fn an_audit_answers_one_auth_challenge_per_connection() {
         "{answered} AUTH messages over {connections} connections, {sent} challenges"
     );
 }
+
+#[test]
+fn an_audit_finds_the_events_beyond_a_cap_a_relay_does_not_publish() {
+    // Issue 36, item 7: a relay publishing no limits (no NIP-11) that returns at most 10
+    // events per query, below the 20 assumed. Every page it returned was short of 20, so
+    // the audit read each query as complete and found 10 of the 35 issues missing, saying
+    // nothing of the rest. Its first page of 10 is probed; the probe brings older events, so
+    // the cap is learnt and every issue is found (decision 0103).
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    remote.set_result_cap(Some(10));
+    let keys = Keys::generate();
+    let ann = announcement(&keys, "capped", &[&[&remote.url()]]);
+    let repo = repo_ref(&keys, "capped");
+    let t0 = nostr::types::Timestamp::now().as_secs() - 86_400;
+    let issues: Vec<nostr::event::Event> = (0..35u64)
+        .map(|i| {
+            nostr::event::EventBuilder::new(nostr::event::Kind::Custom(1621), format!("issue {i}"))
+                .tag(nostr::event::Tag::parse(["a", repo.as_str()]).unwrap())
+                .custom_created_at(nostr::types::Timestamp::from_secs(t0 + i * 60))
+                .finalize(&keys)
+                .unwrap()
+        })
+        .collect();
+    seed(&own, std::slice::from_ref(&ann));
+    seed(&remote, std::slice::from_ref(&ann));
+    seed(&remote, &issues);
+    let (code, doc) = run_audit(&own.url(), &[]);
+    assert_eq!(code, 1, "issues are missing: {doc:#}");
+    let want: HashSet<nostr::event::EventId> = issues.iter().map(|e| e.id).collect();
+    assert_eq!(audit_missing_ids(&doc), want, "{doc:#}");
+    let relay = &doc["relays"][0];
+    assert_eq!(relay["state"], "complete", "{doc:#}");
+    assert_eq!(relay["learned_cap"], 10, "{doc:#}");
+}

@@ -1,4 +1,5 @@
-//! `plan_pages` with arbitrary page statistics and queries: never panics, fans out at most
+//! `plan_pages` with arbitrary page statistics and queries, and the same through a relay's
+//! `CapWatch` (a probe for a hidden cap included): never panics, fans out at most
 //! `1 + MAX_FANOUT` queries, and every follow-up either ends strictly before the query's
 //! `until` (or its oldest second) or lies inside one second.
 #![no_main]
@@ -6,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use arbitrary::Arbitrary;
-use grasp_sync::core::paging::{plan_pages, PageLimits, PageStats, MAX_FANOUT};
+use grasp_sync::core::paging::{plan_pages, CapWatch, PageLimits, PageStats, MAX_FANOUT};
 use libfuzzer_sys::fuzz_target;
 use nostr::event::Kind;
 use nostr::filter::{Filter, SingleLetterTag};
@@ -29,6 +30,12 @@ struct Input {
     tag_values: Vec<String>,
     page_size: u16,
     max_limit: Option<u16>,
+    assumed: bool,
+    largest_page: u64,
+    at_oldest: u64,
+    /// What the probe of the page (if one is asked) answers: received, oldest, newest,
+    /// events in its oldest second.
+    probe_answer: (u64, Option<u64>, Option<u64>, u64),
 }
 
 fn pk(b: &[u8; 32]) -> Option<PublicKey> {
@@ -70,13 +77,42 @@ fuzz_target!(|i: Input| {
             .take(64)
             .filter_map(pk)
             .collect::<BTreeSet<_>>(),
+        at_oldest: i.at_oldest,
         ..PageStats::default()
     };
     let limits = PageLimits {
         page_size: (i.page_size as usize).max(1),
         max_limit: i.max_limit.map(|m| m as usize),
+        assumed: i.assumed,
+        largest_page: i.largest_page,
     };
-    let plan = plan_pages(&q, &stats, &limits);
+    check(&q, &plan_pages(&q, &stats, &limits));
+    let mut watch = CapWatch::default();
+    watch.largest_page = i.largest_page;
+    let watched = watch.plan(&q, &stats, &limits);
+    check(&q, &watched.plan);
+    if watched.plan.probe {
+        assert_eq!(watched.plan.next.len(), 1, "a probe is one query");
+        // Its answer, whatever it holds, is judged and paged on within the same bounds.
+        let probe = &watched.plan.next[0];
+        let (received, oldest, newest, at_oldest) = i.probe_answer;
+        let answer = PageStats {
+            received,
+            oldest,
+            newest,
+            at_oldest,
+            ..PageStats::default()
+        };
+        let next = watch.plan(probe, &answer, &limits);
+        check(probe, &next.plan);
+        if let Some(cap) = next.learned {
+            assert!(cap >= 1 && watch.limits(&limits).page_size == cap);
+        }
+    }
+});
+
+/// The bounds every plan of `q` keeps.
+fn check(q: &Filter, plan: &grasp_sync::core::paging::PagePlan) {
     assert!(
         plan.next.len() <= 1 + MAX_FANOUT,
         "{} follow-ups",
@@ -85,18 +121,19 @@ fuzz_target!(|i: Input| {
     if plan.incomplete.is_some() && plan.next.is_empty() {
         return;
     }
-    let bound = i.until.unwrap_or(u64::MAX);
+    let until = q.until.map(|u| u.as_secs());
+    let bound = until.unwrap_or(u64::MAX);
     for f in &plan.next {
         let u = f.until.expect("every follow-up has an until").as_secs();
         let one_second = f.since.map(|s| s.as_secs()) == Some(u);
         assert!(u <= bound, "until {u} after the query's {bound}");
         assert!(
-            u < bound || one_second || i.until.is_none(),
+            u < bound || one_second || until.is_none(),
             "until must strictly decrease: {f:?} after {q:?}"
         );
         if one_second {
             // Strictly narrower than the query, or a larger explicit limit.
-            assert!(f != &q, "a split must change the query: {f:?}");
+            assert!(f != q, "a split must change the query: {f:?}");
         }
     }
-});
+}

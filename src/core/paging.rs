@@ -22,8 +22,20 @@
 //! negation): events of a kind or author that never showed up in that second's full pages
 //! cannot be asked for; [`PagePlan::partial_split`] says so and the caller logs it. Every
 //! step strictly narrows the query, so paging always terminates.
+//!
+//! A relay that publishes no limits is assumed to cap at `--page-size` (20). One that caps
+//! silently *below* that returns pages that all look short, so every query would read as
+//! complete. [`CapWatch`] keeps what a relay has shown instead (decision 0103): the largest
+//! page it ever returned to one query, and a cap it was caught applying. A short page of
+//! such a relay that may be cut by a cap (at least as large as any page before, spanning
+//! two seconds or more) is followed by one probe, the next page as if the cap were that
+//! page's size; a probe answered with events the first page lacked teaches the relay's cap,
+//! and paging goes on from there. The same largest page is the evidence that the answer to
+//! a second asked again with an explicit `limit` is the whole second (decision 0103
+//! amending issue 36 item 6).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
+use std::hash::{Hash, Hasher};
 
 use nostr::event::{Event, Kind};
 use nostr::filter::Filter;
@@ -54,6 +66,8 @@ pub struct PageStats {
     pub rejected: u64,
     /// Oldest `created_at` among the checked events.
     pub oldest: Option<u64>,
+    /// Checked events in that oldest second.
+    pub at_oldest: u64,
     /// Newest `created_at` among them.
     pub newest: Option<u64>,
     /// Kinds seen in the oldest second (at most [`MAX_SEEN`]).
@@ -78,6 +92,10 @@ impl PageStats {
         if self.oldest.is_none_or(|o| created_at < o) {
             self.kinds_at_oldest.clear();
             self.authors_at_oldest.clear();
+            self.at_oldest = 0;
+        }
+        if self.oldest.is_none_or(|o| created_at <= o) {
+            self.at_oldest = self.at_oldest.saturating_add(1);
         }
         self.oldest = Some(self.oldest.map_or(created_at, |o| o.min(created_at)));
         self.newest = Some(self.newest.map_or(created_at, |n| n.max(created_at)));
@@ -111,6 +129,13 @@ pub struct PageLimits {
     /// The relay's `max_limit`, when published: an explicit `limit` up to this may return
     /// more than `page_size`.
     pub max_limit: Option<usize>,
+    /// `page_size` is only assumed: the relay publishes neither `max_limit` nor
+    /// `default_limit` and no cap was learnt from it, so a short page may hide a cap below
+    /// it ([`CapWatch`]).
+    pub assumed: bool,
+    /// The most events the relay was seen to return to one query (0: none yet): it does not
+    /// cap below this ([`CapWatch::largest_page`]).
+    pub largest_page: u64,
 }
 
 impl PageLimits {
@@ -119,6 +144,28 @@ impl PageLimits {
         PageLimits {
             page_size: page_size.max(1),
             max_limit: None,
+            assumed: true,
+            largest_page: 0,
+        }
+    }
+
+    /// A relay that publishes `max_limit` (the page size too, unless `page_size` says
+    /// otherwise).
+    pub fn published(page_size: usize, max_limit: Option<usize>) -> PageLimits {
+        PageLimits {
+            page_size: page_size.max(1),
+            max_limit,
+            assumed: false,
+            largest_page: 0,
+        }
+    }
+
+    /// The page limits a NIP-11 `limitation` object gives (`max_limit`, else
+    /// `default_limit`, else `assumed_page_size`, which is then only assumed).
+    pub fn of(limits: &crate::shared::RelayLimits, assumed_page_size: usize) -> PageLimits {
+        PageLimits {
+            assumed: limits.max_limit.is_none() && limits.default_limit.is_none(),
+            ..PageLimits::published(limits.page_size(assumed_page_size), limits.max_limit)
         }
     }
 }
@@ -133,6 +180,9 @@ pub struct PagePlan {
     /// Set when a second was split by the kinds or authors seen in it (steps 4–5): events
     /// of kinds or authors never seen there cannot be asked for.
     pub partial_split: bool,
+    /// Set when the only query of `next` is a probe for a hidden cap ([`CapWatch::plan`]):
+    /// the query was complete unless the relay caps below the page size assumed for it.
+    pub probe: bool,
 }
 
 impl PagePlan {
@@ -174,7 +224,12 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
         ));
     }
     if cap == 0 || total < cap as u64 {
-        return PagePlan::default();
+        return match reasked_second(query, limits) {
+            Some((second, asked)) if !whole_second(total, asked, limits) => incomplete(format!(
+                "the relay answers {total} events for created_at {second} however asked: it may cap there"
+            )),
+            _ => PagePlan::default(),
+        };
     }
     if (stats.received as usize) < cap {
         return incomplete(format!(
@@ -207,7 +262,8 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
         }
         // The relay publishes no limits and sent more than the page size we assume for it
         // (issue 36): it does not cap there. The second is asked for once more with an
-        // explicit limit of twice what came; fewer than that is the whole second.
+        // explicit limit of twice what came; the answer is the whole second only with
+        // evidence that the relay does not cap at its size ([`whole_second`]).
         None if query.limit.is_none() && limits.max_limit.is_none() && total > cap as u64 => {
             plan.next
                 .push(in_second.limit((total as usize).saturating_mul(2)));
@@ -219,6 +275,143 @@ pub fn plan_pages(query: &Filter, stats: &PageStats, limits: &PageLimits) -> Pag
         }
     }
     plan
+}
+
+/// `query` asks one second again with an explicit `limit` on a relay that publishes no
+/// `max_limit` (the only such queries [`plan_pages`] plans): that second and the limit.
+fn reasked_second(query: &Filter, limits: &PageLimits) -> Option<(u64, usize)> {
+    let limit = query.limit.filter(|l| *l > 0)?;
+    let second = query.since.filter(|s| Some(*s) == query.until)?;
+    limits
+        .max_limit
+        .is_none()
+        .then_some((second.as_secs(), limit))
+}
+
+/// The answer `got` to a second asked again with `limit: asked` (twice the `n` events its
+/// first page held) is the whole second only with evidence that the relay does not cap at
+/// `got` (decision 0103): it returned more than `got` to some query, or it returned more
+/// than `n` now (it follows the explicit limit) and fewer than asked. A relay that answers
+/// `n` however asked may cap there: never taken as complete.
+fn whole_second(got: u64, asked: usize, limits: &PageLimits) -> bool {
+    let n = (asked / 2) as u64;
+    limits.largest_page > got || (got > n && got < asked as u64)
+}
+
+/// The most probes for a hidden cap whose answers one relay's [`CapWatch`] keeps waiting
+/// for. Beyond it the oldest is forgotten: that probe's answer is still paged as any page
+/// (a probe is the next page as if the relay capped there) but teaches no cap.
+pub const MAX_PROBES: usize = 64;
+
+/// What paging learns about a relay beyond what it publishes (decision 0103): the largest
+/// page it ever returned and, for a relay that publishes no limits, a cap below the assumed
+/// page size that it was caught applying. Kept per relay for as long as the relay is known
+/// (across reconnects).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapWatch {
+    /// The most events (checked or not) the relay returned to one query.
+    pub largest_page: u64,
+    /// The cap the relay was caught applying below the assumed page size: a short page
+    /// whose probe brought events the page lacked. It replaces the assumed page size.
+    pub learned_cap: Option<usize>,
+    /// Probes waiting for their answer: the fingerprint of the probe's filter, the size of
+    /// the page it checks and that page's events in its oldest second (at most
+    /// [`MAX_PROBES`], oldest first).
+    probes: VecDeque<(u64, u64, u64)>,
+}
+
+/// What [`CapWatch::plan`] decided for one query.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WatchedPlan {
+    /// The follow-ups; [`PagePlan::probe`] when its query is a probe.
+    pub plan: PagePlan,
+    /// The cap this answer taught (a probe's answer with events its page lacked).
+    pub learned: Option<usize>,
+}
+
+impl CapWatch {
+    /// The limits to page with: `base` (what the relay publishes, or the assumed page size),
+    /// the learned cap in place of an assumed page size, and the largest page seen.
+    pub fn limits(&self, base: &PageLimits) -> PageLimits {
+        let mut l = *base;
+        if let (true, Some(cap)) = (l.assumed, self.learned_cap) {
+            l.page_size = cap.max(1);
+            l.assumed = false;
+        }
+        l.largest_page = l.largest_page.max(self.largest_page);
+        l
+    }
+
+    /// Plans the follow-ups of `query` (exactly as sent) after it delivered `stats`, on a
+    /// relay whose published (or assumed) limits are `base`:
+    ///
+    /// 1. the answer to a probe is judged first: more checked events than its page held in
+    ///    that page's oldest second, or any older one, prove the page was cut by a cap of
+    ///    its size, which is learnt (and replaces the assumed page size);
+    /// 2. [`plan_pages`] with [`Self::limits`] (so a probe's answer is paged on as any
+    ///    page);
+    /// 3. a complete plan of a short page that may hide a cap gets one probe,
+    ///    `query.until(oldest)`: the relay's page size is only assumed, the query carries no
+    ///    `limit` and no `ids`, the page holds fewer events than assumed but at least as many
+    ///    as any page before, and spans two seconds or more (a page of one second cannot be
+    ///    checked by `until`);
+    /// 4. the page's size is remembered ([`Self::largest_page`]).
+    ///
+    /// An honest relay answers a probe with the events of the page's oldest second only,
+    /// fewer than any page before, so probes never chain on it; once it returned one page of
+    /// the assumed size, no short page is probed again.
+    pub fn plan(&mut self, query: &Filter, stats: &PageStats, base: &PageLimits) -> WatchedPlan {
+        let total = stats.received.saturating_add(stats.rejected);
+        let mut learned = None;
+        if !self.probes.is_empty() {
+            let print = fingerprint(query);
+            if let Some(i) = self.probes.iter().position(|p| p.0 == print) {
+                let (_, size, at_oldest) = self.probes.remove(i).unwrap_or_default();
+                let until = query.until.map(|u| u.as_secs());
+                let older = matches!((stats.oldest, until), (Some(o), Some(u)) if o < u);
+                if (older || stats.received > at_oldest) && base.assumed {
+                    let cap = usize::try_from(size).unwrap_or(usize::MAX).max(1);
+                    if self.learned_cap.is_none_or(|c| cap < c) {
+                        self.learned_cap = Some(cap);
+                        learned = Some(cap);
+                    }
+                }
+            }
+        }
+        let limits = self.limits(base);
+        let mut plan = plan_pages(query, stats, &limits);
+        if plan.is_complete()
+            && limits.assumed
+            && query.limit.is_none()
+            && query.ids.is_none()
+            && total > 0
+            && total < limits.page_size as u64
+            && total >= self.largest_page
+        {
+            if let (Some(oldest), Some(newest)) = (stats.oldest, stats.newest) {
+                if oldest < newest {
+                    let probe = query.clone().until(Timestamp::from_secs(oldest));
+                    if self.probes.len() >= MAX_PROBES {
+                        self.probes.pop_front();
+                    }
+                    self.probes
+                        .push_back((fingerprint(&probe), total, stats.at_oldest));
+                    plan.next.push(probe);
+                    plan.probe = true;
+                }
+            }
+        }
+        self.largest_page = self.largest_page.max(total);
+        WatchedPlan { plan, learned }
+    }
+}
+
+/// A filter's fingerprint: a probe is recognised by it when its answer comes, whatever
+/// subscription carried it (a query sent again keeps its filter).
+fn fingerprint(filter: &Filter) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    filter.hash(&mut h);
+    h.finish()
 }
 
 /// The most page queries one relay may have waiting for a subscription slot before more
@@ -355,41 +548,164 @@ mod tests {
     fn a_page_beyond_the_assumed_cap_asks_its_second_again_with_a_limit() {
         // Issue 36, item 6: one author, one kind, 30 events in one second on a relay that
         // publishes no limits (20 assumed). The page cannot be split; it holds more than the
-        // assumed cap, so the relay does not cap there: the second is asked again with an
-        // explicit limit, and an answer below it is the whole second.
+        // assumed cap, so the relay does not cap at 20: the second is asked again with an
+        // explicit limit. The answer is the whole second only with evidence that the relay
+        // does not cap at its size (decision 0103).
         let pk = nostr::key::Keys::parse(&format!("{:064x}", 7))
             .unwrap()
             .public_key();
-        let mut s = stats(30, 100, 100);
-        s.kinds_at_oldest = [1621u16].into();
-        s.authors_at_oldest = [pk].into();
+        let burst = |n: u64| {
+            let mut s = stats(n, 100, 100);
+            s.kinds_at_oldest = [1621u16].into();
+            s.authors_at_oldest = [pk].into();
+            s
+        };
         let q = l2(&["only"]).kind(Kind::Custom(1621)).author(pk);
-        let p = plan_pages(&q, &s, &PageLimits::assumed(20));
+        let p = plan_pages(&q, &burst(30), &PageLimits::assumed(20));
         assert_eq!(p.incomplete, None);
         let again = p.next.last().expect("the second again");
         assert_eq!(again.limit, Some(60));
         assert_eq!(again.since, Some(Timestamp::from_secs(100)));
         assert_eq!(again.until, Some(Timestamp::from_secs(100)));
-        // The answer: 30 again, fewer than asked for: complete.
-        assert_eq!(
-            plan_pages(again, &s, &PageLimits::assumed(20)),
-            PagePlan::default()
+        // 30 again, and the relay never returned more than 30 to any query: a relay with a
+        // hidden cap of 30 answers exactly so. Reported, never taken as complete.
+        let seen_30 = PageLimits {
+            largest_page: 30,
+            ..PageLimits::assumed(20)
+        };
+        let p = plan_pages(again, &burst(30), &seen_30);
+        assert!(p.next.is_empty());
+        assert!(
+            p.incomplete
+                .as_ref()
+                .is_some_and(|w| w.contains("however asked")),
+            "{p:?}"
         );
+        // 30 again from a relay that returned 31 to some query: it does not cap at 30.
+        let seen_31 = PageLimits {
+            largest_page: 31,
+            ..PageLimits::assumed(20)
+        };
+        assert_eq!(plan_pages(again, &burst(30), &seen_31), PagePlan::default());
+        // More than the first time and fewer than asked: it follows the limit; complete.
+        assert_eq!(plan_pages(again, &burst(45), &seen_30), PagePlan::default());
         // 60 of 60: a relay that does cap there: reported, never another round.
-        let full = stats(60, 100, 100);
-        let mut full = full;
-        full.kinds_at_oldest = [1621u16].into();
-        full.authors_at_oldest = [pk].into();
-        assert!(plan_pages(again, &full, &PageLimits::assumed(20))
-            .incomplete
-            .is_some());
+        assert!(plan_pages(again, &burst(60), &seen_30).incomplete.is_some());
         // Exactly the assumed cap: the relay may cap there; still incomplete as before.
-        let mut at_cap = stats(20, 100, 100);
-        at_cap.kinds_at_oldest = [1621u16].into();
-        at_cap.authors_at_oldest = [pk].into();
-        assert!(plan_pages(&q, &at_cap, &PageLimits::assumed(20))
+        assert!(plan_pages(&q, &burst(20), &PageLimits::assumed(20))
             .incomplete
             .is_some());
+    }
+
+    /// A page of `n` events spanning `[oldest, newest]`, `at_oldest` of them in the oldest
+    /// second.
+    fn page(n: u64, oldest: u64, newest: u64, at_oldest: u64) -> PageStats {
+        PageStats {
+            at_oldest,
+            ..stats(n, oldest, newest)
+        }
+    }
+
+    #[test]
+    fn a_short_page_that_may_be_capped_is_probed_and_a_cap_learnt() {
+        // A relay publishing no limits that silently returns at most 10 events: its page of
+        // 10 is short of the assumed 20, and no page before was larger. Probed once.
+        let mut watch = CapWatch::default();
+        let assumed = PageLimits::assumed(20);
+        let q = l2(&["x"]);
+        let w = watch.plan(&q, &page(10, 100, 200, 2), &assumed);
+        assert!(w.plan.probe && w.learned.is_none(), "{w:?}");
+        assert_eq!(
+            w.plan.next,
+            vec![q.clone().until(Timestamp::from_secs(100))]
+        );
+        assert_eq!(watch.largest_page, 10);
+        // The probe brings events older than its `until`: the first page was cut at 10. The
+        // cap is learnt and the probe's answer, a full page now, is paged on.
+        let probe = w.plan.next[0].clone();
+        let w = watch.plan(&probe, &page(10, 50, 100, 1), &assumed);
+        assert_eq!(w.learned, Some(10));
+        assert!(!w.plan.probe);
+        assert_eq!(
+            w.plan.next,
+            vec![probe.clone().until(Timestamp::from_secs(50))]
+        );
+        assert_eq!(watch.learned_cap, Some(10));
+        let learnt = watch.limits(&assumed);
+        assert_eq!((learnt.page_size, learnt.assumed), (10, false));
+        // From now on a page of 9 is short for certain: no more probes.
+        let w = watch.plan(&l2(&["y"]), &page(9, 100, 200, 1), &assumed);
+        assert!(w.plan.is_complete(), "{w:?}");
+        // Published limits are never replaced by a learnt cap.
+        let published = PageLimits::published(500, Some(500));
+        assert_eq!(watch.limits(&published).page_size, 500);
+    }
+
+    #[test]
+    fn a_probe_answered_with_more_events_of_the_oldest_second_teaches_the_cap() {
+        // The events the capped page lacked all share its oldest second: the probe brings
+        // more of that second than the page held.
+        let mut watch = CapWatch::default();
+        let assumed = PageLimits::assumed(20);
+        let q = l2(&["x"]);
+        let w = watch.plan(&q, &page(10, 100, 200, 2), &assumed);
+        let probe = w.plan.next[0].clone();
+        let w = watch.plan(&probe, &page(10, 100, 100, 10), &assumed);
+        assert_eq!(w.learned, Some(10));
+        // A full page of one second under the learnt cap: split, not taken as complete.
+        assert!(!w.plan.is_complete(), "{w:?}");
+    }
+
+    #[test]
+    fn an_honest_relay_answers_its_probe_with_the_oldest_second_and_probes_stop() {
+        let mut watch = CapWatch::default();
+        let assumed = PageLimits::assumed(20);
+        let q = l2(&["x"]);
+        let w = watch.plan(&q, &page(10, 100, 200, 2), &assumed);
+        let probe = w.plan.next[0].clone();
+        // An uncapped relay: the probe holds the two events of second 100, nothing older.
+        let w = watch.plan(&probe, &page(2, 100, 100, 2), &assumed);
+        assert_eq!(w, WatchedPlan::default(), "complete, nothing learnt");
+        assert_eq!(watch.learned_cap, None);
+        // A smaller page than one the relay returned before cannot be capped.
+        let w = watch.plan(&l2(&["y"]), &page(9, 100, 200, 1), &assumed);
+        assert!(w.plan.is_complete());
+        // One as large may be (the relay may cap exactly there): probed.
+        assert!(
+            watch
+                .plan(&l2(&["z"]), &page(10, 100, 200, 1), &assumed)
+                .plan
+                .probe
+        );
+        // Never probed: a page of one second (`until` cannot check it), a query with its
+        // own `limit` or by `ids`, a relay that publishes its limits.
+        assert!(watch
+            .plan(&q, &page(12, 100, 100, 12), &assumed)
+            .plan
+            .is_complete());
+        assert!(watch
+            .plan(&q.clone().limit(15), &page(12, 100, 200, 1), &assumed)
+            .plan
+            .is_complete());
+        let by_ids = Filter::new().id(nostr::event::EventId::from_byte_array([0; 32]));
+        assert!(watch
+            .plan(&by_ids, &page(13, 100, 200, 1), &assumed)
+            .plan
+            .is_complete());
+        let published = PageLimits::published(20, None);
+        assert!(watch
+            .plan(&q, &page(14, 100, 200, 1), &published)
+            .plan
+            .is_complete());
+        // A full page of the assumed size: the relay does not cap below it; no short page
+        // is probed again.
+        let full = watch.plan(&q, &page(20, 100, 200, 1), &assumed);
+        assert!(!full.plan.probe && full.plan.next.len() == 1);
+        assert!(watch
+            .plan(&q, &page(19, 100, 200, 1), &assumed)
+            .plan
+            .is_complete());
+        assert_eq!(watch.learned_cap, None);
     }
 
     #[test]
@@ -439,6 +755,7 @@ mod tests {
         s.record_event(&ev(150, 4));
         assert_eq!((s.received, s.oldest, s.newest), (4, Some(100), Some(200)));
         assert_eq!(s.kinds_at_oldest, [2u16, 3].into());
+        assert_eq!(s.at_oldest, 2);
         assert_eq!(s.authors_at_oldest.len(), 1);
     }
 
@@ -506,10 +823,7 @@ mod tests {
         assert!(p.next.iter().all(|f| f.kinds.as_ref().unwrap().len() == 1));
 
         let single = p.next[0].clone();
-        let limits = PageLimits {
-            page_size: 10,
-            max_limit: Some(50),
-        };
+        let limits = PageLimits::published(10, Some(50));
         let p = plan_pages(&single, &stats(10, 7, 7), &limits);
         assert_eq!(p.next.len(), 1);
         assert_eq!(p.next[0].limit, Some(50));
@@ -525,10 +839,7 @@ mod tests {
     fn paging_terminates_on_any_input() {
         // A hostile relay: every query returns a full page, all in its `until` second, for
         // the last 6 seconds of history (the first query has no `until`: second 1000).
-        let limits = PageLimits {
-            page_size: 5,
-            max_limit: Some(8),
-        };
+        let limits = PageLimits::published(5, Some(8));
         let keys = nostr::key::Keys::parse(&format!("{:064x}", 9)).unwrap();
         let mut queue = vec![l2(&["a", "b", "c", "d", "e", "f", "g"]).kind(Kind::Custom(1))];
         let (mut steps, mut incomplete) = (0, 0);
@@ -613,10 +924,7 @@ mod tests {
     #[test]
     fn until_strictly_decreases_and_splits_narrow() {
         // Any full page: each follow-up ends before `until` or narrows one second.
-        let limits = PageLimits {
-            page_size: 10,
-            max_limit: Some(20),
-        };
+        let limits = PageLimits::published(10, Some(20));
         let q = l2(&["a", "b"]).until(Timestamp::from_secs(500));
         for (o, n) in [(100, 500), (499, 500), (500, 500), (0, 0), (0, 500)] {
             let p = plan_pages(&q, &stats(10, o, n), &limits);

@@ -124,6 +124,9 @@ pub struct RelayStatus {
     /// Of those, the ones since its last full sync: its history as read is short by them
     /// (not settled meanwhile).
     pub history_short: u64,
+    /// The cap it was caught applying to its answers without publishing it (decision
+    /// 0103): its pages of this many events are read as full.
+    pub learned_cap: Option<usize>,
     /// Queries waiting for room in its subscription budget.
     pub queued_queries: usize,
     /// Layer 2/3 queries polled because they do not fit its budget.
@@ -538,6 +541,7 @@ impl SyncHandle {
                     incomplete_queries: s.incomplete_queries,
                     ids_undelivered: s.ids_undelivered,
                     history_short: s.history_short,
+                    learned_cap: s.learned_cap,
                     queued_queries: s.queued_queries,
                     polled_queries: s.polled_queries,
                     loading_queries: s.loading_queries,

@@ -401,6 +401,16 @@ pub fn prometheus(status: &Status) -> String {
             c.pages_requested,
         ),
         (
+            "cap_probes_total",
+            "Short pages of relays publishing no limits asked once more, in case the relay caps below the assumed page size.",
+            c.cap_probes,
+        ),
+        (
+            "caps_learned_total",
+            "Relays caught capping their answers below the assumed page size without publishing it.",
+            c.caps_learned,
+        ),
+        (
             "queries_resent_total",
             "Queries sent again because no EOSE came in time.",
             c.queries_resent,
@@ -690,6 +700,7 @@ pub fn status_json(status: &Status) -> Value {
                 "incomplete_queries": r.incomplete_queries,
                 "ids_undelivered": r.ids_undelivered,
                 "history_short": r.history_short,
+                "learned_cap": r.learned_cap,
                 "events": {
                     "received": r.events_received,
                     "accepted": r.events_accepted,
@@ -802,6 +813,8 @@ pub fn status_json(status: &Status) -> Value {
             "reconcile_skipped_empty": c.reconcile_skipped_empty,
             "fetch_ids_retried": c.fetch_ids_retried,
             "fetch_ids_undelivered": c.fetch_ids_undelivered,
+            "cap_probes": c.cap_probes,
+            "caps_learned": c.caps_learned,
             "forwarder_losses": c.forwarder_losses,
         },
         "relays": relays,

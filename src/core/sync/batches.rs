@@ -315,8 +315,9 @@ impl SyncMachine {
         // The filter stays where it is (a Layer 2/3 filter holds 100 tag values: cloning it
         // per EOSE was a third of the coordinator's CPU in a first sync, issue 21); it is
         // copied only when a split query is parked.
-        let limits = self.page_limits(relay);
-        let Some((purpose, scope, plan)) = self.link_mut(relay).and_then(|l| {
+        let base = self.published_page_limits(relay);
+        let Some((purpose, scope, watched)) = self.remote_mut(relay).and_then(|r| {
+            let (l, caps) = (&mut r.link, &mut r.caps);
             // A live-only REQ (`limit: 0`) has no history: not counted.
             if l.loading.remove(sub_id).is_some()
                 && l.subs
@@ -326,12 +327,28 @@ impl SyncMachine {
                 l.history_queries_completed += 1;
             }
             l.subs.get(sub_id).map(|info| {
-                let plan = plan_pages(&info.filter, stats, &limits);
-                (info.purpose, info.scope.clone(), plan)
+                // Pages planned with what the relay has shown, probes for a hidden cap
+                // included (decision 0103).
+                let watched = caps.plan(&info.filter, stats, &base);
+                (info.purpose, info.scope.clone(), watched)
             })
         }) else {
             return;
         };
+        let plan = watched.plan;
+        if let Some(cap) = watched.learned {
+            self.counters.caps_learned += 1;
+            warn!(
+                "{relay}: returns at most {cap} events per query without publishing a limit (a short page was followed by events it lacked); pages of {cap} are read as full from now on"
+            );
+        }
+        if plan.probe {
+            self.counters.cap_probes += 1;
+            debug!(
+                "{relay}: a short page of {} events may be cut by a cap below the assumed page size; asking once more with until",
+                stats.received.saturating_add(stats.rejected)
+            );
+        }
         let batch_id = match purpose {
             SubPurpose::Batch(id) => Some(id),
             SubPurpose::Page { batch } => batch,

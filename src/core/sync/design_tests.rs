@@ -241,7 +241,10 @@ fn root_events_add_layer3_batches_only_for_new_items() {
     w.drop(OWN);
     w.run_for(secs(30), secs(5));
     assert_eq!(w.m.own_status(), ConnectionStatus::Connected);
-    assert_eq!(w.own.reqs.len(), 2, "read again");
+    // Read again, and its short page probed once for a hidden cap: the own relay publishes
+    // no limits (decision 0103).
+    assert_eq!(w.own.reqs.len(), 3, "read again, probed once");
+    assert!(w.own.reqs[2].until.is_some(), "{:?}", w.own.reqs);
     assert_eq!(req_count(&w, A), before);
 }
 
@@ -1339,7 +1342,9 @@ fn root_events_are_counted_once_whatever_their_repositories_and_rereads() {
     // The own relay read again (a reconnect re-reads everything): nothing new.
     w.drop(OWN);
     w.run_for(secs(30), secs(5));
-    assert_eq!(w.own.reqs.len(), 2, "read again");
+    // Read again, and its short page probed once for a hidden cap (decision 0103).
+    assert_eq!(w.own.reqs.len(), 3, "read again, probed once");
+    assert!(w.own.reqs[2].until.is_some(), "{:?}", w.own.reqs);
     assert_eq!(w.m.root_event_count(), 3);
     w.store_on_own(&issue("q", "a new one", t));
     w.advance(secs(5));

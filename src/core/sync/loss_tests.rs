@@ -1213,28 +1213,37 @@ fn a_rebuild_keeps_the_queued_live_query_of_a_pending_batch() {
 
 #[test]
 fn more_events_in_one_second_than_the_assumed_page_on_a_relay_without_limits_read_complete() {
-    // Issue 36, item 6: one author, one kind, 30 issues in one second on a relay that
-    // publishes no NIP-11 (20 events per page assumed) and returns everything. The page
-    // cannot be split by tag, kind or author; before, the batch was confirmed INCOMPLETE
-    // (`--once` exits 1, nothing saved) although every event had arrived.
+    // Issue 36, item 6: one author, one kind, 30 issues in one second (and five newer ones)
+    // on a relay that publishes no NIP-11 (20 events per page assumed) and returns
+    // everything. The second cannot be split by tag, kind or author; before item 6 the batch
+    // was confirmed INCOMPLETE (`--once` exits 1, nothing saved) although every event had
+    // arrived. Its second is asked again with a limit; the answer is the whole second because
+    // the relay returned more than 30 events to one query (35 to the first; decision 0103).
     let (mut w, ann) = one_repo(|w| {
         let t = w.secs() - 3 * DAY;
-        let burst: Vec<Event> = (0..30)
+        let mut events: Vec<Event> = (0..30)
             .map(|i| issue("r", &format!("burst {i}"), t))
             .collect();
-        w.relay(A).store.extend(burst);
+        events.extend((1..=5).map(|i| issue("r", &format!("newer {i}"), t + i)));
+        w.relay(A).store.extend(events);
     });
     w.run_for(Duration::from_secs(300), Duration::from_secs(5));
-    let burst: Vec<Event> = w.relays[&RelayUrl::parse(A).unwrap()]
+    let events: Vec<Event> = w.relays[&RelayUrl::parse(A).unwrap()]
         .store
         .iter()
-        .filter(|e| e.content.starts_with("burst"))
+        .filter(|e| e.content.starts_with("burst") || e.content.starts_with("newer"))
         .cloned()
         .collect();
-    assert_eq!(burst.len(), 30);
-    let mut want: Vec<&Event> = burst.iter().collect();
+    let mut want: Vec<&Event> = events.iter().collect();
     want.push(&ann);
     w.assert_own_holds(&want);
+    assert!(
+        w.relays[&RelayUrl::parse(A).unwrap()]
+            .reqs
+            .iter()
+            .any(|f| f.limit == Some(60)),
+        "the crowded second was asked again with a limit"
+    );
     assert_eq!(w.m.counters().incomplete_queries, 0, "{:?}", w.m.counters());
 }
 
@@ -1309,4 +1318,114 @@ fn what_a_lost_forwarder_held_is_fetched_again() {
     }
     w.assert_own_holds(&want);
     assert_eq!(w.m.counters().forwarder_losses, 1);
+}
+
+#[test]
+fn a_relay_capping_a_crowded_second_silently_is_reported_never_confirmed_complete() {
+    // Review of issue 36 item 6: a relay publishing no limits that silently returns at most
+    // 30 events however asked, with 50 issues of one author and kind in one second. Its page
+    // of 30 cannot be split; the second asked again with `limit: 60` comes back with 30
+    // again. Before decision 0103 that answer, below the limit, was the whole second: the
+    // batch confirmed complete without 20 events. It is reported now.
+    let burst: Vec<Event> = {
+        let t = 1_000_000;
+        (0..50)
+            .map(|i| issue("r", &format!("burst {i}"), t))
+            .collect()
+    };
+    let (mut w, ann) = one_repo(|w| {
+        w.relay(A).max_limit = Some(30);
+        w.relay(A).publish_nip11 = false;
+        w.relay(A).store.extend(burst.iter().cloned());
+    });
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let a = RelayUrl::parse(A).unwrap();
+    let have = w.own_ids();
+    let lacking: Vec<&Event> = burst.iter().filter(|e| !have.contains(&e.id)).collect();
+    assert!(!lacking.is_empty(), "the relay never delivers past 30");
+    // What the own relay holds is what the relay delivered, and the relay's history is
+    // marked incomplete, not confirmed complete.
+    let delivered: Vec<&Event> = burst
+        .iter()
+        .filter(|e| have.contains(&e.id))
+        .chain(std::iter::once(&ann))
+        .collect();
+    w.assert_own_holds(&delivered);
+    assert!(
+        w.m.counters().incomplete_queries > 0,
+        "{:?}",
+        w.m.counters()
+    );
+    assert!(
+        w.m.relay_index()[&a].incomplete_batches > 0,
+        "the batch is confirmed incomplete, not complete"
+    );
+}
+
+#[test]
+fn a_relay_capping_silently_below_the_assumed_page_is_read_complete() {
+    // Issue 36, item 7: a relay publishing no limits that silently returns at most 10
+    // events per query, below the 20 assumed. Every page it returns is short of 20, so each
+    // query read as complete: 25 of these 35 issues were lost, in silence. Its first page of
+    // 10 is probed once (`until` its oldest second); the probe brings older events, so the
+    // cap of 10 is learnt and the relay is paged by it (decision 0103).
+    let issues: Vec<Event> = {
+        let t = 1_000_000;
+        (0..35)
+            .map(|i| issue("r", &format!("issue {i}"), t + i * 60))
+            .collect()
+    };
+    let (mut w, ann) = one_repo(|w| {
+        w.relay(A).max_limit = Some(10);
+        w.relay(A).publish_nip11 = false;
+        w.relay(A).store.extend(issues.iter().cloned());
+    });
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let mut want: Vec<&Event> = issues.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+    let a = RelayUrl::parse(A).unwrap();
+    let st =
+        w.m.relay_statuses(w.now)
+            .into_iter()
+            .find(|s| s.url == a)
+            .unwrap();
+    assert_eq!(st.learned_cap, Some(10));
+    let c = w.m.counters();
+    assert_eq!((c.caps_learned, c.incomplete_queries), (1, 0), "{c:?}");
+    assert!(c.cap_probes >= 1, "{c:?}");
+}
+
+#[test]
+fn an_honest_relay_without_limits_costs_one_probe_for_its_short_page() {
+    // The cost of decision 0103 on an honest relay publishing no limits: a repository of 12
+    // issues (a page short of the assumed 20, spanning many seconds) is probed once; the
+    // probe brings the oldest second's one issue again, no cap is learnt, nothing follows.
+    let issues: Vec<Event> = {
+        let t = 1_000_000;
+        (0..12)
+            .map(|i| issue("r", &format!("issue {i}"), t + i * 60))
+            .collect()
+    };
+    let (mut w, ann) = one_repo(|w| {
+        w.relay(A).store.extend(issues.iter().cloned());
+    });
+    w.run_for(Duration::from_secs(300), Duration::from_secs(5));
+    let mut want: Vec<&Event> = issues.iter().collect();
+    want.push(&ann);
+    w.assert_own_holds(&want);
+    let c = w.m.counters();
+    assert_eq!(
+        (c.cap_probes, c.caps_learned, c.incomplete_queries),
+        (1, 0, 0),
+        "{c:?}"
+    );
+    let a = RelayUrl::parse(A).unwrap();
+    let probes: Vec<&Filter> = w.relays[&a]
+        .reqs
+        .iter()
+        .filter(|f| f.until.is_some())
+        .collect();
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    assert_eq!(probes[0].until, Some(at(1_000_000)));
 }

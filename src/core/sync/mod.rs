@@ -902,6 +902,12 @@ pub struct SyncCounters {
     /// Ids a relay listed for a query and did not deliver when asked by id twice: the own
     /// relay may lack them (warned, and counted in the relay's incomplete queries).
     pub fetch_ids_undelivered: u64,
+    /// Probes for a hidden cap: a short page of a relay publishing no limits asked once more
+    /// with `until` (decision 0103).
+    pub cap_probes: u64,
+    /// Caps learnt from probes: relays (the own relay too) caught capping their answers
+    /// below the assumed page size without publishing it.
+    pub caps_learned: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.
@@ -976,6 +982,9 @@ pub struct RelaySyncStatus {
     /// When failed batches (or a rate limit) stop holding back the relay's next batches, if
     /// they do: its unconfirmed items wait until then without a query.
     pub batches_retry_at: Option<Time>,
+    /// The cap it was caught applying to its answers without publishing it (decision
+    /// 0103): pages of this many events are read as full.
+    pub learned_cap: Option<usize>,
 }
 
 /// The pure sync state machine. See the module documentation.
@@ -1012,6 +1021,8 @@ pub struct SyncMachine {
     own_link: Link,
     /// What the own relay's NIP-11 published (page size, subscription budget).
     own_nip11: remote::Nip11,
+    /// What paging learnt about the own relay's cap (decision 0103).
+    own_caps: crate::core::paging::CapWatch,
     /// NIP-11 limits reported for remote relays not known (yet, or any more: a retired
     /// thread's late report), taken when the relay is discovered; at most `max_relays`.
     unknown_nip11: HashMap<RelayUrl, remote::Nip11>,
@@ -1069,6 +1080,7 @@ impl SyncMachine {
             own: RelayState::new(false),
             own_link: Link::default(),
             own_nip11: remote::Nip11::default(),
+            own_caps: Default::default(),
             unknown_nip11: HashMap::new(),
             batch: SelfBatch {
                 meanings: Vec::new(),
@@ -1621,6 +1633,7 @@ impl SyncMachine {
                     ids_undelivered: link.map_or(0, |l| l.ids_undelivered),
                     history_short: link.map_or(0, |l| l.history_short),
                     batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
+                    learned_cap: self.remotes.get(url).and_then(|r| r.caps.learned_cap),
                 }
             })
             .collect()

@@ -192,8 +192,16 @@ impl SyncMachine {
             return;
         };
         let own = self.config.own_relay.clone();
-        let plan = plan_pages(&info.filter, stats, &self.page_limits(&own));
-        let plan = self.admit_own_pages(plan, &info.filter, stats);
+        let base = self.published_page_limits(&own);
+        let watched = self.own_caps.plan(&info.filter, stats, &base);
+        if let Some(cap) = watched.learned {
+            self.counters.caps_learned += 1;
+            warn!(
+                "own relay {own}: returns at most {cap} events per query without publishing a limit (a short page was followed by events it lacked); pages of {cap} are read as full from now on"
+            );
+        }
+        self.counters.cap_probes += u64::from(watched.plan.probe);
+        let plan = self.admit_own_pages(watched.plan, &info.filter, stats);
         if let SubPurpose::Page { .. } = info.purpose {
             self.own_link.subs.remove(sub_id);
             self.commands.push_back(Command::Unsubscribe {

@@ -12,7 +12,7 @@
 
 use log::{debug, info};
 
-use crate::core::paging::PageLimits;
+use crate::core::paging::{CapWatch, PageLimits};
 use crate::core::state::{PendingBatch, PendingItems, RelayState};
 use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
@@ -41,6 +41,8 @@ pub(super) struct RemoteRelay {
     /// Since when its thread waits for the forward pipeline's byte bound
     /// ([`super::Report::RelayStalled`]); its EOSE deadlines are suspended meanwhile.
     pub(super) stalled_since: Option<crate::core::time::Time>,
+    /// Its largest page and a cap learnt from it (decision 0103); kept across reconnects.
+    pub(super) caps: CapWatch,
 }
 
 /// What a relay's NIP-11 publishes, as the machine uses it.
@@ -169,10 +171,7 @@ impl SyncMachine {
     /// size, subscription budget, message size and NIP-77 support. The limits of a remote
     /// relay not known yet wait for its discovery (at most `max_relays` relays' worth).
     pub(super) fn set_limits(&mut self, relay: &RelayUrl, limits: &RelayLimits) {
-        let page = PageLimits {
-            page_size: limits.page_size(self.config.assumed_page_size).max(1),
-            max_limit: limits.max_limit,
-        };
+        let page = PageLimits::of(limits, self.config.assumed_page_size);
         info!(
             "{relay}: NIP-11 limits: page size {} (max_limit {:?}, default_limit {:?}, max_subscriptions {:?})",
             page.page_size, limits.max_limit, limits.default_limit, limits.max_subscriptions

@@ -453,10 +453,26 @@ impl SyncMachine {
         }
     }
 
-    /// Page size and `max_limit` of `relay` (the own relay too): published, else assumed.
+    /// Page size and `max_limit` of `relay` (the own relay too): published, else a cap
+    /// learnt from it, else assumed; with the largest page it returned (decision 0103).
     pub(super) fn page_limits(&self, relay: &RelayUrl) -> PageLimits {
+        let base = self.published_page_limits(relay);
+        self.caps_of(relay).map_or(base, |c| c.limits(&base))
+    }
+
+    /// Page size and `max_limit` of `relay` (the own relay too) as published, else assumed
+    /// (what [`crate::core::paging::CapWatch::plan`] starts from).
+    pub(super) fn published_page_limits(&self, relay: &RelayUrl) -> PageLimits {
         self.nip11_of(relay)
             .page_limits
             .unwrap_or_else(|| PageLimits::assumed(self.config.assumed_page_size))
+    }
+
+    /// What paging learnt about the cap of `relay` (the own relay too), if it is known.
+    fn caps_of(&self, relay: &RelayUrl) -> Option<&crate::core::paging::CapWatch> {
+        if *relay == self.config.own_relay {
+            return Some(&self.own_caps);
+        }
+        self.remotes.get(relay).map(|r| &r.caps)
     }
 }

@@ -6,7 +6,9 @@
 //! one question at a time per relay, so a plain loop over `read` is enough here. What the
 //! relay sends is checked as in the daemon: frames through [`parse_relay_frame`], events
 //! through their filter, id and (for events the own relay lacks) signature, pages planned by
-//! [`plan_pages`].
+//! [`crate::core::paging::plan_pages`] through the connection's [`CapWatch`] (a relay that caps its answers below
+//! the assumed page size without publishing it is probed and paged as the daemon pages it,
+//! decision 0103).
 
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -22,7 +24,7 @@ use crate::core::dedup::EventSummary;
 use crate::core::message::{
     escape_for_log, parse_event, parse_ok_frame, parse_relay_frame, Incoming,
 };
-use crate::core::paging::{plan_pages, PageLimits, PageStats};
+use crate::core::paging::{CapWatch, PageLimits, PageStats};
 use crate::core::relay_text::Prefix;
 use crate::core::sync::Nip77Config;
 use crate::core::{Clock, SystemClock};
@@ -53,6 +55,9 @@ pub(super) struct Conn {
     pub(super) rejected: u64,
     /// Frames that could not be read.
     pub(super) bad_frames: u64,
+    /// The relay's largest page and a cap learnt from it, over every query of the
+    /// connection (decision 0103).
+    pub(super) caps: CapWatch,
 }
 
 /// The own relay's answer to one published event: `Ok(true)` already there (`duplicate:`),
@@ -80,6 +85,7 @@ impl Conn {
             auth_sent: false,
             rejected: 0,
             bad_frames: 0,
+            caps: CapWatch::default(),
         }
     }
 
@@ -172,7 +178,8 @@ impl Conn {
         Ok(self.authed)
     }
 
-    /// Reads `filter`'s whole history, page by page ([`plan_pages`]), calling `on_event` with
+    /// Reads `filter`'s whole history, page by page ([`CapWatch::plan`]: [`crate::core::paging::plan_pages`] with
+    /// what the relay has shown, `limits` being what it publishes), calling `on_event` with
     /// every event that matches its page's filter and carries its true id (the signature is
     /// left to the caller, which answers whether it trusts the event: only trusted events
     /// count for paging, so a relay cannot make us page on with forgeries). `page_timeout` bounds the wait for each page's `EOSE`; `deadline`
@@ -249,7 +256,14 @@ impl Conn {
                     }
                     Incoming::Eose(id) if id == sub.as_str() => {
                         self.send(ClientMessage::close(sub.clone()).as_json())?;
-                        let plan = plan_pages(&page, &stats, limits);
+                        let watched = self.caps.plan(&page, &stats, limits);
+                        if let Some(cap) = watched.learned {
+                            log::warn!(
+                                "{}: returns at most {cap} events per query without publishing a limit; pages of {cap} are read as full",
+                                self.url
+                            );
+                        }
+                        let plan = watched.plan;
                         if let Some(why) = plan.incomplete {
                             end = QueryEnd::Incomplete(why);
                         }
@@ -364,7 +378,12 @@ impl Conn {
         deadline: Instant,
         on_event: &mut dyn FnMut(Event) -> bool,
     ) -> Result<QueryEnd, String> {
-        let chunk = limits.page_size.saturating_sub(1).clamp(1, IDS_PER_REQ);
+        let chunk = self
+            .caps
+            .limits(limits)
+            .page_size
+            .saturating_sub(1)
+            .clamp(1, IDS_PER_REQ);
         let mut end = QueryEnd::Complete;
         for part in ids.chunks(chunk) {
             let wanted: HashSet<EventId> = part.iter().copied().collect();

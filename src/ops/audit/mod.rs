@@ -156,6 +156,9 @@ pub struct RelayAudit {
     pub rejected: u64,
     /// Per repository whose announcement lists it, sorted.
     pub repos: Vec<RepoCount>,
+    /// The cap it was caught applying to its answers without publishing it (decision
+    /// 0103): its pages of this many events were read as full.
+    pub learned_cap: Option<usize>,
 }
 
 /// What `--fix` published.
@@ -240,6 +243,7 @@ impl AuditReport {
                     "extra": r.extra,
                     "undelivered": r.undelivered,
                     "rejected": r.rejected,
+                    "learned_cap": r.learned_cap,
                     "repositories": r.repos.iter().map(|c| json!({
                         "repo": c.repo,
                         "missing": c.missing,
@@ -598,13 +602,7 @@ pub(crate) fn deadline_in(d: Duration) -> Instant {
 /// Page limits from a NIP-11 answer, as the daemon derives them.
 fn page_limits(fetch: &LimitsFetch, assumed: usize) -> (PageLimits, Option<bool>) {
     match fetch {
-        LimitsFetch::Fetched(l) => (
-            PageLimits {
-                page_size: l.page_size(assumed).max(1),
-                max_limit: l.max_limit,
-            },
-            l.supports_nip77,
-        ),
+        LimitsFetch::Fetched(l) => (PageLimits::of(l, assumed), l.supports_nip77),
         _ => (PageLimits::assumed(assumed), None),
     }
 }
@@ -933,6 +931,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
         undelivered: 0,
         rejected: 0,
         repos: Vec::new(),
+        learned_cap: None,
     };
     let mut missing: Missing = HashMap::new();
     // Missing events not kept (beyond `max_missing`), counted per delivery.
@@ -1123,6 +1122,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
     }
     audit.missing_not_kept = beyond;
     audit.rejected += conn.rejected;
+    audit.learned_cap = conn.caps.learned_cap;
     audit.method = match (used_nip77, used_req) {
         (true, true) => "nip77+req",
         (true, false) => "nip77",
