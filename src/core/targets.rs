@@ -45,7 +45,7 @@ pub fn derive_relay_targets(
             }
             let t = targets.entry(relay.clone()).or_default();
             t.repos.insert(repo_ref.clone());
-            t.root_events.extend(needs.root_events.iter().copied());
+            t.root_events.extend(needs.layer3_ids().copied());
         }
     }
     targets
@@ -1288,7 +1288,7 @@ impl Plan {
                     .repos
                     .iter()
                     .filter_map(|r| repo_index.get(r))
-                    .flat_map(|n| n.root_events.iter().copied())
+                    .flat_map(|n| n.layer3_ids().copied())
                     .collect();
             }
             changed.insert(relay);
@@ -1336,7 +1336,7 @@ fn add_repo_to(
     }
     if let Some(t) = targets.get_mut(relay) {
         t.repos.insert(repo.clone());
-        t.root_events.extend(needs.root_events.iter().copied());
+        t.root_events.extend(needs.layer3_ids().copied());
     }
 }
 
@@ -1463,6 +1463,7 @@ mod tests {
                         relays: relays.iter().map(|u| url(u)).collect(),
                         root_events: ids.iter().map(|b| id(*b)).collect(),
                         announced_at: Some(1),
+                        ..RepoSyncNeeds::default()
                     },
                 )
             })
@@ -1598,6 +1599,7 @@ mod tests {
                         relays: relays.iter().map(|u| url(u)).collect(),
                         root_events: ids.iter().map(|b| id(*b)).collect(),
                         announced_at: Some(1),
+                        ..RepoSyncNeeds::default()
                     },
                 )
             })
@@ -1959,6 +1961,7 @@ mod tests {
                         relays: relays.iter().map(|i| relay(*i)).collect(),
                         root_events: HashSet::new(),
                         announced_at: Some(1),
+                        ..RepoSyncNeeds::default()
                     },
                 );
             }

@@ -145,6 +145,12 @@ pub fn prometheus(status: &Status) -> String {
         "Distinct root events in the index.",
         status.root_events,
     );
+    p.single(
+        "thread_events",
+        "gauge",
+        "Replies followed below the root events (their ids are Layer-3 tag values).",
+        status.thread_events,
+    );
     p.family(
         "relay_connected",
         "gauge",
@@ -384,6 +390,19 @@ pub fn prometheus(status: &Status) -> String {
             c.fallbacks(r),
         );
     }
+    p.family(
+        "replies_not_followed_total",
+        "counter",
+        "Related replies whose own replies are not followed, by the bound that stopped them (depth: --reply-depth, thread: --thread-size, cap: --max-thread-ids, waiting: the waiting set was full).",
+    );
+    for (reason, v) in [
+        ("depth", c.replies_beyond_depth),
+        ("thread", c.replies_thread_full),
+        ("cap", c.replies_cap_reached),
+        ("waiting", c.replies_waiting_dropped),
+    ] {
+        p.sample("replies_not_followed_total", &[("reason", reason)], v);
+    }
     for (name, help, v) in [
         (
             "batches_confirmed_total",
@@ -484,6 +503,11 @@ pub fn prometheus(status: &Status) -> String {
             "fetch_ids_undelivered_total",
             "Ids relays listed for a query and did not deliver when asked by id twice.",
             c.fetch_ids_undelivered,
+        ),
+        (
+            "own_thread_rereads_total",
+            "Extra reads of the own relay's events for replies read before their parents.",
+            c.own_thread_rereads,
         ),
         (
             "forward_resent_total",
@@ -725,6 +749,7 @@ pub fn status_json(status: &Status) -> Value {
         "self_sync_pending": status.self_sync_pending,
         "repositories": status.repos,
         "root_events": status.root_events,
+        "thread_events": status.thread_events,
         "progress": progress_json(&status.progress),
         "forward": {
             "stored": status.forwarded,
@@ -802,6 +827,13 @@ pub fn status_json(status: &Status) -> Value {
             "reconcile_skipped_empty": c.reconcile_skipped_empty,
             "fetch_ids_retried": c.fetch_ids_retried,
             "fetch_ids_undelivered": c.fetch_ids_undelivered,
+            "replies_not_followed": {
+                "depth": c.replies_beyond_depth,
+                "thread": c.replies_thread_full,
+                "cap": c.replies_cap_reached,
+                "waiting": c.replies_waiting_dropped,
+            },
+            "own_thread_rereads": c.own_thread_rereads,
             "forwarder_losses": c.forwarder_losses,
         },
         "relays": relays,
