@@ -225,16 +225,20 @@ pub(crate) fn live_layer2_and_layer3_filters(
     filters
 }
 
-/// The own relay's thread read: every event it holds (no kinds), read once the
-/// self-subscription's history is applied, so the root events are known before their
-/// replies are (`SyncMachine::open_thread_read`). An event tagging a root event or a thread
-/// member is followed (`core::threads`); the rest is ignored.
-pub(crate) fn own_thread_filter() -> Filter {
+/// The self-subscription on the own relay: every event it holds (no kinds), history and
+/// live. Announcements and root events build the repository index; an event tagging a root
+/// event or a thread member is followed below it (`core::threads`); the rest is ignored.
+/// Its history is read after [`self_subscription_filter`]'s, so the root events are known
+/// before their replies are read (`SyncMachine::handle_own_connected`).
+pub(crate) fn own_events_filter() -> Filter {
     Filter::new()
 }
 
-/// The self-subscription on the own relay: announcements and root events.
-/// 30618 is deliberately absent (it is only pulled from remote relays).
+/// The first read of the own relay on every connect (history only, closed at its EOSE):
+/// announcements and root events, so that the replies the self-subscription
+/// ([`own_events_filter`]) reads next find their root events known (a relay answers newest
+/// first: a reply before its root). 30618 is deliberately absent (it is only pulled from
+/// remote relays).
 pub(crate) fn self_subscription_filter(since: Option<Timestamp>) -> Filter {
     let f = Filter::new().kinds([
         Kind::Custom(KIND_REPO_ANNOUNCEMENT),

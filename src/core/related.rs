@@ -32,7 +32,7 @@ pub struct Applied {
     pub changed_repos: Vec<RepoRef>,
     /// Repositories whose relay set changed.
     pub relays_changed: Vec<RepoRef>,
-    /// Relays named beyond the per-announcement cap, ignored.
+    /// Relays named beyond the per-announcement cap by new or newer announcements, ignored.
     pub relays_dropped: u64,
     /// Root events linked to a repository for the first time: (repository, root).
     pub root_links: Vec<(RepoRef, EventId)>,
@@ -65,10 +65,11 @@ pub fn apply_batch(
                     continue;
                 }
                 if needs.announced_at.is_none_or(|t| t < a.created_at) {
-                    // New or newer (the same one read again changes nothing).
+                    // New or newer (the same one read again changes nothing, and its relays
+                    // beyond the cap are not counted again).
                     applied.changed_repos.push(a.repo_ref.clone());
+                    applied.relays_dropped += a.dropped_relays as u64;
                 }
-                applied.relays_dropped += a.dropped_relays as u64;
                 needs.announced_at = Some(a.created_at);
                 if needs.relays.len() != a.relays.len()
                     || a.relays.iter().any(|r| !needs.relays.contains(r))

@@ -537,11 +537,9 @@ pub enum SubPurpose {
     /// reconnect, a consolidation or a lost live subscription. Closed at EOSE; its pages
     /// are `Page { batch: None }`.
     CatchUp,
-    /// The self-subscription on the own relay.
+    /// The self-subscription on the own relay: every event it holds, history then live
+    /// (read after the announcements and root events, `own.rs`).
     SelfSubscription,
-    /// The own relay's thread read: every event it holds, history then live, opened once
-    /// the self-subscription's history is applied (`core::threads`).
-    OwnThreads,
     /// A query closed at EOSE: a page of older history (part of a batch when `batch` is
     /// set) or a poll round of queries that do not fit the subscription budget.
     Page {
@@ -1027,11 +1025,12 @@ pub struct SyncMachine {
     /// Events followed below the root events (their ids are Layer-3 values of the roots'
     /// repositories, `RepoSyncNeeds::thread_events`).
     threads: crate::core::threads::Threads,
-    /// Where the own relay's thread read is on the current connection.
-    own_threads: own::ThreadRead,
     /// Extra reads of the own relay's events on the current connection (waiting replies
     /// were dropped).
     own_rereads: u64,
+    /// The announcements and root events are being read, before the self-subscription
+    /// opens (`own.rs`).
+    own_roots_read: bool,
     /// Confirmed state per remote relay (the design's index; public read API).
     relays: RelaySyncIndex,
     /// In-flight batches per remote relay (the design's index; public read API).
@@ -1094,8 +1093,8 @@ impl SyncMachine {
             replan_roots: HashMap::new(),
             root_events_known: 0,
             threads: crate::core::threads::Threads::new(config.threads),
-            own_threads: own::ThreadRead::default(),
             own_rereads: 0,
+            own_roots_read: false,
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
             remotes: HashMap::new(),

@@ -7,7 +7,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::{own_thread_filter, self_subscription_filter};
+use crate::core::filters::{own_events_filter, self_subscription_filter};
 use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
 use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::relay_text::{ClosedReason, Prefix};
@@ -16,18 +16,6 @@ use crate::core::time::Time;
 
 use super::timers::Timer;
 use super::{Command, SubInfo, SubPurpose, SyncMachine};
-
-/// Where the own relay's thread read ([`SubPurpose::OwnThreads`]) is on the current
-/// connection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) enum ThreadRead {
-    /// Not opened: it waits for the self-subscription's history (the root events must be
-    /// known before their replies are read).
-    #[default]
-    Waiting,
-    /// Opened (history, then live).
-    Open,
-}
 
 impl SyncMachine {
     pub(super) fn connect_own(&mut self, _now: Time) {
@@ -46,6 +34,12 @@ impl SyncMachine {
     /// `created_at` (above all the old root events and announcements that the forwarder
     /// copies in while the self-subscription is down); reading the own relay is local and
     /// re-applying what is already indexed changes nothing.
+    ///
+    /// The announcements and root events are read first (a history query, closed at its
+    /// EOSE); the self-subscription itself (every event, history and live) opens when that
+    /// read has ended, so the replies it reads find their root events known (issue 34), and
+    /// both are applied in one batch: a remote relay's first batch carries the thread
+    /// members too.
     pub(super) fn handle_own_connected(&mut self, now: Time) {
         let again = self.own.last_connected.is_some();
         self.own.connection_status = ConnectionStatus::Connected;
@@ -58,7 +52,6 @@ impl SyncMachine {
         self.own_link.reopen.clear();
         self.own_link.parked.clear();
         self.own_side_lost();
-        self.own_threads = ThreadRead::Waiting;
         self.own_rereads = 0;
         info!(
             "own relay {} connected; self-subscribing (full history{})",
@@ -69,7 +62,11 @@ impl SyncMachine {
                 ""
             }
         );
-        self.open_own_sub(SubPurpose::SelfSubscription, self_subscription_filter(None));
+        self.own_roots_read = true;
+        self.open_own_sub(
+            SubPurpose::Page { batch: None },
+            self_subscription_filter(None),
+        );
     }
 
     /// Opens a subscription on the own relay, within its subscription budget (NIP-11
@@ -242,6 +239,12 @@ impl SyncMachine {
         // batch window closes (issue 21: the window only waits for live events, and a first
         // sync would otherwise start seconds later).
         if !self.self_history_loading() {
+            if std::mem::take(&mut self.own_roots_read) {
+                // The announcements and root events are read: the self-subscription reads
+                // the rest (applied with them, once its history is read too).
+                self.open_own_sub(SubPurpose::SelfSubscription, own_events_filter());
+                return;
+            }
             if self.batch.started.is_some() {
                 debug!("self-subscription: stored history read to its end; applying the batch now");
                 self.process_batch(self.last_now);
@@ -250,44 +253,30 @@ impl SyncMachine {
         }
     }
 
-    /// The own relay's stored history (as far as asked) is read and applied: the thread read
-    /// starts now that the root events are known; after it, the own relay is read again
-    /// while replies were dropped from the waiting set (their parents came later in the
-    /// read), at most `--reply-depth` times per connection.
+    /// The own relay's stored history (as far as asked) is read and applied: it is read
+    /// again while replies were dropped from the waiting set (read before their parents, more
+    /// of them than it holds), at most `--reply-depth` times per connection.
     fn own_history_read(&mut self) {
-        if self.own.connection_status != ConnectionStatus::Connected {
+        if self.own.connection_status != ConnectionStatus::Connected
+            || !self.threads.take_overflowed()
+        {
             return;
         }
-        match self.own_threads {
-            ThreadRead::Waiting => {
-                self.own_threads = ThreadRead::Open;
-                info!(
-                    "own relay: reading its events for replies below {} root events",
-                    self.root_events_known
-                );
-                self.open_own_sub(SubPurpose::OwnThreads, own_thread_filter());
-            }
-            ThreadRead::Open => {
-                if !self.threads.take_overflowed() {
-                    return;
-                }
-                if self.own_rereads >= u64::from(self.config.threads.max_depth) {
-                    warn!(
-                        "own relay: replies waiting for their parents were dropped again after {} extra reads; they are followed from the next connect (counted in replies_waiting_dropped)",
-                        self.own_rereads
-                    );
-                    return;
-                }
-                self.own_rereads += 1;
-                self.counters.own_thread_rereads += 1;
-                info!(
-                    "own relay: {} replies were read before their parents and dropped from the waiting set; reading its events again (pass {})",
-                    self.threads.counters().waiting_dropped,
-                    self.own_rereads + 1
-                );
-                self.open_own_sub(SubPurpose::Page { batch: None }, own_thread_filter());
-            }
+        if self.own_rereads >= u64::from(self.config.threads.max_depth) {
+            warn!(
+                "own relay: replies waiting for their parents were dropped again after {} extra reads; they are followed from the next connect (counted in replies_not_followed_total{{reason=\"waiting\"}})",
+                self.own_rereads
+            );
+            return;
         }
+        self.own_rereads += 1;
+        self.counters.own_thread_rereads += 1;
+        info!(
+            "own relay: {} replies were read before their parents and dropped from the waiting set; reading its events again (pass {})",
+            self.threads.counters().waiting_dropped,
+            self.own_rereads + 1
+        );
+        self.open_own_sub(SubPurpose::Page { batch: None }, own_events_filter());
     }
 
     /// True while pages of the self-subscription's stored history are loading, queued or
@@ -315,7 +304,7 @@ impl SyncMachine {
         self.own_link.reopen.clear();
         self.own_link.parked.clear();
         self.own_side_lost();
-        self.own_threads = ThreadRead::Waiting;
+        self.own_roots_read = false;
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);

@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::core::filters::{
-    build_related_filters, own_thread_filter, self_subscription_filter, state_coordinate, ID_TAGS,
+    build_related_filters, own_events_filter, self_subscription_filter, state_coordinate, ID_TAGS,
     REPO_TAGS,
 };
 use crate::core::nip34::KIND_REPO_ANNOUNCEMENT;
@@ -705,7 +705,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
                 "announcements and root events",
             )
         } else {
-            (own_thread_filter(), "events")
+            (own_events_filter(), "events")
         };
         let end = own
             .read_history(&filter, &own_limits, page_timeout, deadline, &mut |e| {
