@@ -116,7 +116,7 @@ pub fn apply_batch(
             SelfEventMeaning::Other => {}
         }
     }
-    replies.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    replies.sort_unstable_by_key(|r| (r.0, r.1));
     for (_, id, parents) in replies {
         threads.reply(id, &parents, &mut admitted);
     }
