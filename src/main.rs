@@ -1083,9 +1083,24 @@ mod tests {
             "8",
             "--forward-relay-mib",
             "2",
+            "--reply-depth",
+            "3",
+            "--thread-size",
+            "7",
+            "--max-thread-ids",
+            "9",
         ])
         .unwrap();
         let c = build_config(&a).unwrap();
+        assert_eq!(
+            (
+                c.threads.max_depth,
+                c.threads.max_per_thread,
+                c.threads.max_total
+            ),
+            (3, 7, 9)
+        );
+        assert_eq!(c.sync_config().threads, c.threads);
         assert_eq!(c.repo_scope(), grasp_sync::core::targets::RepoScope::All);
         assert_eq!(
             (
