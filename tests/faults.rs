@@ -1277,6 +1277,10 @@ fn engine_config(world: &World) -> Config {
     config.consolidation_wait = Duration::from_secs(2);
     config.poll_interval = Duration::from_secs(2);
     config.nip11_timeout = Duration::from_secs(1);
+    // Scaled down like the other deadlines: a relay that lists NIP-77 and never answers
+    // holds a batch for one round's deadline (30 s by default) until it is known silent, and
+    // a batch for replies followed after a reconnect may be the first to find out.
+    config.nip77.round_timeout = Duration::from_secs(3);
     config.assumed_page_size = PAGE;
     config.seed = world.seed;
     config

@@ -1087,8 +1087,9 @@ impl Plan {
         self.selection.report.relays_selected = self.targets.len();
     }
 
-    /// Root event `id` now references `repo` (already in the index): adds it to the targets
-    /// of the repository's relays. Returns the relays whose target grew.
+    /// Root event `id` now references `repo` (already in the index), or `id` is a reply newly
+    /// followed below one of its root events (a Layer-3 id like a root): adds it to the
+    /// targets of the repository's relays. Returns the relays whose target grew.
     pub fn add_root_event(&mut self, repo: &str, id: EventId) -> Vec<RelayUrl> {
         let mut changed = Vec::new();
         self.add_root_event_with(repo, id, |r| changed.push(r.clone()));

@@ -205,7 +205,7 @@ pub fn prometheus(status: &Status) -> String {
     for (name, help, repos, roots) in [
         (
             "relay_target_items",
-            "Repositories and root events the relay should carry.",
+            "Repositories and Layer-3 ids (root events and the replies followed below them) the relay should carry.",
             (|r: &RelayStatus| r.target_repos) as fn(&RelayStatus) -> usize,
             (|r: &RelayStatus| r.target_root_events) as fn(&RelayStatus) -> usize,
         ),
@@ -853,11 +853,12 @@ pub fn table(doc: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "own relay: {}   settled: {}   repositories: {}   root events: {}   forwarded: {}   backlog: {}",
+        "own relay: {}   settled: {}   repositories: {}   root events: {}   replies followed: {}   forwarded: {}   backlog: {}",
         s(&doc["own_relay"]),
         s(&doc["settled"]),
         s(&doc["repositories"]),
         s(&doc["root_events"]),
+        s(&doc["thread_events"]),
         s(&doc["forward"]["stored"]),
         s(&doc["forward"]["backlog"]),
     );
