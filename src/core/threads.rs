@@ -3,7 +3,7 @@
 //! GRASP-01 makes "other events that tag, or are tagged by, accepted issues or patches"
 //! related, and ngit-grasp 3.0.10 follows the chain down from a root
 //! (`src/sync/mod.rs`, `recursive_descendant_frontier_with_limits`): an event that tags (with
-//! `e`, `E` or `q`, [`crate::core::filters::ID_TAGS`]) a root event, or an event already
+//! `e`, `E` or `q`, `core::filters::ID_TAGS`) a root event, or an event already
 //! followed below one, is related too. A followed event (a *thread member*) becomes a
 //! Layer-3 tag value like its root, so its own replies are fetched from every relay of the
 //! root's repositories and stay subscribed live.

@@ -3,7 +3,7 @@
 //!
 //! 1. The own relay's announcements, root events and the replies below them are read as the
 //!    daemon reads them (the self-subscription's filter, then the thread read, every page)
-//!    and applied by the daemon's own definition ([`OwnIndex`], `core::related`); its
+//!    and applied by the daemon's own definition (`OwnIndex`, `core::related`); its
 //!    targets are derived with the daemon's own selection ([`machine_targets`]: scope,
 //!    quotas, `--max-relays`, `--shard`).
 //! 2. Everything the own relay holds for those repositories, root events and thread members
