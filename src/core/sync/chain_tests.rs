@@ -329,3 +329,28 @@ fn a_fork_announcement_tagging_its_upstream_with_u_is_an_announcement_like_any_o
     let on_a = &w.m.plan.targets()[&RelayUrl::parse(A).unwrap()];
     assert_eq!(on_a.repos, [repo("r")].into());
 }
+
+#[test]
+fn replies_dropped_from_a_full_waiting_set_are_followed_by_another_read() {
+    // Batches of two events and room for one waiting reply: the own relay answers newest
+    // first, so generation 3 waits for 2 and is pushed out by 4; when the read ends the
+    // own relay is read again, and with generations 1 and 2 known, 3 and 4 are followed.
+    let mut w = world(|c| {
+        c.max_batch_events = 2;
+        c.threads.max_waiting = 1;
+    });
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 1000);
+    let root = issue("r", "the root", t - 900);
+    let c = chain(Style::Legacy, &root, 5, t - 800);
+    w.own.store = vec![ann.clone(), root.clone()];
+    w.own.store.extend(c[..4].iter().cloned());
+    // Only generation 4's reply is missing: it is fetched once 4 is followed.
+    w.relay(A).store = vec![c[4].clone()];
+    w.start();
+    w.run_for(secs(60), secs(5));
+    assert!(w.m.counters().replies_waiting_dropped >= 1);
+    assert!(w.m.counters().own_thread_rereads >= 1);
+    let want = ids(&[&ann, &root, &c[0], &c[1], &c[2], &c[3], &c[4]]);
+    assert_eq!(w.own_ids(), want);
+}
