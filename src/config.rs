@@ -78,6 +78,10 @@ pub struct Config {
     pub max_relays_per_pubkey: usize,
     /// The most relays read from one announcement (default 32).
     pub max_relays_per_announcement: usize,
+    /// Reply chains below root events (`--reply-depth`, `--thread-size`,
+    /// `--max-thread-ids`; defaults 8, 500, 100,000): which replies to replies are followed
+    /// (decision 0097).
+    pub threads: crate::core::threads::ThreadLimits,
     /// The most URLs of one host and port synced from (default 4): URLs that differ only
     /// in path or query reach the same relay (`--max-urls-per-host`).
     pub max_urls_per_host: usize,
@@ -282,6 +286,7 @@ impl Config {
             max_relays: 1000,
             max_relays_per_pubkey: crate::core::targets::MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
+            threads: crate::core::threads::ThreadLimits::default(),
             max_urls_per_host: crate::core::targets::MAX_URLS_PER_HOST,
             prefer_pubkeys: Vec::new(),
             shard: None,
@@ -431,6 +436,7 @@ impl Config {
         c.refused_retry = self.refused_retry;
         c.seed = self.seed;
         c.nip77 = self.nip77.clone();
+        c.threads = self.threads;
         c
     }
 }

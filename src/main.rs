@@ -80,6 +80,22 @@ struct Args {
     #[argh(option, default = "32")]
     max_relays_per_announcement: usize,
 
+    /// generations of replies below a root event whose own replies are followed (default 8,
+    /// as ngit-grasp): a reply tagging only its parent is synced down to one generation
+    /// more [env GRASP_SYNC_REPLY_DEPTH]
+    #[argh(option, default = "8")]
+    reply_depth: u8,
+
+    /// the most replies followed below one root event, every generation counted (default
+    /// 500) [env GRASP_SYNC_THREAD_SIZE]
+    #[argh(option, default = "500")]
+    thread_size: usize,
+
+    /// the most replies followed below all root events (default 100000); each is a tag value
+    /// in the Layer-3 filters of its repository's relays [env GRASP_SYNC_MAX_THREAD_IDS]
+    #[argh(option, default = "100000")]
+    max_thread_ids: usize,
+
     /// mebibytes of events on their way into the own relay at most (default 64); a remote relay
     /// waits before handing over an event that does not fit [env GRASP_SYNC_FORWARD_MAX_MIB]
     #[argh(option, default = "64")]
@@ -343,6 +359,9 @@ const ENV_FLAGS: &[EnvFlag] = &[
         "GRASP_SYNC_MAX_RELAYS_PER_ANNOUNCEMENT",
         Kind::Value,
     ),
+    f("reply-depth", "GRASP_SYNC_REPLY_DEPTH", Kind::Value),
+    f("thread-size", "GRASP_SYNC_THREAD_SIZE", Kind::Value),
+    f("max-thread-ids", "GRASP_SYNC_MAX_THREAD_IDS", Kind::Value),
     f("forward-max-mib", "GRASP_SYNC_FORWARD_MAX_MIB", Kind::Value),
     f(
         "forward-relay-mib",
@@ -471,6 +490,9 @@ fn build_config(args: &Args) -> Result<Config, String> {
     config.nip77.probe_unadvertised = args.nip77_probe;
     config.max_relays_per_pubkey = args.max_relays_per_pubkey;
     config.max_relays_per_announcement = args.max_relays_per_announcement;
+    config.threads.max_depth = args.reply_depth;
+    config.threads.max_per_thread = args.thread_size;
+    config.threads.max_total = args.max_thread_ids;
     config.max_urls_per_host =
         at_least("max-urls-per-host", args.max_urls_per_host as u64, 1, "URL")? as usize;
     config.prefer_pubkeys = args
@@ -1061,9 +1083,24 @@ mod tests {
             "8",
             "--forward-relay-mib",
             "2",
+            "--reply-depth",
+            "3",
+            "--thread-size",
+            "7",
+            "--max-thread-ids",
+            "9",
         ])
         .unwrap();
         let c = build_config(&a).unwrap();
+        assert_eq!(
+            (
+                c.threads.max_depth,
+                c.threads.max_per_thread,
+                c.threads.max_total
+            ),
+            (3, 7, 9)
+        );
+        assert_eq!(c.sync_config().threads, c.threads);
         assert_eq!(c.repo_scope(), grasp_sync::core::targets::RepoScope::All);
         assert_eq!(
             (

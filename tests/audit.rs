@@ -323,3 +323,73 @@ fn an_audit_finds_the_events_beyond_a_cap_a_relay_does_not_publish() {
     assert_eq!(relay["state"], "complete", "{doc:#}");
     assert_eq!(relay["learned_cap"], 10, "{doc:#}");
 }
+
+/// A legacy NIP-10 reply (kind 1) that tags only its parent.
+fn reply_to_only(keys: &Keys, parent: &nostr::event::Event, text: &str) -> nostr::event::Event {
+    common::event(keys, 1, text, &[&["e", &parent.id.to_hex(), "", "reply"]])
+}
+
+#[test]
+fn a_missing_reply_three_generations_down_is_found_and_fixed() {
+    // Issue 34: the audit relates what the daemon relates. The own relay holds an issue and
+    // two generations of replies below it, each tagging only its parent; the remote also
+    // holds the third generation, related only through the chain.
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let keys = Keys::generate();
+    let ann = announcement(&keys, "chains", &[&[&remote.url()]]);
+    let repo = repo_ref(&keys, "chains");
+    let issue = root(&keys, 1621, &repo, "an issue", &[]);
+    let first = reply_to_only(&keys, &issue, "generation 1");
+    let second = reply_to_only(&keys, &first, "generation 2");
+    let third = reply_to_only(&keys, &second, "generation 3, only on the remote");
+    let unrelated = reply_to_only(&keys, &note(&keys, "elsewhere"), "unrelated");
+    seed(
+        &own,
+        &[ann.clone(), issue.clone(), first.clone(), second.clone()],
+    );
+    seed(
+        &remote,
+        &[ann, issue, first, second, third.clone(), unrelated],
+    );
+    let before = own.event_ids();
+    let (code, doc) = run_audit(&own.url(), &[]);
+    assert_eq!(code, 1, "the third generation is missing: {doc:#}");
+    assert_eq!(
+        audit_missing_ids(&doc),
+        HashSet::from([third.id]),
+        "{doc:#}"
+    );
+    // Followed: the two replies the own relay holds, and the missing one as if stored (the
+    // audit asked again for its replies: none).
+    assert_eq!(doc["thread_events"], 3, "{doc:#}");
+    let (code, doc) = run_audit(&own.url(), &["--fix"]);
+    assert_eq!(code, 0, "--fix stored it: {doc:#}");
+    assert_eq!(doc["fix"]["accepted"], 1, "{doc:#}");
+    let mut want = before;
+    want.insert(third.id);
+    assert_eq!(own.event_ids(), want, "the own relay after --fix");
+}
+
+#[test]
+fn replies_missing_two_generations_deep_are_found_one_round_each() {
+    // The own relay holds the issue and one reply; the remote holds two more generations:
+    // the second is related through the first, the third only once the second is counted
+    // as stored (the audit asks again with it).
+    let (own, remote) = (TestRelay::start(), TestRelay::start());
+    let keys = Keys::generate();
+    let ann = announcement(&keys, "deep", &[&[&remote.url()]]);
+    let repo = repo_ref(&keys, "deep");
+    let issue = root(&keys, 1621, &repo, "an issue", &[]);
+    let first = reply_to_only(&keys, &issue, "generation 1");
+    let second = reply_to_only(&keys, &first, "generation 2, only on the remote");
+    let third = reply_to_only(&keys, &second, "generation 3, only on the remote");
+    seed(&own, &[ann.clone(), issue.clone(), first.clone()]);
+    seed(&remote, &[ann, issue, first, second.clone(), third.clone()]);
+    let (code, doc) = run_audit(&own.url(), &[]);
+    assert_eq!(code, 1, "{doc:#}");
+    assert_eq!(
+        audit_missing_ids(&doc),
+        HashSet::from([second.id, third.id]),
+        "{doc:#}"
+    );
+}

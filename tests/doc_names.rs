@@ -124,12 +124,23 @@ const EXTERNAL: &[&str] = &[
 ];
 
 /// Files the docs name that are not this repository's: other projects' sources (nostr-rs-relay's
-/// `src/server.rs`), an operator's config, directories cargo-fuzz creates.
+/// `src/server.rs`, ngit-grasp's `src/sync/mod.rs`), an operator's config, directories
+/// cargo-fuzz creates.
 const OTHER_FILES: &[&str] = &[
     "config.toml",
     "src/server.rs",
     "src/conn.rs",
     "src/repo/sqlite.rs",
+    // ngit-grasp 3.0.10's, cited by decisions 0097–0100
+    "src/sync",
+    "src/sync/mod.rs",
+    "src/sync/filters.rs",
+    "src/sync/self_subscriber.rs",
+    "src/nostr/builder.rs",
+    "src/nostr/events.rs",
+    "src/nostr/policy/related.rs",
+    "src/nostr/lifecycle/deletion/policy.rs",
+    "docs/explanation/decisions.md",
     "fuzz/target",
     "fuzz/corpus",
     "fuzz/artifacts",

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use grasp_sync::core::state::ConnectionStatus;
@@ -63,7 +63,8 @@ struct Net {
     book: Book,
     /// Repositories each remote relay must be asked for (Layer 2).
     repos_on: HashMap<RelayUrl, HashSet<String>>,
-    /// Root events each remote relay must be asked for (Layer 3).
+    /// Layer-3 ids each remote relay must be asked for: the root events of its repositories
+    /// and the replies followed below them (comments, statuses, quotes).
     roots_on: HashMap<RelayUrl, HashSet<EventId>>,
 }
 
@@ -154,25 +155,25 @@ fn network() -> Net {
     book.expect("I4 issue delta (B)", &i4, &[&b]);
 
     // Replies, statuses, quotes.
-    book.expect("C1 comment P1 (B)", &comment(&bob, &p1, "lgtm"), &[&b]);
-    book.expect("C2 comment I1 (C)", &comment(&alice, &i1, "repro?"), &[&c]);
-    book.expect("C3 comment I2 (A)", &comment(&alice, &i2, "on it"), &[&a]);
-    book.expect("C4 comment I3 (C)", &comment(&carol, &i3, "dup"), &[&c]);
+    let c1 = book.expect("C1 comment P1 (B)", &comment(&bob, &p1, "lgtm"), &[&b]);
+    let c2 = book.expect("C2 comment I1 (C)", &comment(&alice, &i1, "repro?"), &[&c]);
+    let c3 = book.expect("C3 comment I2 (A)", &comment(&alice, &i2, "on it"), &[&a]);
+    let c4 = book.expect("C4 comment I3 (C)", &comment(&carol, &i3, "dup"), &[&c]);
     book.expect(
         "C5 comment repo beta (B)",
         &repo_comment(&dave, &rr2, "hi"),
         &[&b],
     );
-    book.expect("RU comment I5 (C)", &comment(&bob, &i5, "fixed"), &[&c]);
-    book.expect("S1 applied P1 (A)", &status(&alice, 1631, &p1.id), &[&a]);
-    book.expect("S2 closed I1 (B)", &status(&bob, 1632, &i1.id), &[&b]);
-    book.expect("S3 open PR1 (A)", &status(&carol, 1630, &pr1.id), &[&a]);
+    let ru = book.expect("RU comment I5 (C)", &comment(&bob, &i5, "fixed"), &[&c]);
+    let s1 = book.expect("S1 applied P1 (A)", &status(&alice, 1631, &p1.id), &[&a]);
+    let s2 = book.expect("S2 closed I1 (B)", &status(&bob, 1632, &i1.id), &[&b]);
+    let s3 = book.expect("S3 open PR1 (A)", &status(&carol, 1630, &pr1.id), &[&a]);
     book.expect(
         "Q1 quote repo gamma (A)",
         &quote(&dave, &rr3, "see gamma"),
         &[&a],
     );
-    book.expect(
+    let q2 = book.expect(
         "Q2 quote I5 (C)",
         &quote(&dave, &i5.id.to_hex(), "this"),
         &[&c],
@@ -211,12 +212,20 @@ fn network() -> Net {
         (url(&b), set(&[&rr1, &rr2, &rr4])),
         (url(&c), set(&[&rr2, &rr3, &rr5, &rr6])),
     ]);
+    // Root events, then the replies below them, each followed (a Layer-3 id of the root's
+    // repositories' relays).
     let roots_on = HashMap::from([
-        (url(&a), HashSet::from([p1.id, i2.id, pr1.id, pru1.id])),
-        (url(&b), HashSet::from([p1.id, i2.id, i1.id, i4.id])),
+        (
+            url(&a),
+            HashSet::from([p1.id, i2.id, pr1.id, pru1.id, c1, c3, s1, s3]),
+        ),
+        (
+            url(&b),
+            HashSet::from([p1.id, i2.id, i1.id, i4.id, c1, c3, s1, c2, s2]),
+        ),
         (
             url(&c),
-            HashSet::from([i1.id, pr1.id, pru1.id, i3.id, i5.id]),
+            HashSet::from([i1.id, pr1.id, pru1.id, i3.id, i5.id, c2, s2, s3, c4, ru, q2]),
         ),
     ]);
     Net {
@@ -352,7 +361,10 @@ fn reqs_follow_the_layer_design() {
         }
         assert_eq!(l3.keys().copied().collect::<Vec<_>>(), vec!['E', 'e', 'q']);
         for (tag, values) in &l3 {
-            assert_eq!(values, &roots, "{u}: Layer-3 #{tag} root ids");
+            assert_eq!(
+                values, &roots,
+                "{u}: Layer-3 #{tag} ids (roots and replies)"
+            );
         }
     }
     // The own relay only ever sees the self-subscription.
@@ -425,14 +437,23 @@ fn layer2_chunks_250_repos_into_nine_filters() {
         assert_eq!(l2_values[tag], repos, "#{tag} repos");
     }
     assert_eq!(l2.keys().copied().collect::<Vec<_>>(), vec!['A', 'a', 'q']);
-    let mut roots = vec![i1.id.to_hex(), i2.id.to_hex()];
-    roots.sort();
-    let mut tags: Vec<char> = l3.iter().map(|(t, _)| *t).collect();
-    tags.sort();
-    assert_eq!(tags, vec!['E', 'e', 'q'], "{l3:?}");
-    for (tag, mut values) in l3 {
-        values.sort();
-        assert_eq!(values, roots, "#{tag}");
+    // The two root events first; the reply, once stored, is followed below its root: a
+    // second Layer-3 batch for it alone.
+    let roots: BTreeSet<String> = [i1.id.to_hex(), i2.id.to_hex()].into();
+    let mut by_tag: BTreeMap<char, Vec<BTreeSet<String>>> = BTreeMap::new();
+    for (tag, values) in l3 {
+        by_tag
+            .entry(tag)
+            .or_default()
+            .push(values.into_iter().collect());
+    }
+    assert_eq!(
+        by_tag.keys().copied().collect::<Vec<_>>(),
+        vec!['E', 'e', 'q']
+    );
+    for (tag, batches) in by_tag {
+        let replies: BTreeSet<String> = [reply.id.to_hex()].into();
+        assert_eq!(batches, vec![roots.clone(), replies], "#{tag}");
     }
     shutdown_clean(handle, &[&own, &x]);
 }
@@ -489,7 +510,8 @@ fn announcement_published_while_running_is_picked_up() {
     let status = handle.status();
     let dst = status.relay(&url(&d)).expect("D in status");
     assert_eq!(dst.connection_status, ConnectionStatus::Connected);
-    assert_eq!((dst.confirmed_repos, dst.confirmed_root_events), (1, 1));
+    // The issue and the reply followed below it.
+    assert_eq!((dst.confirmed_repos, dst.confirmed_root_events), (1, 2));
     shutdown_clean(handle, &[&own, &a, &d]);
 }
 

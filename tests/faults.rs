@@ -21,9 +21,9 @@
 //!
 //! Then the faults stop and the test waits until the own relay holds **exactly** the
 //! expected set: the closure of what the engine must fetch, computed from the relays' final
-//! stores (announcements on the own relay → their relays; Layer 1 kinds 30617/30618 of every
-//! such relay; `#a/#A/#q` of the repositories listing it; `#e/#E/#q` of the root events on
-//! the own relay; repeated to a fixed point). Missing ids and unexpected ids both fail, and
+//! stores (announcements on the own relay → their relays; Layer 1 kinds 30617/30618/10317 of
+//! every such relay; `#a/#A/#q` of the repositories listing it; `#e/#E/#q` of the root events
+//! on the own relay and of the replies followed below them; repeated to a fixed point). Missing ids and unexpected ids both fail, and
 //! the failure report names the seed, each missing event (kind, `created_at`, where it is
 //! stored, when it was published) and how to re-run.
 //!
@@ -964,6 +964,31 @@ impl World {
                     }
                 }
             }
+            // Replies followed below them (decision 0097): an event on the own relay tagging
+            // (`e`/`E`/`q`) a root event or a reply followed, a deletion excepted; the
+            // world's threads are far within the bounds.
+            loop {
+                let mut grew = false;
+                for ids in roots_of.values_mut() {
+                    for e in own.values().filter(|e| e.kind.as_u16() != 5) {
+                        let id = e.id.to_hex();
+                        if ids.contains(&id) {
+                            continue;
+                        }
+                        let tags_one = e.tags.iter().any(|t| {
+                            matches!(t.as_slice()[0].as_str(), "e" | "E" | "q")
+                                && ids.contains(t.content().unwrap_or_default())
+                        });
+                        if tags_one {
+                            ids.insert(id);
+                            grew = true;
+                        }
+                    }
+                }
+                if !grew {
+                    break;
+                }
+            }
             let mut added = false;
             for (i, store) in stores.iter().enumerate() {
                 let repos: HashSet<&str> = repo_relays
@@ -987,6 +1012,7 @@ impl World {
                     let kind = e.kind.as_u16();
                     let wanted = kind == 30617
                         || kind == 30618
+                        || kind == 10317
                         || e.tags.iter().any(|t| {
                             let v = t.content().unwrap_or_default();
                             match t.as_slice()[0].as_str() {
@@ -1285,6 +1311,10 @@ fn engine_config(world: &World) -> Config {
     config.consolidation_wait = Duration::from_secs(2);
     config.poll_interval = Duration::from_secs(2);
     config.nip11_timeout = Duration::from_secs(1);
+    // Scaled down like the other deadlines: a relay that lists NIP-77 and never answers
+    // holds a batch for one round's deadline (30 s by default) until it is known silent, and
+    // a batch for replies followed after a reconnect may be the first to find out.
+    config.nip77.round_timeout = Duration::from_secs(3);
     config.assumed_page_size = PAGE;
     config.seed = world.seed;
     config

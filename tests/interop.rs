@@ -735,6 +735,8 @@ struct Remote40 {
     announcements: Vec<Event>,
     /// The issue of each repository (on nostr-rs-relay).
     issues: Vec<Event>,
+    /// Layer-3 ids nostr-rs-relay should carry: the root events and the replies followed
+    /// below them (comments, replies, statuses, a quote).
     roots: usize,
 }
 
@@ -750,6 +752,8 @@ fn remote40(test: &str, announce_now: bool) -> Option<Remote40> {
     let mut announcements = Vec::new();
     let mut repos = Vec::new();
     let mut issues = Vec::new();
+    // Replies followed below the root events (decision 0097).
+    let mut followed = 0;
     for i in 0..REPOS {
         let k = &keys[i % keys.len()];
         let d = format!("repo-{i:02}");
@@ -767,6 +771,8 @@ fn remote40(test: &str, announce_now: bool) -> Option<Remote40> {
             2 => status(&dave, 1632, &issue.id),
             _ => repo_comment(&eve, &rr, "A comment"),
         };
+        // A comment, a reply and a status tag the issue; a repository comment does not.
+        followed += usize::from(i % 4 != 3);
         s.expect(&format!("{d} reply/status (nrr)"), &extra, &[], true);
         repos.push(rr);
         issues.push(issue);
@@ -848,7 +854,9 @@ fn remote40(test: &str, announce_now: bool) -> Option<Remote40> {
         seeds: s,
         announcements,
         issues,
-        roots: REPOS + 1,
+        // The issues and the patch; the replies below them, the patch's comment and status,
+        // and the quote of issue 5.
+        roots: REPOS + 1 + followed + 2 + 1,
     })
 }
 
@@ -954,6 +962,8 @@ fn nostr_rs_relay_restarted_delivers_live_events_without_churn() {
             .book
             .expect(&format!("live reply {i} (nrr)"), &reply, &[]);
         std::thread::sleep(Duration::from_millis(300));
+        // Followed below its issue once stored: one more Layer-3 id.
+        net.roots += 1;
     }
     check_remote("nostr-rs-relay after its restart", &net, &handle);
     let resent = handle.with_machine(|m| m.counters().queries_resent);

@@ -1,5 +1,6 @@
-//! NIP-34: announcement and root-event classification of arbitrary events never panics, and
-//! the relay cap per announcement holds.
+//! NIP-34: announcement, root-event and reply classification of arbitrary events never
+//! panics, the relay cap per announcement holds, and a reply names at most
+//! `MAX_REPLY_REFS` other events.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -59,6 +60,12 @@ fuzz_target!(|input: Input| {
             for r in repos {
                 assert_eq!(parse_repo_coordinate(&r).as_deref(), Some(r.as_str()));
             }
+        }
+        SelfEventMeaning::Reply { id, parents, .. } => {
+            assert!(!parents.is_empty());
+            assert!(parents.len() <= grasp_sync::core::threads::MAX_REPLY_REFS);
+            assert!(!parents.contains(&id), "an event is not its own parent");
+            assert_ne!(event.kind.as_u16(), 5, "a deletion is not followed");
         }
         SelfEventMeaning::Other => {}
     }

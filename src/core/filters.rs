@@ -1,8 +1,19 @@
-//! The three subscription layers of the design, plus the self-subscription.
+//! The three subscription layers of the design, plus the self-subscription: what "related"
+//! means, once, for the daemon and the audit (`grasp-sync audit`).
 //!
-//! * Layer 1: announcements (kinds 30617, 30618), subscribed once per connection.
-//! * Layer 2: events tagging one of our repositories (`#a`, `#A`, `#q`), per ≤100 refs.
-//! * Layer 3: events tagging one of our root events (`#e`, `#E`, `#q`), per ≤100 ids.
+//! * Layer 1: announcements, state events and user grasp lists (kinds 30617, 30618, 10317),
+//!   subscribed once per connection.
+//! * Layer 2: events tagging one of our repositories ([`REPO_TAGS`]: `#a`, `#A`, `#q`), per
+//!   ≤100 refs.
+//! * Layer 3: events tagging one of our root events or an event followed below one
+//!   ([`ID_TAGS`]: `#e`, `#E`, `#q`), per ≤100 ids. The ids are the root events and their
+//!   thread members (`core::threads`): replies to replies, quotes, reactions, down to the
+//!   reply-depth bound.
+//!
+//! [`build_related_filters`] is everything related for a set of repositories and Layer-3 ids;
+//! the daemon's batches, live sets and catch-ups build the same Layer 2/3 filters from the
+//! same tag sets (a test in `core/sync/related_tests.rs` holds the daemon and the audit to one
+//! answer).
 //!
 //! Items are sorted before chunking so the same set always yields the same filters.
 //! Each filter is sent as its own REQ (see [`crate::core::SyncMachine`]): some relays refuse
@@ -16,17 +27,36 @@ use nostr::types::Timestamp;
 
 use crate::core::nip34::{
     RepoRef, KIND_ISSUE, KIND_PATCH, KIND_PULL_REQUEST, KIND_PULL_REQUEST_UPDATE,
-    KIND_REPO_ANNOUNCEMENT, KIND_REPO_STATE,
+    KIND_REPO_ANNOUNCEMENT, KIND_REPO_STATE, KIND_USER_GRASP_LIST,
 };
 
 /// How many repo refs or root ids go into one Layer-2/3 filter.
 pub(crate) const CHUNK_SIZE: usize = 100;
 
-/// Layer 1: announcements and maintainer/state events, optionally since a time.
+/// The tags that relate an event to a repository (Layer 2): `a`, `A`, `q` holding its
+/// coordinate.
+pub(crate) const REPO_TAGS: [SingleLetterTag; 3] = [
+    SingleLetterTag::LOWERCASE_A,
+    SingleLetterTag::UPPERCASE_A,
+    SingleLetterTag::LOWERCASE_Q,
+];
+
+/// The tags that relate an event to a root event or a thread member (Layer 3): `e`, `E`, `q`
+/// holding its id. The same tags make an event a reply to follow
+/// (`nip34::tagged_ids`).
+pub(crate) const ID_TAGS: [SingleLetterTag; 3] = [
+    SingleLetterTag::LOWERCASE_E,
+    SingleLetterTag::UPPERCASE_E,
+    SingleLetterTag::LOWERCASE_Q,
+];
+
+/// Layer 1: announcements, maintainer/state events and user grasp lists (decision 0099),
+/// optionally since a time.
 pub(crate) fn build_announcement_filter(since: Option<Timestamp>) -> Filter {
     let f = Filter::new().kinds([
         Kind::Custom(KIND_REPO_ANNOUNCEMENT),
         Kind::Custom(KIND_REPO_STATE),
+        Kind::Custom(KIND_USER_GRASP_LIST),
     ]);
     match since {
         Some(ts) => f.since(ts),
@@ -60,36 +90,18 @@ pub(crate) fn tagged_one_of_our_repo_event_filters(
 ) -> Vec<Filter> {
     let mut refs: Vec<String> = repos.iter().cloned().collect();
     refs.sort();
-    tag_filters(
-        refs,
-        [
-            SingleLetterTag::LOWERCASE_A,
-            SingleLetterTag::UPPERCASE_A,
-            SingleLetterTag::LOWERCASE_Q,
-        ],
-        since,
-        CHUNK_SIZE,
-    )
+    tag_filters(refs, REPO_TAGS, since, CHUNK_SIZE)
 }
 
-/// Layer 3: events tagging one of `root_events` with `e`, `E` or `q` (lower-case hex ids);
-/// three filters per 100 ids.
+/// Layer 3: events tagging one of `root_events` (root events and thread members) with `e`,
+/// `E` or `q` (lower-case hex ids); three filters per 100 ids.
 pub(crate) fn tagged_one_of_our_root_event_filters(
     root_events: &HashSet<EventId>,
     since: Option<Timestamp>,
 ) -> Vec<Filter> {
     let mut ids: Vec<String> = root_events.iter().map(|id| id.to_hex()).collect();
     ids.sort();
-    tag_filters(
-        ids,
-        [
-            SingleLetterTag::LOWERCASE_E,
-            SingleLetterTag::UPPERCASE_E,
-            SingleLetterTag::LOWERCASE_Q,
-        ],
-        since,
-        CHUNK_SIZE,
-    )
+    tag_filters(ids, ID_TAGS, since, CHUNK_SIZE)
 }
 
 /// The state events (kind 30618) of `repos`: per 100 repositories one filter of their
@@ -140,9 +152,11 @@ pub(crate) fn state_coordinate(event: &nostr::event::Event) -> Option<RepoRef> {
     ))
 }
 
-/// What the own relay must hold for `repos` and `root_events`, beyond the announcements
-/// themselves: Layers 2 and 3, and the repositories' state events
-/// ([`build_state_filters`]). The audit checks exactly this.
+/// What the own relay must hold for `repos` and `root_events` (root events and thread
+/// members), beyond the announcements themselves: Layers 2 and 3, and the repositories'
+/// state events ([`build_state_filters`]). The audit asks exactly this; the daemon asks the
+/// same Layers 2 and 3 ([`build_layer2_and_layer3_filters`],
+/// [`live_layer2_and_layer3_filters`]) and the state events with Layer 1.
 pub(crate) fn build_related_filters(
     repos: &HashSet<RepoRef>,
     root_events: &HashSet<EventId>,
@@ -206,31 +220,25 @@ pub(crate) fn live_layer2_and_layer3_filters(
     refs.sort();
     let mut ids: Vec<String> = root_events.iter().map(|id| id.to_hex()).collect();
     ids.sort();
-    let mut filters = tag_filters(
-        refs,
-        [
-            SingleLetterTag::LOWERCASE_A,
-            SingleLetterTag::UPPERCASE_A,
-            SingleLetterTag::LOWERCASE_Q,
-        ],
-        None,
-        chunk,
-    );
-    filters.extend(tag_filters(
-        ids,
-        [
-            SingleLetterTag::LOWERCASE_E,
-            SingleLetterTag::UPPERCASE_E,
-            SingleLetterTag::LOWERCASE_Q,
-        ],
-        None,
-        chunk,
-    ));
+    let mut filters = tag_filters(refs, REPO_TAGS, None, chunk);
+    filters.extend(tag_filters(ids, ID_TAGS, None, chunk));
     filters
 }
 
-/// The self-subscription on the own relay: announcements and root events.
-/// 30618 is deliberately absent (it is only pulled from remote relays).
+/// The self-subscription on the own relay: every event it holds (no kinds), history and
+/// live. Announcements and root events build the repository index; an event tagging a root
+/// event or a thread member is followed below it (`core::threads`); the rest is ignored.
+/// Its history is read after [`self_subscription_filter`]'s, so the root events are known
+/// before their replies are read (`SyncMachine::handle_own_connected`).
+pub(crate) fn own_events_filter() -> Filter {
+    Filter::new()
+}
+
+/// The first read of the own relay on every connect (history only, closed at its EOSE):
+/// announcements and root events, so that the replies the self-subscription
+/// ([`own_events_filter`]) reads next find their root events known (a relay answers newest
+/// first: a reply before its root). 30618 is deliberately absent (it is only pulled from
+/// remote relays).
 pub(crate) fn self_subscription_filter(since: Option<Timestamp>) -> Filter {
     let f = Filter::new().kinds([
         Kind::Custom(KIND_REPO_ANNOUNCEMENT),
@@ -320,7 +328,7 @@ mod tests {
     fn layer1_and_self_filters() {
         let j: serde_json::Value =
             serde_json::from_str(&build_announcement_filter(None).as_json()).unwrap();
-        assert_eq!(j["kinds"], serde_json::json!([30617, 30618]));
+        assert_eq!(j["kinds"], serde_json::json!([10317, 30617, 30618]));
         assert!(j.get("since").is_none());
         let j: serde_json::Value = serde_json::from_str(
             &build_announcement_filter(Some(Timestamp::from_secs(5))).as_json(),

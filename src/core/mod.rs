@@ -17,11 +17,13 @@ pub mod message;
 pub mod nip34;
 pub mod paging;
 pub mod progress;
+pub mod related;
 pub mod relay_text;
 pub mod session;
 pub mod state;
 pub mod sync;
 pub mod targets;
+pub mod threads;
 pub mod time;
 
 pub use auth::AuthLimits;

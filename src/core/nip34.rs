@@ -20,6 +20,11 @@ pub const KIND_PULL_REQUEST: u16 = 1618;
 pub const KIND_PULL_REQUEST_UPDATE: u16 = 1619;
 /// Kind of an issue.
 pub const KIND_ISSUE: u16 = 1621;
+/// Kind of a user's grasp list (NIP-34 `10317`): synced with Layer 1 (decision 0099).
+pub const KIND_USER_GRASP_LIST: u16 = 10317;
+/// Kind of a deletion request (NIP-09): synced where it tags a related event, never followed
+/// below it (decision 0098).
+pub const KIND_DELETION: u16 = 5;
 
 /// Kinds of root events: events that start a thread of their own and are tracked by id.
 pub const ROOT_EVENT_KINDS: [u16; 4] = [
@@ -225,6 +230,17 @@ pub enum SelfEventMeaning {
         /// The repositories it belongs to (may be empty: then it is ignored).
         repos: Vec<RepoRef>,
     },
+    /// An event that tags other events (`e`, `E`, `q`): a reply, a quote, a reaction, a
+    /// status. It is followed when it tags a root event or an event followed below one
+    /// ([`crate::core::threads::Threads`]).
+    Reply {
+        /// The event's id.
+        id: EventId,
+        /// Its `created_at` (seconds): a batch follows the oldest first.
+        created_at: u64,
+        /// The ids it tags ([`tagged_ids`]).
+        parents: Vec<EventId>,
+    },
     /// Nothing we track.
     Other,
 }
@@ -244,13 +260,68 @@ pub fn classify_self_event_with(
     if let Some(a) = parse_announcement_with(event, max_relays_per_announcement, own) {
         return SelfEventMeaning::Announcement(a);
     }
-    if is_root_kind(event.kind) {
+    let root_kind = is_root_kind(event.kind);
+    let repos = if root_kind {
+        root_event_repos(event)
+    } else {
+        Vec::new()
+    };
+    if !repos.is_empty() || (root_kind && !event.tags.iter().any(is_id_tag)) {
         return SelfEventMeaning::RootEvent {
             id: event.id,
-            repos: root_event_repos(event),
+            repos,
         };
     }
-    SelfEventMeaning::Other
+    if event.kind.as_u16() == KIND_DELETION {
+        return SelfEventMeaning::Other;
+    }
+    let parents = tagged_ids(event);
+    if parents.is_empty() {
+        return SelfEventMeaning::Other;
+    }
+    SelfEventMeaning::Reply {
+        id: event.id,
+        created_at: event.created_at.as_secs(),
+        parents,
+    }
+}
+
+/// True for a tag whose letter links an event to the event id it holds (`filters::ID_TAGS`:
+/// `e`, `E`, `q`).
+fn is_id_tag(tag: &nostr::event::Tag) -> bool {
+    let s = tag.as_slice();
+    s.len() >= 2
+        && s[0].len() == 1
+        && crate::core::filters::ID_TAGS
+            .iter()
+            .any(|t| s[0].starts_with(t.as_char()))
+}
+
+/// The distinct event ids `event` tags with `e`, `E` or `q` (the Layer-3 tags,
+/// `filters::ID_TAGS`), in tag order, its own id left out, at most
+/// [`crate::core::threads::MAX_REPLY_REFS`]. A `q` holding a coordinate (`kind:pubkey:d`) or
+/// any value that is not 64 hex characters names no event and is skipped.
+pub fn tagged_ids(event: &Event) -> Vec<EventId> {
+    let mut ids = Vec::new();
+    for tag in event.tags.iter() {
+        if !is_id_tag(tag) {
+            continue;
+        }
+        let value = tag.as_slice()[1].as_str();
+        if value.len() != 64 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let Ok(id) = EventId::from_hex(value) else {
+            continue;
+        };
+        if id != event.id && !ids.contains(&id) {
+            ids.push(id);
+            if ids.len() == crate::core::threads::MAX_REPLY_REFS {
+                break;
+            }
+        }
+    }
+    ids
 }
 
 #[cfg(test)]
@@ -387,6 +458,55 @@ mod tests {
         assert_eq!(classify_self_event(&ev), SelfEventMeaning::Other);
         assert!(root_event_repos(&ev).is_empty());
         assert!(parse_announcement(&ev).is_none());
+    }
+
+    #[test]
+    fn events_tagging_ids_are_replies_and_deletions_are_not() {
+        let parent = "ab".repeat(32);
+        let quoted = "cd".repeat(32);
+        let pk = keys().public_key().to_hex();
+        let ev = EventBuilder::new(Kind::Custom(1), "re")
+            .tag(Tag::parse(["e", &parent, "", "reply"]).unwrap())
+            .tag(Tag::parse(["E", &parent]).unwrap())
+            .tag(Tag::parse(["q", &quoted]).unwrap())
+            .tag(Tag::parse(["q", &format!("30617:{pk}:r")]).unwrap())
+            .tag(Tag::parse(["e", "not hex"]).unwrap())
+            .tag(Tag::parse(["p", &pk]).unwrap())
+            .finalize(&keys())
+            .unwrap();
+        let want = vec![
+            EventId::from_hex(&parent).unwrap(),
+            EventId::from_hex(&quoted).unwrap(),
+        ];
+        assert_eq!(tagged_ids(&ev), want);
+        match classify_self_event(&ev) {
+            SelfEventMeaning::Reply { id, parents, .. } => {
+                assert_eq!((id, parents), (ev.id, want.clone()));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let deletion = EventBuilder::new(Kind::Custom(KIND_DELETION), "")
+            .tag(Tag::parse(["e", &parent]).unwrap())
+            .finalize(&keys())
+            .unwrap();
+        assert_eq!(classify_self_event(&deletion), SelfEventMeaning::Other);
+        // A PR update (1619) without a repository but tagging its PR is a reply.
+        let update = EventBuilder::new(Kind::Custom(KIND_PULL_REQUEST_UPDATE), "")
+            .tag(Tag::parse(["E", &parent]).unwrap())
+            .finalize(&keys())
+            .unwrap();
+        assert!(matches!(
+            classify_self_event(&update),
+            SelfEventMeaning::Reply { .. }
+        ));
+        let many = (0..20).fold(EventBuilder::new(Kind::Custom(7), "+"), |b, i| {
+            b.tag(Tag::parse(["e", &format!("{i:064x}")]).unwrap())
+        });
+        let many = many.finalize(&keys()).unwrap();
+        assert_eq!(
+            tagged_ids(&many).len(),
+            crate::core::threads::MAX_REPLY_REFS
+        );
     }
 
     #[test]

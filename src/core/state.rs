@@ -22,8 +22,18 @@ pub struct RepoSyncNeeds {
     pub relays: HashSet<RelayUrl>,
     /// Root event ids (1617/1618/1619/1621) that reference this repo.
     pub root_events: HashSet<EventId>,
+    /// Events followed below those root events (replies to replies, quotes, reactions:
+    /// `core::threads`): Layer-3 ids like the root events, not counted as root events.
+    pub thread_events: HashSet<EventId>,
     /// `created_at` of the announcement the relay set came from; a newer one replaces it.
     pub announced_at: Option<u64>,
+}
+
+impl RepoSyncNeeds {
+    /// The repository's Layer-3 ids: its root events, then its thread members.
+    pub fn layer3_ids(&self) -> impl Iterator<Item = &EventId> + '_ {
+        self.root_events.iter().chain(self.thread_events.iter())
+    }
 }
 
 /// What we WANT to sync, keyed by repository reference `30617:<pubkey>:<d>`.
@@ -34,7 +44,8 @@ pub type RepoSyncIndex = HashMap<RepoRef, RepoSyncNeeds>;
 pub struct RelaySyncNeeds {
     /// Repositories whose announcement lists this relay.
     pub repos: HashSet<RepoRef>,
-    /// Root events of those repositories.
+    /// Layer-3 ids of those repositories: their root events and the events followed below
+    /// them ([`RepoSyncNeeds::layer3_ids`]).
     pub root_events: HashSet<EventId>,
 }
 
@@ -54,7 +65,8 @@ pub enum ConnectionStatus {
 pub struct RelayState {
     /// Repositories whose Layer-2 history this relay delivered completely (EOSE seen).
     pub repos: HashSet<RepoRef>,
-    /// Root events whose Layer-3 history this relay delivered completely.
+    /// Layer-3 ids (root events and thread members) whose history this relay delivered
+    /// completely.
     pub root_events: HashSet<EventId>,
     /// A bootstrap relay is never idle-disconnected.
     pub is_bootstrap: bool,
@@ -111,7 +123,7 @@ pub type RelaySyncIndex = HashMap<RelayUrl, RelayState>;
 pub struct PendingItems {
     /// Repositories (Layer 2).
     pub repos: HashSet<RepoRef>,
-    /// Root events (Layer 3).
+    /// Layer-3 ids: root events and thread members.
     pub root_events: HashSet<EventId>,
 }
 

@@ -45,7 +45,7 @@ pub fn derive_relay_targets(
             }
             let t = targets.entry(relay.clone()).or_default();
             t.repos.insert(repo_ref.clone());
-            t.root_events.extend(needs.root_events.iter().copied());
+            t.root_events.extend(needs.layer3_ids().copied());
         }
     }
     targets
@@ -1087,8 +1087,9 @@ impl Plan {
         self.selection.report.relays_selected = self.targets.len();
     }
 
-    /// Root event `id` now references `repo` (already in the index): adds it to the targets
-    /// of the repository's relays. Returns the relays whose target grew.
+    /// Root event `id` now references `repo` (already in the index), or `id` is a reply newly
+    /// followed below one of its root events (a Layer-3 id like a root): adds it to the
+    /// targets of the repository's relays. Returns the relays whose target grew.
     pub fn add_root_event(&mut self, repo: &str, id: EventId) -> Vec<RelayUrl> {
         let mut changed = Vec::new();
         self.add_root_event_with(repo, id, |r| changed.push(r.clone()));
@@ -1288,7 +1289,7 @@ impl Plan {
                     .repos
                     .iter()
                     .filter_map(|r| repo_index.get(r))
-                    .flat_map(|n| n.root_events.iter().copied())
+                    .flat_map(|n| n.layer3_ids().copied())
                     .collect();
             }
             changed.insert(relay);
@@ -1336,7 +1337,7 @@ fn add_repo_to(
     }
     if let Some(t) = targets.get_mut(relay) {
         t.repos.insert(repo.clone());
-        t.root_events.extend(needs.root_events.iter().copied());
+        t.root_events.extend(needs.layer3_ids().copied());
     }
 }
 
@@ -1463,6 +1464,7 @@ mod tests {
                         relays: relays.iter().map(|u| url(u)).collect(),
                         root_events: ids.iter().map(|b| id(*b)).collect(),
                         announced_at: Some(1),
+                        ..RepoSyncNeeds::default()
                     },
                 )
             })
@@ -1598,6 +1600,7 @@ mod tests {
                         relays: relays.iter().map(|u| url(u)).collect(),
                         root_events: ids.iter().map(|b| id(*b)).collect(),
                         announced_at: Some(1),
+                        ..RepoSyncNeeds::default()
                     },
                 )
             })
@@ -1959,6 +1962,7 @@ mod tests {
                         relays: relays.iter().map(|i| relay(*i)).collect(),
                         root_events: HashSet::new(),
                         announced_at: Some(1),
+                        ..RepoSyncNeeds::default()
                     },
                 );
             }

@@ -188,6 +188,8 @@ pub struct Status {
     pub repos: usize,
     /// Distinct root events known.
     pub root_events: usize,
+    /// Events followed below the root events (replies to replies, quotes, reactions).
+    pub thread_events: usize,
     /// Remote relays, sorted by URL.
     pub relays: Vec<RelayStatus>,
     /// Events the own relay stored.
@@ -558,6 +560,7 @@ impl SyncHandle {
             forwarder_connected: f.connected.load(Ordering::Relaxed) == 1,
             repos: m.repo_index().len(),
             root_events: m.root_event_count(),
+            thread_events: m.thread_event_count(),
             relays,
             forwarded: f.stored.load(Ordering::Relaxed),
             duplicates: f.duplicates.load(Ordering::Relaxed),

@@ -145,6 +145,12 @@ pub fn prometheus(status: &Status) -> String {
         "Distinct root events in the index.",
         status.root_events,
     );
+    p.single(
+        "thread_events",
+        "gauge",
+        "Replies followed below the root events (their ids are Layer-3 tag values).",
+        status.thread_events,
+    );
     p.family(
         "relay_connected",
         "gauge",
@@ -199,7 +205,7 @@ pub fn prometheus(status: &Status) -> String {
     for (name, help, repos, roots) in [
         (
             "relay_target_items",
-            "Repositories and root events the relay should carry.",
+            "Repositories and Layer-3 ids (root events and the replies followed below them) the relay should carry.",
             (|r: &RelayStatus| r.target_repos) as fn(&RelayStatus) -> usize,
             (|r: &RelayStatus| r.target_root_events) as fn(&RelayStatus) -> usize,
         ),
@@ -384,6 +390,19 @@ pub fn prometheus(status: &Status) -> String {
             c.fallbacks(r),
         );
     }
+    p.family(
+        "replies_not_followed_total",
+        "counter",
+        "Related replies whose own replies are not followed, by the bound that stopped them (depth: --reply-depth, thread: --thread-size, cap: --max-thread-ids, waiting: the waiting set was full).",
+    );
+    for (reason, v) in [
+        ("depth", c.replies_beyond_depth),
+        ("thread", c.replies_thread_full),
+        ("cap", c.replies_cap_reached),
+        ("waiting", c.replies_waiting_dropped),
+    ] {
+        p.sample("replies_not_followed_total", &[("reason", reason)], v);
+    }
     for (name, help, v) in [
         (
             "batches_confirmed_total",
@@ -494,6 +513,11 @@ pub fn prometheus(status: &Status) -> String {
             "fetch_ids_undelivered_total",
             "Ids relays listed for a query and did not deliver when asked by id twice.",
             c.fetch_ids_undelivered,
+        ),
+        (
+            "own_thread_rereads_total",
+            "Extra reads of the own relay's events for replies read before their parents.",
+            c.own_thread_rereads,
         ),
         (
             "forward_resent_total",
@@ -736,6 +760,7 @@ pub fn status_json(status: &Status) -> Value {
         "self_sync_pending": status.self_sync_pending,
         "repositories": status.repos,
         "root_events": status.root_events,
+        "thread_events": status.thread_events,
         "progress": progress_json(&status.progress),
         "forward": {
             "stored": status.forwarded,
@@ -815,6 +840,13 @@ pub fn status_json(status: &Status) -> Value {
             "fetch_ids_undelivered": c.fetch_ids_undelivered,
             "cap_probes": c.cap_probes,
             "caps_learned": c.caps_learned,
+            "replies_not_followed": {
+                "depth": c.replies_beyond_depth,
+                "thread": c.replies_thread_full,
+                "cap": c.replies_cap_reached,
+                "waiting": c.replies_waiting_dropped,
+            },
+            "own_thread_rereads": c.own_thread_rereads,
             "forwarder_losses": c.forwarder_losses,
         },
         "relays": relays,
@@ -834,11 +866,12 @@ pub fn table(doc: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "own relay: {}   settled: {}   repositories: {}   root events: {}   forwarded: {}   backlog: {}",
+        "own relay: {}   settled: {}   repositories: {}   root events: {}   replies followed: {}   forwarded: {}   backlog: {}",
         s(&doc["own_relay"]),
         s(&doc["settled"]),
         s(&doc["repositories"]),
         s(&doc["root_events"]),
+        s(&doc["thread_events"]),
         s(&doc["forward"]["stored"]),
         s(&doc["forward"]["backlog"]),
     );

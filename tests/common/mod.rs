@@ -16,10 +16,12 @@ use serde_json::Value;
 /// Deadline for anything that should happen.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-/// Kinds of the self-subscription on the own relay.
+/// Kinds of the first read of the own relay (announcements and root events); the
+/// self-subscription itself reads every event (no kinds).
 pub const SELF_KINDS: [u64; 5] = [1617, 1618, 1619, 1621, 30617];
-/// Kinds of the Layer-1 subscription on remote relays.
-pub const L1_KINDS: [u64; 2] = [30617, 30618];
+/// Kinds of the Layer-1 subscription on remote relays (user grasp lists, announcements,
+/// state events).
+pub const L1_KINDS: [u64; 3] = [10317, 30617, 30618];
 
 pub fn init_logging() {
     let _ = env_logger::builder().is_test(true).try_init();
@@ -298,6 +300,11 @@ pub fn classify(filter: &Filter) -> Layer {
         .keys()
         .filter(|k| !k.starts_with('#') && *k != "since" && *k != "kinds")
         .collect();
+    // The self-subscription: every event of the own relay (a `limit` where the own relay
+    // publishes its `max_limit`).
+    if tags.is_empty() && obj.get("kinds").is_none() && others.iter().all(|k| *k == "limit") {
+        return Layer::SelfSub { since };
+    }
     if !others.is_empty() {
         return Layer::Other(json);
     }

@@ -20,7 +20,8 @@ use nostr::types::Timestamp;
 
 use super::world::{announcement, is_l1, issue, keys, reply, repo, FakeRelay, World};
 use crate::core::filters::{
-    build_announcement_filter, build_layer2_and_layer3_filters, self_subscription_filter,
+    build_announcement_filter, build_layer2_and_layer3_filters, own_events_filter,
+    self_subscription_filter,
 };
 use crate::core::health::HealthState;
 use crate::core::state::ConnectionStatus;
@@ -110,8 +111,8 @@ fn discovered(cfg: impl FnOnce(&mut SyncConfig), relay: impl FnOnce(&mut FakeRel
     w.start();
     assert_eq!(
         w.own.reqs,
-        vec![self_subscription_filter(None)],
-        "the first self-subscription has no since"
+        vec![self_subscription_filter(None), own_events_filter()],
+        "the first self-subscription has no since (after the announcements and root events)"
     );
     let t = w.secs();
     w.store_on_own(&announcement("r", &[A], t));
@@ -241,10 +242,11 @@ fn root_events_add_layer3_batches_only_for_new_items() {
     w.drop(OWN);
     w.run_for(secs(30), secs(5));
     assert_eq!(w.m.own_status(), ConnectionStatus::Connected);
-    // Read again, and its short page probed once for a hidden cap: the own relay publishes
-    // no limits (decision 0103).
-    assert_eq!(w.own.reqs.len(), 3, "read again, probed once");
-    assert!(w.own.reqs[2].until.is_some(), "{:?}", w.own.reqs);
+    assert_eq!(
+        w.own.reqs.len(),
+        6,
+        "read again: the announcements and root events, then every event, each short page probed once for a hidden cap (decision 0103)"
+    );
     assert_eq!(req_count(&w, A), before);
 }
 
@@ -288,8 +290,8 @@ fn own_relay_and_aliases_are_never_targets() {
     assert!(fake(&w, alias).conn.is_none() && fake(&w, alias).reqs.is_empty());
     assert_eq!(
         w.own.reqs,
-        vec![self_subscription_filter(None)],
-        "the own relay is only self-subscribed"
+        vec![self_subscription_filter(None), own_events_filter()],
+        "the own relay is only read (announcements and root events, then every event)"
     );
     assert_eq!(req_count(&w, A), 4);
 }
@@ -545,9 +547,10 @@ fn self_subscription_reconnect_reads_the_whole_history_again() {
     w.own.store.push(old.clone());
     w.advance(secs(10));
     assert_eq!(w.m.own_status(), ConnectionStatus::Connected);
+    let once = vec![self_subscription_filter(None), own_events_filter()];
     assert_eq!(
         w.own.reqs,
-        vec![self_subscription_filter(None); 2],
+        once.iter().chain(&once).cloned().collect::<Vec<_>>(),
         "the whole history again, no since"
     );
     w.advance(secs(5));
@@ -828,16 +831,23 @@ fn capped_self_subscription_pages_with_until() {
     w.own.store = anns.clone();
     w.start();
     let page = self_subscription_filter(None).until(Timestamp::from_secs(1000));
+    let events_page = own_events_filter().until(Timestamp::from_secs(1000));
     assert_eq!(
         w.own.reqs,
-        vec![self_subscription_filter(None), page],
-        "a full page: the next one ends at its oldest second, same kinds"
+        vec![
+            self_subscription_filter(None),
+            page,
+            own_events_filter(),
+            events_page
+        ],
+        "a full page: the next one ends at its oldest second, same kinds (the announcements \
+         and root events first, then the self-subscription's every event, paged alike)"
     );
     // The short page ends it and is closed; the live self-subscription stays.
     let still: Vec<&Filter> = w.own.subs.values().collect();
-    assert_eq!(still, vec![&self_subscription_filter(None)]);
+    assert_eq!(still, vec![&own_events_filter()]);
     assert_eq!(w.m.own_open_subscriptions(), 1);
-    assert_eq!(w.m.counters().pages_requested, 1);
+    assert_eq!(w.m.counters().pages_requested, 2);
     w.advance(secs(5));
     for a in &anns {
         let d = a.tags.identifier().unwrap();
@@ -869,20 +879,25 @@ fn self_subscription_pages_stay_within_the_own_relays_budget() {
         w.own.max_open_seen, 3,
         "self-subscription + 2 pages = budget 3"
     );
-    let pages = reqs_from(&w, OWN, 1);
+    let all = reqs_from(&w, OWN, 1);
     assert_eq!(
-        pages.len(),
-        6,
-        "older seconds + one query per kind, all sent in the end"
+        all.len(),
+        13,
+        "the first read's pages, the self-subscription, and its pages"
     );
-    assert_eq!(until(&pages[0]), Some(499));
-    let kinds: BTreeSet<u16> = pages[1..]
-        .iter()
-        .inspect(|f| assert_eq!((since(f), until(f)), (Some(500), Some(500))))
-        .flat_map(|f| f.kinds.clone().unwrap())
-        .map(|k| k.as_u16())
-        .collect();
-    assert_eq!(kinds, [30617, 1617, 1618, 1619, 1621].into());
+    // The self-subscription (every event) opens once the first read's pages are read; it is
+    // paged the same way.
+    assert_eq!(all[6], own_events_filter());
+    for pages in [&all[..6], &all[7..]] {
+        assert_eq!(until(&pages[0]), Some(499));
+        let kinds: BTreeSet<u16> = pages[1..]
+            .iter()
+            .inspect(|f| assert_eq!((since(f), until(f)), (Some(500), Some(500))))
+            .flat_map(|f| f.kinds.clone().unwrap())
+            .map(|k| k.as_u16())
+            .collect();
+        assert_eq!(kinds, [30617, 1617, 1618, 1619, 1621].into());
+    }
     assert_eq!(w.m.own_open_subscriptions(), 1);
     w.advance(secs(5));
     for d in ["x", "y", "old1", "old2"] {
@@ -1058,8 +1073,9 @@ fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
     // Let consolidation deadlines and polls run.
     w.run_for(secs(300), secs(30));
     let st = &w.m.relay_index()[&url(A)];
-    let ids: HashSet<EventId> = roots.iter().map(|e| e.id).collect();
-    assert_eq!(st.root_events, ids, "every root event confirmed");
+    // Every Layer-3 id: the root events and the replies followed below them.
+    let ids: HashSet<EventId> = roots.iter().chain(&replies).map(|e| e.id).collect();
+    assert_eq!(st.root_events, ids, "every root event and reply confirmed");
     assert_eq!(st.repos, [repo("r")].into());
     assert!(!w.m.pending_index().contains_key(&url(A)));
     assert!(fake(&w, A).max_open_seen <= 5);
@@ -1303,7 +1319,11 @@ fn rejected_events_are_retried_only_for_what_a_batch_changed() {
     // nothing: no retry.
     w.drop(OWN);
     w.run_for(secs(30), secs(5));
-    assert_eq!(w.own.reqs.len(), 2, "read again");
+    assert_eq!(
+        w.own.reqs.len(),
+        4,
+        "read again: the announcements and root events, then every event"
+    );
     assert_eq!(w.retries.len(), 2);
 }
 
@@ -1342,9 +1362,11 @@ fn root_events_are_counted_once_whatever_their_repositories_and_rereads() {
     // The own relay read again (a reconnect re-reads everything): nothing new.
     w.drop(OWN);
     w.run_for(secs(30), secs(5));
-    // Read again, and its short page probed once for a hidden cap (decision 0103).
-    assert_eq!(w.own.reqs.len(), 3, "read again, probed once");
-    assert!(w.own.reqs[2].until.is_some(), "{:?}", w.own.reqs);
+    assert_eq!(
+        w.own.reqs.len(),
+        6,
+        "read again: the announcements and root events, then every event, each short page probed once for a hidden cap (decision 0103)"
+    );
     assert_eq!(w.m.root_event_count(), 3);
     w.store_on_own(&issue("q", "a new one", t));
     w.advance(secs(5));

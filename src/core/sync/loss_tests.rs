@@ -1054,7 +1054,8 @@ fn assert_read_completely(w: &World, want: &[Event]) {
             st.confirmed_root_events,
             st.pending_batches
         ),
-        (1, 10_000, 0)
+        // The 10,000 roots and the 600 comments and quotes followed below them.
+        (1, 10_600, 0)
     );
 }
 

@@ -7,6 +7,8 @@
 //! through hours of simulated time.
 
 mod batches;
+#[cfg(test)]
+mod chain_tests;
 mod closed;
 mod consolidation;
 mod daily;
@@ -30,6 +32,8 @@ mod persist_tests;
 mod plan_tests;
 mod reconcile;
 
+#[cfg(test)]
+mod related_tests;
 mod remote;
 #[cfg(test)]
 mod replicated_tests;
@@ -138,6 +142,8 @@ pub struct SyncConfig {
     pub shard: Option<crate::core::targets::Shard>,
     /// NIP-77 reconciliation of history queries (issue 11).
     pub nip77: Nip77Config,
+    /// Bounds of reply-chain following below root events (issue 34, decision 0097).
+    pub threads: crate::core::threads::ThreadLimits,
 }
 
 impl SyncConfig {
@@ -169,6 +175,7 @@ impl SyncConfig {
             seed: 1,
             shard: None,
             nip77: Nip77Config::default(),
+            threads: crate::core::threads::ThreadLimits::default(),
         }
     }
 }
@@ -530,7 +537,8 @@ pub enum SubPurpose {
     /// reconnect, a consolidation or a lost live subscription. Closed at EOSE; its pages
     /// are `Page { batch: None }`.
     CatchUp,
-    /// The self-subscription on the own relay.
+    /// The self-subscription on the own relay: every event it holds, history then live
+    /// (read after the announcements and root events, `own.rs`).
     SelfSubscription,
     /// A query closed at EOSE: a page of older history (part of a batch when `batch` is
     /// set) or a poll round of queries that do not fit the subscription budget.
@@ -908,6 +916,18 @@ pub struct SyncCounters {
     /// Caps learnt from probes: relays (the own relay too) caught capping their answers
     /// below the assumed page size without publishing it.
     pub caps_learned: u64,
+    /// Replies one generation below the deepest followed (`--reply-depth`): synced, their
+    /// own replies not (sightings on the own relay).
+    pub replies_beyond_depth: u64,
+    /// Replies not followed because their root thread had `--thread-size` members.
+    pub replies_thread_full: u64,
+    /// Replies not followed because `--max-thread-ids` members were followed.
+    pub replies_cap_reached: u64,
+    /// Replies dropped from the set waiting for their parent (it was full); the own relay
+    /// is read again for them.
+    pub replies_waiting_dropped: u64,
+    /// Extra reads of the own relay's events for replies whose parents came later.
+    pub own_thread_rereads: u64,
 }
 
 /// Status of one remote relay, as the machine sees it.
@@ -1011,6 +1031,15 @@ pub struct SyncMachine {
     /// Distinct root events in `repo_index`, counted as they are linked (status reads must
     /// not walk the index under the machine's lock).
     root_events_known: usize,
+    /// Events followed below the root events (their ids are Layer-3 values of the roots'
+    /// repositories, `RepoSyncNeeds::thread_events`).
+    threads: crate::core::threads::Threads,
+    /// Extra reads of the own relay's events on the current connection (waiting replies
+    /// were dropped).
+    own_rereads: u64,
+    /// The announcements and root events are being read, before the self-subscription
+    /// opens (`own.rs`).
+    own_roots_read: bool,
     /// Confirmed state per remote relay (the design's index; public read API).
     relays: RelaySyncIndex,
     /// In-flight batches per remote relay (the design's index; public read API).
@@ -1074,6 +1103,9 @@ impl SyncMachine {
             replan: HashSet::new(),
             replan_roots: HashMap::new(),
             root_events_known: 0,
+            threads: crate::core::threads::Threads::new(config.threads),
+            own_rereads: 0,
+            own_roots_read: false,
             relays: RelaySyncIndex::new(),
             pending: PendingSyncIndex::new(),
             remotes: HashMap::new(),
@@ -1569,7 +1601,25 @@ impl SyncMachine {
 
     /// Counters.
     pub fn counters(&self) -> SyncCounters {
-        self.counters
+        let t = self.threads.counters();
+        SyncCounters {
+            replies_beyond_depth: t.beyond_depth,
+            replies_thread_full: t.thread_full,
+            replies_cap_reached: t.cap_reached,
+            replies_waiting_dropped: t.waiting_dropped,
+            ..self.counters
+        }
+    }
+
+    /// Events followed below the root events (thread members): each is a Layer-3 id of its
+    /// root's repositories.
+    pub fn thread_event_count(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// The reply-chain index (which events are followed below which roots).
+    pub fn threads(&self) -> &crate::core::threads::Threads {
+        &self.threads
     }
 
     /// Total root events known (distinct ids). A counter kept as root events are linked:

@@ -7,7 +7,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::self_subscription_filter;
+use crate::core::filters::{own_events_filter, self_subscription_filter};
 use crate::core::nip34::{classify_self_event_with, SelfEventMeaning};
 use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::relay_text::{ClosedReason, Prefix};
@@ -34,6 +34,12 @@ impl SyncMachine {
     /// `created_at` (above all the old root events and announcements that the forwarder
     /// copies in while the self-subscription is down); reading the own relay is local and
     /// re-applying what is already indexed changes nothing.
+    ///
+    /// The announcements and root events are read first (a history query, closed at its
+    /// EOSE); the self-subscription itself (every event, history and live) opens when that
+    /// read has ended, so the replies it reads find their root events known (issue 34), and
+    /// both are applied in one batch: a remote relay's first batch carries the thread
+    /// members too.
     pub(super) fn handle_own_connected(&mut self, now: Time) {
         let again = self.own.last_connected.is_some();
         self.own.connection_status = ConnectionStatus::Connected;
@@ -46,6 +52,7 @@ impl SyncMachine {
         self.own_link.reopen.clear();
         self.own_link.parked.clear();
         self.own_side_lost();
+        self.own_rereads = 0;
         info!(
             "own relay {} connected; self-subscribing (full history{})",
             self.config.own_relay,
@@ -55,7 +62,11 @@ impl SyncMachine {
                 ""
             }
         );
-        self.open_own_sub(SubPurpose::SelfSubscription, self_subscription_filter(None));
+        self.own_roots_read = true;
+        self.open_own_sub(
+            SubPurpose::Page { batch: None },
+            self_subscription_filter(None),
+        );
     }
 
     /// Opens a subscription on the own relay, within its subscription budget (NIP-11
@@ -235,10 +246,45 @@ impl SyncMachine {
         // The stored history is read to its end: what it held is applied now, not when the
         // batch window closes (issue 21: the window only waits for live events, and a first
         // sync would otherwise start seconds later).
-        if self.batch.started.is_some() && !self.self_history_loading() {
-            debug!("self-subscription: stored history read to its end; applying the batch now");
-            self.process_batch(self.last_now);
+        if !self.self_history_loading() {
+            if std::mem::take(&mut self.own_roots_read) {
+                // The announcements and root events are read: the self-subscription reads
+                // the rest (applied with them, once its history is read too).
+                self.open_own_sub(SubPurpose::SelfSubscription, own_events_filter());
+                return;
+            }
+            if self.batch.started.is_some() {
+                debug!("self-subscription: stored history read to its end; applying the batch now");
+                self.process_batch(self.last_now);
+            }
+            self.own_history_read();
         }
+    }
+
+    /// The own relay's stored history (as far as asked) is read and applied: it is read
+    /// again while replies were dropped from the waiting set (read before their parents, more
+    /// of them than it holds), at most `--reply-depth` times per connection.
+    fn own_history_read(&mut self) {
+        if self.own.connection_status != ConnectionStatus::Connected
+            || !self.threads.take_overflowed()
+        {
+            return;
+        }
+        if self.own_rereads >= u64::from(self.config.threads.max_depth) {
+            warn!(
+                "own relay: replies waiting for their parents were dropped again after {} extra reads; they are followed from the next connect (counted in replies_not_followed_total{{reason=\"waiting\"}})",
+                self.own_rereads
+            );
+            return;
+        }
+        self.own_rereads += 1;
+        self.counters.own_thread_rereads += 1;
+        info!(
+            "own relay: {} replies were read before their parents and dropped from the waiting set; reading its events again (pass {})",
+            self.threads.counters().waiting_dropped,
+            self.own_rereads + 1
+        );
+        self.open_own_sub(SubPurpose::Page { batch: None }, own_events_filter());
     }
 
     /// True while pages of the self-subscription's stored history are loading, queued or
@@ -266,6 +312,7 @@ impl SyncMachine {
         self.own_link.reopen.clear();
         self.own_link.parked.clear();
         self.own_side_lost();
+        self.own_roots_read = false;
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);
@@ -348,103 +395,63 @@ impl SyncMachine {
         }
     }
 
-    /// Applies the self-subscription batch to the repository index and runs compute_actions.
+    /// Applies the self-subscription batch to the repository index (announcements, root
+    /// events, the replies followed below them: `core::related`, the definition the audit
+    /// applies too) and runs compute_actions.
     pub(super) fn process_batch(&mut self, now: Time) {
         let meanings = std::mem::take(&mut self.batch.meanings);
         self.batch.started = None;
         self.timers.cancel(&Timer::SelfBatch);
         self.counters.self_batches += 1;
-        let mut announcements = 0usize;
-        let mut roots = 0usize;
+        let mut applied = crate::core::related::Applied::default();
+        crate::core::related::apply_batch(
+            &mut self.repo_index,
+            &mut self.threads,
+            meanings,
+            &mut applied,
+        );
+        if applied.relays_dropped > 0 {
+            if self.counters.announcement_relays_dropped == 0 {
+                warn!(
+                    "an announcement names more relays than --max-relays-per-announcement; the rest are ignored (counted in announcement_relays_dropped, further cases at debug level)"
+                );
+            }
+            self.counters.announcement_relays_dropped += applied.relays_dropped;
+        }
+        self.root_events_known += applied.new_roots;
+        let announcements = applied.announcements;
+        let roots = applied.root_links.len();
+        let followed = applied.members.len();
         // What the forwarder retries rejected events for: repositories whose announcement
-        // was applied, root events newly linked, and the root events of those repositories
-        // (each once, in the order first seen).
-        let mut changed_repos: Vec<crate::core::nip34::RepoRef> = Vec::new();
+        // was applied, root events newly linked, events newly followed, and the Layer-3 ids
+        // of those repositories (each once, in the order first seen).
+        let mut changed_repos = applied.changed_repos;
         let mut changed_roots: HashSet<EventId> = HashSet::new();
         let mut changed_order: Vec<EventId> = Vec::new();
+        for (_, id) in applied.root_links.iter().chain(applied.members.iter()) {
+            if changed_roots.insert(*id) {
+                changed_order.push(*id);
+            }
+        }
         // Planning in proportion to the change: relay sets that changed rerun the
-        // selection; new root-event links only grow their repositories' relay targets.
-        let mut relays_changed: Vec<crate::core::nip34::RepoRef> = Vec::new();
-        let mut new_links: Vec<(crate::core::nip34::RepoRef, EventId)> = Vec::new();
-        // With no repository selected yet (the first read of the own relay) every link
-        // comes with its repository through the selection: none is followed alone.
-        let follow_links = !self.plan.is_empty();
+        // selection; new root-event links and followed replies only grow their
+        // repositories' relay targets. With no repository selected yet (the first read of
+        // the own relay) every link comes with its repository through the selection: none
+        // is followed alone.
+        let relays_changed = applied.relays_changed;
+        let new_links: Vec<(crate::core::nip34::RepoRef, EventId)> = if self.plan.is_empty() {
+            Vec::new()
+        } else {
+            let mut links = applied.root_links;
+            links.extend(applied.members);
+            links
+        };
         // A repository's root events reached a power of two: its pubkey's activity (and
         // perhaps its tier) in the selection rose (issue 20), which matters while a cap
         // binds.
-        let mut came_alive = false;
-        for m in meanings {
-            match m {
-                SelfEventMeaning::Announcement(a) => {
-                    let needs = self.repo_index.entry(a.repo_ref.clone()).or_default();
-                    if needs.announced_at.is_some_and(|t| t > a.created_at) {
-                        debug!("ignoring older announcement of {}", a.repo_ref);
-                        continue;
-                    }
-                    if needs.announced_at.is_none_or(|t| t < a.created_at) {
-                        // New or newer (the same one read again changes nothing).
-                        changed_repos.push(a.repo_ref.clone());
-                    }
-                    if a.dropped_relays > 0 {
-                        if self.counters.announcement_relays_dropped == 0 {
-                            warn!(
-                                "announcement of {} names more relays than --max-relays-per-announcement; the rest are ignored (counted in announcement_relays_dropped, further cases at debug level)",
-                                a.repo_ref
-                            );
-                        }
-                        self.counters.announcement_relays_dropped += a.dropped_relays as u64;
-                    }
-                    needs.announced_at = Some(a.created_at);
-                    if needs.relays.len() != a.relays.len()
-                        || a.relays.iter().any(|r| !needs.relays.contains(r))
-                    {
-                        relays_changed.push(a.repo_ref.clone());
-                        needs.relays = a.relays.into_iter().collect();
-                    }
-                    announcements += 1;
-                }
-                SelfEventMeaning::RootEvent { id, repos } => {
-                    if repos.is_empty() {
-                        debug!("root event {id} names no repository; ignored");
-                    }
-                    // An event's repositories come from its own tags, so they are the same
-                    // at every sighting: the id is new to the index exactly when its first
-                    // repository did not hold it yet.
-                    let mut first = true;
-                    for r in repos {
-                        // Looked up by reference: no copy of the key per link.
-                        let linked = match self.repo_index.get_mut(&r) {
-                            Some(n) => {
-                                let linked = n.root_events.insert(id);
-                                came_alive |= linked && n.root_events.len().is_power_of_two();
-                                linked
-                            }
-                            None => self
-                                .repo_index
-                                .entry(r.clone())
-                                .or_default()
-                                .root_events
-                                .insert(id),
-                        };
-                        if std::mem::take(&mut first) && linked {
-                            self.root_events_known += 1;
-                        }
-                        if linked {
-                            roots += 1;
-                            if changed_roots.insert(id) {
-                                changed_order.push(id);
-                            }
-                            if follow_links {
-                                new_links.push((r, id));
-                            }
-                        }
-                    }
-                }
-                SelfEventMeaning::Other => {}
-            }
-        }
+        let came_alive = applied.came_alive;
         info!(
-            "batch: {announcements} announcements, {roots} new root-event links; {} repositories known",
+            "batch: {announcements} announcements, {roots} new root-event links, {followed} replies followed; {} repositories known",
             self.repo_index.len()
         );
         // Events replying to a root of a newly (re)announced repository may be accepted now.
@@ -452,7 +459,7 @@ impl SyncMachine {
         changed_repos.dedup();
         for repo in &changed_repos {
             if let Some(n) = self.repo_index.get(repo) {
-                for id in &n.root_events {
+                for id in n.layer3_ids() {
                     if changed_roots.insert(*id) {
                         changed_order.push(*id);
                     }

@@ -1,12 +1,14 @@
 //! `grasp-sync audit`: does the own relay hold every event related to its repositories that
 //! the relays their announcements list hold?
 //!
-//! 1. The own relay's announcements and root events are read as the daemon reads them (the
-//!    self-subscription's filter, every page), and its targets are derived with the daemon's
-//!    own selection ([`machine_targets`]: scope, quotas, `--max-relays`, `--shard`).
-//! 2. Everything the own relay holds for those repositories and root events (Layers 2 and
-//!    3, every page) is read once and kept as ids, times and the tag values that link each
-//!    event to a repository: no event bodies.
+//! 1. The own relay's announcements, root events and the replies below them are read as the
+//!    daemon reads them (the self-subscription's filter, then the thread read, every page)
+//!    and applied by the daemon's own definition (`OwnIndex`, `core::related`); its
+//!    targets are derived with the daemon's own selection ([`machine_targets`]: scope,
+//!    quotas, `--max-relays`, `--shard`).
+//! 2. Everything the own relay holds for those repositories, root events and thread members
+//!    (Layers 2 and 3, every page) is read once and kept as ids, times and the tag values
+//!    that link each event to a repository: no event bodies.
 //! 3. Every target relay is asked, under the daemon's address policy, with its NIP-11 page
 //!    limits, what it holds for each of its Layer 2/3 filters: by NIP-77 where it takes part
 //!    (the own relay's side comes from step 2; what it lacks is fetched by id), by paged REQ
@@ -15,6 +17,10 @@
 //!    ([`AuditOptions::concurrency`]), each within [`AuditOptions::relay_deadline`].
 //! 4. The report counts, per repository and relay, the events the own relay lacks and the
 //!    ones it holds that the relay does not (informational), and the relays not reached.
+//! 5. Missing events that are root events or replies the daemon would follow once it stored
+//!    them (a reply three generations down whose parent only the relays hold) make the
+//!    relays be asked again with them, one generation a round, at most `--reply-depth` + 2
+//!    rounds within the `--deadline`.
 //!
 //! Nothing is written unless [`AuditOptions::fix`]: then the missing events (checked, at most
 //! [`AuditOptions::max_missing`] kept) are published to the own relay with a window of
@@ -33,12 +39,17 @@ use nostr::key::Keys;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::core::filters::{build_related_filters, self_subscription_filter, state_coordinate};
+use crate::core::filters::{
+    build_related_filters, own_events_filter, self_subscription_filter, state_coordinate, ID_TAGS,
+    REPO_TAGS,
+};
 use crate::core::nip34::KIND_REPO_ANNOUNCEMENT;
 use crate::core::nip34::{classify_self_event_with, RepoRef, SelfEventMeaning};
 use crate::core::paging::PageLimits;
+use crate::core::related::{apply_batch, Applied};
 use crate::core::session::LimitsFetch;
 use crate::core::targets::{machine_targets, Exclusions};
+use crate::core::threads::Threads;
 use crate::core::{RelaySyncNeeds, RepoSyncIndex};
 use crate::engine::dial::Dial;
 use crate::net::policy::UrlVerdict;
@@ -185,6 +196,8 @@ pub struct AuditReport {
     pub repositories_targeted: usize,
     /// Root events linked to them.
     pub root_events: usize,
+    /// Events followed below those root events (their replies are asked for too).
+    pub thread_events: usize,
     /// Related events the own relay holds (Layers 2 and 3).
     pub own_events: usize,
     /// One entry per target relay, sorted by URL.
@@ -257,6 +270,7 @@ impl AuditReport {
             "repositories": self.repositories,
             "repositories_targeted": self.repositories_targeted,
             "root_events": self.root_events,
+            "thread_events": self.thread_events,
             "own_events": self.own_events,
             "missing": self.missing,
             "still_missing": self.still_missing(),
@@ -277,8 +291,8 @@ impl AuditReport {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!(
-            "own relay {}: {} repositories ({} with relays to audit), {} root events, {} related events\n\n",
-            self.own_relay, self.repositories, self.repositories_targeted, self.root_events, self.own_events
+            "own relay {}: {} repositories ({} with relays to audit), {} root events, {} replies followed below them, {} related events\n\n",
+            self.own_relay, self.repositories, self.repositories_targeted, self.root_events, self.thread_events, self.own_events
         ));
         let mut rows: Vec<[String; 5]> = Vec::new();
         for r in &self.relays {
@@ -431,8 +445,14 @@ struct OwnSide {
 /// `d`, read with its author: [`state_coordinate`]).
 const STATE_LETTER: u8 = b'd';
 
-/// Tag letters of Layers 2 and 3.
-const LINK_LETTERS: &[u8] = b"aAqeE";
+/// True when `letter` is a tag of Layer 2 or 3 (`filters::REPO_TAGS`, `filters::ID_TAGS`):
+/// the tags that relate an event to one of our values.
+fn is_link_letter(letter: u8) -> bool {
+    REPO_TAGS
+        .iter()
+        .chain(ID_TAGS.iter())
+        .any(|t| t.as_char() as u32 == u32::from(letter))
+}
 
 impl OwnSide {
     fn new(index: &RepoSyncIndex, repos: &HashSet<RepoRef>) -> OwnSide {
@@ -451,7 +471,7 @@ impl OwnSide {
             let v = side.intern(repo.clone());
             side.value_repos[v as usize].push(r);
             if let Some(needs) = index.get(repo) {
-                for id in &needs.root_events {
+                for id in needs.layer3_ids() {
                     let v = side.intern(id.to_hex());
                     side.value_repos[v as usize].push(r);
                 }
@@ -497,7 +517,7 @@ impl OwnSide {
         }
         for tag in event.tags.iter() {
             let s = tag.as_slice();
-            if s.len() < 2 || s[0].len() != 1 || !LINK_LETTERS.contains(&s[0].as_bytes()[0]) {
+            if s.len() < 2 || s[0].len() != 1 || !is_link_letter(s[0].as_bytes()[0]) {
                 continue;
             }
             if let Some(v) = self.values.get(&s[1]) {
@@ -571,23 +591,60 @@ impl OwnSide {
     }
 }
 
-/// Applies one self-subscription event to the index as the daemon's batch does: the newest
-/// announcement of a repository gives its relays; root events link to their repositories.
-fn apply(index: &mut RepoSyncIndex, meaning: SelfEventMeaning) {
-    match meaning {
-        SelfEventMeaning::Announcement(a) => {
-            let needs = index.entry(a.repo_ref).or_default();
-            if needs.announced_at.is_none_or(|t| t <= a.created_at) {
-                needs.announced_at = Some(a.created_at);
-                needs.relays = a.relays.into_iter().collect();
-            }
+/// The own relay's events applied as the daemon applies them: classified with the daemon's
+/// settings and applied in batches by `core::related::apply_batch` (the daemon's own
+/// definition of related: announcements, root events, the replies followed below them).
+pub(crate) struct OwnIndex {
+    /// Repositories, their relays, root events and thread members.
+    pub(crate) index: RepoSyncIndex,
+    /// Which events are followed below which root events.
+    pub(crate) threads: Threads,
+    pending: Vec<SelfEventMeaning>,
+    max_relays_per_announcement: usize,
+    own_names: Vec<RelayUrl>,
+}
+
+/// Events applied at once by [`OwnIndex`] (the daemon's default `max_batch_events`).
+const INDEX_BATCH: usize = 10_000;
+
+impl OwnIndex {
+    /// Nothing read yet, with `config`'s settings (relays per announcement, this service's
+    /// URLs, the reply-chain bounds).
+    pub(crate) fn new(config: &Config) -> OwnIndex {
+        let mut own_names = vec![config.own_relay.clone()];
+        own_names.extend(config.public_urls.iter().cloned());
+        OwnIndex {
+            index: RepoSyncIndex::new(),
+            threads: Threads::new(config.sync_config().threads),
+            pending: Vec::new(),
+            max_relays_per_announcement: config.max_relays_per_announcement,
+            own_names,
         }
-        SelfEventMeaning::RootEvent { id, repos } => {
-            for r in repos {
-                index.entry(r).or_default().root_events.insert(id);
-            }
+    }
+
+    /// One event read from the own relay (or about to be stored there).
+    pub(crate) fn add(&mut self, event: &Event) -> Applied {
+        let meaning =
+            classify_self_event_with(event, self.max_relays_per_announcement, &self.own_names);
+        if meaning != SelfEventMeaning::Other {
+            self.pending.push(meaning);
         }
-        SelfEventMeaning::Other => {}
+        if self.pending.len() >= INDEX_BATCH {
+            return self.flush();
+        }
+        Applied::default()
+    }
+
+    /// Applies what was added since the last flush.
+    pub(crate) fn flush(&mut self) -> Applied {
+        let mut applied = Applied::default();
+        apply_batch(
+            &mut self.index,
+            &mut self.threads,
+            std::mem::take(&mut self.pending),
+            &mut applied,
+        );
+        applied
     }
 }
 
@@ -634,34 +691,43 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
     let deadline = deadline_in(opts.relay_deadline).min(overall);
     let page_timeout = config.eose_timeout;
 
-    // 1. Repositories and root events, as the self-subscription reads them.
-    let mut own_names = vec![own_url.clone()];
-    own_names.extend(config.public_urls.iter().cloned());
-    let mut index = RepoSyncIndex::new();
-    let mut apply_event = |e: Event| {
-        apply(
-            &mut index,
-            classify_self_event_with(&e, config.max_relays_per_announcement, &own_names),
-        );
-        true
-    };
-    let end = own
-        .read_history(
-            &self_subscription_filter(None),
-            &own_limits,
-            page_timeout,
-            deadline,
-            &mut apply_event,
-        )
-        .map_err(AuditError::OwnRelay)?;
-    if let QueryEnd::Incomplete(why) = end {
-        return Err(AuditError::OwnRelay(format!(
-            "its announcements and root events cannot be read in full: {why}"
-        )));
+    // 1. Repositories, root events and the replies below them, as the daemon reads them:
+    //    the self-subscription's history, then the thread read (again while replies read
+    //    before their parents were dropped from the waiting set).
+    let mut own_index = OwnIndex::new(config);
+    let reads = 2 + usize::from(config.sync_config().threads.max_depth);
+    for pass in 0..reads {
+        let (filter, what) = if pass == 0 {
+            (
+                self_subscription_filter(None),
+                "announcements and root events",
+            )
+        } else {
+            (own_events_filter(), "events")
+        };
+        let end = own
+            .read_history(&filter, &own_limits, page_timeout, deadline, &mut |e| {
+                own_index.add(&e);
+                true
+            })
+            .map_err(AuditError::OwnRelay)?;
+        if let QueryEnd::Incomplete(why) = end {
+            return Err(AuditError::OwnRelay(format!(
+                "its {what} cannot be read in full: {why}"
+            )));
+        }
+        own_index.flush();
+        if pass > 0 && !own_index.threads.take_overflowed() {
+            break;
+        }
     }
-    let repositories = index.values().filter(|n| n.announced_at.is_some()).count();
-    // 2–4, and once more when the relays hold root events the own relay lacks: their
-    // replies are related too (the daemon syncs them once it has forwarded the root).
+    let repositories = own_index
+        .index
+        .values()
+        .filter(|n| n.announced_at.is_some())
+        .count();
+    // 2–4, and again while the relays hold root events or replies that the daemon would
+    // follow once it stored them: their replies are related too (one generation a round).
     // Each round reads the own relay on a connection of its own, within a deadline of its own:
     // the first round's remote relays may take their whole deadline meanwhile.
     drop(own);
@@ -678,26 +744,28 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
             (deadline, overall),
         )
     };
-    let mut round = ask(&index)?;
-    let new_roots = missing_roots(&round.results, &index);
-    if !new_roots.is_empty() && Instant::now() >= overall {
-        log::warn!(
-            "audit: {} root events only the listed relays hold; their replies are not asked for: the audit's --deadline has passed",
-            new_roots.len()
-        );
-    } else if !new_roots.is_empty() {
-        log::info!(
-            "audit: {} root events only the listed relays hold; asking again for their replies",
-            new_roots.len()
-        );
-        for (id, repos) in new_roots {
-            apply(&mut index, SelfEventMeaning::RootEvent { id, repos });
+    let mut round = ask(&own_index.index)?;
+    let rounds = 2 + usize::from(config.sync_config().threads.max_depth);
+    for _ in 1..rounds {
+        let found = follow_missing(&round.results, &mut own_index);
+        if found == 0 {
+            break;
         }
-        round = ask(&index)?;
+        if Instant::now() >= overall {
+            log::warn!(
+                "audit: {found} root events or replies only the listed relays hold; their replies are not asked for: the audit's --deadline has passed"
+            );
+            break;
+        }
+        log::info!(
+            "audit: {found} root events or replies only the listed relays hold; asking again for their replies"
+        );
+        round = ask(&own_index.index)?;
     }
     let Round {
         repos_targeted,
         root_events,
+        thread_events,
         own_events,
         results,
     } = round;
@@ -736,6 +804,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
         repositories,
         repositories_targeted: repos_targeted,
         root_events,
+        thread_events,
         own_events,
         relays,
         missing: missing_all.len() + beyond_caps,
@@ -755,6 +824,7 @@ pub fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport, AuditErr
 struct Round {
     repos_targeted: usize,
     root_events: usize,
+    thread_events: usize,
     own_events: usize,
     results: Vec<(RelayAudit, Missing)>,
 }
@@ -772,7 +842,7 @@ fn audit_round(
 ) -> Result<Round, AuditError> {
     let page_timeout = config.eose_timeout;
     // 2. The daemon's targets.
-    let targets = machine_targets(index, &Exclusions::new(), &config.sync_config());
+    let targets = audit_targets(config, index);
     let repos: HashSet<RepoRef> = targets
         .targets
         .values()
@@ -783,15 +853,22 @@ fn audit_round(
         .filter_map(|r| index.get(r))
         .flat_map(|n| n.root_events.iter().copied())
         .collect();
+    // Layer-3 ids: the root events and the events followed below them.
+    let ids: HashSet<EventId> = repos
+        .iter()
+        .filter_map(|r| index.get(r))
+        .flat_map(|n| n.layer3_ids().copied())
+        .collect();
     log::info!(
-        "audit: {} repositories with relays to audit, {} root events, {} relays",
+        "audit: {} repositories with relays to audit, {} root events, {} replies followed below them, {} relays",
         repos.len(),
         roots.len(),
+        ids.len() - roots.len(),
         targets.targets.len()
     );
     // 3. The own relay's related events (ids and links only).
     let mut side = OwnSide::new(index, &repos);
-    for f in build_related_filters(&repos, &roots) {
+    for f in build_related_filters(&repos, &ids) {
         let end = own
             .read_history(&f, own_limits, page_timeout, deadline, &mut |e| {
                 side.add(&e);
@@ -825,19 +902,39 @@ fn audit_round(
     Ok(Round {
         repos_targeted: repos.len(),
         root_events: roots.len(),
+        thread_events: ids.len() - roots.len(),
         own_events: side.events.len(),
         results,
     })
 }
 
-/// Missing events that are root events of repositories in `index` not linked there yet,
-/// with those repositories.
-fn missing_roots(
-    results: &[(RelayAudit, Missing)],
+/// The relays to ask and what each should hold: the daemon's own selection
+/// ([`machine_targets`]) over `index`, the own relay under every name never a target.
+pub(crate) fn audit_targets(
+    config: &Config,
     index: &RepoSyncIndex,
-) -> Vec<(EventId, Vec<RepoRef>)> {
+) -> crate::core::targets::Targets {
+    let mut own_names = vec![config.own_relay.clone()];
+    own_names.extend(config.public_urls.iter().cloned());
+    machine_targets(
+        index,
+        &Exclusions::from(own_names.as_slice()),
+        &config.sync_config(),
+    )
+}
+
+/// What one relay is asked: everything related to its repositories and Layer-3 ids
+/// ([`build_related_filters`], the filters the daemon's Layers 2 and 3 are made of, plus the
+/// repositories' state events).
+pub(crate) fn relay_filters(needs: &RelaySyncNeeds) -> Vec<Filter> {
+    build_related_filters(&needs.repos, &needs.root_events)
+}
+
+/// Applies the missing events to `own` as the daemon would once it stored them: returns how
+/// many root events were linked and replies followed (they widen the next round's filters).
+fn follow_missing(results: &[(RelayAudit, Missing)], own: &mut OwnIndex) -> usize {
     let mut seen = HashSet::new();
-    let mut out = Vec::new();
+    let mut found = 0;
     for (_, missing) in results {
         for (id, (raw, _)) in missing {
             let Some(raw) = raw else { continue };
@@ -847,19 +944,12 @@ fn missing_roots(
             let Ok(event) = crate::core::message::parse_event(raw) else {
                 continue;
             };
-            if !crate::core::nip34::is_root_kind(event.kind) {
-                continue;
-            }
-            let repos: Vec<RepoRef> = crate::core::nip34::root_event_repos(&event)
-                .into_iter()
-                .filter(|r| index.get(r).is_some_and(|n| !n.root_events.contains(id)))
-                .collect();
-            if !repos.is_empty() {
-                out.push((*id, repos));
-            }
+            let a = own.add(&event);
+            found += a.root_links.len() + a.members.len();
         }
     }
-    out
+    let a = own.flush();
+    found + a.root_links.len() + a.members.len()
 }
 
 fn open_own(
@@ -1017,7 +1107,7 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
     let mut try_nip77 = nip77_cfg.enabled && nip77 != Some(false);
     let (mut used_nip77, mut used_req) = (false, false);
     let mut answered = false;
-    for filter in build_related_filters(&needs.repos, &needs.root_events) {
+    for filter in relay_filters(needs) {
         let own_f = side.matching(&filter);
         // Trusted: the own relay holds the id (and the id is the hash of the content), or
         // the signature verifies. Missing events beyond `max_missing` are only counted.
@@ -1236,18 +1326,22 @@ mod tests {
 
     #[test]
     fn the_newest_announcement_gives_the_relays() {
-        let mut index = RepoSyncIndex::new();
-        let a = |t: u64, relay: &str| {
-            SelfEventMeaning::Announcement(crate::core::nip34::Announcement {
-                repo_ref: "30617:x:r".into(),
-                relays: vec![RelayUrl::parse(relay).unwrap()],
-                created_at: t,
-                dropped_relays: 0,
-            })
+        let config = Config::new(RelayUrl::parse("ws://127.0.0.1:1").unwrap());
+        let mut own = OwnIndex::new(&config);
+        let ann = |t: u64, relay: &str| {
+            EventBuilder::new(Kind::Custom(30617), "")
+                .tag(Tag::parse(["d", "r"]).unwrap())
+                .tag(Tag::parse(["relays", relay]).unwrap())
+                .custom_created_at(nostr::types::Timestamp::from_secs(t))
+                .finalize(&keys())
+                .unwrap()
         };
-        apply(&mut index, a(10, "wss://new.example"));
-        apply(&mut index, a(5, "wss://old.example"));
-        let relays: Vec<String> = index["30617:x:r"]
+        own.add(&ann(10, "wss://new.example"));
+        own.flush();
+        own.add(&ann(5, "wss://old.example"));
+        own.flush();
+        let repo = format!("30617:{}:r", keys().public_key().to_hex());
+        let relays: Vec<String> = own.index[&repo]
             .relays
             .iter()
             .map(|r| r.to_string())
@@ -1278,6 +1372,7 @@ mod tests {
             repositories: 1,
             repositories_targeted: 1,
             root_events: 0,
+            thread_events: 0,
             own_events: 0,
             relays: Vec::new(),
             missing: 2,
