@@ -721,19 +721,29 @@ impl ForwardQueue {
     /// Chooses for a retry the kept rejected events that the change can affect: those that
     /// name one of `changed` (repository coordinates `30617:<pubkey>:<d>` whose announcement
     /// was applied, root event ids in hex that were linked to a repository) in an `a`, `A`,
-    /// `q`, `e` or `E` tag, or state events (30618) of such a repository. They enter the
-    /// queue as the backlog has room (see [`ForwardQueue::refill`]), never all at once.
-    /// Returns how many were chosen.
+    /// `q`, `e` or `E` tag, state events (30618) of such a repository, and announcements and
+    /// state events of any author with the `d` of such a repository: a maintainer's, which a
+    /// GRASP relay takes once a repository of that `d` listing its author is served
+    /// (ngit-grasp refuses them before: `invalid: Announcement must list service …`, `invalid:
+    /// no announcement exists for this repository`, `restricted: author not authorized …`;
+    /// decision 0101). They enter the queue as the backlog has room (see
+    /// [`ForwardQueue::refill`]), never all at once. Returns how many were chosen.
     pub fn retry_rejected(&mut self, changed: &HashSet<String>) -> usize {
         if changed.is_empty() || self.rejected.is_empty() {
             return 0;
         }
+        let identifiers: HashSet<String> = changed
+            .iter()
+            .filter_map(|k| k.strip_prefix("30617:")?.split_once(':'))
+            .map(|(_, d)| identifier_key(d))
+            .collect();
         let mut chosen = Vec::new();
         self.rejected_order.retain(|id| {
-            let hit = self
-                .rejected
-                .get(id)
-                .is_some_and(|r| r.refs.iter().any(|k| changed.contains(k)));
+            let hit = self.rejected.get(id).is_some_and(|r| {
+                r.refs
+                    .iter()
+                    .any(|k| changed.contains(k) || identifiers.contains(k))
+            });
             if hit {
                 chosen.push(*id);
             }
@@ -895,9 +905,17 @@ impl ForwardQueue {
 #[derive(Debug)]
 struct Rejected {
     raw: Arc<str>,
-    /// Values of its `a`/`A`/`q`/`e`/`E` tags, and for a state event (30618) its repository's
-    /// coordinate: what must change before the own relay may accept it.
+    /// Values of its `a`/`A`/`q`/`e`/`E` tags, for a state event (30618) its repository's
+    /// coordinate, and for an announcement or a state event its [`identifier_key`]: what must
+    /// change before the own relay may accept it.
     refs: Vec<String>,
+}
+
+/// The key under which a rejected announcement or state event (30617, 30618) waits for any
+/// repository with the identifier `d` ([`ForwardQueue::retry_rejected`]). Never a tag value
+/// that means anything: coordinates begin with their kind, ids are hex.
+fn identifier_key(d: &str) -> String {
+    format!("d:{d}")
 }
 
 /// What a rejected event refers to (see [`Rejected::refs`]); empty when its JSON does not
@@ -912,13 +930,15 @@ fn event_refs(raw: &str) -> Vec<String> {
         let (Some(name), Some(value)) = (t[0].as_str(), t[1].as_str()) else {
             continue;
         };
-        match name {
-            "a" | "A" | "q" | "e" | "E" => refs.push(ref_key(value)),
-            "d" if v["kind"].as_u64() == Some(30618) => {
+        match (name, v["kind"].as_u64()) {
+            ("a" | "A" | "q" | "e" | "E", _) => refs.push(ref_key(value)),
+            ("d", Some(30618)) => {
                 if let Some(pk) = v["pubkey"].as_str() {
                     refs.push(format!("30617:{pk}:{value}"));
                 }
+                refs.push(identifier_key(value));
             }
+            ("d", Some(30617)) => refs.push(identifier_key(value)),
             _ => {}
         }
         if refs.len() >= 256 {
@@ -1823,6 +1843,52 @@ mod tests {
         assert_eq!(q.rejected_kept(), 0);
         // The announcement itself was never written again.
         assert_eq!(q.counters().resent, 0);
+    }
+
+    #[test]
+    fn a_maintainers_announcement_and_state_go_again_once_a_repository_of_their_d_is_served() {
+        // ngit-grasp takes a maintainer's announcement that does not list it only once a
+        // served announcement of the same `d` lists its author, and a state event only once an
+        // announcement of its `d` authorizes it. Refused while the owner's announcement was in
+        // purgatory, they named nothing a retry looked for (the announcement no tag at all, the
+        // state its author's own coordinate): kept for ever, their copies held back.
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 10,
+            in_flight: 10,
+            rejected_kept: 10,
+            ..limits()
+        });
+        let ann = Arc::<str>::from(
+            serde_json::json!({"kind": 30617, "pubkey": "maint", "tags": [["d", "r"]]}).to_string(),
+        );
+        let state = Arc::<str>::from(
+            serde_json::json!({"kind": 30618, "pubkey": "maint", "tags": [["d", "r"]]}).to_string(),
+        );
+        let other = Arc::<str>::from(
+            serde_json::json!({"kind": 30617, "pubkey": "x", "tags": [["d", "rr"]]}).to_string(),
+        );
+        for (n, raw) in [(1, &ann), (2, &state), (3, &other)] {
+            q.offer(id(n), raw.clone());
+        }
+        while let Some((i, _)) = q.poll_send(t) {
+            q.on_ok(i, false, Prefix::of("invalid: no"), t);
+        }
+        assert_eq!(q.rejected_kept(), 3);
+        // Another identifier changes nothing.
+        assert_eq!(
+            q.retry_rejected(&HashSet::from(["30617:owner:r2".to_string()])),
+            0
+        );
+        // The owner's repository `r` is served: both of the maintainer's go again.
+        assert_eq!(
+            q.retry_rejected(&HashSet::from(["30617:owner:r".to_string()])),
+            2
+        );
+        let mut sent: Vec<EventId> = std::iter::from_fn(|| q.poll_send(t).map(|s| s.0)).collect();
+        sent.sort();
+        assert_eq!(sent, vec![id(1), id(2)]);
+        assert_eq!(q.rejected_kept(), 1);
     }
 
     /// ngit-grasp's write budget (rust-nostr's relay builder, `notes_per_minute: 60`): 60
