@@ -14,7 +14,8 @@
 //! * `OK false` with `rate-limited:` → re-queued at the front; sending is paced: one event
 //!   per interval, a quarter longer per round of `rate-limited:` answers (from [`MIN_PACE`]
 //!   to [`MAX_PACE`]) and shorter per event stored, until the relay takes what we send again ([`ForwardQueue::throttle`] tells how long it has throttled us).
-//! * Events are sent announcements first, then root events, then the rest ([`send_class`]).
+//! * Events are sent announcements first, then repository state, then root events, then the
+//!   rest ([`send_class`]).
 //! * `OK false` with `auth-required:` while NIP-42 authentication is under way → re-queued by
 //!   [`ForwardQueue::requeue_auth_required`] (the forwarder pauses sending until
 //!   authenticated); otherwise an ordinary rejection.
@@ -296,16 +297,18 @@ pub const MAX_PACE: Duration = Duration::from_secs(60);
 /// Events stored in a row at [`MIN_PACE`] after which pacing ends.
 pub const FAST_RUN: u32 = 100;
 
-/// The order in which queued events are sent: repository announcements and state (30617,
-/// 30618) first, then root events (patches, PRs, issues: 1617, 1618, 1621), then the rest.
-/// A relay that stores an event only when what it relates to is stored (ngit-relay) then
-/// takes more of a sync at the first try. Read from the JSON without parsing it: a wrong
-/// answer only changes the order.
+/// The order in which queued events are sent: repository announcements (30617) first, then
+/// repository state (30618), then root events (patches, PRs, issues: 1617, 1618, 1621), then
+/// the rest. A relay that stores an event only when what it relates to is stored (ngit-relay)
+/// or held (ngit-grasp takes a state event only once it has an announcement of its
+/// repository) then takes more of a sync at the first try. Read from the JSON without
+/// parsing it: a wrong answer only changes the order.
 pub fn send_class(raw: &str) -> usize {
     match json_kind(raw) {
-        Some(30617 | 30618) => 0,
-        Some(1617 | 1618 | 1621) => 1,
-        _ => 2,
+        Some(30617) => 0,
+        Some(30618) => 1,
+        Some(1617 | 1618 | 1621) => 2,
+        _ => 3,
     }
 }
 
@@ -334,7 +337,7 @@ fn json_kind(raw: &str) -> Option<u64> {
 /// Queued events by [`send_class`], each class in order.
 #[derive(Debug, Default)]
 struct ClassQueue {
-    classes: [VecDeque<(EventId, Arc<str>)>; 3],
+    classes: [VecDeque<(EventId, Arc<str>)>; 4],
 }
 
 impl ClassQueue {
@@ -1563,9 +1566,10 @@ mod tests {
         assert_eq!(json_kind(r#"{"content":"a\\","kind":7}"#), Some(7));
         assert_eq!(json_kind(r#"{"kind":"x"}"#), None);
         assert_eq!(json_kind("garbage"), None);
-        assert_eq!(send_class(r#"{"kind":30618}"#), 0);
-        assert_eq!(send_class(r#"{"kind":1618}"#), 1);
-        assert_eq!(send_class(r#"{"kind":1619}"#), 2);
+        assert_eq!(send_class(r#"{"kind":30617}"#), 0);
+        assert_eq!(send_class(r#"{"kind":30618}"#), 1);
+        assert_eq!(send_class(r#"{"kind":1618}"#), 2);
+        assert_eq!(send_class(r#"{"kind":1619}"#), 3);
     }
 
     #[test]
@@ -1579,11 +1583,13 @@ mod tests {
         let ev = |n: u8, kind: u16| -> Arc<str> { format!(r#"{{"n":{n},"kind":{kind}}}"#).into() };
         q.offer(id(1), ev(1, 1111));
         q.offer(id(2), ev(2, 1621));
+        q.offer(id(6), ev(6, 30618));
         q.offer(id(3), ev(3, 30617));
         q.offer(id(4), ev(4, 1111));
         q.offer(id(5), ev(5, 1617));
-        q.offer(id(6), ev(6, 30618));
         let order: Vec<EventId> = std::iter::from_fn(|| q.poll_send(t).map(|(i, _)| i)).collect();
+        // A state event after the announcements: ngit-grasp refuses one whose repository it
+        // has no announcement of (`invalid: no announcement exists for this repository`).
         assert_eq!(order, [3, 6, 2, 5, 1, 4].map(id));
     }
 
