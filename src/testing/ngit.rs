@@ -74,8 +74,23 @@ const NO_ANNOUNCEMENT: &str = "invalid: no announcement exists for this reposito
 /// A state event by someone neither owner nor maintainer.
 const NOT_AUTHORIZED: &str = "restricted: author not authorized for this repository";
 
-/// ngit-grasp's write rules ([module documentation](self)), set with
-/// `TestRelayOptions::ngit_grasp` ([`Profile::NgitGrasp`](super::Profile::NgitGrasp) sets it).
+/// ngit-grasp 3.0.10's write rules, set with `TestRelayOptions::ngit_grasp`
+/// ([`Profile::NgitGrasp`](super::Profile::NgitGrasp) sets it; `docs/testing.md`, "Profiles",
+/// lists them):
+///
+/// * a repository announcement (30617) must list the relay's domain in an `http(s)` `clone`
+///   URL and a `ws(s)` `relays` URL; a new one is held in purgatory (`OK true "purgatory: won't
+///   be served until git data arrives"`), not served, and dropped after `purgatory_timeout`;
+/// * a state event (30618) needs an announcement of its `d` authorizing its author; without
+///   refs it is stored and takes that repository out of purgatory, with refs it is held while
+///   the repository is;
+/// * a pull request (1618, 1619) needs a `c` tag and is held until its git data arrives;
+/// * any other event must name something served, or be named by it, else `OK false
+///   "restricted: Event event must reference an accepted repository or accepted event"`;
+/// * what is stored is answered `OK true "duplicate: event stored"`.
+///
+/// [`TestRelay::promote`](super::TestRelay::promote) stands for a repository's git data
+/// arriving.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NgitGraspPolicy {
     /// The domain announcements must name (`host[:port]`, ngit-grasp's `NGIT_DOMAIN`); `None`:
