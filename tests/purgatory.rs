@@ -263,17 +263,17 @@ fn an_announcement_dropped_from_purgatory_is_not_sent_again() {
     shutdown_clean(handle, &[&own, &remote]);
 }
 
-/// ngit-grasp's write budget, a fifth of its time scale: 60 EVENTs per connection, then each
-/// EVENT earns the whole 200 ms intervals since the connection's previous EVENT (refused ones
-/// included: one sent sooner earns nothing and starts the count again). 200 events beyond the
+/// ngit-grasp's write budget at 0.15 of its time scale: 60 EVENTs per connection, then each
+/// EVENT earns the whole 150 ms intervals since the connection's previous EVENT (refused ones
+/// included: one sent sooner earns nothing and starts the count again). 140 events beyond the
 /// burst go through one connection, paced, none lost; the forwarder never opens another
-/// connection to get a fresh budget (decision 0102), and writes at most about twice per event.
+/// connection to get a fresh budget (decision 0102), and writes fewer than twice per event.
 #[test]
 fn ngit_grasps_write_budget_is_paced_on_one_connection_and_loses_nothing() {
     init_logging();
     let own = TestRelay::start_with(TestRelayOptions {
         write_rate: Some(
-            WriteRate::new(60, Duration::from_millis(200)).with_refill(Refill::SinceLastAttempt),
+            WriteRate::new(60, Duration::from_millis(150)).with_refill(Refill::SinceLastAttempt),
         ),
         ..TestRelayOptions::profile(Profile::NgitGrasp)
     });
@@ -284,7 +284,7 @@ fn ngit_grasps_write_budget_is_paced_on_one_connection_and_loses_nothing() {
     remote.insert(&alpha);
     let mut expected: HashSet<EventId> = [alpha.id].into();
     let repo = repo_ref(&alice, "alpha");
-    for i in 0..130 {
+    for i in 0..100 {
         let issue = root(&alice, 1621, &repo, &format!("issue {i}"), &[]);
         let reply = comment(&alice, &issue, &format!("reply {i}"));
         remote.insert(&issue);
