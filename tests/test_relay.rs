@@ -4,7 +4,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use grasp_sync::testing::{wait_until, Profile, Reply, TestRelay, TestRelayOptions, WriteRate};
+use grasp_sync::testing::{
+    wait_until, NgitGraspPolicy, Profile, Reply, TestRelay, TestRelayOptions, WriteRate,
+};
 use negentropy::{Negentropy, NegentropyStorageVector};
 use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
 use nostr::key::Keys;
@@ -1498,4 +1500,243 @@ fn nip77_refusing_profile_can_stay_silent() {
     assert_eq!(relay.neg_opens().len(), 1);
     assert_eq!(relay.open_neg_sessions(), 0);
     assert!(c.req_until_eose("r", &[issues_filter()]).is_empty());
+}
+
+/// An announcement ngit-grasp accepts: it lists the relay's domain as a clone URL and a relay.
+fn ngit_announcement(relay: &TestRelay, keys: &Keys, created_at: u64, d: &str) -> Event {
+    let own = format!("127.0.0.1:{}", relay.port());
+    let clone = format!("http://{own}/npub/{d}.git");
+    let relays = format!("ws://{own}");
+    event_of_kind(
+        keys,
+        30617,
+        created_at,
+        &[&["d", d], &["clone", &clone], &["relays", &relays]],
+    )
+}
+
+fn coordinate(keys: &Keys, d: &str) -> String {
+    format!("30617:{}:{d}", keys.public_key().to_hex())
+}
+
+const NGIT_PURGATORY: &str = "purgatory: won't be served until git data arrives";
+const NGIT_STORED: &str = "duplicate: event stored";
+const NGIT_UNRELATED: &str =
+    "restricted: Event event must reference an accepted repository or accepted event";
+
+#[test]
+fn ngit_grasp_profile_holds_a_new_repository_in_purgatory_until_its_git_data_arrives() {
+    let relay = TestRelay::start_profile(Profile::NgitGrasp);
+    let keys = Keys::generate();
+    let repo = coordinate(&keys, "r");
+    let mut c = Client::connect(&relay);
+    let answer = |c: &mut Client, e: &Event, ok: bool, why: &str| {
+        assert_eq!(c.publish(e), json!(["OK", e.id.to_hex(), ok, why]));
+    };
+
+    // Not listing the service: refused with ngit-grasp's text.
+    let elsewhere = event_of_kind(&keys, 30617, 900, &[&["d", "r"]]);
+    answer(
+        &mut c,
+        &elsewhere,
+        false,
+        "invalid: Announcement must list service in both 'clone' and 'relays' tags, or match archive whitelist. Found clone URLs: [], relays: []",
+    );
+    // Listing it: accepted into purgatory, not served.
+    let ann = ngit_announcement(&relay, &keys, 1000, "r");
+    answer(&mut c, &ann, true, NGIT_PURGATORY);
+    assert!(!relay.contains(&ann.id));
+    assert_eq!(relay.purgatory_ids(), [ann.id].into());
+    assert!(c
+        .req_until_eose("a", &[json!({"kinds": [30617]})])
+        .is_empty());
+    c.send(r#"["CLOSE","a"]"#);
+    // Sent again: held again.
+    answer(&mut c, &ann, true, NGIT_PURGATORY);
+    // An issue about it, and a reply to that issue: refused, nothing served relates to them.
+    let issue = event_of_kind(&keys, 1621, 1001, &[&["a", &repo]]);
+    answer(&mut c, &issue, false, NGIT_UNRELATED);
+    let reply = event_of_kind(&keys, 1111, 1002, &[&["E", &issue.id.to_hex()]]);
+    answer(&mut c, &reply, false, NGIT_UNRELATED);
+    // A pull request about it: refused too (`PR event`); one without `c`: invalid.
+    let pr_no_c = event_of_kind(&keys, 1618, 1003, &[&["a", &repo]]);
+    answer(
+        &mut c,
+        &pr_no_c,
+        false,
+        &format!("invalid: PR event {} has no 'c' tag", pr_no_c.id),
+    );
+    let pr = event_of_kind(&keys, 1618, 1004, &[&["a", &repo], &["c", "abc123"]]);
+    answer(
+        &mut c,
+        &pr,
+        false,
+        "restricted: PR event must reference an accepted repository or accepted event",
+    );
+    // A state event with refs waits in purgatory with its repository; one by a stranger or
+    // of an unknown repository is refused.
+    let state = event_of_kind(
+        &keys,
+        30618,
+        1005,
+        &[&["d", "r"], &["refs/heads/main", "abc123"]],
+    );
+    answer(&mut c, &state, true, NGIT_PURGATORY);
+    let stranger = event_of_kind(&Keys::generate(), 30618, 1005, &[&["d", "r"]]);
+    answer(
+        &mut c,
+        &stranger,
+        false,
+        "restricted: author not authorized for this repository",
+    );
+    let unknown = event_of_kind(&keys, 30618, 1005, &[&["d", "nothing"]]);
+    answer(
+        &mut c,
+        &unknown,
+        false,
+        "invalid: no announcement exists for this repository",
+    );
+
+    // The git data arrives: the announcement and the state are served, live too.
+    let mut live = Client::connect(&relay);
+    assert!(live
+        .req_until_eose("live", &[json!({"kinds": [30617, 30618]})])
+        .is_empty());
+    assert_eq!(relay.promote(&repo), 2);
+    assert!(relay.contains(&ann.id) && relay.contains(&state.id));
+    assert!(relay.purgatory_ids().is_empty());
+    let mut seen = vec![live.recv()[2]["id"].clone(), live.recv()[2]["id"].clone()];
+    seen.sort_by_key(|v| v.to_string());
+    let mut want = vec![json!(ann.id.to_hex()), json!(state.id.to_hex())];
+    want.sort_by_key(|v| v.to_string());
+    assert_eq!(seen, want);
+    // Now the issue, the reply and the pull request relate to what is served.
+    answer(&mut c, &issue, true, NGIT_STORED);
+    answer(&mut c, &issue, true, NGIT_STORED);
+    answer(&mut c, &reply, true, NGIT_STORED);
+    answer(
+        &mut c,
+        &pr,
+        true,
+        "purgatory: PR event stored, waiting for git push with commit abc123",
+    );
+    answer(&mut c, &pr, true, "duplicate: in purgatory");
+    assert!(!relay.contains(&pr.id));
+    assert_eq!(relay.promote(&repo), 1, "the pull request's git data");
+    assert!(relay.contains(&pr.id));
+    // An older version of the served announcement: superseded.
+    let older = ngit_announcement(&relay, &keys, 999, "r");
+    answer(
+        &mut c,
+        &older,
+        true,
+        "duplicate: superseded by a newer event",
+    );
+    assert_eq!(relay.writes_of(&issue.id), 3);
+}
+
+#[test]
+fn ngit_grasp_profile_promotes_with_a_state_event_without_refs_and_drops_what_waits_too_long() {
+    let relay = TestRelay::start_profile(Profile::NgitGrasp);
+    let keys = Keys::generate();
+    let mut c = Client::connect(&relay);
+    // A maintainer's state event without refs needs no git data: the repository leaves
+    // purgatory (how the interop tests take a repository out of it).
+    let ann = ngit_announcement(&relay, &keys, 1000, "r");
+    assert_eq!(c.publish(&ann)[3], NGIT_PURGATORY);
+    let empty_state = event_of_kind(&keys, 30618, 1001, &[&["d", "r"]]);
+    assert_eq!(
+        c.publish(&empty_state),
+        json!(["OK", empty_state.id.to_hex(), true, NGIT_STORED])
+    );
+    assert!(relay.contains(&ann.id) && relay.contains(&empty_state.id));
+
+    // Dropped after the purgatory timeout; sent again later, held again.
+    relay.set_ngit_grasp(Some(NgitGraspPolicy {
+        purgatory_timeout: Duration::from_millis(300),
+        ..NgitGraspPolicy::default()
+    }));
+    let other = ngit_announcement(&relay, &keys, 1000, "other");
+    assert_eq!(c.publish(&other)[3], NGIT_PURGATORY);
+    assert_eq!(relay.purgatory_ids(), [other.id].into());
+    assert!(wait_until(WAIT, || relay.purgatory_ids().is_empty()));
+    assert_eq!(relay.promote(&coordinate(&keys, "other")), 0, "dropped");
+    assert!(!relay.contains(&other.id));
+    assert_eq!(c.publish(&other)[3], NGIT_PURGATORY);
+    assert_eq!(relay.purgatory_ids(), [other.id].into());
+    assert_eq!(relay.writes_of(&other.id), 2);
+}
+
+#[test]
+fn ngit_grasp_profile_earns_writes_only_by_whole_seconds_since_the_previous_event() {
+    let relay = TestRelay::start_profile(Profile::NgitGrasp);
+    let keys = Keys::generate();
+    let ann = ngit_announcement(&relay, &keys, 1000, "r");
+    relay.insert(&ann);
+    let repo = coordinate(&keys, "r");
+    let issue = |n: u64| event_of_kind(&keys, 1621, 2000 + n, &[&["a", &repo]]);
+    let mut c = Client::connect(&relay);
+    for n in 0..60 {
+        let e = issue(n);
+        assert_eq!(
+            c.publish(&e),
+            json!(["OK", e.id.to_hex(), true, NGIT_STORED])
+        );
+    }
+    let late = issue(60);
+    let limited = json!(["OK", late.id.to_hex(), false, "rate-limited: slow down"]);
+    assert_eq!(c.publish(&late), limited);
+    // Asking every 0.6 s never earns a token: each refusal starts the second again.
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(c.publish(&late), limited);
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(c.publish(&late)[2], true);
+    assert_eq!(relay.len(), 62);
+    // Another connection starts with 60 again.
+    let mut other = Client::connect(&relay);
+    assert_eq!(other.publish(&issue(61))[2], true);
+}
+
+#[test]
+fn ngit_grasp_profile_lists_its_limits_and_bounds_negentropy_sessions_and_items() {
+    let relay = TestRelay::start_profile(Profile::NgitGrasp);
+    let doc = nip11_of(&relay);
+    assert!(lists_77(&doc));
+    assert_eq!(doc["supported_grasps"], json!(["GRASP-01", "GRASP-02"]));
+    assert_eq!(doc["limitation"]["max_subscriptions"], 500);
+    assert_eq!(doc["limitation"]["max_limit"], 500);
+    assert_eq!(doc["limitation"]["restricted_writes"], true);
+    let keys = Keys::generate();
+    for i in 0..6 {
+        relay.insert(&issue(&keys, 1000 + i, "e"));
+    }
+    let mut c = Client::connect(&relay);
+    for n in 0..10 {
+        c.send_json(json!(["NEG-OPEN", format!("n{n}"), {"kinds": [1621]}, neg_initial()]));
+        assert_eq!(c.recv()[0], "NEG-MSG");
+    }
+    c.send_json(json!(["NEG-OPEN", "n10", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(
+        c.recv(),
+        json!([
+            "NEG-ERR",
+            "n10",
+            "rate-limited: too many negentropy subscriptions"
+        ])
+    );
+    for n in 0..10 {
+        c.send(&format!(r#"["NEG-CLOSE","n{n}"]"#));
+    }
+    assert!(wait_until(WAIT, || relay.open_neg_sessions() == 0));
+    // The records of a connection's sessions together: 6 fit in 11, 6 more do not.
+    relay.set_nip77_max_items(Some(11));
+    c.send_json(json!(["NEG-OPEN", "a", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(c.recv()[0], "NEG-MSG");
+    c.send_json(json!(["NEG-OPEN", "b", {"kinds": [1621]}, neg_initial()]));
+    assert_eq!(
+        c.recv(),
+        json!(["NEG-ERR", "b", "rate-limited: too many negentropy items"])
+    );
 }

@@ -5,10 +5,17 @@
 //!
 //! * `OK true`, or any answer starting with `duplicate:` → stored; the id is remembered in a
 //!   bounded set so the same event arriving from other relays is not sent again.
+//! * `OK true "purgatory: …"` (GRASP-01; ngit-grasp) → accepted and *held*: the own relay does
+//!   not serve it until its git data arrives and drops it after 30 minutes if none does. Never
+//!   a loss and never sent again by this process, not even when a reconciliation finds the
+//!   own relay without it ([`ForwardQueue::offer_missing`]): the git data is the own relay's
+//!   to fetch, and every copy written would keep an empty repository in purgatory longer
+//!   (decision 0101).
 //! * `OK false` with `rate-limited:` → re-queued at the front; sending is paced: one event
 //!   per interval, a quarter longer per round of `rate-limited:` answers (from [`MIN_PACE`]
 //!   to [`MAX_PACE`]) and shorter per event stored, until the relay takes what we send again ([`ForwardQueue::throttle`] tells how long it has throttled us).
-//! * Events are sent announcements first, then root events, then the rest ([`send_class`]).
+//! * Events are sent announcements first, then repository state, then root events, then the
+//!   rest ([`send_class`]).
 //! * `OK false` with `auth-required:` while NIP-42 authentication is under way → re-queued by
 //!   [`ForwardQueue::requeue_auth_required`] (the forwarder pauses sending until
 //!   authenticated); otherwise an ordinary rejection.
@@ -113,7 +120,8 @@ pub fn error_pause(base: Duration, errors: u32) -> Duration {
 pub enum Offer {
     /// Queued for sending.
     Queued,
-    /// Already stored on the own relay (by an earlier copy).
+    /// Already stored on the own relay (by an earlier copy), or held in its purgatory
+    /// ([`OkOutcome::Purgatory`]).
     AlreadyStored,
     /// Already queued or in flight.
     AlreadyQueued,
@@ -145,6 +153,9 @@ pub enum OkOutcome {
     Stored,
     /// The own relay already had it.
     Duplicate,
+    /// `OK true "purgatory: …"`: accepted, not served until its git data arrives (GRASP-01,
+    /// ngit-grasp); remembered so that it is never sent again (decision 0101).
+    Purgatory,
     /// Rate-limited: re-queued.
     RateLimited,
     /// `auth-required:` while authentication is under way: re-queued.
@@ -169,6 +180,9 @@ pub struct ForwardCounters {
     pub stored: u64,
     /// Events the own relay already had.
     pub duplicates: u64,
+    /// Events the own relay accepted into purgatory (`OK true "purgatory: …"`): not served
+    /// until their git data arrives.
+    pub purgatory: u64,
     /// Rejections: `OK false` other than `duplicate:`, `rate-limited:`, `error:`, and
     /// `auth-required:` while authenticating.
     pub rejected: u64,
@@ -208,6 +222,9 @@ pub struct ForwardQueue {
     queued: IdSet,
     in_flight: IdMap<InFlight>,
     stored: RecentIds,
+    /// Events the own relay answered `purgatory:`: never sent again, not even when a
+    /// reconciliation finds the own relay without them (bounded like `stored`).
+    held: RecentIds,
     rejected: IdMap<Rejected>,
     rejected_order: VecDeque<EventId>,
     /// Rejected events chosen for a retry, moved into the queue as the backlog has room.
@@ -280,16 +297,18 @@ pub const MAX_PACE: Duration = Duration::from_secs(60);
 /// Events stored in a row at [`MIN_PACE`] after which pacing ends.
 pub const FAST_RUN: u32 = 100;
 
-/// The order in which queued events are sent: repository announcements and state (30617,
-/// 30618) first, then root events (patches, PRs, issues: 1617, 1618, 1621), then the rest.
-/// A relay that stores an event only when what it relates to is stored (ngit-relay) then
-/// takes more of a sync at the first try. Read from the JSON without parsing it: a wrong
-/// answer only changes the order.
+/// The order in which queued events are sent: repository announcements (30617) first, then
+/// repository state (30618), then root events (patches, PRs, issues: 1617, 1618, 1621), then
+/// the rest. A relay that stores an event only when what it relates to is stored (ngit-relay)
+/// or held (ngit-grasp takes a state event only once it has an announcement of its
+/// repository) then takes more of a sync at the first try. Read from the JSON without
+/// parsing it: a wrong answer only changes the order.
 pub fn send_class(raw: &str) -> usize {
     match json_kind(raw) {
-        Some(30617 | 30618) => 0,
-        Some(1617 | 1618 | 1621) => 1,
-        _ => 2,
+        Some(30617) => 0,
+        Some(30618) => 1,
+        Some(1617 | 1618 | 1621) => 2,
+        _ => 3,
     }
 }
 
@@ -318,7 +337,7 @@ fn json_kind(raw: &str) -> Option<u64> {
 /// Queued events by [`send_class`], each class in order.
 #[derive(Debug, Default)]
 struct ClassQueue {
-    classes: [VecDeque<(EventId, Arc<str>)>; 3],
+    classes: [VecDeque<(EventId, Arc<str>)>; 4],
 }
 
 impl ClassQueue {
@@ -353,6 +372,7 @@ impl ForwardQueue {
             queued: IdSet::default(),
             in_flight: IdMap::default(),
             stored: RecentIds::new(limits.remembered),
+            held: RecentIds::new(limits.remembered),
             rejected: IdMap::default(),
             rejected_order: VecDeque::new(),
             retrying: VecDeque::new(),
@@ -387,8 +407,15 @@ impl ForwardQueue {
     /// Offers a checked event that the own relay is known to lack: a NIP-77 reconciliation
     /// compared the own relay's set and fetched it. The memory of an earlier `OK` does not
     /// hold it back (the own relay may have lost the event since: a restored database, a
-    /// wipe); a copy queued or in flight, or a kept rejection, still does.
+    /// wipe); a copy queued or in flight, or a kept rejection, still does. So does an earlier
+    /// `purgatory:` answer: the own relay holds the event without serving it (every
+    /// reconciliation finds it missing until its git data arrives), or dropped it for want of
+    /// git data; sending it again would only keep it there longer (decision 0101).
     pub fn offer_missing(&mut self, id: EventId, raw: Arc<str>) -> Offer {
+        if self.held.contains(&id) {
+            self.counters.deduplicated += 1;
+            return Offer::AlreadyStored;
+        }
         // An event set aside is sent again at its time; a copy of it waits for that `OK`.
         if self.queued.contains(&id)
             || self.in_flight.contains_key(&id)
@@ -509,6 +536,15 @@ impl ForwardQueue {
             let took = now.since(self.sent_time(&flight));
             // A moving average weighing the latest answer by an eighth.
             self.ok_latency = Some(self.ok_latency.map_or(took, |l| (l * 7 + took) / 8));
+        }
+        if accepted && prefix == Prefix::Purgatory {
+            // Taken, not served: no copy of it is sent again, however often it is offered
+            // (decision 0101). The relay took the write, so a pace shrinks on it.
+            self.stored.insert(id);
+            self.held.insert(id);
+            self.counters.purgatory += 1;
+            self.speed_up();
+            return OkOutcome::Purgatory;
         }
         if prefix == Prefix::Duplicate {
             self.stored.insert(id);
@@ -688,19 +724,29 @@ impl ForwardQueue {
     /// Chooses for a retry the kept rejected events that the change can affect: those that
     /// name one of `changed` (repository coordinates `30617:<pubkey>:<d>` whose announcement
     /// was applied, root event ids in hex that were linked to a repository) in an `a`, `A`,
-    /// `q`, `e` or `E` tag, or state events (30618) of such a repository. They enter the
-    /// queue as the backlog has room (see [`ForwardQueue::refill`]), never all at once.
-    /// Returns how many were chosen.
+    /// `q`, `e` or `E` tag, state events (30618) of such a repository, and announcements and
+    /// state events of any author with the `d` of such a repository: a maintainer's, which a
+    /// GRASP relay takes once a repository of that `d` listing its author is served
+    /// (ngit-grasp refuses them before: `invalid: Announcement must list service …`, `invalid:
+    /// no announcement exists for this repository`, `restricted: author not authorized …`;
+    /// decision 0101). They enter the queue as the backlog has room (see
+    /// [`ForwardQueue::refill`]), never all at once. Returns how many were chosen.
     pub fn retry_rejected(&mut self, changed: &HashSet<String>) -> usize {
         if changed.is_empty() || self.rejected.is_empty() {
             return 0;
         }
+        let identifiers: HashSet<String> = changed
+            .iter()
+            .filter_map(|k| k.strip_prefix("30617:")?.split_once(':'))
+            .map(|(_, d)| identifier_key(d))
+            .collect();
         let mut chosen = Vec::new();
         self.rejected_order.retain(|id| {
-            let hit = self
-                .rejected
-                .get(id)
-                .is_some_and(|r| r.refs.iter().any(|k| changed.contains(k)));
+            let hit = self.rejected.get(id).is_some_and(|r| {
+                r.refs
+                    .iter()
+                    .any(|k| changed.contains(k) || identifiers.contains(k))
+            });
             if hit {
                 chosen.push(*id);
             }
@@ -842,6 +888,11 @@ impl ForwardQueue {
         self.aside.len()
     }
 
+    /// Whether the own relay answered `purgatory:` to `id` (and so it is never sent again).
+    pub fn is_held(&self, id: &EventId) -> bool {
+        self.held.contains(id)
+    }
+
     /// Events kept after a rejection.
     pub fn rejected_kept(&self) -> usize {
         self.rejected.len()
@@ -857,9 +908,17 @@ impl ForwardQueue {
 #[derive(Debug)]
 struct Rejected {
     raw: Arc<str>,
-    /// Values of its `a`/`A`/`q`/`e`/`E` tags, and for a state event (30618) its repository's
-    /// coordinate: what must change before the own relay may accept it.
+    /// Values of its `a`/`A`/`q`/`e`/`E` tags, for a state event (30618) its repository's
+    /// coordinate, and for an announcement or a state event its [`identifier_key`]: what must
+    /// change before the own relay may accept it.
     refs: Vec<String>,
+}
+
+/// The key under which a rejected announcement or state event (30617, 30618) waits for any
+/// repository with the identifier `d` ([`ForwardQueue::retry_rejected`]). Never a tag value
+/// that means anything: coordinates begin with their kind, ids are hex.
+fn identifier_key(d: &str) -> String {
+    format!("d:{d}")
 }
 
 /// What a rejected event refers to (see [`Rejected::refs`]); empty when its JSON does not
@@ -874,13 +933,15 @@ fn event_refs(raw: &str) -> Vec<String> {
         let (Some(name), Some(value)) = (t[0].as_str(), t[1].as_str()) else {
             continue;
         };
-        match name {
-            "a" | "A" | "q" | "e" | "E" => refs.push(ref_key(value)),
-            "d" if v["kind"].as_u64() == Some(30618) => {
+        match (name, v["kind"].as_u64()) {
+            ("a" | "A" | "q" | "e" | "E", _) => refs.push(ref_key(value)),
+            ("d", Some(30618)) => {
                 if let Some(pk) = v["pubkey"].as_str() {
                     refs.push(format!("30617:{pk}:{value}"));
                 }
+                refs.push(identifier_key(value));
             }
+            ("d", Some(30617)) => refs.push(identifier_key(value)),
             _ => {}
         }
         if refs.len() >= 256 {
@@ -1505,9 +1566,10 @@ mod tests {
         assert_eq!(json_kind(r#"{"content":"a\\","kind":7}"#), Some(7));
         assert_eq!(json_kind(r#"{"kind":"x"}"#), None);
         assert_eq!(json_kind("garbage"), None);
-        assert_eq!(send_class(r#"{"kind":30618}"#), 0);
-        assert_eq!(send_class(r#"{"kind":1618}"#), 1);
-        assert_eq!(send_class(r#"{"kind":1619}"#), 2);
+        assert_eq!(send_class(r#"{"kind":30617}"#), 0);
+        assert_eq!(send_class(r#"{"kind":30618}"#), 1);
+        assert_eq!(send_class(r#"{"kind":1618}"#), 2);
+        assert_eq!(send_class(r#"{"kind":1619}"#), 3);
     }
 
     #[test]
@@ -1521,11 +1583,13 @@ mod tests {
         let ev = |n: u8, kind: u16| -> Arc<str> { format!(r#"{{"n":{n},"kind":{kind}}}"#).into() };
         q.offer(id(1), ev(1, 1111));
         q.offer(id(2), ev(2, 1621));
+        q.offer(id(6), ev(6, 30618));
         q.offer(id(3), ev(3, 30617));
         q.offer(id(4), ev(4, 1111));
         q.offer(id(5), ev(5, 1617));
-        q.offer(id(6), ev(6, 30618));
         let order: Vec<EventId> = std::iter::from_fn(|| q.poll_send(t).map(|(i, _)| i)).collect();
+        // A state event after the announcements: ngit-grasp refuses one whose repository it
+        // has no announcement of (`invalid: no announcement exists for this repository`).
         assert_eq!(order, [3, 6, 2, 5, 1, 4].map(id));
     }
 
@@ -1683,6 +1747,215 @@ mod tests {
         assert!(minutes < 2000.0 / 120.0 * 1.2, "{minutes:.1} min");
         assert!(sends < 2000 * 2, "{sends} sends");
         assert_eq!(q.counters().rejected, 0);
+    }
+
+    /// ngit-grasp's answer to a new repository announcement (GRASP-01 purgatory).
+    const PURGATORY: &str = "purgatory: won't be served until git data arrives";
+    /// ngit-grasp's answer to an event about a repository it does not serve (yet).
+    const RESTRICTED: &str =
+        "restricted: Event event must reference an accepted repository or accepted event";
+
+    #[test]
+    fn a_purgatory_answer_is_taken_counted_and_never_sent_again() {
+        // Issue 34: ngit-grasp holds a new announcement unserved until its git data arrives
+        // (and drops it after 30 minutes if none does). Every reconciliation finds the own
+        // relay without it and offers it as missing: it must not be written again (each
+        // write would keep an empty repository in purgatory another 30 minutes, for ever).
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(limits());
+        let ann = tagged(1, 30617, &[["d", "r"]]);
+        q.offer(id(1), ann.clone());
+        assert_eq!(q.poll_send(t).unwrap().0, id(1));
+        assert_eq!(
+            q.on_ok(id(1), true, Prefix::of(PURGATORY), t),
+            OkOutcome::Purgatory
+        );
+        let c = q.counters();
+        assert_eq!((c.purgatory, c.stored, c.rejected), (1, 0, 0));
+        assert!(q.is_held(&id(1)));
+        assert!(q.is_idle(), "resolved: nothing waits for it");
+        // A copy from another relay, and the same event fetched as missing by a
+        // reconciliation, a day later and again: never queued.
+        for _ in 0..3 {
+            assert_eq!(q.offer(id(1), ann.clone()), Offer::AlreadyStored);
+            assert_eq!(q.offer_missing(id(1), ann.clone()), Offer::AlreadyStored);
+            assert!(q.poll_send(t.plus(Duration::from_secs(86_400))).is_none());
+        }
+        assert_eq!(q.counters().resent, 0);
+        // An event the own relay stored (not held) is still sent again when it went missing.
+        q.offer(id(2), raw(2));
+        let _ = q.poll_send(t);
+        q.on_ok(id(2), true, Prefix::of("duplicate: event stored"), t);
+        assert!(!q.is_held(&id(2)));
+        assert_eq!(q.offer_missing(id(2), raw(2)), Offer::Queued);
+        // `OK false` with the word is no acceptance: an ordinary rejection, kept.
+        q.offer(id(3), raw(3));
+        let _ = q.poll_send(t);
+        let _ = q.poll_send(t);
+        assert_eq!(
+            q.on_ok(id(3), false, Prefix::of(PURGATORY), t),
+            OkOutcome::Rejected(Prefix::Purgatory)
+        );
+        assert!(!q.is_held(&id(3)));
+    }
+
+    #[test]
+    fn events_refused_while_their_repository_is_in_purgatory_go_again_once_it_is_served() {
+        // The announcement goes into purgatory; the issue about it and a reply to the issue
+        // are refused `restricted:`. Once the own relay serves the repository (its git data
+        // arrived: the self-subscription applies the announcement), the index change re-offers
+        // the issue (it names the repository) and, once the issue is linked, the reply.
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 10,
+            in_flight: 10,
+            ..limits()
+        });
+        let repo = "30617:pk:r";
+        let issue_hex = "ab".repeat(32);
+        q.offer(id(1), tagged(1, 30617, &[["d", "r"]]));
+        q.offer(id(2), tagged(2, 1621, &[["a", repo]]));
+        q.offer(id(3), tagged(3, 1111, &[["E", &issue_hex]]));
+        let mut sent = Vec::new();
+        while let Some((i, _)) = q.poll_send(t) {
+            sent.push(i);
+        }
+        assert_eq!(sent, vec![id(1), id(2), id(3)], "announcement first");
+        assert_eq!(
+            q.on_ok(id(1), true, Prefix::of(PURGATORY), t),
+            OkOutcome::Purgatory
+        );
+        for i in [id(2), id(3)] {
+            assert_eq!(
+                q.on_ok(i, false, Prefix::of(RESTRICTED), t),
+                OkOutcome::Rejected(Prefix::Restricted)
+            );
+        }
+        assert_eq!(q.rejected_kept(), 2);
+        // Still in purgatory: nothing changes, nothing is sent.
+        assert_eq!(q.offer(id(2), raw(2)), Offer::PreviouslyRejected);
+        assert!(q.poll_send(t).is_none());
+        // Served: the repository's announcement is applied.
+        assert_eq!(q.retry_rejected(&HashSet::from([repo.to_string()])), 1);
+        assert_eq!(q.poll_send(t).unwrap().0, id(2));
+        assert_eq!(
+            q.on_ok(id(2), true, Prefix::of("duplicate: event stored"), t),
+            OkOutcome::Duplicate
+        );
+        // The issue is linked to the repository: the reply goes too.
+        assert_eq!(q.retry_rejected(&HashSet::from([issue_hex])), 1);
+        assert_eq!(q.poll_send(t).unwrap().0, id(3));
+        q.on_ok(id(3), true, Prefix::of("duplicate: event stored"), t);
+        assert_eq!(q.rejected_kept(), 0);
+        // The announcement itself was never written again.
+        assert_eq!(q.counters().resent, 0);
+    }
+
+    #[test]
+    fn a_maintainers_announcement_and_state_go_again_once_a_repository_of_their_d_is_served() {
+        // ngit-grasp takes a maintainer's announcement that does not list it only once a
+        // served announcement of the same `d` lists its author, and a state event only once an
+        // announcement of its `d` authorizes it. Refused while the owner's announcement was in
+        // purgatory, they named nothing a retry looked for (the announcement no tag at all, the
+        // state its author's own coordinate): kept for ever, their copies held back.
+        let t = Time::from_secs(0);
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 10,
+            in_flight: 10,
+            rejected_kept: 10,
+            ..limits()
+        });
+        let ann = Arc::<str>::from(
+            serde_json::json!({"kind": 30617, "pubkey": "maint", "tags": [["d", "r"]]}).to_string(),
+        );
+        let state = Arc::<str>::from(
+            serde_json::json!({"kind": 30618, "pubkey": "maint", "tags": [["d", "r"]]}).to_string(),
+        );
+        let other = Arc::<str>::from(
+            serde_json::json!({"kind": 30617, "pubkey": "x", "tags": [["d", "rr"]]}).to_string(),
+        );
+        for (n, raw) in [(1, &ann), (2, &state), (3, &other)] {
+            q.offer(id(n), raw.clone());
+        }
+        while let Some((i, _)) = q.poll_send(t) {
+            q.on_ok(i, false, Prefix::of("invalid: no"), t);
+        }
+        assert_eq!(q.rejected_kept(), 3);
+        // Another identifier changes nothing.
+        assert_eq!(
+            q.retry_rejected(&HashSet::from(["30617:owner:r2".to_string()])),
+            0
+        );
+        // The owner's repository `r` is served: both of the maintainer's go again.
+        assert_eq!(
+            q.retry_rejected(&HashSet::from(["30617:owner:r".to_string()])),
+            2
+        );
+        let mut sent: Vec<EventId> = std::iter::from_fn(|| q.poll_send(t).map(|s| s.0)).collect();
+        sent.sort();
+        assert_eq!(sent, vec![id(1), id(2)]);
+        assert_eq!(q.rejected_kept(), 1);
+    }
+
+    /// ngit-grasp's write budget (rust-nostr's relay builder, `notes_per_minute: 60`): 60
+    /// tokens per connection; each EVENT adds the whole seconds since the connection's
+    /// previous EVENT (refused ones included, at most 60), then takes one or is answered
+    /// `rate-limited: slow down`. A refusal sent less than a second after the previous EVENT
+    /// earns nothing and starts the second again. 600 events, every accepted one answered
+    /// `duplicate: event stored` (announcements `purgatory:`): all taken, on one connection,
+    /// paced, without a write per 100 ms for the 9 minutes the relay needs.
+    #[test]
+    fn ngit_grasps_write_budget_paces_one_connection_and_loses_nothing() {
+        let mut q = ForwardQueue::new(ForwardLimits {
+            backlog: 4096,
+            ..ForwardLimits::default()
+        });
+        let id = |n: u16| {
+            EventId::from_byte_array({
+                let mut b = [0u8; 32];
+                b[..2].copy_from_slice(&n.to_be_bytes());
+                b
+            })
+        };
+        let events = 600u16;
+        for n in 0..events {
+            let kind = if n % 10 == 0 { 30617 } else { 1621 };
+            q.offer(id(n), Arc::from(format!("{{\"kind\":{kind},\"n\":{n}}}")));
+        }
+        let start = Time::from_secs(0);
+        let mut t = start;
+        let (mut tokens, mut last): (u64, Option<Time>) = (60, None);
+        let mut sends = 0u64;
+        while !q.is_idle() {
+            while let Some((i, raw)) = q.poll_send(t) {
+                sends += 1;
+                if let Some(l) = last {
+                    tokens = (tokens + t.since(l).as_secs().min(60)).min(60);
+                }
+                last = Some(t);
+                if tokens == 0 {
+                    q.on_ok(i, false, Prefix::of("rate-limited: slow down"), t);
+                    continue;
+                }
+                tokens -= 1;
+                let answer = if raw.contains("30617") {
+                    PURGATORY
+                } else {
+                    "duplicate: event stored"
+                };
+                q.on_ok(i, true, Prefix::of(answer), t);
+            }
+            t = t.plus(Duration::from_millis(10));
+            assert!(t.since(start) < Duration::from_secs(3600), "an hour");
+        }
+        let c = q.counters();
+        assert_eq!(c.purgatory + c.duplicates, u64::from(events), "{c:?}");
+        assert_eq!((c.purgatory, c.rejected), (60, 0));
+        let took = t.since(start).as_secs_f64();
+        let ideal = f64::from(events - 60);
+        eprintln!("{events} events into ngit-grasp's budget: {took:.0} s (the relay's floor {ideal:.0} s), {sends} writes");
+        assert!(took < ideal * 1.8, "{took:.0} s");
+        assert!(sends < 2 * u64::from(events), "{sends} writes");
     }
 
     #[test]

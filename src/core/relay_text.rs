@@ -3,8 +3,9 @@
 //! NIP-01 gives the text of `OK` and `CLOSED` a machine-readable prefix: a single word, a
 //! `:`, then a human-readable message (`"rate-limited: slow down"`). NIP-01 lists
 //! `duplicate`, `pow`, `blocked`, `rate-limited`, `invalid`, `restricted`, `mute` and
-//! `error`; NIP-42 adds `auth-required`, and NIP-01's own `CLOSED` example uses
-//! `unsupported`. [`Prefix::parse`] is the one place the crate reads them; every consumer
+//! `error`; NIP-42 adds `auth-required`, NIP-01's own `CLOSED` example uses
+//! `unsupported`, and GRASP-01 adds `purgatory` (an `OK true` for an event accepted but not
+//! served until its git data arrives: ngit-grasp). [`Prefix::parse`] is the one place the crate reads them; every consumer
 //! (the sync machine's `CLOSED` handling, NIP-42 authentication, the forward queue, the
 //! rejection metrics) matches on the [`Prefix`] it returns.
 //!
@@ -59,6 +60,10 @@ pub enum Prefix {
     AuthRequired,
     /// `unsupported:`: the relay does not support what was asked (a filter element, …).
     Unsupported,
+    /// `purgatory:` (GRASP-01, with `OK true`): accepted, but not served until the event's
+    /// git data arrives, and dropped if it never does (ngit-grasp: `"purgatory: won't be
+    /// served until git data arrives"`, after 30 minutes).
+    Purgatory,
     /// No prefix, or one not listed here.
     Other,
 }
@@ -68,7 +73,7 @@ pub const MAX_PREFIX_LEN: usize = 13;
 
 impl Prefix {
     /// Every prefix, [`Prefix::Other`] last.
-    pub const ALL: [Prefix; 11] = [
+    pub const ALL: [Prefix; 12] = [
         Prefix::Duplicate,
         Prefix::Pow,
         Prefix::Blocked,
@@ -79,6 +84,7 @@ impl Prefix {
         Prefix::Error,
         Prefix::AuthRequired,
         Prefix::Unsupported,
+        Prefix::Purgatory,
         Prefix::Other,
     ];
 
@@ -120,6 +126,7 @@ impl Prefix {
             Prefix::Error => "error",
             Prefix::AuthRequired => "auth-required",
             Prefix::Unsupported => "unsupported",
+            Prefix::Purgatory => "purgatory",
             Prefix::Other => return None,
         })
     }
@@ -259,6 +266,10 @@ mod tests {
         );
         assert_eq!(Prefix::parse("\u{3000}error: x"), (Prefix::Error, "x"));
         assert_eq!(Prefix::parse("ERROR: x"), (Prefix::Error, "x"));
+        assert_eq!(
+            Prefix::parse("purgatory: won't be served until git data arrives"),
+            (Prefix::Purgatory, "won't be served until git data arrives")
+        );
         assert_eq!(Prefix::parse("Rate-Limited: x"), (Prefix::RateLimited, "x"));
         assert_eq!(
             Prefix::parse(" unknown: kept"),
@@ -328,7 +339,7 @@ mod tests {
         /// Any known word, in any ASCII case, after any leading whitespace, parses.
         #[test]
         fn known_words_in_any_case(
-            i in 0usize..10,
+            i in 0usize..11,
             upper in proptest::collection::vec(any::<bool>(), 13),
             ws in "[ \t\r\n]{0,3}",
             text in "[^\u{0}]{0,20}",

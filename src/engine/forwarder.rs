@@ -225,6 +225,8 @@ pub(crate) struct Forwarder {
     pub(crate) error_spell_warned: std::cell::Cell<bool>,
     /// The warning of the current spell of rate limiting was logged (one per spell).
     pub(crate) throttle_warned: std::cell::Cell<bool>,
+    /// The first `purgatory:` answer was logged at info level (the rest go to debug).
+    pub(crate) purgatory_logged: std::cell::Cell<bool>,
 }
 
 impl Forwarder {
@@ -443,6 +445,7 @@ impl Forwarder {
         let f = &self.metrics.forward;
         f.stored.store(c.stored, Ordering::Relaxed);
         f.duplicates.store(c.duplicates, Ordering::Relaxed);
+        f.purgatory.store(c.purgatory, Ordering::Relaxed);
         f.rejected.store(c.rejected, Ordering::Relaxed);
         f.resent.store(c.resent, Ordering::Relaxed);
         f.relay_errors.store(c.relay_errors, Ordering::Relaxed);
@@ -744,8 +747,13 @@ impl Forwarder {
         } else {
             queue.on_ok(event_id, accepted, prefix, now)
         };
-        if let (Some(sent), OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)) =
-            (sent, &outcome)
+        if let (
+            Some(sent),
+            OkOutcome::Stored
+            | OkOutcome::Duplicate
+            | OkOutcome::Purgatory
+            | OkOutcome::Rejected(_),
+        ) = (sent, &outcome)
         {
             self.metrics.forward.ok_latency.observe(now.since(sent));
         }
@@ -803,13 +811,19 @@ impl Forwarder {
         let message = || escape_for_log(message, MAX_RELAY_TEXT);
         if matches!(
             outcome,
-            OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Rejected(_)
+            OkOutcome::Stored
+                | OkOutcome::Duplicate
+                | OkOutcome::Purgatory
+                | OkOutcome::Rejected(_)
         ) {
             // Out of the pipeline: its bytes are free again (a kept rejected event counts
             // against the rejected store's own byte bound).
             self.admissions.borrow_mut().remove(&event_id);
         }
-        if matches!(outcome, OkOutcome::Stored | OkOutcome::Duplicate) {
+        if matches!(
+            outcome,
+            OkOutcome::Stored | OkOutcome::Duplicate | OkOutcome::Purgatory
+        ) {
             // No longer in flight: a reconciliation's fetch forwards its next copy.
             self.gate.verified().mark_stored(&event_id);
         }
@@ -822,6 +836,17 @@ impl Forwarder {
             OkOutcome::Duplicate => {
                 self.resolved();
                 debug!("own relay already had {event_id}")
+            }
+            OkOutcome::Purgatory if !self.purgatory_logged.replace(true) => {
+                self.resolved();
+                info!(
+                    "own relay took {event_id} into purgatory ({}): it serves it once its git data arrives, which the own relay fetches, not grasp-sync; not sent again (counted in forward_purgatory_total; further ones at debug level)",
+                    message()
+                )
+            }
+            OkOutcome::Purgatory => {
+                self.resolved();
+                debug!("own relay took {event_id} into purgatory ({})", message())
             }
             OkOutcome::RateLimited if throttle_began => info!(
                 "own relay rate-limits writes ({}); sending at the pace it accepts (a warning follows if this lasts a minute)",
@@ -1213,6 +1238,7 @@ mod tests {
             intake_paused: Default::default(),
             error_spell_warned: Default::default(),
             throttle_warned: Default::default(),
+            purgatory_logged: Default::default(),
         };
         let (ended_tx, ended) = crossbeam_channel::bounded(1);
         let thread = std::thread::spawn(move || {

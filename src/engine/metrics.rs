@@ -185,6 +185,9 @@ pub struct ForwardCounters {
     pub stored: AtomicU64,
     /// The own relay already had them.
     pub duplicates: AtomicU64,
+    /// Accepted into the own relay's purgatory (`OK true "purgatory: …"`): not served until
+    /// their git data arrives.
+    pub purgatory: AtomicU64,
     /// Rejected by the own relay.
     pub rejected: AtomicU64,
     /// Sent again (timeout, disconnect, rate limit, `error:`).

@@ -217,6 +217,9 @@ pub struct Status {
     pub forward_relay_errors: u64,
     /// `rate-limited:` answers of the own relay (each event sent again).
     pub forward_rate_limited: u64,
+    /// Events the own relay accepted into purgatory (`OK true "purgatory: …"`, GRASP-01:
+    /// served once their git data arrives); never sent again.
+    pub forward_purgatory: u64,
     /// Events set aside after repeated `error:` answers (each time; issue 36).
     pub forward_set_aside: u64,
     /// Events set aside now, waiting for their next try (every 10 min).
@@ -390,6 +393,7 @@ pub fn start(mut config: Config) -> Result<SyncHandle, Error> {
         intake_paused: Default::default(),
         error_spell_warned: Default::default(),
         throttle_warned: Default::default(),
+        purgatory_logged: Default::default(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 
@@ -574,6 +578,7 @@ impl SyncHandle {
             forward_resent: f.resent.load(Ordering::Relaxed),
             forward_relay_errors: f.relay_errors.load(Ordering::Relaxed),
             forward_rate_limited: f.rate_limited.load(Ordering::Relaxed),
+            forward_purgatory: f.purgatory.load(Ordering::Relaxed),
             forward_set_aside: f.set_aside.load(Ordering::Relaxed),
             forward_aside: f.aside.load(Ordering::Relaxed),
             forward_aside_overflow: f.aside_overflow.load(Ordering::Relaxed),

@@ -544,6 +544,11 @@ pub fn prometheus(status: &Status) -> String {
             "OK false \"rate-limited:\" answers of the own relay (the event is sent again, paced).",
             status.forward_rate_limited,
         ),
+        (
+            "forward_purgatory_total",
+            "OK true \"purgatory:\" answers of the own relay (accepted, served once its git data arrives; never sent again).",
+            status.forward_purgatory,
+        ),
     ] {
         p.single(name, "counter", help, v);
     }
@@ -772,6 +777,7 @@ pub fn status_json(status: &Status) -> Value {
             "resent": status.forward_resent,
             "relay_errors": status.forward_relay_errors,
             "rate_limited": status.forward_rate_limited,
+            "purgatory": status.forward_purgatory,
             "set_aside": status.forward_set_aside,
             "aside": status.forward_aside,
             "aside_overflow": status.forward_aside_overflow,

@@ -23,6 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub mod internals;
+mod ngit;
 mod nip11;
 mod nip77;
 mod policy;
@@ -30,8 +31,9 @@ mod profile;
 mod relay;
 pub mod tls;
 
+pub use self::ngit::NgitGraspPolicy;
 pub use self::nip77::{Nip77Mode, RecordedNegOpen};
-pub use self::policy::{GraspPolicy, WriteRate};
+pub use self::policy::{GraspPolicy, Refill, WriteRate};
 pub use self::profile::Profile;
 pub use self::relay::{RecordedReq, Reply, TestRelay, TestRelayOptions};
 

@@ -18,9 +18,10 @@ pub(crate) const ANNOUNCEMENT_NOT_LISTING: &str =
     "blocked: repository announcement doesn't list ngit-relay in tags: clones and relays";
 
 /// A per-connection write rate limit: a token bucket holding at most `burst` tokens, starting
-/// full and earning one token every `per`. Each EVENT that gets this far takes a token (also
-/// one that is then refused for another reason or is a duplicate, as on khatru and rust-nostr's
-/// relay builder); with no token left it is answered `["OK", id, false, message]`.
+/// full and earning one token every `per` (how, [`Refill`] says). Each EVENT that gets this
+/// far takes a token (also one that is then refused for another reason or is a duplicate, as
+/// on khatru and rust-nostr's relay builder); with no token left it is answered
+/// `["OK", id, false, message]`.
 ///
 /// A `per` of zero never refills: exactly `burst` events are accepted per connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +32,23 @@ pub struct WriteRate {
     pub per: Duration,
     /// The `OK false` reason once the bucket is empty.
     pub message: String,
+    /// How the bucket earns its tokens back.
+    pub refill: Refill,
+}
+
+/// How a [`WriteRate`]'s bucket earns tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Refill {
+    /// One token per `per`, whenever the EVENTs come; the part of a `per` not yet earned is
+    /// kept (khatru's limiter).
+    #[default]
+    Steady,
+    /// Each EVENT earns the whole `per`s since the connection's previous EVENT, refused ones
+    /// included, and the rest of that time is lost: an EVENT sent less than one `per` after
+    /// the previous one earns nothing and starts the count again. rust-nostr's relay builder
+    /// (nostr-sdk 0.45.4 `local_relay/local/session.rs` `take_token`: the whole seconds since
+    /// `last`, `last` set at every EVENT), the limiter of ngit-grasp.
+    SinceLastAttempt,
 }
 
 impl WriteRate {
@@ -41,7 +59,14 @@ impl WriteRate {
             burst,
             per,
             message: "rate-limited: slow down".to_string(),
+            refill: Refill::Steady,
         }
+    }
+
+    /// The same limit earning its tokens as `refill` says.
+    pub fn with_refill(mut self, refill: Refill) -> WriteRate {
+        self.refill = refill;
+        self
     }
 
     /// The same limit refused with `message`.
@@ -56,8 +81,11 @@ impl WriteRate {
 pub(crate) struct Bucket {
     rate: WriteRate,
     tokens: u32,
-    /// When the tokens were last counted (the start of the current, unfinished `per`).
+    /// When the tokens were last counted (the start of the current, unfinished `per`; under
+    /// [`Refill::SinceLastAttempt`] the previous EVENT).
     last: Instant,
+    /// An EVENT came already ([`Refill::SinceLastAttempt`]).
+    attempted: bool,
 }
 
 impl Bucket {
@@ -66,6 +94,7 @@ impl Bucket {
             rate: rate.clone(),
             tokens: rate.burst,
             last: now,
+            attempted: false,
         }
     }
 
@@ -76,6 +105,9 @@ impl Bucket {
 
     /// Takes a token if there is one.
     pub(crate) fn take(&mut self, now: Instant) -> bool {
+        if self.rate.refill == Refill::SinceLastAttempt {
+            return self.take_since_last_attempt(now);
+        }
         let per = self.rate.per.as_nanos();
         if per > 0 && self.tokens < self.rate.burst {
             let earned = now.saturating_duration_since(self.last).as_nanos() / per;
@@ -94,6 +126,24 @@ impl Bucket {
             // A full bucket earns nothing: its next token is due one `per` after it is spent.
             self.last = now;
         }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+
+    /// [`Refill::SinceLastAttempt`]: whole `per`s since the previous EVENT (the first EVENT of
+    /// a connection earns nothing), at most `burst`.
+    fn take_since_last_attempt(&mut self, now: Instant) -> bool {
+        let per = self.rate.per.as_nanos();
+        if per > 0 && self.attempted {
+            let earned = now.saturating_duration_since(self.last).as_nanos() / per;
+            let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+            self.tokens = self.tokens.saturating_add(earned).min(self.rate.burst);
+        }
+        self.last = now;
+        self.attempted = true;
         if self.tokens == 0 {
             return false;
         }
@@ -287,6 +337,31 @@ mod tests {
         assert!(b.take(t0 + Duration::from_secs(45)));
         assert!(b.take(t0 + Duration::from_secs(45)));
         assert!(!b.take(t0 + Duration::from_secs(45)));
+    }
+
+    #[test]
+    fn a_rust_nostr_bucket_earns_only_whole_intervals_since_the_previous_event() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let rate = WriteRate::new(2, s).with_refill(Refill::SinceLastAttempt);
+        let mut b = Bucket::new(&rate, t0);
+        assert!(b.take(t0));
+        assert!(b.take(t0 + s / 2));
+        // Refused at 0.9 s after the previous EVENT: nothing earned, and the count restarts.
+        assert!(!b.take(t0 + s / 2 + s * 9 / 10));
+        assert!(
+            !b.take(t0 + s * 2),
+            "0.6 s after the refusal: still nothing"
+        );
+        assert!(
+            b.take(t0 + s * 3 + s / 2),
+            "1.5 s after: one token, half a second lost"
+        );
+        assert!(!b.take(t0 + s * 4 + s / 5));
+        // A long pause earns at most the burst.
+        assert!(b.take(t0 + s * 100));
+        assert!(b.take(t0 + s * 100));
+        assert!(!b.take(t0 + s * 100));
     }
 
     #[test]

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::ngit::NgitGraspPolicy;
 use super::nip77::Nip77Mode;
-use super::policy::{GraspPolicy, WriteRate};
+use super::policy::{GraspPolicy, Refill, WriteRate};
 use super::relay::{Reply, TestRelay, TestRelayOptions};
 
 /// Real relay software a [`TestRelay`] can behave like
@@ -47,6 +48,20 @@ pub enum Profile {
     /// `CLOSED "rate-limited: too many REQs"`; NIP-77 served (not advertised: no NIP-11);
     /// events written with their keys sorted (`content` first, the id third).
     LocalRelay,
+    /// ngit-grasp 3.0.10, the GRASP reference server (its relay is rust-nostr's relay builder
+    /// behind ngit-grasp's write policy; read from its source, `docs/relays.md`):
+    /// [`NgitGraspPolicy`] (a new repository announcement is held in purgatory,
+    /// `OK true "purgatory: won't be served until git data arrives"`, until
+    /// [`TestRelay::promote`] or a ref-less state event of its owner, and dropped after 30
+    /// minutes; an event relating to nothing served is refused `OK false "restricted: Event
+    /// event must reference an accepted repository or accepted event"`; what it stores is
+    /// answered `OK true "duplicate: event stored"`); 60 writes per connection, then each
+    /// EVENT earns the whole seconds since the connection's previous one
+    /// ([`Refill::SinceLastAttempt`], `OK false "rate-limited: slow down"`); 500 results per
+    /// filter, 500 subscriptions per connection (`CLOSED "rate-limited: too many REQs"`);
+    /// NIP-77 served with 10 sessions and 50,000 records per connection; NIP-11 lists 77,
+    /// `supported_grasps` and its `limitation`.
+    NgitGrasp,
     /// A relay that lists NIP-77 in its NIP-11 document but refuses it: every `NEG-OPEN`,
     /// `NEG-MSG` and `NEG-CLOSE` is answered `NOTICE "ERROR: bad msg: negentropy disabled"`
     /// (nos.lol, nostr.mom), or not at all when `silent` (nostr.wine).
@@ -73,6 +88,14 @@ const STRFRY_SYNC_EVENTS: usize = 1_000_000;
 const LOCAL_RELAY_LIMIT: usize = 500;
 const LOCAL_RELAY_SUBS: usize = 500;
 const LOCAL_RELAY_WRITES: u32 = 60;
+/// ngit-grasp (rust-nostr's relay builder as `src/nostr/builder.rs` sets it up): writes per
+/// connection (`notes_per_minute: 60`), results per filter (`NGIT_RELAY_FILTER_LIMIT`),
+/// subscriptions (`NGIT_RELAY_MAX_SUBSCRIPTIONS`), negentropy sessions and records.
+const NGIT_GRASP_WRITES: u32 = 60;
+const NGIT_GRASP_LIMIT: usize = 500;
+const NGIT_GRASP_SUBS: usize = 500;
+const NGIT_GRASP_NEG_SESSIONS: usize = 10;
+const NGIT_GRASP_NEG_ITEMS: usize = 50_000;
 /// ngit-relay's write burst and the time to earn one more write (khatru's
 /// `EventIPRateLimiter(3, 3 min, 15)`, spread evenly).
 const NGIT_BURST: u32 = 15;
@@ -158,6 +181,38 @@ impl TestRelayOptions {
                 )),
                 nip77: Nip77Mode::On,
                 sorted_keys: true,
+                ..base
+            },
+            Profile::NgitGrasp => TestRelayOptions {
+                nip11: Some(json!({
+                    "name": "ngit-grasp grasp relay",
+                    "description": "a GRASP server",
+                    "supported_nips": [1, 5, 9, 11, 34, 62, 77],
+                    "software": "https://gitworkshop.dev/danconwaydev.com/ngit-grasp",
+                    "version": "3.0.10",
+                    "limitation": {
+                        "max_message_length": 5 * 1024 * 1024,
+                        "max_subscriptions": NGIT_GRASP_SUBS,
+                        "max_limit": NGIT_GRASP_LIMIT,
+                        "max_subid_length": 250,
+                        "default_limit": NGIT_GRASP_LIMIT,
+                        "restricted_writes": true
+                    },
+                    "supported_grasps": ["GRASP-01", "GRASP-02"],
+                    "repo_acceptance_criteria": "None"
+                })),
+                default_limit: Some(NGIT_GRASP_LIMIT),
+                result_cap: Some(NGIT_GRASP_LIMIT),
+                max_subscriptions: Some(NGIT_GRASP_SUBS),
+                too_many_subs_reply: Reply::Closed("rate-limited: too many REQs".into()),
+                write_rate: Some(
+                    WriteRate::new(NGIT_GRASP_WRITES, Duration::from_secs(1))
+                        .with_refill(Refill::SinceLastAttempt),
+                ),
+                ngit_grasp: Some(NgitGraspPolicy::default()),
+                nip77: Nip77Mode::On,
+                nip77_max_sessions: Some(NGIT_GRASP_NEG_SESSIONS),
+                nip77_max_items: Some(NGIT_GRASP_NEG_ITEMS),
                 ..base
             },
             Profile::Nip77Refusing { silent } => TestRelayOptions {

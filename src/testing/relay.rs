@@ -42,6 +42,7 @@ use tungstenite::error::CapacityError;
 use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
+use super::ngit::{self, NgitGraspPolicy, Purgatory, Verdict};
 use super::nip11;
 use super::nip77::{self, Nip77Mode, RecordedNegOpen, Session};
 use super::policy::{self, Bucket, GraspPolicy, WriteRate};
@@ -160,6 +161,16 @@ pub struct TestRelayOptions {
     /// strfry does: a `NEG-OPEN` beyond the limit gets `too_many_subs_reply` (the per-connection
     /// cap of 100 sessions is then not applied).
     pub neg_sessions_count_as_subscriptions: bool,
+    /// Negentropy sessions open at once per connection, as rust-nostr's relay builder counts
+    /// them (ngit-grasp: 10): one more `NEG-OPEN` is answered
+    /// `["NEG-ERR", sub_id, "rate-limited: too many negentropy subscriptions"]`. `None`: 100,
+    /// refused `"blocked: too many open negentropy sessions"`.
+    pub nip77_max_sessions: Option<usize>,
+    /// Records the open negentropy sessions of one connection may hold together, as
+    /// rust-nostr's relay builder counts them (ngit-grasp: 50,000): a `NEG-OPEN` whose filter
+    /// matches more than what is left gets
+    /// `["NEG-ERR", sub_id, "rate-limited: too many negentropy items"]`. `None`: no bound.
+    pub nip77_max_items: Option<usize>,
     /// The `limit` applied to a filter that has none (rust-nostr's relay builder: 500), before
     /// `result_cap`. `None`: such a filter gets every match (up to `result_cap`).
     pub default_limit: Option<usize>,
@@ -192,6 +203,10 @@ pub struct TestRelayOptions {
     /// ngit-relay's rule that a written event must relate to what is stored (see
     /// [`GraspPolicy`]); `None`: every valid event is stored.
     pub grasp_policy: Option<GraspPolicy>,
+    /// ngit-grasp's write rules: GRASP-01 purgatory for new repositories and for what waits
+    /// for git data, and the rule that an event must relate to what is served (see
+    /// [`NgitGraspPolicy`], [`TestRelay::promote`]); `None`: not applied.
+    pub ngit_grasp: Option<NgitGraspPolicy>,
     /// Write the events it stores with their members in key order (`content`, `created_at`,
     /// `id`, `kind`, `pubkey`, `sig`, `tags`), as rust-nostr's relay builder does, instead of
     /// as they were received (id first, as nostr-rs-relay writes them). Events stored with
@@ -217,6 +232,8 @@ impl Default for TestRelayOptions {
             nip77_max_records: None,
             nip77_no_session_reply: nip77::NO_SESSION.to_string(),
             neg_sessions_count_as_subscriptions: false,
+            nip77_max_sessions: None,
+            nip77_max_items: None,
             default_limit: None,
             no_eose_for_limit_zero: false,
             ignore_identical_req: false,
@@ -227,6 +244,7 @@ impl Default for TestRelayOptions {
             parse_error_notice: PARSE_ERROR.to_string(),
             write_rate: None,
             grasp_policy: None,
+            ngit_grasp: None,
             sorted_keys: false,
         }
     }
@@ -381,8 +399,8 @@ struct Conn {
     challenge_sent: bool,
     /// Whether the connection authenticated (NIP-42).
     authed: bool,
-    /// Open negentropy sessions by subscription id.
-    neg_sessions: HashMap<String, Session>,
+    /// Open negentropy sessions by subscription id, with the records each holds.
+    neg_sessions: HashMap<String, (Session, usize)>,
     /// `NEG-MSG` replies sent on this connection ([`Nip77Mode::DropAfter`]).
     neg_replies: u64,
     /// This connection's write token bucket (`write_rate`), made at its first EVENT.
@@ -442,6 +460,10 @@ struct State {
     neg_opens: Vec<RecordedNegOpen>,
     /// The port the relay listens on (the default domain of `grasp_policy`).
     port: u16,
+    /// What `ngit_grasp` holds and does not serve.
+    purgatory: Purgatory,
+    /// EVENT messages received, per event id (every one that parsed, refused ones too).
+    writes: HashMap<EventId, u32>,
 }
 
 impl State {
@@ -905,6 +927,24 @@ impl TestRelay {
         self.shared.state.lock().opts.grasp_policy = policy;
     }
 
+    /// Applies ngit-grasp's write rules to later EVENTs (see [`NgitGraspPolicy`]; `None`:
+    /// not applied). What is held in purgatory stays held.
+    pub fn set_ngit_grasp(&self, policy: Option<NgitGraspPolicy>) {
+        self.shared.state.lock().opts.ngit_grasp = policy;
+    }
+
+    /// Limits the negentropy sessions open at once per connection (see
+    /// [`TestRelayOptions::nip77_max_sessions`]).
+    pub fn set_nip77_max_sessions(&self, max: Option<usize>) {
+        self.shared.state.lock().opts.nip77_max_sessions = max;
+    }
+
+    /// Limits the records of a connection's open negentropy sessions together (see
+    /// [`TestRelayOptions::nip77_max_items`]).
+    pub fn set_nip77_max_items(&self, max: Option<usize>) {
+        self.shared.state.lock().opts.nip77_max_items = max;
+    }
+
     /// A copy of the current options.
     pub fn options(&self) -> TestRelayOptions {
         self.shared.state.lock().opts.clone()
@@ -1029,6 +1069,54 @@ impl TestRelay {
     /// Removes every stored event.
     pub fn clear_events(&self) {
         self.shared.state.lock().store.clear();
+    }
+
+    /// Under [`TestRelayOptions::ngit_grasp`]: the git data of the repository `coordinate`
+    /// (`30617:<pubkey hex>:<d>`) arrived (a push, or ngit-grasp's own fetch). Its announcement
+    /// held in purgatory, the held state events it authorizes and the held pull requests naming
+    /// it are stored and delivered live, as ngit-grasp serves them then. Returns how many
+    /// events left purgatory (0 for a coordinate that does not parse).
+    pub fn promote(&self, coordinate: &str) -> usize {
+        let mut parts = coordinate.splitn(3, ':');
+        let (Some("30617"), Some(pk), Some(d)) = (parts.next(), parts.next(), parts.next()) else {
+            return 0;
+        };
+        let Ok(owner) = PublicKey::from_hex(pk) else {
+            return 0;
+        };
+        let mut guard = self.shared.state.lock();
+        let state = &mut *guard;
+        let served: Vec<&Event> = state.store.iter().map(|s| &s.event).collect();
+        let promoted = state.purgatory.promote(&owner, d, &served, Instant::now());
+        let n = promoted.len();
+        for (event, raw) in promoted {
+            let stored = state.stored(event, &raw);
+            state.store_and_deliver(stored);
+        }
+        n
+    }
+
+    /// Under [`TestRelayOptions::ngit_grasp`]: the ids of the events held in purgatory now
+    /// (accepted, not served, not yet dropped).
+    pub fn purgatory_ids(&self) -> HashSet<EventId> {
+        self.shared.state.lock().purgatory.ids(Instant::now())
+    }
+
+    /// EVENT messages received so far (every one that parsed, refused ones included).
+    pub fn writes_received(&self) -> u64 {
+        let state = self.shared.state.lock();
+        state.writes.values().map(|&n| u64::from(n)).sum()
+    }
+
+    /// EVENT messages received so far carrying the event `id`.
+    pub fn writes_of(&self, id: &EventId) -> u32 {
+        self.shared
+            .state
+            .lock()
+            .writes
+            .get(id)
+            .copied()
+            .unwrap_or(0)
     }
 
     // ----- observation -----
@@ -1677,14 +1765,21 @@ fn handle_neg_open(
                 return Handled::frame(too_many_subs_frame(opts, &sub_id));
             }
         }
-        _ => {
-            if conn.neg_sessions.len() >= nip77::MAX_SESSIONS_PER_CONN {
+        _ => match opts.nip77_max_sessions {
+            Some(max) if conn.neg_sessions.len() >= max => {
+                return Handled::frame(neg_err_frame(
+                    &sub_id,
+                    "rate-limited: too many negentropy subscriptions",
+                ));
+            }
+            None if conn.neg_sessions.len() >= nip77::MAX_SESSIONS_PER_CONN => {
                 return Handled::frame(neg_err_frame(
                     &sub_id,
                     "blocked: too many open negentropy sessions",
                 ));
             }
-        }
+            _ => {}
+        },
     }
     let limit = filter.limit.unwrap_or(usize::MAX);
     let records: Vec<(Timestamp, EventId)> = state
@@ -1700,9 +1795,19 @@ fn handle_neg_open(
     {
         return Handled::frame(neg_err_frame(&sub_id, nip77::TOO_MANY_RECORDS));
     }
+    if let Some(max) = opts.nip77_max_items {
+        let held: usize = conn.neg_sessions.values().map(|(_, n)| n).sum();
+        if records.len() > max.saturating_sub(held) {
+            return Handled::frame(neg_err_frame(
+                &sub_id,
+                "rate-limited: too many negentropy items",
+            ));
+        }
+    }
+    let items = records.len();
     match nip77::open(records.into_iter(), &initial) {
         Ok((session, reply)) => {
-            conn.neg_sessions.insert(sub_id.clone(), session);
+            conn.neg_sessions.insert(sub_id.clone(), (session, items));
             neg_reply(shared, opts, conn, &sub_id, &reply)
         }
         Err(e) => Handled::frame(neg_err_frame(&sub_id, &nip77::invalid(&e.to_string()))),
@@ -1719,7 +1824,7 @@ fn handle_neg_msg(shared: &Shared, conn_id: u64, sub_id: String, raw_msg: &str) 
     if state.opts.nip77 == Nip77Mode::Silent {
         return Handled::default();
     }
-    let Some(session) = conn.neg_sessions.get_mut(&sub_id) else {
+    let Some((session, _)) = conn.neg_sessions.get_mut(&sub_id) else {
         return Handled::frame(neg_err_frame(&sub_id, &state.opts.nip77_no_session_reply));
     };
     let reply = neg_payload(raw_msg).and_then(|msg| {
@@ -1805,6 +1910,7 @@ fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
     }
     let mut guard = shared.state.lock();
     let state = &mut *guard;
+    *state.writes.entry(event.id).or_default() += 1;
     if state.opts.require_auth {
         if let Some(conn) = state.conns.get_mut(&conn_id).filter(|c| !c.authed) {
             return conn.refused(ok_frame(&event.id, false, AUTH_REQUIRED));
@@ -1819,6 +1925,9 @@ fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
     }
     if let Some(msg) = &state.opts.reject_events {
         return Handled::frame(ok_frame(&event.id, false, msg));
+    }
+    if let Some(ngit) = state.opts.ngit_grasp.clone() {
+        return ngit_event(state, &ngit, event, raw);
     }
     if let Some(grasp) = &state.opts.grasp_policy {
         let domain = grasp
@@ -1843,6 +1952,46 @@ fn handle_event(shared: &Shared, conn_id: u64, raw: &str) -> Handled {
         StoreOutcome::HaveNewer => ok_frame(&id, false, "replaced: have newer event"),
     };
     Handled::frame(frame)
+}
+
+/// An EVENT under [`TestRelayOptions::ngit_grasp`]: held, refused, or stored and answered as
+/// ngit-grasp answers a websocket client (see [`NgitGraspPolicy`]).
+fn ngit_event(state: &mut State, ngit: &NgitGraspPolicy, event: Event, raw: &str) -> Handled {
+    let domain = ngit
+        .domain
+        .clone()
+        .unwrap_or_else(|| format!("127.0.0.1:{}", state.port));
+    let id = event.id;
+    let served: Vec<&Event> = state.store.iter().map(|s| &s.event).collect();
+    let verdict = ngit::admit(
+        ngit,
+        &domain,
+        &event,
+        raw,
+        &served,
+        &mut state.purgatory,
+        Instant::now(),
+    );
+    match verdict {
+        Verdict::Refuse(reason) => Handled::frame(ok_frame(&id, false, &reason)),
+        Verdict::Answer(reason) => Handled::frame(ok_frame(&id, true, &reason)),
+        Verdict::Store(promoted) => {
+            let stored = state.stored(event, raw);
+            if is_ephemeral(&stored.event) {
+                state.deliver(&stored.event, &stored.raw);
+                return Handled::frame(ok_frame(&id, true, ngit::STORED));
+            }
+            let reason = match state.store_and_deliver(stored) {
+                StoreOutcome::Stored | StoreOutcome::Duplicate => ngit::STORED,
+                StoreOutcome::HaveNewer => ngit::SUPERSEDED,
+            };
+            for (event, raw) in promoted {
+                let stored = state.stored(event, &raw);
+                state.store_and_deliver(stored);
+            }
+            Handled::frame(ok_frame(&id, true, reason))
+        }
+    }
 }
 
 fn handle_req(
