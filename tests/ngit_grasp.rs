@@ -1,19 +1,19 @@
 //! Interoperability with ngit-grasp 3.0.10, the GRASP reference server: the real binary,
 //! started as a child process by each test on 127.0.0.1 (a free port, a fresh temp dir for
-//! its git data, its relay data and the relay-owner key it generates), once as the own
-//! relay and once as a remote relay.
+//! its data, killed on drop), as the own relay and as a remote relay.
 //!
 //! The binary is `$NGIT_GRASP`, else `/opt/ngit-grasp/bin/ngit-grasp`, else `ngit-grasp` on
 //! `PATH`. When it is missing the tests print "skipping" and pass, except under CI (`CI`
 //! set), where they fail. `.ci/run` installs it (see there: `cargo install` does not work
 //! for 3.0.10). It needs `git` on `PATH`.
 //!
-//! How each instance runs (read from its docs and source, `docs/relays.md#ngit-grasp-3010`):
+//! How each instance runs (read from its docs and source; `docs/relays.md` has the details):
 //!
 //! * `NGIT_DOMAIN` and `NGIT_BIND_ADDRESS` are `127.0.0.1:PORT`; the in-memory event
-//!   store (`NGIT_DATABASE_BACKEND=memory`, what ngit-grasp's own tests use); the working
-//!   directory is the temp dir, so no `.env` of ours is read and its generated
-//!   `.relay-owner.nsec` lands there.
+//!   store (`NGIT_DATABASE_BACKEND=memory`, what ngit-grasp's own tests use); a relay-owner
+//!   key per instance (`NGIT_RELAY_OWNER_NSEC`; its NIP-11 `pubkey` tells the instance from
+//!   any other listener on the port); the working directory is the temp dir, so no `.env`
+//!   of ours is read.
 //! * Its own GRASP-02 sync cannot be switched off. It stays out of the tests' way because it
 //!   gets no bootstrap relay (`NGIT_SYNC_BOOTSTRAP_RELAY_URL` unset) and
 //!   `NGIT_SYNC_ALLOW_NON_GLOBAL_TARGETS` is unset, so it refuses every relay the
@@ -28,8 +28,9 @@
 //!   reference an accepted repository or accepted event`). The tests take a repository out
 //!   of purgatory the cheapest way its code allows: the maintainer's state event (30618)
 //!   with no refs, which needs no git data (`find_repo_with_git_data` is true for no refs).
-//! * Writes: 60 events per websocket connection, then one per second
-//!   (`OK false "rate-limited: ..."`), loopback included; not configurable.
+//! * Writes: 60 events per websocket connection, then one per whole second between two
+//!   writes, refused ones included (`OK false "rate-limited: slow down"`), loopback
+//!   included; not configurable. The tests publish at most 60 per connection.
 //!
 //! Every test compares the complete id sets, never counts.
 
@@ -167,11 +168,11 @@ struct Proc {
 
 impl Proc {
     /// Runs `spawn(port, dir, log)` on free ports until the relay serves a NIP-11 document
-    /// whose `software` contains `software` (another listener can take a port between the
-    /// pick and the bind; then the relay exits and another port is tried).
+    /// that `is_ours` (another listener can take a port between the pick and the bind; then
+    /// the relay exits and another port is tried).
     fn start(
         name: &'static str,
-        software: &str,
+        is_ours: impl Fn(&Value) -> bool,
         mut spawn: impl FnMut(u16, &Path, File) -> io::Result<Child>,
     ) -> Proc {
         let dir = unique_temp_dir(name);
@@ -187,7 +188,7 @@ impl Proc {
                 dir: dir.clone(),
                 nip11: Value::Null,
             };
-            match p.wait_ready(software) {
+            match p.wait_ready(&is_ours) {
                 Ok(took) => {
                     eprintln!(
                         "{name} {} ready on port {port} after {took:?}",
@@ -208,18 +209,14 @@ impl Proc {
         panic!("{name} did not start:\n{}", failures.join("\n"));
     }
 
-    fn wait_ready(&mut self, software: &str) -> Result<Duration, String> {
+    fn wait_ready(&mut self, is_ours: &impl Fn(&Value) -> bool) -> Result<Duration, String> {
         let t0 = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().map_err(|e| e.to_string())? {
                 return Err(format!("exited with {status}"));
             }
             if let Ok(doc) = fetch_nip11(self.port) {
-                if !doc["software"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .contains(software)
-                {
+                if !is_ours(&doc) {
                     return Err(format!("port taken by something else: {doc}"));
                 }
                 self.nip11 = doc;
@@ -394,7 +391,18 @@ impl NgitGrasp {
     }
 
     fn start(bin: &Path) -> NgitGrasp {
-        let proc = Proc::start("ngit-grasp", "ngit-grasp", |port, dir, log| {
+        // Its relay-owner key, set here so that its NIP-11 `pubkey` tells this instance from
+        // any other listener on the port.
+        let keys = Keys::generate();
+        let nsec = keys.secret_key().to_bech32().expect("nsec");
+        let owner = keys.public_key();
+        let is_ours = |doc: &Value| {
+            doc["software"]
+                .as_str()
+                .is_some_and(|s| s.contains("ngit-grasp"))
+                && doc["pubkey"].as_str() == Some(owner.to_hex().as_str())
+        };
+        let proc = Proc::start("ngit-grasp", is_ours, |port, dir, log| {
             let addr = format!("127.0.0.1:{port}");
             let mut cmd = Command::new(bin);
             // Nothing of the caller's configuration leaks in (a bootstrap relay, the
@@ -414,6 +422,7 @@ impl NgitGrasp {
                 .env("NGIT_GIT_DATA_PATH", dir.join("git"))
                 .env("NGIT_RELAY_DATA_PATH", dir.join("relay"))
                 .env("NGIT_DATABASE_BACKEND", "memory")
+                .env("NGIT_RELAY_OWNER_NSEC", &nsec)
                 // Its own sync: no bootstrap relay, loopback targets refused (the
                 // default), no Sync+, no user-index relays.
                 .env("NGIT_SYNC_PLUS_ENABLED", "false")
@@ -428,8 +437,12 @@ impl NgitGrasp {
                 .stderr(log)
                 .spawn()
         });
-        let owner = PublicKey::from_hex(proc.nip11["pubkey"].as_str().unwrap_or_default())
-            .expect("NIP-11 pubkey");
+        if proc.nip11["version"] != "3.0.10" {
+            eprintln!(
+                "warning: these tests were written against ngit-grasp 3.0.10, this is {}",
+                proc.nip11["version"]
+            );
+        }
         NgitGrasp { proc, owner }
     }
 
@@ -561,7 +574,11 @@ fn start_nrr_or_skip(test: &str) -> Option<Proc> {
     let bin = binary_or_skip(test, "NOSTR_RS_RELAY", NRR_DEFAULT, "nostr-rs-relay")?;
     Some(Proc::start(
         "nostr-rs-relay",
-        "nostr-rs-relay",
+        |doc| {
+            doc["software"]
+                .as_str()
+                .is_some_and(|s| s.contains("nostr-rs-relay"))
+        },
         |port, dir, log| {
             let config = dir.join("config.toml");
             fs::write(
