@@ -1030,9 +1030,8 @@ fn ngit_grasp_as_a_rate_limited_own_relay_with_nostr_rs_relay_as_remote() {
 /// others are found only by following the chain down, as ngit-grasp's own sync does (up
 /// to 8 generations).
 ///
-/// Ignored until the engine follows reply chains: it syncs only events tagging a
-/// repository or a root event, so replies 2, 3 and 4 deep never reach the own relay (seen
-/// here: the own relay ends without exactly those three). Reply chains are being added.
+/// Before reply chains were followed (decision 0097) the own relay ended without exactly
+/// the replies 2, 3 and 4 deep.
 #[test]
 fn ngit_grasp_remote_reply_chain_four_deep_below_an_issue() {
     let test = "ngit_grasp_remote_reply_chain_four_deep_below_an_issue";
@@ -1141,9 +1140,9 @@ fn ngit_grasp_own_relay_holds_a_forwarded_announcement_in_purgatory() {
         st.duplicates,
         rejections(&st)
     );
-    // Its `OK true "purgatory: ..."` counts as stored (ngit-grasp answers the writes it
-    // stores "duplicate: event stored").
-    assert!(st.forwarded >= 1, "{st:#?}");
+    // Its `OK true "purgatory: ..."` is taken and counted apart (decision 0101), never
+    // written again.
+    assert!(st.forward_purgatory >= 1, "{st:#?}");
     assert_eq!(
         (st.repos, st.root_events),
         (1, 1),
