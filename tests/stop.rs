@@ -129,3 +129,40 @@ fn sigterm_ends_the_process_within_10_s_with_150_silent_relays() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn an_embedded_engine_stops_without_error_while_its_relays_are_still_connecting() {
+    // Found by CI: `Handle::shutdown` returned `ShutdownTimeout` naming relay threads still
+    // inside a connect to a relay that never answers its handshake, although the stop
+    // itself does not wait for them beyond its grace. Such a thread holds no sync state and
+    // no event: it is left to end at its connect deadline, and the stop succeeds.
+    let own = TestRelay::start();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let urls: Vec<String> = (0..20)
+        .map(|_| black_hole(false, accepted.clone(), held.clone()))
+        .collect();
+    let keys = Keys::generate();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    own.insert(&announcement(&keys, "r", &[&refs]));
+    let mut config = grasp_sync::Config::new(grasp_sync::RelayUrl::parse(&own.url()).unwrap())
+        .batch_window(Duration::from_millis(100))
+        .allow_private_relays(true);
+    config.ws.connect_timeout = Duration::from_secs(60);
+    config.nip11_timeout = Duration::ZERO;
+    let handle = grasp_sync::start(config).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || accepted.load(Ordering::SeqCst)
+            >= urls.len()),
+        "only {} connections",
+        accepted.load(Ordering::SeqCst)
+    );
+    let asked = Instant::now();
+    let stopped = handle.shutdown(Duration::from_secs(10));
+    assert!(stopped.is_ok(), "{stopped:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        asked.elapsed()
+    );
+}

@@ -667,8 +667,9 @@ impl SyncHandle {
 
     /// Stops every thread and joins them within `deadline`.
     ///
-    /// Returns [`Error::ShutdownTimeout`] naming the threads still running at the deadline
-    /// (a thread inside a connect attempt ends at its connect timeout). The coordinator
+    /// Returns [`Error::ShutdownTimeout`] naming the threads still running at the deadline.
+    /// A relay thread still inside a connect attempt after a short grace holds no sync state
+    /// and no event: it is left to end at its connect deadline and is not named. The coordinator
     /// stops the forwarder and the relay threads and joins them. The lock of
     /// `Config::state_dir` is released once every thread stopped, or when the handle is
     /// dropped.
