@@ -579,6 +579,50 @@ proptest! {
         let _ = grasp_sync::core::message::claimed_id(&text);
     }
 
+    /// What a copy's summary tells of a filter with tag conditions ([`copy_matches`]) is
+    /// what the filter says of the parsed event, whenever it tells anything; it always does
+    /// for conditions on printed letters and events within the print's size (issue 36).
+    #[test]
+    fn a_copys_summary_matches_tag_conditions_exactly_when_the_event_does(
+        tags in prop::collection::vec((0usize..4, 0u8..3), 0..11),
+        conditions in prop::collection::btree_map(0usize..4, prop::collection::btree_set(0u8..3, 0..3), 0..3),
+    ) {
+        use grasp_sync::core::dedup::{EventSummary, TAG_PRINTS};
+        use grasp_sync::core::message::{copy_matches, FilterPrint};
+        use nostr::event::{Event, Kind, Tag};
+        use nostr::filter::{Filter, MatchEventOptions, SingleLetterTag};
+        use nostr::key::PublicKey;
+        use nostr::types::Timestamp;
+        // `p` is not printed; the others are.
+        let letters = ['a', 'A', 'e', 'p'];
+        let value = |v: u8| format!("value-{v}");
+        let event = Event::new(
+            EventId::from_byte_array([7; 32]),
+            PublicKey::from_byte_array([1; 32]),
+            Timestamp::from_secs(1),
+            Kind::from(1621),
+            tags.iter()
+                .map(|(l, v)| Tag::parse([letters[*l].to_string(), value(*v)]).unwrap()),
+            "",
+            nostr::event::Signature::from_byte_array([1; 64]),
+        );
+        let mut filter = Filter::new();
+        for (l, values) in &conditions {
+            filter = filter.custom_tags(
+                SingleLetterTag::from_char(letters[*l]).unwrap(),
+                values.iter().map(|v| value(*v)),
+            );
+        }
+        let told = copy_matches(&filter, &FilterPrint::of(&filter), &EventSummary::of(&event));
+        if let Some(m) = told {
+            prop_assert_eq!(m, filter.match_event(&event, MatchEventOptions::new()));
+        }
+        let printed = tags.iter().filter(|(l, _)| *l != 3).count();
+        if !conditions.contains_key(&3) && printed <= TAG_PRINTS {
+            prop_assert!(told.is_some());
+        }
+    }
+
     /// For a filter without tag conditions, what a copy's summary can tell (window, kinds,
     /// authors) decides a match exactly as the filter does on the parsed event, empty sets
     /// included.

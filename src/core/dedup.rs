@@ -149,8 +149,8 @@ impl RecentIds {
     }
 }
 
-/// Events remembered by default by [`VerifiedSet::default`] (about 260 bytes each with the
-/// hash map's spare room: some 17 MB when full).
+/// Events remembered by default by [`VerifiedSet::default`] (about 290 bytes each with the
+/// hash map's spare room: some 19 MB when full).
 pub const VERIFIED_REMEMBERED: usize = 65_536;
 
 /// Shards of a [`VerifiedSet`] (each behind its own lock, chosen by the id's first byte).
@@ -205,6 +205,9 @@ pub struct EventSummary {
     pub kind: u16,
     /// The event's author.
     pub pubkey: PublicKey,
+    /// Its tags of the letters the engine's filters use ([`TagPrint`]), so that a copy is
+    /// counted for a page only when it matches the page's tag conditions.
+    pub tags: TagPrint,
 }
 
 impl EventSummary {
@@ -214,6 +217,80 @@ impl EventSummary {
             created_at: event.created_at.as_secs(),
             kind: event.kind.as_u16(),
             pubkey: event.pubkey,
+            tags: TagPrint::of(event),
+        }
+    }
+}
+
+/// The tag letters a [`TagPrint`] keeps: every letter the engine's filters name (`a`, `A`,
+/// `q` for repositories, `e`, `E`, `q` for root events and threads, `d` for state events).
+pub const PRINTED_TAGS: [u8; 6] = *b"aAdeEq";
+
+/// At most this many tags are printed per event; an event with more is
+/// [`TagPrint::overflowed`] (its copies are parsed and checked as before).
+pub const TAG_PRINTS: usize = 6;
+
+/// What a copy recognised by its id must match of its subscription's tag conditions
+/// (issue 36): a 32-bit keyed hash of `(letter, value)` for each single-letter tag of the
+/// event whose letter is one of [`PRINTED_TAGS`], at most [`TAG_PRINTS`] (28 bytes per
+/// remembered event, in its map entry: 112 bytes with the key instead of 88).
+///
+/// Without it a relay could fill every page of a tag query with copies of public events
+/// that do not match it (known ids are not parsed, decision 0066), and each page counted
+/// as full made the engine ask for the next one. The hash is keyed per process
+/// ([`std::hash::RandomState`]), so a relay cannot pick events whose hashes collide with a
+/// filter's values; an accidental collision (about `values × tags / 2^32`) counts one
+/// copy for a page it does not belong to, as before this check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TagPrint {
+    hashes: [u32; TAG_PRINTS],
+    /// Hashes in use; `u8::MAX`: more tags than [`TAG_PRINTS`].
+    len: u8,
+}
+
+impl TagPrint {
+    /// The print of `event`'s tags.
+    pub fn of(event: &Event) -> TagPrint {
+        let mut print = TagPrint::default();
+        for tag in event.tags.iter() {
+            let (Some(letter), Some(value)) = (tag.single_letter_tag(), tag.content()) else {
+                continue;
+            };
+            let letter = letter.as_byte();
+            if !PRINTED_TAGS.contains(&letter) {
+                continue;
+            }
+            let len = usize::from(print.len);
+            if len >= TAG_PRINTS {
+                print.len = u8::MAX;
+                break;
+            }
+            print.hashes[len] = TagPrint::hash(letter, value);
+            print.len += 1;
+        }
+        print
+    }
+
+    /// The keyed hash of one tag.
+    pub fn hash(letter: u8, value: &str) -> u32 {
+        use std::hash::BuildHasher as _;
+        static KEY: std::sync::LazyLock<std::hash::RandomState> =
+            std::sync::LazyLock::new(std::hash::RandomState::new);
+        KEY.hash_one((letter, value)) as u32
+    }
+
+    /// True when the event had more printable tags than [`TAG_PRINTS`]: nothing can be
+    /// told of its tags.
+    pub fn overflowed(&self) -> bool {
+        self.len == u8::MAX
+    }
+
+    /// The hashes printed (empty when [`TagPrint::overflowed`]).
+    pub fn hashes(&self) -> &[u32] {
+        if self.overflowed() {
+            &[]
+        } else {
+            &self.hashes[..usize::from(self.len)]
         }
     }
 }
@@ -305,8 +382,8 @@ impl AuthorKeys {
     }
 }
 
-/// What a copy recognised by its id needs, kept in the hash map itself (88 bytes per entry
-/// with its key): a lookup of [`VerifiedSet::forwarded_copy`], made for most copies of a
+/// What a copy recognised by its id needs, kept in the hash map itself (112 bytes per entry
+/// with its key, 24 of them the tag print of issue 36): a lookup of [`VerifiedSet::forwarded_copy`], made for most copies of a
 /// historic sync, touches no other memory. Most of such a lookup's time is the wait for the
 /// entry's memory; with entries of 184 bytes (signature and digest inside) a profile of the
 /// historic bench put a quarter more time in it.
@@ -703,6 +780,7 @@ mod tests {
             )
             .expect("key")
             .public_key(),
+            tags: TagPrint::default(),
         }
     }
 
@@ -891,8 +969,9 @@ mod tests {
 
     #[test]
     fn a_lookup_by_id_touches_one_small_map_entry() {
-        // `forwarded_copy` reads only the map entry: key and `Hot` within 88 bytes.
-        assert!(std::mem::size_of::<(EventId, Hot)>() <= 88);
+        // `forwarded_copy` reads only the map entry: key and `Hot` within 112 bytes (88
+        // before the tag print).
+        assert!(std::mem::size_of::<(EventId, Hot)>() <= 112);
         // The ring's part: the id, the signature's 128-bit digest and the JSON's digest.
         assert_eq!(std::mem::size_of::<Cold>(), 80);
     }

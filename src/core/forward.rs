@@ -1271,6 +1271,7 @@ mod tests {
             created_at: 1,
             kind: 1621,
             pubkey: nostr::key::Keys::generate().public_key(),
+            tags: Default::default(),
         };
         let sig = nostr::event::Signature::from_byte_array([1; 64]);
         let claimed = |n: u8| {

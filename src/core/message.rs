@@ -8,7 +8,7 @@ use nostr::event::{Event, EventId};
 use nostr::filter::{Filter, MatchEventOptions};
 use serde_json::value::RawValue;
 
-use crate::core::dedup::{EventSummary, Known, RawDigest, VerifiedSet};
+use crate::core::dedup::{EventSummary, Known, RawDigest, TagPrint, VerifiedSet, PRINTED_TAGS};
 
 /// One message from a relay.
 #[derive(Debug)]
@@ -357,6 +357,64 @@ pub fn summary_matches(filter: &Filter, summary: &EventSummary) -> bool {
             .authors
             .as_ref()
             .is_none_or(|a| a.is_empty() || a.contains(&summary.pubkey))
+}
+
+/// A subscription's tag conditions as [`TagPrint`] hashes, built once per subscription, so
+/// that a copy recognised by its id is checked against them without being parsed
+/// ([`copy_matches`]).
+#[derive(Debug, Clone, Default)]
+pub struct FilterPrint {
+    /// Per tag condition, the hashes of `(letter, value)` for its values. `None`: a
+    /// condition on a letter a [`TagPrint`] does not keep (nothing can be told from a
+    /// summary).
+    conditions: Option<Vec<std::collections::HashSet<u32>>>,
+}
+
+impl FilterPrint {
+    /// The print of `filter`'s tag conditions.
+    pub fn of(filter: &Filter) -> FilterPrint {
+        let mut conditions = Vec::new();
+        for (tag, values) in filter.generic_tags.iter() {
+            let letter = tag.as_byte();
+            if !PRINTED_TAGS.contains(&letter) {
+                return FilterPrint { conditions: None };
+            }
+            conditions.push(values.iter().map(|v| TagPrint::hash(letter, v)).collect());
+        }
+        FilterPrint {
+            conditions: Some(conditions),
+        }
+    }
+}
+
+/// Whether an event with this summary matches `filter` (whose tag conditions are `print`,
+/// [`FilterPrint::of`]) as [`Filter::match_event`] would on the parsed event: `Some(false)`
+/// when its window, kinds, authors or tags rule it out, `Some(true)` when everything
+/// matches, `None` when the tags cannot be told (a condition on a letter not printed, or
+/// an event with more tags than [`crate::core::dedup::TAG_PRINTS`]): parse the copy.
+///
+/// Before issue 36 a copy counted for its page whatever its tags, so a relay could fill
+/// every page of a tag query with copies of public events it does not match and keep the
+/// engine asking for the next page (decision 0066 amended).
+pub fn copy_matches(filter: &Filter, print: &FilterPrint, summary: &EventSummary) -> Option<bool> {
+    if !summary_matches(filter, summary) {
+        return Some(false);
+    }
+    let conditions = print.conditions.as_ref()?;
+    if conditions.is_empty() {
+        return Some(true);
+    }
+    if summary.tags.overflowed() {
+        return None;
+    }
+    let event_tags = summary.tags.hashes();
+    // Each hash covers the letter with the value: a value under another letter does not
+    // count.
+    Some(
+        conditions
+            .iter()
+            .all(|values| event_tags.iter().any(|h| values.contains(h))),
+    )
 }
 
 /// JSON's whitespace characters.

@@ -43,8 +43,8 @@ use crate::core::dedup::VerifiedSet;
 use crate::core::keepalive::{read_timeout, Keepalive, KeepaliveAction, Ticks};
 use crate::core::log_budget::LogBudget;
 use crate::core::message::{
-    check_parsed_cached, claimed_id, escape_for_log, parse_event, parse_relay_frame,
-    split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
+    check_parsed_cached, claimed_id, copy_matches, escape_for_log, parse_event, parse_relay_frame,
+    split_event_frame, summary_matches, EventRejection, FilterPrint, Incoming, SignatureCheck,
 };
 use crate::core::paging::PageStats;
 use crate::core::sync::Report;
@@ -411,6 +411,8 @@ struct Sub {
     /// A query by `ids` on a remote relay (a reconciliation's fetch): what it has not
     /// delivered yet, and what it left out as in flight ([`FetchTrack`]).
     fetch: Option<Box<FetchTrack>>,
+    /// Its filter's tag conditions as hashes, built at its first copy recognised by id.
+    print: Option<FilterPrint>,
 }
 
 /// What a query by `ids` (a reconciliation's fetch) was asked for and has delivered: at its
@@ -1156,11 +1158,18 @@ impl RelaySession {
         let Some(summary) = summary else {
             return false;
         };
+        // What the summary can tell (window, kinds, authors, tags) is checked as for a
+        // parsed copy: a relay that ignores `since`/`until`, or sends known events its query
+        // does not match, must not fill a page with them (issue 36). A copy whose tags the
+        // summary cannot tell is parsed.
+        let print = sub
+            .print
+            .get_or_insert_with(|| FilterPrint::of(&sub.filter));
+        let Some(matches) = copy_matches(&sub.filter, print, &summary) else {
+            return false;
+        };
         self.counters.events_received += 1;
-        // What the summary can tell (window, kinds, authors) is checked as for a parsed copy:
-        // a relay that ignores `since`/`until` must not fill a page with copies from
-        // outside the window.
-        if !summary_matches(&sub.filter, &summary) {
+        if !matches {
             if !sub.eose {
                 sub.stats.record_rejected();
             }
@@ -1625,6 +1634,7 @@ fn open_req(
             stats: PageStats::default(),
             eose: false,
             ids,
+            print: None,
         },
     );
     text

@@ -410,6 +410,107 @@ fn a_dropped_copy_outside_its_subscriptions_window_counts_as_unmatched() {
     assert_eq!(b.s.counters().copies_not_forwarded, 0);
 }
 
+fn tagged(keys: &Keys, created_at: u64, tags: &[[&str; 2]]) -> Event {
+    EventBuilder::new(ISSUE, "x")
+        .tags(tags.iter().map(|t| nostr::event::Tag::parse(*t).unwrap()))
+        .custom_created_at(Timestamp::from(created_at))
+        .finalize(keys)
+        .unwrap()
+}
+
+fn repo_query(coordinate: &str) -> Filter {
+    Filter::new().custom_tag(
+        nostr::filter::SingleLetterTag::LOWERCASE_A,
+        coordinate.to_string(),
+    )
+}
+
+/// Relay A's events (already forwarded), then their copies sent by relay B on its
+/// subscription `s` with `filter`, then B's EOSE: B's page statistics.
+fn copies_on(filter: Filter, events: &[Event]) -> (PageStats, SessionCounters) {
+    let shared = VerifiedSet::new(1_000);
+    let mut a = Harness::new(SessionRole::Remote);
+    let mut b = Harness::new(SessionRole::Remote);
+    a.subscribe(t(1), "s", Filter::new());
+    b.subscribe(t(1), "s", filter);
+    for ev in events {
+        let _ = forwarded(a.text_with(t(2), &event_frame("s", ev), &shared, true));
+        let _ = b.text_with(t(2), &event_frame("s", ev), &shared, true);
+    }
+    let _ = b.text(t(3), r#"["EOSE","s"]"#);
+    (eose_stats(&b.reports(), "s"), *b.s.counters())
+}
+
+#[test]
+fn known_events_a_tag_query_does_not_match_do_not_fill_its_page() {
+    // Issue 36: a relay answering a repository's query with a page of copies of public
+    // events (known ids, not parsed) that tag another repository made the page look full,
+    // and the engine asked for the next page, and the next.
+    let keys = Keys::generate();
+    let other: Vec<Event> = (0..20)
+        .map(|i| tagged(&keys, 1_000 + i, &[["a", "30617:k:other"]]))
+        .collect();
+    let (stats, c) = copies_on(repo_query("30617:k:mine"), &other);
+    assert_eq!((stats.received, stats.rejected), (0, 20));
+    assert_eq!(c.copies_not_forwarded, 0);
+    let plan = crate::core::paging::plan_pages(
+        &repo_query("30617:k:mine"),
+        &stats,
+        &crate::core::paging::PageLimits::assumed(20),
+    );
+    assert!(plan.next.is_empty(), "{plan:?}");
+    assert!(plan.incomplete.is_some(), "{plan:?}");
+}
+
+#[test]
+fn known_events_a_tag_query_matches_count_for_its_page_unparsed() {
+    let keys = Keys::generate();
+    let mine: Vec<Event> = (0..20)
+        .map(|i| {
+            tagged(
+                &keys,
+                1_000 + i,
+                &[["e", "00"], ["a", "30617:k:other"], ["a", "30617:k:mine"]],
+            )
+        })
+        .collect();
+    let (stats, c) = copies_on(repo_query("30617:k:mine"), &mine);
+    assert_eq!((stats.received, stats.rejected), (20, 0));
+    assert_eq!((c.copies_not_forwarded, c.signature_checks), (20, 0));
+    // The same value under another letter does not match.
+    let (stats, _) = copies_on(
+        Filter::new().custom_tag(nostr::filter::SingleLetterTag::LOWERCASE_Q, "30617:k:mine"),
+        &mine,
+    );
+    assert_eq!((stats.received, stats.rejected), (0, 20));
+}
+
+#[test]
+fn a_copy_whose_tags_the_summary_cannot_tell_is_parsed_and_checked() {
+    // More tags than a summary prints, or a condition on a letter it does not print: the
+    // copy is parsed (its signature is not checked again) and matched as any event.
+    let keys = Keys::generate();
+    let many: Vec<[&str; 2]> = std::iter::repeat_n(["e", "00"], crate::core::dedup::TAG_PRINTS)
+        .chain([["a", "30617:k:mine"]])
+        .collect();
+    let crowded = tagged(&keys, 1_000, &many);
+    assert!(crate::core::dedup::TagPrint::of(&crowded).overflowed());
+    let (stats, c) = copies_on(repo_query("30617:k:mine"), std::slice::from_ref(&crowded));
+    assert_eq!((stats.received, stats.rejected), (1, 0));
+    assert_eq!((c.copies_not_forwarded, c.signature_checks), (1, 0));
+    let (stats, _) = copies_on(repo_query("30617:k:other"), &[crowded]);
+    assert_eq!((stats.received, stats.rejected), (0, 1));
+    let p_tagged = tagged(&keys, 1_000, &[["p", "ab"]]);
+    let (stats, c) = copies_on(
+        Filter::new().custom_tag(nostr::filter::SingleLetterTag::LOWERCASE_P, "cd"),
+        &[p_tagged],
+    );
+    assert_eq!(
+        (stats.received, stats.rejected, c.copies_not_forwarded),
+        (0, 1, 0)
+    );
+}
+
 #[test]
 fn a_fetch_by_ids_forwards_an_event_the_own_relay_confirmed_and_drops_one_in_flight() {
     // Decision 0061: what a fetch gets is forwarded even when an earlier copy was stored
