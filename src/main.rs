@@ -62,12 +62,12 @@ struct Args {
 
     /// the most relays the repositories of one announcing pubkey can make us sync from
     /// (default 64) [env GRASP_SYNC_MAX_RELAYS_PER_PUBKEY]
-    #[argh(option, default = "64")]
+    #[argh(option, default = "defaults().max_relays_per_pubkey")]
     max_relays_per_pubkey: usize,
 
     /// the most URLs of one host and port synced from (default 4): URLs that differ only in
     /// path or query reach the same relay [env GRASP_SYNC_MAX_URLS_PER_HOST]
-    #[argh(option, default = "4")]
+    #[argh(option, default = "defaults().max_urls_per_host")]
     max_urls_per_host: usize,
 
     /// a pubkey (hex or npub) whose repositories take relay slots before anyone else's
@@ -77,33 +77,33 @@ struct Args {
 
     /// the most relays read from one announcement (default 32)
     /// [env GRASP_SYNC_MAX_RELAYS_PER_ANNOUNCEMENT]
-    #[argh(option, default = "32")]
+    #[argh(option, default = "defaults().max_relays_per_announcement")]
     max_relays_per_announcement: usize,
 
     /// generations of replies below a root event whose own replies are followed (default 8,
     /// as ngit-grasp): a reply tagging only its parent is synced down to one generation
     /// more [env GRASP_SYNC_REPLY_DEPTH]
-    #[argh(option, default = "8")]
+    #[argh(option, default = "defaults().threads.max_depth")]
     reply_depth: u8,
 
     /// the most replies followed below one root event, every generation counted (default
     /// 500) [env GRASP_SYNC_THREAD_SIZE]
-    #[argh(option, default = "500")]
+    #[argh(option, default = "defaults().threads.max_per_thread")]
     thread_size: usize,
 
     /// the most replies followed below all root events (default 100000); each is a tag value
     /// in the Layer-3 filters of its repository's relays [env GRASP_SYNC_MAX_THREAD_IDS]
-    #[argh(option, default = "100000")]
+    #[argh(option, default = "defaults().threads.max_total")]
     max_thread_ids: usize,
 
     /// mebibytes of events on their way into the own relay at most (default 64); a remote relay
     /// waits before handing over an event that does not fit [env GRASP_SYNC_FORWARD_MAX_MIB]
-    #[argh(option, default = "64")]
+    #[argh(option, default = "defaults().forward.max_bytes >> 20")]
     forward_max_mib: usize,
 
     /// mebibytes of that one remote relay may hold (default 16)
     /// [env GRASP_SYNC_FORWARD_RELAY_MIB]
-    #[argh(option, default = "16")]
+    #[argh(option, default = "defaults().forward.relay_bytes >> 20")]
     forward_relay_mib: usize,
 
     /// a relay to connect from the start and never idle-disconnect (repeatable); its
@@ -189,18 +189,18 @@ struct Args {
     /// self-subscription batch window in milliseconds (default 5000): events read from the
     /// own relay are applied together this long after the first of a batch
     /// [env GRASP_SYNC_BATCH_WINDOW]
-    #[argh(option, default = "5000")]
+    #[argh(option, default = "defaults().batch_window.as_millis() as u64")]
     batch_window: u64,
 
     /// EOSE deadline in seconds (default 120): a batch with no EOSE for this long fails and
     /// is retried after a backoff; any other query without EOSE in time is sent again
     /// [env GRASP_SYNC_EOSE_TIMEOUT]
-    #[argh(option, default = "120")]
+    #[argh(option, default = "defaults().eose_timeout.as_secs()")]
     eose_timeout: u64,
 
     /// the most remote relays connected at once (default 1000); when more are named the
     /// slots are shared round-robin across announcing pubkeys [env GRASP_SYNC_MAX_RELAYS]
-    #[argh(option, default = "1000")]
+    #[argh(option, default = "defaults().max_relays")]
     max_relays: usize,
 
     /// sync only shard I of N (0-based, e.g. 0/2): N instances beside the same own relay
@@ -211,62 +211,62 @@ struct Args {
 
     /// open subscriptions per relay when its NIP-11 document does not say (default 20)
     /// [env GRASP_SYNC_SUBSCRIPTION_BUDGET]
-    #[argh(option, default = "20")]
+    #[argh(option, default = "defaults().default_subscription_budget")]
     subscription_budget: usize,
 
     /// events per query assumed for relays that publish no NIP-11 limits (default 20); a
     /// query returning this many is paged [env GRASP_SYNC_PAGE_SIZE]
-    #[argh(option, default = "20")]
+    #[argh(option, default = "defaults().assumed_page_size")]
     page_size: usize,
 
     /// seconds between poll rounds of queries that do not fit a relay's budget (default
     /// 60) [env GRASP_SYNC_POLL_INTERVAL]
-    #[argh(option, default = "60")]
+    #[argh(option, default = "defaults().poll_interval.as_secs()")]
     poll_interval: u64,
 
     /// open subscriptions per relay above which new items are consolidated (default 70;
     /// lowered to the relay's budget) [env GRASP_SYNC_CONSOLIDATION_THRESHOLD]
-    #[argh(option, default = "70")]
+    #[argh(option, default = "defaults().consolidation_threshold")]
     consolidation_threshold: usize,
 
     /// seconds a consolidation waits for loading subscriptions (default 30)
     /// [env GRASP_SYNC_CONSOLIDATION_WAIT]
-    #[argh(option, default = "30")]
+    #[argh(option, default = "defaults().consolidation_wait.as_secs()")]
     consolidation_wait: u64,
 
     /// seconds nothing is sent to a relay after it signalled a rate limit (default 65)
     /// [env GRASP_SYNC_RATE_LIMIT_COOLDOWN]
-    #[argh(option, default = "65")]
+    #[argh(option, default = "defaults().rate_limit_cooldown.as_secs()")]
     rate_limit_cooldown: u64,
 
     /// seconds before a query a relay refused (restricted:, blocked:, …) is tried again
     /// (default 600) [env GRASP_SYNC_REFUSED_RETRY]
-    #[argh(option, default = "600")]
+    #[argh(option, default = "defaults().refused_retry.as_secs()")]
     refused_retry: u64,
 
     /// seconds a websocket connect (TCP, TLS and handshake) may take (default 10)
     /// [env GRASP_SYNC_CONNECT_TIMEOUT]
-    #[argh(option, default = "10")]
+    #[argh(option, default = "defaults().ws.connect_timeout.as_secs()")]
     connect_timeout: u64,
 
     /// seconds the NIP-11 request before a relay's first connect may take; 0 disables
     /// NIP-11 (default 5) [env GRASP_SYNC_NIP11_TIMEOUT]
-    #[argh(option, default = "5")]
+    #[argh(option, default = "defaults().nip11_timeout.as_secs()")]
     nip11_timeout: u64,
 
     /// seconds of silence after which a relay is pinged (default 30)
     /// [env GRASP_SYNC_PING_INTERVAL]
-    #[argh(option, default = "30")]
+    #[argh(option, default = "defaults().ping_interval.as_secs()")]
     ping_interval: u64,
 
     /// seconds a ping may wait for its pong before the connection is dropped (default 20)
     /// [env GRASP_SYNC_PONG_TIMEOUT]
-    #[argh(option, default = "20")]
+    #[argh(option, default = "defaults().pong_timeout.as_secs()")]
     pong_timeout: u64,
 
     /// seconds between the info-level summary lines (default 60)
     /// [env GRASP_SYNC_SUMMARY_INTERVAL]
-    #[argh(option, default = "60")]
+    #[argh(option, default = "defaults().summary_interval.as_secs()")]
     summary_interval: u64,
 
     /// log format: text or json (one JSON object per line) (default text)
@@ -293,115 +293,85 @@ struct StatusArgs {
 }
 
 /// How a flag is also read from the environment.
+#[derive(Debug, Clone, PartialEq)]
 struct EnvFlag {
-    flag: &'static str,
-    env: &'static str,
+    flag: String,
+    env: String,
     kind: Kind,
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
     Value,
     Repeated,
     Switch,
 }
 
-const fn f(flag: &'static str, env: &'static str, kind: Kind) -> EnvFlag {
-    EnvFlag { flag, env, kind }
+/// The library's defaults: each flag with a library setting behind it takes its default from
+/// here (`Config::new`), so a default is declared once.
+fn defaults() -> &'static Config {
+    static DEFAULTS: std::sync::LazyLock<Config> = std::sync::LazyLock::new(|| {
+        Config::new(RelayUrl::parse("ws://127.0.0.1:1").expect("a valid placeholder URL"))
+    });
+    &DEFAULTS
 }
 
-/// Every flag of the daemon that an environment variable can set.
-const ENV_FLAGS: &[EnvFlag] = &[
-    f("own-relay", "GRASP_SYNC_OWN_RELAY", Kind::Value),
-    f("public-url", "GRASP_SYNC_PUBLIC_URL", Kind::Repeated),
-    f("bootstrap", "GRASP_SYNC_BOOTSTRAP", Kind::Repeated),
-    f("nsec-file", "GRASP_SYNC_NSEC_FILE", Kind::Value),
-    f("own-nsec-file", "GRASP_SYNC_OWN_NSEC_FILE", Kind::Value),
-    f(
-        "no-ephemeral-auth",
-        "GRASP_SYNC_NO_EPHEMERAL_AUTH",
-        Kind::Switch,
-    ),
-    f(
-        "allow-private-relays",
-        "GRASP_SYNC_ALLOW_PRIVATE_RELAYS",
-        Kind::Switch,
-    ),
-    f("deny-relay", "GRASP_SYNC_DENY_RELAY", Kind::Repeated),
-    f("prefer-pubkey", "GRASP_SYNC_PREFER_PUBKEY", Kind::Repeated),
-    f(
-        "max-urls-per-host",
-        "GRASP_SYNC_MAX_URLS_PER_HOST",
-        Kind::Value,
-    ),
-    f("allow-relay", "GRASP_SYNC_ALLOW_RELAY", Kind::Repeated),
-    f("ca-file", "GRASP_SYNC_CA_FILE", Kind::Repeated),
-    f("system-roots", "GRASP_SYNC_SYSTEM_ROOTS", Kind::Switch),
-    f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value),
-    f("state-dir", "GRASP_SYNC_STATE_DIR", Kind::Value),
-    f("once", "GRASP_SYNC_ONCE", Kind::Switch),
-    f("deadline", "GRASP_SYNC_DEADLINE", Kind::Value),
-    f("stop-timeout", "GRASP_SYNC_STOP_TIMEOUT", Kind::Value),
-    f("batch-window", "GRASP_SYNC_BATCH_WINDOW", Kind::Value),
-    f("eose-timeout", "GRASP_SYNC_EOSE_TIMEOUT", Kind::Value),
-    f("max-relays", "GRASP_SYNC_MAX_RELAYS", Kind::Value),
-    f("shard", "GRASP_SYNC_SHARD", Kind::Value),
-    f("archive", "GRASP_SYNC_ARCHIVE", Kind::Switch),
-    f("no-nip77", "GRASP_SYNC_NO_NIP77", Kind::Switch),
-    f("nip77-probe", "GRASP_SYNC_NIP77_PROBE", Kind::Switch),
-    f(
-        "max-relays-per-pubkey",
-        "GRASP_SYNC_MAX_RELAYS_PER_PUBKEY",
-        Kind::Value,
-    ),
-    f(
-        "max-relays-per-announcement",
-        "GRASP_SYNC_MAX_RELAYS_PER_ANNOUNCEMENT",
-        Kind::Value,
-    ),
-    f("reply-depth", "GRASP_SYNC_REPLY_DEPTH", Kind::Value),
-    f("thread-size", "GRASP_SYNC_THREAD_SIZE", Kind::Value),
-    f("max-thread-ids", "GRASP_SYNC_MAX_THREAD_IDS", Kind::Value),
-    f("forward-max-mib", "GRASP_SYNC_FORWARD_MAX_MIB", Kind::Value),
-    f(
-        "forward-relay-mib",
-        "GRASP_SYNC_FORWARD_RELAY_MIB",
-        Kind::Value,
-    ),
-    f(
-        "subscription-budget",
-        "GRASP_SYNC_SUBSCRIPTION_BUDGET",
-        Kind::Value,
-    ),
-    f("page-size", "GRASP_SYNC_PAGE_SIZE", Kind::Value),
-    f("poll-interval", "GRASP_SYNC_POLL_INTERVAL", Kind::Value),
-    f(
-        "consolidation-threshold",
-        "GRASP_SYNC_CONSOLIDATION_THRESHOLD",
-        Kind::Value,
-    ),
-    f(
-        "consolidation-wait",
-        "GRASP_SYNC_CONSOLIDATION_WAIT",
-        Kind::Value,
-    ),
-    f(
-        "rate-limit-cooldown",
-        "GRASP_SYNC_RATE_LIMIT_COOLDOWN",
-        Kind::Value,
-    ),
-    f("refused-retry", "GRASP_SYNC_REFUSED_RETRY", Kind::Value),
-    f("connect-timeout", "GRASP_SYNC_CONNECT_TIMEOUT", Kind::Value),
-    f("nip11-timeout", "GRASP_SYNC_NIP11_TIMEOUT", Kind::Value),
-    f("ping-interval", "GRASP_SYNC_PING_INTERVAL", Kind::Value),
-    f("pong-timeout", "GRASP_SYNC_PONG_TIMEOUT", Kind::Value),
-    f(
-        "summary-interval",
-        "GRASP_SYNC_SUMMARY_INTERVAL",
-        Kind::Value,
-    ),
-    f("log-format", "GRASP_SYNC_LOG_FORMAT", Kind::Value),
-];
+/// `T`'s help text (what `--help` prints).
+fn help_of<T: FromArgs>(command: &str) -> String {
+    match T::from_args(&[command], &["--help"]) {
+        Err(exit) => exit.output,
+        Ok(_) => String::new(),
+    }
+}
+
+/// The flags of a command that environment variables can set, derived from its help text so
+/// that each setting is declared once (its field and doc comment in the argh struct): a flag
+/// whose description ends in `[env NAME]` is read from `NAME`; its kind (switch, value,
+/// repeatable) is read off the usage line argh writes (`[--once]`, `--deadline <deadline>`,
+/// `[--bootstrap <bootstrap...>]`).
+fn env_flags(help: &str) -> Vec<EnvFlag> {
+    let usage = help.lines().next().unwrap_or_default();
+    let tokens: Vec<&str> = usage
+        .split_whitespace()
+        .map(|t| t.trim_matches(|c| c == '[' || c == ']'))
+        .collect();
+    let kind_of = |flag: &str| {
+        let at = tokens.iter().position(|t| *t == format!("--{flag}"))?;
+        Some(match tokens.get(at + 1) {
+            Some(v) if v.starts_with('<') && v.ends_with("...>") => Kind::Repeated,
+            Some(v) if v.starts_with('<') => Kind::Value,
+            _ => Kind::Switch,
+        })
+    };
+    // Each option's entry starts with `  --flag`; argh wraps its description.
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for line in help.lines().skip_while(|l| !l.starts_with("Options:")) {
+        let trimmed = line.trim_start();
+        if line.starts_with("  --") {
+            let flag = trimmed.split_whitespace().next().unwrap_or_default();
+            entries.push((
+                flag.trim_start_matches("--")
+                    .trim_end_matches(',')
+                    .to_string(),
+                trimmed[flag.len()..].to_string(),
+            ));
+        } else if let Some((_, text)) = entries.last_mut() {
+            text.push(' ');
+            text.push_str(trimmed);
+        }
+    }
+    entries
+        .into_iter()
+        .filter_map(|(flag, text)| {
+            let env = text.split("[env ").nth(1)?.split(']').next()?.trim();
+            Some(EnvFlag {
+                kind: kind_of(&flag)?,
+                env: env.to_string(),
+                flag,
+            })
+        })
+        .collect()
+}
 
 /// `args` plus the flags that environment variables set and the command line does not.
 fn with_env(
@@ -415,7 +385,7 @@ fn with_env(
         if args.contains(&name) {
             continue;
         }
-        let Some(value) = env(fl.env).filter(|v| !v.trim().is_empty()) else {
+        let Some(value) = env(&fl.env).filter(|v| !v.trim().is_empty()) else {
             continue;
         };
         match fl.kind {
@@ -670,7 +640,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if rest.first().map(String::as_str) == Some("status") {
-        let env = [f("metrics-addr", "GRASP_SYNC_METRICS_ADDR", Kind::Value)];
+        let env = env_flags(&help_of::<StatusArgs>("grasp-sync status"));
         let rest = match with_env(&rest[1..], &env, |k| std::env::var(k).ok()) {
             Ok(r) => r,
             Err(e) => return usage_error(&e),
@@ -683,7 +653,9 @@ fn main() -> ExitCode {
     if rest.first().map(String::as_str) == Some("audit") {
         return audit_command(&rest[1..]);
     }
-    let rest = match with_env(&rest, ENV_FLAGS, |k| std::env::var(k).ok()) {
+    let rest = match with_env(&rest, &env_flags(&help_of::<Args>("grasp-sync")), |k| {
+        std::env::var(k).ok()
+    }) {
         Ok(r) => r,
         Err(e) => return usage_error(&e),
     };
@@ -790,7 +762,9 @@ fn audit_command(args: &[String]) -> ExitCode {
         Ok(x) => x,
         Err(e) => return usage_error(&e),
     };
-    let rest = match with_env(&rest, ENV_FLAGS, |k| std::env::var(k).ok()) {
+    let rest = match with_env(&rest, &env_flags(&help_of::<Args>("grasp-sync")), |k| {
+        std::env::var(k).ok()
+    }) {
         Ok(r) => r,
         Err(e) => return usage_error(&e),
     };
@@ -1177,7 +1151,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let all = with_env(&cli, ENV_FLAGS, env).unwrap();
+        let all = with_env(&cli, &env_flags_of_args(), env).unwrap();
         let a = args(&all.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
         assert_eq!(a.own_relay, "ws://127.0.0.1:7777");
         assert_eq!(a.bootstrap, vec!["wss://a.example", "wss://b.example"]);
@@ -1185,45 +1159,103 @@ mod tests {
         assert_eq!(a.max_relays, 3, "the command line wins");
         assert_eq!(a.page_size, 20, "an empty variable counts as unset");
         let bad = |k: &str| (k == "GRASP_SYNC_ONCE").then(|| "maybe".to_string());
-        let e = with_env(&[], ENV_FLAGS, bad).unwrap_err();
+        let e = with_env(&[], &env_flags_of_args(), bad).unwrap_err();
         assert!(e.contains("GRASP_SYNC_ONCE"), "{e}");
     }
 
+    fn env_flags_of_args() -> Vec<EnvFlag> {
+        env_flags(&help_of::<Args>("grasp-sync"))
+    }
+
     #[test]
-    fn help_names_every_flag_with_its_environment_variable() {
-        let help = match Args::from_args(&["grasp-sync"], &["--help"]) {
-            Err(exit) => exit.output,
-            Ok(_) => panic!("--help must exit early"),
-        };
-        // argh wraps long descriptions; join the lines before looking.
-        let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
-        for fl in ENV_FLAGS {
-            assert!(
-                flat.contains(&format!("--{}", fl.flag)),
-                "{} in help",
-                fl.flag
-            );
-            assert!(
-                flat.contains(&format!("[env {}]", fl.env)),
-                "{} in help",
-                fl.env
-            );
-        }
-        let listed = flat
-            .split_whitespace()
-            .filter(|w| w.starts_with("--") && w.len() > 2)
-            .map(|w| {
-                w.trim_start_matches("--")
-                    .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
-                    .to_string()
-            })
-            .filter(|w| !["help", "version"].contains(&w.as_str()));
+    fn every_flag_has_its_environment_variable_named_after_it() {
+        let help = help_of::<Args>("grasp-sync");
+        let flags = env_flags(&help);
+        let listed: Vec<&str> = help
+            .lines()
+            .filter(|l| l.starts_with("  --"))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|f| f.trim_start_matches("--").trim_end_matches(','))
+            .filter(|f| !["help", "version"].contains(f))
+            .collect();
+        assert!(listed.len() >= 45, "{listed:?}");
         for flag in listed {
-            assert!(
-                ENV_FLAGS.iter().any(|f| f.flag == flag),
-                "--{flag} has no environment variable"
+            let fl = flags
+                .iter()
+                .find(|f| f.flag == flag)
+                .unwrap_or_else(|| panic!("--{flag} has no [env …] in its help"));
+            assert_eq!(
+                fl.env,
+                format!("GRASP_SYNC_{}", flag.replace('-', "_").to_uppercase()),
+                "--{flag}"
             );
         }
+        let kind = |f: &str| flags.iter().find(|x| x.flag == f).map(|x| x.kind);
+        assert_eq!(kind("once"), Some(Kind::Switch));
+        assert_eq!(kind("bootstrap"), Some(Kind::Repeated));
+        assert_eq!(kind("max-relays"), Some(Kind::Value));
+        assert_eq!(kind("own-relay"), Some(Kind::Value));
+        let status = env_flags(&help_of::<StatusArgs>("grasp-sync status"));
+        assert_eq!(
+            status,
+            vec![EnvFlag {
+                flag: "metrics-addr".into(),
+                env: "GRASP_SYNC_METRICS_ADDR".into(),
+                kind: Kind::Value
+            }],
+            "--json has no variable"
+        );
+    }
+
+    #[test]
+    fn every_default_the_help_states_is_the_default_in_force() {
+        // The help says "(default N)"; the flag's default comes from the library
+        // (`defaults()`) or the argh attribute: they must agree, whatever changes.
+        let help = help_of::<Args>("grasp-sync");
+        let parsed = format!("{:?}", args(&["--own-relay", "ws://x"]).unwrap());
+        let mut checked = 0;
+        let mut entry = String::new();
+        let mut entries = Vec::new();
+        for line in help.lines().skip_while(|l| !l.starts_with("Options:")) {
+            if line.starts_with("  --") && !entry.is_empty() {
+                entries.push(std::mem::take(&mut entry));
+            }
+            entry.push_str(line.trim());
+            entry.push(' ');
+        }
+        entries.push(entry);
+        for e in entries {
+            let flag = e
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .trim_start_matches("--");
+            let Some(stated) = e.split("(default ").nth(1) else {
+                continue;
+            };
+            let stated: String = stated
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if stated.is_empty() {
+                continue;
+            }
+            let field = format!("{}: ", flag.replace('-', "_"));
+            let in_force: String = parsed
+                .split(&field)
+                .nth(1)
+                .unwrap_or_else(|| panic!("{field} in {parsed}"))
+                .chars()
+                .take_while(|c| *c != ',' && *c != ' ')
+                .filter(|c| *c != '"')
+                .collect();
+            assert_eq!(
+                stated, in_force,
+                "--{flag}: the help says (default {stated})"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 25, "{checked} defaults checked");
     }
 
     fn key_file(content: &str) -> PathBuf {
