@@ -257,6 +257,7 @@ impl Config {
     /// batch window, 15 min, 70 subscriptions, 30 s, 23–25 h, 60 s, 5 s × 2ⁿ up to 1 h, 24 h),
     /// and conservative values for what it leaves open (20 subscriptions and 20 events per
     /// query without NIP-11, 65 s rate-limit cool-down, 60 s polling).
+    #[must_use]
     pub fn new(own_relay: RelayUrl) -> Config {
         Config {
             own_relay,
@@ -310,6 +311,7 @@ impl Config {
 
     /// Lifts (or restores) the address check for relays discovered from events
     /// ([`Config::allow_private_relays`]).
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn allow_private_relays(mut self, allow: bool) -> Config {
         self.allow_private_relays = allow;
         self
@@ -336,42 +338,49 @@ impl Config {
     }
 
     /// Sets the key used to answer NIP-42 AUTH challenges.
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn auth_keys(mut self, keys: Keys) -> Config {
         self.auth_keys = Some(keys);
         self
     }
 
     /// Adds a public URL alias of the own relay.
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn public_url(mut self, url: RelayUrl) -> Config {
         self.public_urls.push(url);
         self
     }
 
     /// Adds a bootstrap relay.
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn bootstrap(mut self, url: RelayUrl) -> Config {
         self.bootstrap.push(url);
         self
     }
 
     /// Sets the self-subscription batch window.
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn batch_window(mut self, window: Duration) -> Config {
         self.batch_window = window;
         self
     }
 
     /// Sets the EOSE deadline (see [`Config::eose_timeout`](#structfield.eose_timeout)).
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn eose_timeout(mut self, timeout: Duration) -> Config {
         self.eose_timeout = timeout;
         self
     }
 
     /// Sets the reconnect backoff policy.
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn backoff(mut self, backoff: BackoffPolicy) -> Config {
         self.backoff = backoff;
         self
     }
 
     /// Sets the time source.
+    #[must_use = "a builder returns the changed Config; use it"]
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Config {
         self.clock = clock;
         self

@@ -292,6 +292,7 @@ impl Status {
 
 /// A running engine. Dropping it without [`SyncHandle::shutdown`] stops it too (with a 5 s
 /// deadline).
+#[must_use = "dropping the handle stops the engine at once"]
 pub struct SyncHandle {
     machine: Arc<RwLock<SyncMachine>>,
     metrics: Arc<Metrics>,
