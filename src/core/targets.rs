@@ -437,37 +437,6 @@ impl Default for TargetLimits {
     }
 }
 
-/// The machine's targets: [`derive_targets`] with the policy of `config` (its scope, its
-/// per-pubkey quota, `max_relays`, the bootstrap relays reserved).
-pub fn machine_targets(
-    repo_index: &RepoSyncIndex,
-    excluded: &Exclusions,
-    config: &crate::core::SyncConfig,
-) -> Targets {
-    derive_targets(repo_index, excluded, &machine_policy(excluded, config))
-}
-
-/// The policy of `config` as [`machine_targets`] applies it (the machine adds the relays
-/// failing their connects and the pubkeys at their refusal cap).
-pub fn machine_policy(excluded: &Exclusions, config: &crate::core::SyncConfig) -> TargetPolicy {
-    TargetPolicy {
-        preferred_pubkeys: config.target_limits.preferred_pubkeys.clone(),
-        max_urls_per_host: config.target_limits.max_urls_per_host,
-        failing: HashSet::new(),
-        blocked_pubkeys: HashSet::new(),
-        scope: config.target_limits.scope.clone(),
-        max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
-        max_relays: config.max_relays,
-        reserved: config
-            .bootstrap
-            .iter()
-            .filter(|b| !excluded.contains(b))
-            .cloned()
-            .collect(),
-        shard: config.shard,
-    }
-}
-
 /// The pubkey part of a `30617:<pubkey>:<d>` reference (the whole reference if malformed).
 pub(crate) fn repo_pubkey(repo: &str) -> &str {
     let mut parts = repo.splitn(3, ':');

@@ -26,7 +26,6 @@
 //! connection is never sent on a later one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,11 +46,13 @@ use crate::core::message::{
     split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
 };
 use crate::core::paging::PageStats;
-use crate::core::sync::Report;
 use crate::core::time::Time;
+use crate::core::wire::Report;
 use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
 use scan::scan_event_frame;
+
+pub use crate::core::wire::{Control, Disconnect, Frame, Transmit};
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;
@@ -62,171 +63,6 @@ pub const MAX_COLLECTED_IDS: usize = 200_000;
 
 /// Ids of oversized events one session remembers (so each is counted and logged once).
 pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
-
-/// Commands from the coordinator to a relay thread.
-///
-/// `Connect`, `Shutdown` and `Panic` are the thread's (they open or end connections); the
-/// others are the session's ([`RelaySession::handle_command`]).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Control {
-    /// Open a connection tagged `generation` (closing any open one first).
-    Connect {
-        /// Generation.
-        generation: u64,
-    },
-    /// Send a REQ with one filter.
-    Subscribe {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-        /// Filter.
-        filter: std::sync::Arc<Filter>,
-        /// A filter its events must also match, not sent (a reconciliation's fetch by
-        /// `ids`: the query it belongs to).
-        scope: Option<std::sync::Arc<Filter>>,
-    },
-    /// Send a CLOSE.
-    Unsubscribe {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-    },
-    /// Send a REQ whose events are only counted as `(created_at, id)` (the own relay's side
-    /// of a NIP-77 reconciliation): reported as `Report::OwnIds` at EOSE.
-    CollectIds {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-        /// Filter.
-        filter: Box<Filter>,
-    },
-    /// Send `NEG-OPEN` (NIP-77).
-    NegOpen {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-        /// Filter.
-        filter: Box<Filter>,
-        /// Initial message, hex.
-        message: String,
-    },
-    /// Send `NEG-MSG`.
-    NegMsg {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-        /// Message, hex.
-        message: String,
-    },
-    /// Send `NEG-CLOSE`.
-    NegClose {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-    },
-    /// Close and end the thread.
-    Shutdown,
-    /// Test hook: panic in the relay thread (to test that the coordinator restarts it).
-    #[cfg(feature = "testing")]
-    Panic,
-}
-
-/// Why a connection failed or ended. [`fmt::Display`] gives the log text, [`Disconnect::label`]
-/// a stable name for metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Disconnect {
-    /// The host name did not resolve (the resolver's error).
-    Resolve(String),
-    /// TCP connect failed or timed out for every address (the socket error).
-    Tcp(String),
-    /// The TLS or websocket handshake failed (what failed).
-    Handshake(String),
-    /// The connect deadline passed during the handshakes.
-    ConnectTimeout,
-    /// Writing a frame failed (the socket error).
-    Write(String),
-    /// Reading failed: the socket or the websocket protocol (the error).
-    Read(String),
-    /// The relay sent a websocket close frame.
-    ClosedByRelay {
-        /// The close code, if the frame had one.
-        code: Option<u16>,
-        /// The close reason (escaped, bounded).
-        reason: String,
-    },
-    /// No pong (nor any other frame) arrived before the keep-alive deadline.
-    NoPong,
-    /// The relay's thread ended (`panicked` or returned) while connected; the coordinator
-    /// starts it again.
-    ThreadLost {
-        /// The thread panicked.
-        panicked: bool,
-    },
-    /// The relay's thread could not be started (the system's error).
-    Spawn(String),
-}
-
-impl Disconnect {
-    /// Every label, in a fixed order (for metrics).
-    pub const LABELS: [&'static str; 10] = [
-        "resolve",
-        "tcp",
-        "handshake",
-        "connect_timeout",
-        "write",
-        "read",
-        "closed_by_relay",
-        "no_pong",
-        "thread_lost",
-        "spawn",
-    ];
-
-    /// A stable lowercase name for metrics and status.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Disconnect::Resolve(_) => "resolve",
-            Disconnect::Tcp(_) => "tcp",
-            Disconnect::Handshake(_) => "handshake",
-            Disconnect::ConnectTimeout => "connect_timeout",
-            Disconnect::Write(_) => "write",
-            Disconnect::Read(_) => "read",
-            Disconnect::ClosedByRelay { .. } => "closed_by_relay",
-            Disconnect::NoPong => "no_pong",
-            Disconnect::ThreadLost { .. } => "thread_lost",
-            Disconnect::Spawn(_) => "spawn",
-        }
-    }
-}
-
-impl fmt::Display for Disconnect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Disconnect::Resolve(e) => write!(f, "cannot resolve host: {e}"),
-            Disconnect::Tcp(e) => write!(f, "TCP connect failed: {e}"),
-            Disconnect::Handshake(e) => write!(f, "handshake failed: {e}"),
-            Disconnect::ConnectTimeout => write!(f, "connect deadline passed during the handshake"),
-            Disconnect::Write(e) => write!(f, "write failed: {e}"),
-            Disconnect::Read(e) => write!(f, "read failed: {e}"),
-            Disconnect::ClosedByRelay { code, reason } => match code {
-                Some(code) if reason.is_empty() => write!(f, "closed by the relay (code {code})"),
-                Some(code) => write!(f, "closed by the relay (code {code}: {reason})"),
-                None => write!(f, "closed by the relay"),
-            },
-            Disconnect::NoPong => write!(f, "no pong before the deadline"),
-            Disconnect::ThreadLost { panicked: true } => write!(f, "relay thread panicked"),
-            Disconnect::ThreadLost { panicked: false } => write!(f, "relay thread ended"),
-            Disconnect::Spawn(e) => write!(f, "cannot spawn thread: {e}"),
-        }
-    }
-}
 
 /// What the NIP-11 request before a connect found, as the session needs to know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,21 +127,6 @@ pub struct Forward {
     pub missing: bool,
 }
 
-/// A frame read from the socket.
-#[derive(Debug, Clone, Copy)]
-pub enum Frame<'a> {
-    /// A text message.
-    Text(&'a str),
-    /// A binary message (relays send none).
-    Binary,
-    /// A ping (the websocket library queues its pong).
-    Ping,
-    /// A pong.
-    Pong,
-    /// A close frame: code and reason, if any.
-    Close(Option<(u16, &'a str)>),
-}
-
 /// What [`RelaySession::handle_frame`] made of a frame.
 #[derive(Debug, Clone)]
 #[must_use]
@@ -317,15 +138,6 @@ pub enum FrameOutcome {
     Handled,
     /// A checked event to hand to the forwarder.
     Forward(Forward),
-}
-
-/// Something to write to the socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transmit {
-    /// A text frame.
-    Text(String),
-    /// A websocket ping.
-    Ping,
 }
 
 /// Counters of one session, kept as plain numbers; the relay thread publishes them.

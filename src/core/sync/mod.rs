@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use log::{info, warn};
-use nostr::event::{Event, EventId};
+use nostr::event::EventId;
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
@@ -60,17 +60,16 @@ use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::SelfEventMeaning;
 use crate::core::paging::PageStats;
 use crate::core::relay_text::RATE_LIMIT_COOLDOWN;
-use crate::core::session::Control;
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
 };
-use crate::core::targets::{Exclusions, Plan, TargetReport};
+use crate::core::targets::{derive_targets, Exclusions, Plan, TargetPolicy, TargetReport, Targets};
 use crate::core::time::Time;
-use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
 use timers::{Timer, TimerTable};
 
+pub use crate::core::wire::{Command, Report, Route};
 pub use persist::{
     with_item_budget, RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS,
     MAX_STATE_RELAYS, MAX_STORED_REF_LEN,
@@ -180,348 +179,6 @@ impl SyncConfig {
     }
 }
 
-/// What a connection thread reports.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Report {
-    /// The websocket is open.
-    Connected {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the `Connect` this answers.
-        generation: u64,
-    },
-    /// The connect attempt failed, or an open connection was lost.
-    Disconnected {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// What went wrong.
-        cause: crate::core::session::Disconnect,
-    },
-    /// End of stored events for a subscription.
-    Eose {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// The subscription.
-        sub_id: SubscriptionId,
-        /// What it delivered before EOSE (accepted or not).
-        stats: PageStats,
-    },
-    /// What a relay publishes about its limits (NIP-11).
-    Limits {
-        /// Relay (the own relay too).
-        relay: RelayUrl,
-        /// The `limitation` values it published.
-        limits: RelayLimits,
-    },
-    /// The relay closed a subscription.
-    Closed {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// The subscription.
-        sub_id: SubscriptionId,
-        /// The relay's reason.
-        message: String,
-    },
-    /// The forward queue into the own relay is full (`active`) or has room again. While it is
-    /// full the relay threads wait and read nothing, so EOSE deadlines of remote queries are
-    /// suspended for that time.
-    ForwardBackPressure {
-        /// True when the queue became full.
-        active: bool,
-    },
-    /// The forwarder died and was started again: whatever it held (queued, in flight, and
-    /// what relay threads were handing to it) is lost. Every relay's history is read again
-    /// in full (as by the daily resync; NIP-77 makes that cheap), so nothing confirmed
-    /// before stays confirmed without its events (issue 36).
-    ForwarderLost,
-    /// The thread of `relay` waits (`active`) to hand an event over to the forwarder, or has
-    /// stopped waiting: the forward pipeline's byte bound (its total, or the relay's share)
-    /// is reached. While it waits it reads nothing from the relay, so the EOSE deadlines of
-    /// that relay's queries are suspended for that time, as for
-    /// [`Report::ForwardBackPressure`].
-    RelayStalled {
-        /// The relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// True when the wait began.
-        active: bool,
-    },
-    /// A NOTICE from a relay.
-    Notice {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// The text.
-        message: String,
-    },
-    /// The engine refused to connect to this relay (address policy, deny list, or it is the
-    /// own relay under another name). The machine drops it and never targets it again.
-    Refused {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the `Connect` this answers.
-        generation: u64,
-        /// Why (its `Display` is the log text).
-        reason: crate::shared::Refusal,
-    },
-    /// EOSE of a [`Command::CollectIds`] query on the own relay, with the `(created_at, id)`
-    /// of the events it returned (their signatures are not checked: see
-    /// `docs/decisions/0052-the-own-relay-s-side-is-a-paged.md`).
-    OwnIds {
-        /// Generation of the own relay connection.
-        generation: u64,
-        /// The query.
-        sub_id: SubscriptionId,
-        /// What it delivered (for paging).
-        stats: PageStats,
-        /// `(created_at, id)` of each event matching the query.
-        items: Vec<(u64, EventId)>,
-        /// The thread stopped collecting at its bound: the side is not complete.
-        truncated: bool,
-    },
-    /// `["NEG-MSG", sub_id, hex]` from a remote relay (NIP-77).
-    NegMsg {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// The negentropy subscription.
-        sub_id: SubscriptionId,
-        /// The hex message as received (bounded by the frame cap).
-        message: String,
-    },
-    /// `["NEG-ERR", sub_id, reason]`, or CLOSED of a negentropy subscription (`closed`).
-    NegErr {
-        /// Relay.
-        relay: RelayUrl,
-        /// Generation of the connection.
-        generation: u64,
-        /// The negentropy subscription.
-        sub_id: SubscriptionId,
-        /// The relay's reason (escaped, bounded).
-        message: String,
-        /// True when the relay sent CLOSED rather than NEG-ERR.
-        closed: bool,
-    },
-    /// A checked event read by the self-subscription on the own relay.
-    SelfEvent {
-        /// Generation of the own relay connection.
-        generation: u64,
-        /// The event.
-        event: Box<Event>,
-    },
-}
-
-/// What the engine must do.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Command {
-    /// Open a connection (spawning the relay's thread if it has none).
-    Connect {
-        /// Relay (the own relay for the self-subscription).
-        relay: RelayUrl,
-        /// Generation to tag every report of this connection with.
-        generation: u64,
-    },
-    /// Send `["REQ", sub_id, filter]` on the connection of this generation.
-    Subscribe {
-        /// Relay.
-        relay: RelayUrl,
-        /// Connection generation; a thread drops commands of another generation.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-        /// The one filter of this REQ (shared with the machine's record of the
-        /// subscription: a Layer 2/3 filter holds 100 tag values).
-        filter: std::sync::Arc<Filter>,
-        /// A filter every event must match too, checked here and not sent: a
-        /// reconciliation's fetch asks by `ids` without its query's tag values, and its
-        /// events must still belong to the query (shared by all the fetch's REQs).
-        scope: Option<std::sync::Arc<Filter>>,
-    },
-    /// Send `["REQ", sub_id, filter]` to the own relay and keep only `(created_at, id)` of
-    /// each matching event (no signature check, nothing forwarded); answered by
-    /// [`Report::OwnIds`] at EOSE. The own relay's side of a reconciliation.
-    CollectIds {
-        /// Connection generation of the own relay.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-        /// The filter.
-        filter: Filter,
-    },
-    /// Send `["NEG-OPEN", sub_id, filter, message]` (NIP-77).
-    NegOpen {
-        /// Relay.
-        relay: RelayUrl,
-        /// Connection generation.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-        /// The filter whose set is reconciled.
-        filter: Filter,
-        /// The initial message, hex.
-        message: String,
-    },
-    /// Send `["NEG-MSG", sub_id, message]`.
-    NegMsg {
-        /// Relay.
-        relay: RelayUrl,
-        /// Connection generation.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-        /// The message, hex.
-        message: String,
-    },
-    /// Send `["NEG-CLOSE", sub_id]`.
-    NegClose {
-        /// Relay.
-        relay: RelayUrl,
-        /// Connection generation.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-    },
-    /// Send `["CLOSE", sub_id]`.
-    Unsubscribe {
-        /// Relay.
-        relay: RelayUrl,
-        /// Connection generation.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-    },
-    /// Close the connection and end the relay's thread: the relay is no longer needed.
-    Forget {
-        /// Relay.
-        relay: RelayUrl,
-    },
-    /// The repository index changed: the forwarder retries the events the own relay rejected
-    /// that name one of `repos` or `roots`. Ids, not hex: the hex form is made only by a
-    /// forwarder that holds rejected events.
-    RetryRejected {
-        /// Repository coordinates `30617:<pubkey>:<d>` whose announcement was applied.
-        repos: Vec<crate::core::nip34::RepoRef>,
-        /// Root events newly linked to a repository, and the root events of `repos`.
-        roots: Vec<EventId>,
-    },
-}
-
-/// Where a [`Command`] goes ([`Command::route`]): the engine's coordinator and the
-/// simulation route every command through this one mapping, so the simulation tests the
-/// routing the engine runs.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Route {
-    /// Open a connection to `relay` tagged `generation`: the engine spawns the relay's
-    /// thread first if it has none, then hands it [`Control::Connect`].
-    Connect {
-        /// Relay (the own relay for the self-subscription).
-        relay: RelayUrl,
-        /// Generation.
-        generation: u64,
-    },
-    /// A control for the session (thread) of `relay`.
-    Relay(RelayUrl, Control),
-    /// End the relay's thread and forget its session.
-    Forget(RelayUrl),
-    /// For the forwarder: retry the rejected events that name one of these.
-    RetryRejected {
-        /// Repository coordinates.
-        repos: Vec<crate::core::nip34::RepoRef>,
-        /// Root events.
-        roots: Vec<EventId>,
-    },
-}
-
-impl Command {
-    /// Where this command goes; `own` is the own relay (a [`Command::CollectIds`] is for its
-    /// session).
-    #[must_use]
-    pub fn route(self, own: &RelayUrl) -> Route {
-        match self {
-            Command::Connect { relay, generation } => Route::Connect { relay, generation },
-            Command::Forget { relay } => Route::Forget(relay),
-            Command::RetryRejected { repos, roots } => Route::RetryRejected { repos, roots },
-            Command::Subscribe {
-                relay,
-                generation,
-                sub_id,
-                filter,
-                scope,
-            } => Route::Relay(
-                relay,
-                Control::Subscribe {
-                    generation,
-                    sub_id,
-                    filter,
-                    scope,
-                },
-            ),
-            Command::Unsubscribe {
-                relay,
-                generation,
-                sub_id,
-            } => Route::Relay(relay, Control::Unsubscribe { generation, sub_id }),
-            Command::CollectIds {
-                generation,
-                sub_id,
-                filter,
-            } => Route::Relay(
-                own.clone(),
-                Control::CollectIds {
-                    generation,
-                    sub_id,
-                    filter: Box::new(filter),
-                },
-            ),
-            Command::NegOpen {
-                relay,
-                generation,
-                sub_id,
-                filter,
-                message,
-            } => Route::Relay(
-                relay,
-                Control::NegOpen {
-                    generation,
-                    sub_id,
-                    filter: Box::new(filter),
-                    message,
-                },
-            ),
-            Command::NegMsg {
-                relay,
-                generation,
-                sub_id,
-                message,
-            } => Route::Relay(
-                relay,
-                Control::NegMsg {
-                    generation,
-                    sub_id,
-                    message,
-                },
-            ),
-            Command::NegClose {
-                relay,
-                generation,
-                sub_id,
-            } => Route::Relay(relay, Control::NegClose { generation, sub_id }),
-        }
-    }
-}
-
 /// What a subscription is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubPurpose {
@@ -561,6 +218,37 @@ impl SubPurpose {
             self,
             SubPurpose::CatchUp | SubPurpose::Page { .. } | SubPurpose::OwnSide { .. }
         )
+    }
+}
+
+/// The machine's targets: [`derive_targets`](crate::core::targets::derive_targets) with the policy of `config` (its scope, its
+/// per-pubkey quota, `max_relays`, the bootstrap relays reserved).
+pub fn machine_targets(
+    repo_index: &RepoSyncIndex,
+    excluded: &Exclusions,
+    config: &SyncConfig,
+) -> Targets {
+    derive_targets(repo_index, excluded, &machine_policy(excluded, config))
+}
+
+/// The policy of `config` as [`machine_targets`] applies it (the machine adds the relays
+/// failing their connects and the pubkeys at their refusal cap).
+pub fn machine_policy(excluded: &Exclusions, config: &SyncConfig) -> TargetPolicy {
+    TargetPolicy {
+        preferred_pubkeys: config.target_limits.preferred_pubkeys.clone(),
+        max_urls_per_host: config.target_limits.max_urls_per_host,
+        failing: HashSet::new(),
+        blocked_pubkeys: HashSet::new(),
+        scope: config.target_limits.scope.clone(),
+        max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
+        max_relays: config.max_relays,
+        reserved: config
+            .bootstrap
+            .iter()
+            .filter(|b| !excluded.contains(b))
+            .cloned()
+            .collect(),
+        shard: config.shard,
     }
 }
 
