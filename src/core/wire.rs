@@ -16,6 +16,7 @@ use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
 use crate::core::paging::PageStats;
+use crate::core::relay_text::Prefix;
 use crate::shared::{RelayLimits, RelayUrl};
 
 /// What a connection thread reports.
@@ -64,7 +65,10 @@ pub enum Report {
         generation: u64,
         /// The subscription.
         sub_id: SubscriptionId,
-        /// The relay's reason.
+        /// The machine-readable prefix of `message`, read once where the frame was read
+        /// ([`crate::core::message::Incoming::Closed`]).
+        prefix: Prefix,
+        /// The relay's reason (escaped, bounded).
         message: String,
     },
     /// The forward queue into the own relay is full (`active`) or has room again. While it is

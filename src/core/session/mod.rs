@@ -46,6 +46,7 @@ use crate::core::message::{
     split_event_frame, summary_matches, EventRejection, Incoming, SignatureCheck,
 };
 use crate::core::paging::PageStats;
+use crate::core::relay_text::Prefix;
 use crate::core::time::Time;
 use crate::core::wire::Report;
 use crate::shared::RelayLimits;
@@ -656,7 +657,11 @@ impl RelaySession {
                 };
             }
             Incoming::Eose(sub_id) => return self.on_eose(&sub_id, verified),
-            Incoming::Closed { sub_id, message } => return self.on_closed(now, &sub_id, &message),
+            Incoming::Closed {
+                sub_id,
+                prefix,
+                message,
+            } => return self.on_closed(now, &sub_id, prefix, &message),
             Incoming::Notice(text) => {
                 self.counters.notices += 1;
                 // Escaped and bounded: the core only needs to recognise rate-limit texts, and
@@ -794,7 +799,13 @@ impl RelaySession {
     /// CLOSED: a NIP-77 session's CLOSED is a NEG-ERR; a subscription closed with
     /// `auth-required:` while NIP-42 may still help is held (not reported) until the relay
     /// accepted us or the wait is over ([`AuthState::on_closed`]); any other is reported.
-    fn on_closed(&mut self, now: Time, sub_id: &str, message: &str) -> FrameOutcome {
+    fn on_closed(
+        &mut self,
+        now: Time,
+        sub_id: &str,
+        prefix: Prefix,
+        message: &str,
+    ) -> FrameOutcome {
         self.counters.closed += 1;
         let url = &self.config.url;
         let Some(conn) = self.conn.as_mut() else {
@@ -815,7 +826,7 @@ impl RelaySession {
             return FrameOutcome::Handled;
         }
         if conn.subs.contains_key(sub_id)
-            && conn.auth.on_closed(sub_id, &message, now) == ClosedAction::Hold
+            && conn.auth.on_closed(sub_id, prefix, &message, now) == ClosedAction::Hold
         {
             debug!("{url}: subscription {shown} held until authenticated: {message}");
             return FrameOutcome::Handled;
@@ -825,6 +836,7 @@ impl RelaySession {
                 relay: url.clone(),
                 generation,
                 sub_id: SubscriptionId::new(sub_id),
+                prefix,
                 message,
             });
             return FrameOutcome::Handled;
@@ -924,6 +936,7 @@ impl RelaySession {
                     relay: self.config.url.clone(),
                     generation: conn.generation,
                     sub_id: SubscriptionId::new(h.sub_id),
+                    prefix: h.prefix,
                     message: h.message,
                 });
             }

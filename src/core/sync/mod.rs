@@ -59,7 +59,7 @@ use nostr::message::SubscriptionId;
 use crate::core::health::{BackoffPolicy, Health, HealthState, Jitter};
 use crate::core::nip34::SelfEventMeaning;
 use crate::core::paging::PageStats;
-use crate::core::relay_text::RATE_LIMIT_COOLDOWN;
+use crate::core::relay_text::{Prefix, RATE_LIMIT_COOLDOWN};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RepoSyncIndex,
@@ -282,7 +282,7 @@ pub(crate) fn history_since(f: Filter, since: nostr::types::Timestamp) -> Filter
 
 impl Link {
     /// Remembers `key` for "warn once"; true the first time. Bounded by [`MAX_WARNED`].
-    fn warn_once(&mut self, key: String) -> bool {
+    fn warn_once(&mut self, key: Warned) -> bool {
         if self.warned.contains(&key) {
             return false;
         }
@@ -372,6 +372,15 @@ impl Link {
         self.live_built_at = None;
         self.polled_at_counts = None;
     }
+}
+
+/// What a relay said that was logged at warn level once ([`Link::warn_once`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Warned {
+    /// A CLOSED with this prefix.
+    Closed(Prefix),
+    /// A rate-limit NOTICE with this text (escaped, bounded).
+    Notice(String),
 }
 
 /// Queries that belong to a batch (its own REQs and their pages).
@@ -472,7 +481,7 @@ struct Link {
     /// (the earliest is [`Timer::Reopen`], or [`Timer::OwnReopen`] on the own relay).
     reopen: Vec<(Time, SubPurpose, Filter)>,
     /// CLOSED prefixes and NOTICE texts already logged at warn level for this relay.
-    warned: HashSet<String>,
+    warned: HashSet<Warned>,
     /// Subscriptions waiting for room in the relay's subscription budget (in order).
     queue: VecDeque<(SubscriptionId, SubInfo)>,
     /// History queries whose follow-up pages wait for room in the queue (in order; at most
@@ -1091,14 +1100,15 @@ impl SyncMachine {
                 relay,
                 generation,
                 sub_id,
+                prefix,
                 message,
             } => {
                 if relay == self.config.own_relay {
                     if generation == self.own.generation {
-                        self.handle_own_closed(&sub_id, &message, now);
+                        self.handle_own_closed(&sub_id, prefix, &message, now);
                     }
                 } else if self.is_current(&relay, generation) {
-                    self.handle_closed(&relay, &sub_id, &message, now);
+                    self.handle_closed(&relay, &sub_id, prefix, &message, now);
                 }
             }
             Report::ForwardBackPressure { active } => self.handle_back_pressure(active, now),
