@@ -221,7 +221,7 @@ impl SubPurpose {
     }
 }
 
-/// The machine's targets: [`derive_targets`](crate::core::targets::derive_targets) with the policy of `config` (its scope, its
+/// The machine's targets: [`derive_targets`] with the policy of `config` (its scope, its
 /// per-pubkey quota, `max_relays`, the bootstrap relays reserved).
 pub fn machine_targets(
     repo_index: &RepoSyncIndex,
