@@ -132,6 +132,8 @@ pub(crate) enum IgnoreReason {
 pub(crate) struct Held {
     /// Subscription id.
     pub sub_id: String,
+    /// The prefix of the relay's `CLOSED` message.
+    pub prefix: Prefix,
     /// The relay's `CLOSED` message (reported as it is when the subscription is released).
     pub message: String,
     deadline: Time,
@@ -302,9 +304,15 @@ impl AuthState {
         }
     }
 
-    /// A `CLOSED` arrived for `sub_id`.
-    pub(crate) fn on_closed(&mut self, sub_id: &str, message: &str, now: Time) -> ClosedAction {
-        if !self.has_key || Prefix::of(message) != Prefix::AuthRequired {
+    /// A `CLOSED` arrived for `sub_id`, `prefix` read from its `message`.
+    pub(crate) fn on_closed(
+        &mut self,
+        sub_id: &str,
+        prefix: Prefix,
+        message: &str,
+        now: Time,
+    ) -> ClosedAction {
+        if !self.has_key || prefix != Prefix::AuthRequired {
             return ClosedAction::Report;
         }
         match self.phase {
@@ -320,6 +328,7 @@ impl AuthState {
         }
         self.held.push_back(Held {
             sub_id: sub_id.to_string(),
+            prefix,
             message: message.to_string(),
             deadline: now.plus(self.limits.challenge_wait),
         });
@@ -438,7 +447,7 @@ mod tests {
             } else {
                 ClosedAction::Report
             };
-            assert_eq!(a.on_closed("s", m, t(0)), want, "{m:?}");
+            assert_eq!(a.on_closed("s", Prefix::of(m), m, t(0)), want, "{m:?}");
         }
     }
 
@@ -450,7 +459,10 @@ mod tests {
             a.on_challenge("c", t(0)),
             OnChallenge::Ignore(IgnoreReason::NoKey)
         );
-        assert_eq!(a.on_closed("s", AR, t(0)), ClosedAction::Report);
+        assert_eq!(
+            a.on_closed("s", Prefix::of(AR), AR, t(0)),
+            ClosedAction::Report
+        );
         assert_eq!(a.on_write_auth_required(t(0)), WriteAction::Reject);
         assert!(!a.writes_paused());
         assert_eq!(a.poll_timeout(), None);
@@ -462,7 +474,10 @@ mod tests {
     fn challenge_then_ok_authenticates_and_resends_held() {
         let mut a = AuthState::new(true, limits());
         // A REQ refused before the challenge arrived is held.
-        assert_eq!(a.on_closed("s1", AR, t(0)), ClosedAction::Hold);
+        assert_eq!(
+            a.on_closed("s1", Prefix::of(AR), AR, t(0)),
+            ClosedAction::Hold
+        );
         assert_eq!(a.poll_timeout(), Some(t(10)));
         assert_eq!(
             a.on_challenge("abc", t(1)),
@@ -475,12 +490,18 @@ mod tests {
         assert!(matches!(a.phase(), AuthPhase::Pending { .. }));
         assert_eq!(a.poll_timeout(), Some(t(6)), "the OK deadline");
         // Refused while pending: held too; a repeated CLOSED for the same id is held once.
-        assert_eq!(a.on_closed("s2", AR, t(2)), ClosedAction::Hold);
-        assert_eq!(a.on_closed("s2", AR, t(2)), ClosedAction::Hold);
+        assert_eq!(
+            a.on_closed("s2", Prefix::of(AR), AR, t(2)),
+            ClosedAction::Hold
+        );
+        assert_eq!(
+            a.on_closed("s2", Prefix::of(AR), AR, t(2)),
+            ClosedAction::Hold
+        );
         assert_eq!(a.held(), 2);
         // Other prefixes are reported.
         assert_eq!(
-            a.on_closed("s3", "restricted: no", t(2)),
+            a.on_closed("s3", Prefix::of("restricted: no"), "restricted: no", t(2)),
             ClosedAction::Report
         );
         // An OK for another event is not ours.
@@ -497,7 +518,10 @@ mod tests {
         // A second OK for the same id is not ours any more.
         assert_eq!(a.on_ok(&id(9), true, ""), None);
         // Refused although authenticated: reported, no loop.
-        assert_eq!(a.on_closed("s1", AR, t(3)), ClosedAction::Report);
+        assert_eq!(
+            a.on_closed("s1", Prefix::of(AR), AR, t(3)),
+            ClosedAction::Report
+        );
         assert_eq!(a.on_write_auth_required(t(3)), WriteAction::Reject);
     }
 
@@ -506,7 +530,10 @@ mod tests {
         let mut a = AuthState::new(true, limits());
         a.on_challenge("c", t(0));
         a.auth_sent(id(2), t(0));
-        assert_eq!(a.on_closed("s1", AR, t(0)), ClosedAction::Hold);
+        assert_eq!(
+            a.on_closed("s1", Prefix::of(AR), AR, t(0)),
+            ClosedAction::Hold
+        );
         match a.on_ok(&id(2), false, "invalid: bad challenge") {
             Some(AuthOutcome::Failed { reason, release }) => {
                 assert_eq!(reason, "invalid: bad challenge");
@@ -517,7 +544,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(a.has_failed());
-        assert_eq!(a.on_closed("s2", AR, t(1)), ClosedAction::Report);
+        assert_eq!(
+            a.on_closed("s2", Prefix::of(AR), AR, t(1)),
+            ClosedAction::Report
+        );
         assert_eq!(
             a.on_challenge("again", t(1)),
             OnChallenge::Ignore(IgnoreReason::GaveUp)
@@ -531,7 +561,7 @@ mod tests {
         let mut a = AuthState::new(true, limits());
         a.on_challenge("c", t(0));
         a.auth_sent(id(2), t(0));
-        a.on_closed("s1", AR, t(1));
+        a.on_closed("s1", Prefix::of(AR), AR, t(1));
         assert!(a.handle_timeout(t(4)).is_empty());
         let released = a.handle_timeout(t(5));
         assert_eq!(released.len(), 1);
@@ -542,8 +572,8 @@ mod tests {
     #[test]
     fn held_without_challenge_is_released_after_the_wait() {
         let mut a = AuthState::new(true, limits());
-        a.on_closed("s1", AR, t(0));
-        a.on_closed("s2", AR, t(5));
+        a.on_closed("s1", Prefix::of(AR), AR, t(0));
+        a.on_closed("s2", Prefix::of(AR), AR, t(5));
         assert!(a.handle_timeout(t(9)).is_empty());
         let r = a.handle_timeout(t(10));
         assert_eq!(
@@ -564,10 +594,10 @@ mod tests {
     fn held_is_bounded_and_forgettable() {
         let mut a = AuthState::new(true, limits());
         for s in ["a", "b", "c"] {
-            assert_eq!(a.on_closed(s, AR, t(0)), ClosedAction::Hold);
+            assert_eq!(a.on_closed(s, Prefix::of(AR), AR, t(0)), ClosedAction::Hold);
         }
         assert_eq!(
-            a.on_closed("d", AR, t(0)),
+            a.on_closed("d", Prefix::of(AR), AR, t(0)),
             ClosedAction::Report,
             "max_held 3"
         );
@@ -626,7 +656,7 @@ mod tests {
     #[test]
     fn sign_failure_gives_up() {
         let mut a = AuthState::new(true, limits());
-        a.on_closed("s", AR, t(0));
+        a.on_closed("s", Prefix::of(AR), AR, t(0));
         a.on_challenge("c", t(0));
         assert_eq!(a.sign_failed().len(), 1);
         assert!(a.has_failed());

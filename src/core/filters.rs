@@ -41,14 +41,7 @@ pub(crate) const REPO_TAGS: [SingleLetterTag; 3] = [
     SingleLetterTag::LOWERCASE_Q,
 ];
 
-/// The tags that relate an event to a root event or a thread member (Layer 3): `e`, `E`, `q`
-/// holding its id. The same tags make an event a reply to follow
-/// (`nip34::tagged_ids`).
-pub(crate) const ID_TAGS: [SingleLetterTag; 3] = [
-    SingleLetterTag::LOWERCASE_E,
-    SingleLetterTag::UPPERCASE_E,
-    SingleLetterTag::LOWERCASE_Q,
-];
+pub(crate) use crate::core::nip34::ID_TAGS;
 
 /// Layer 1: announcements, maintainer/state events and user grasp lists (decision 0099),
 /// optionally since a time.

@@ -9,6 +9,7 @@ use nostr::filter::{Filter, MatchEventOptions};
 use serde_json::value::RawValue;
 
 use crate::core::dedup::{EventSummary, Known, RawDigest, TagPrint, VerifiedSet, PRINTED_TAGS};
+use crate::core::relay_text::Prefix;
 
 /// One message from a relay.
 #[derive(Debug)]
@@ -26,7 +27,11 @@ pub enum Incoming<'a> {
     Closed {
         /// Subscription id.
         sub_id: String,
-        /// The relay's reason (may start with a NIP-01 prefix such as `rate-limited:`).
+        /// The machine-readable prefix of `message` ([`Prefix::parse`], read here once):
+        /// every consumer matches on it, none parses the text again.
+        prefix: Prefix,
+        /// The relay's reason as sent (may start with a NIP-01 prefix such as
+        /// `rate-limited:`).
         message: String,
     },
     /// `["NOTICE", message]`.
@@ -98,10 +103,15 @@ pub fn parse_relay_frame(text: &str) -> Result<Incoming<'_>, FrameError> {
         "EOSE" => Ok(Incoming::Eose(
             string(parts.get(1)).ok_or(FrameError::Malformed("EOSE"))?,
         )),
-        "CLOSED" => Ok(Incoming::Closed {
-            sub_id: string(parts.get(1)).ok_or(FrameError::Malformed("CLOSED"))?,
-            message: string(parts.get(2)).unwrap_or_default(),
-        }),
+        "CLOSED" => {
+            let sub_id = string(parts.get(1)).ok_or(FrameError::Malformed("CLOSED"))?;
+            let message = string(parts.get(2)).unwrap_or_default();
+            Ok(Incoming::Closed {
+                sub_id,
+                prefix: Prefix::of(&message),
+                message,
+            })
+        }
         "NOTICE" => Ok(Incoming::Notice(
             string(parts.get(1)).ok_or(FrameError::Malformed("NOTICE"))?,
         )),
@@ -795,7 +805,14 @@ mod tests {
         assert!(matches!(parse_relay_frame(r#"["EOSE","s"]"#), Ok(Incoming::Eose(s)) if s == "s"));
         assert!(matches!(
             parse_relay_frame(r#"["CLOSED","s","rate-limited: slow"]"#),
-            Ok(Incoming::Closed { message, .. }) if message == "rate-limited: slow"
+            Ok(Incoming::Closed { message, prefix: Prefix::RateLimited, .. }) if message == "rate-limited: slow"
+        ));
+        assert!(matches!(
+            parse_relay_frame(r#"["CLOSED","s","\tauth-required: who are you"]"#),
+            Ok(Incoming::Closed {
+                prefix: Prefix::AuthRequired,
+                ..
+            })
         ));
         assert!(matches!(
             parse_relay_frame(r#"["NOTICE","hi"]"#),

@@ -25,6 +25,7 @@ pub mod sync;
 pub mod targets;
 pub mod threads;
 pub mod time;
+pub mod wire;
 
 pub use auth::AuthLimits;
 pub use health::{BackoffPolicy, HealthState};

@@ -5,6 +5,7 @@
 
 use log::debug;
 use nostr::event::{Event, EventId, Kind};
+use nostr::filter::SingleLetterTag;
 
 use crate::shared::RelayUrl;
 
@@ -286,20 +287,30 @@ pub fn classify_self_event_with(
     }
 }
 
-/// True for a tag whose letter links an event to the event id it holds (`filters::ID_TAGS`:
+/// The tags that relate an event to a root event or a thread member (Layer 3): `e`, `E`, `q`
+/// holding its id. The same tags make an event a reply to follow ([`tagged_ids`]); the
+/// Layer-3 filters (`filters::ID_TAGS`, re-exported there) ask for them.
+pub(crate) const ID_TAGS: [SingleLetterTag; 3] = [
+    SingleLetterTag::LOWERCASE_E,
+    SingleLetterTag::UPPERCASE_E,
+    SingleLetterTag::LOWERCASE_Q,
+];
+
+/// The most distinct event ids read from one event's `e`, `E` and `q` tags: a reply names
+/// its root and its parent, a quote one event; an event naming more costs no more work
+/// (also `threads::MAX_REPLY_REFS`).
+pub const MAX_REPLY_REFS: usize = 8;
+
+/// True for a tag whose letter links an event to the event id it holds ([`ID_TAGS`]:
 /// `e`, `E`, `q`).
 fn is_id_tag(tag: &nostr::event::Tag) -> bool {
     let s = tag.as_slice();
-    s.len() >= 2
-        && s[0].len() == 1
-        && crate::core::filters::ID_TAGS
-            .iter()
-            .any(|t| s[0].starts_with(t.as_char()))
+    s.len() >= 2 && s[0].len() == 1 && ID_TAGS.iter().any(|t| s[0].starts_with(t.as_char()))
 }
 
 /// The distinct event ids `event` tags with `e`, `E` or `q` (the Layer-3 tags,
 /// `filters::ID_TAGS`), in tag order, its own id left out, at most
-/// [`crate::core::threads::MAX_REPLY_REFS`]. A `q` holding a coordinate (`kind:pubkey:d`) or
+/// [`MAX_REPLY_REFS`]. A `q` holding a coordinate (`kind:pubkey:d`) or
 /// any value that is not 64 hex characters names no event and is skipped.
 pub fn tagged_ids(event: &Event) -> Vec<EventId> {
     let mut ids = Vec::new();
@@ -316,7 +327,7 @@ pub fn tagged_ids(event: &Event) -> Vec<EventId> {
         };
         if id != event.id && !ids.contains(&id) {
             ids.push(id);
-            if ids.len() == crate::core::threads::MAX_REPLY_REFS {
+            if ids.len() == MAX_REPLY_REFS {
                 break;
             }
         }
@@ -503,10 +514,7 @@ mod tests {
             b.tag(Tag::parse(["e", &format!("{i:064x}")]).unwrap())
         });
         let many = many.finalize(&keys()).unwrap();
-        assert_eq!(
-            tagged_ids(&many).len(),
-            crate::core::threads::MAX_REPLY_REFS
-        );
+        assert_eq!(tagged_ids(&many).len(), MAX_REPLY_REFS);
     }
 
     #[test]

@@ -34,9 +34,7 @@ use nostr::event::EventId;
 
 use crate::core::nip34::RepoRef;
 
-/// The most distinct event ids read from one event's `e`, `E` and `q` tags: a reply names
-/// its root and its parent, a quote one event; an event naming more costs no more work.
-pub const MAX_REPLY_REFS: usize = 8;
+pub use crate::core::nip34::MAX_REPLY_REFS;
 
 /// Default of [`ThreadLimits::max_depth`] (ngit-grasp's `MAX_DESCENDANT_FRONTIER_DEPTH`).
 pub const DEFAULT_MAX_DEPTH: u8 = 8;

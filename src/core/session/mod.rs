@@ -26,7 +26,6 @@
 //! connection is never sent on a later one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,11 +46,14 @@ use crate::core::message::{
     split_event_frame, summary_matches, EventRejection, FilterPrint, Incoming, SignatureCheck,
 };
 use crate::core::paging::PageStats;
-use crate::core::sync::Report;
+use crate::core::relay_text::Prefix;
 use crate::core::time::Time;
+use crate::core::wire::Report;
 use crate::shared::RelayLimits;
 use crate::shared::RelayUrl;
 use scan::scan_event_frame;
+
+pub use crate::core::wire::{Control, Disconnect, Frame, Transmit};
 
 /// Characters of relay-supplied text (NOTICE, CLOSED reasons) kept for logs and reports.
 pub const MAX_RELAY_TEXT: usize = 300;
@@ -62,171 +64,6 @@ pub const MAX_COLLECTED_IDS: usize = 200_000;
 
 /// Ids of oversized events one session remembers (so each is counted and logged once).
 pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
-
-/// Commands from the coordinator to a relay thread.
-///
-/// `Connect`, `Shutdown` and `Panic` are the thread's (they open or end connections); the
-/// others are the session's ([`RelaySession::handle_command`]).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Control {
-    /// Open a connection tagged `generation` (closing any open one first).
-    Connect {
-        /// Generation.
-        generation: u64,
-    },
-    /// Send a REQ with one filter.
-    Subscribe {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-        /// Filter.
-        filter: std::sync::Arc<Filter>,
-        /// A filter its events must also match, not sent (a reconciliation's fetch by
-        /// `ids`: the query it belongs to).
-        scope: Option<std::sync::Arc<Filter>>,
-    },
-    /// Send a CLOSE.
-    Unsubscribe {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-    },
-    /// Send a REQ whose events are only counted as `(created_at, id)` (the own relay's side
-    /// of a NIP-77 reconciliation): reported as `Report::OwnIds` at EOSE.
-    CollectIds {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Subscription id.
-        sub_id: SubscriptionId,
-        /// Filter.
-        filter: Box<Filter>,
-    },
-    /// Send `NEG-OPEN` (NIP-77).
-    NegOpen {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-        /// Filter.
-        filter: Box<Filter>,
-        /// Initial message, hex.
-        message: String,
-    },
-    /// Send `NEG-MSG`.
-    NegMsg {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-        /// Message, hex.
-        message: String,
-    },
-    /// Send `NEG-CLOSE`.
-    NegClose {
-        /// Generation the command belongs to.
-        generation: u64,
-        /// Negentropy subscription id.
-        sub_id: SubscriptionId,
-    },
-    /// Close and end the thread.
-    Shutdown,
-    /// Test hook: panic in the relay thread (to test that the coordinator restarts it).
-    #[cfg(feature = "testing")]
-    Panic,
-}
-
-/// Why a connection failed or ended. [`fmt::Display`] gives the log text, [`Disconnect::label`]
-/// a stable name for metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Disconnect {
-    /// The host name did not resolve (the resolver's error).
-    Resolve(String),
-    /// TCP connect failed or timed out for every address (the socket error).
-    Tcp(String),
-    /// The TLS or websocket handshake failed (what failed).
-    Handshake(String),
-    /// The connect deadline passed during the handshakes.
-    ConnectTimeout,
-    /// Writing a frame failed (the socket error).
-    Write(String),
-    /// Reading failed: the socket or the websocket protocol (the error).
-    Read(String),
-    /// The relay sent a websocket close frame.
-    ClosedByRelay {
-        /// The close code, if the frame had one.
-        code: Option<u16>,
-        /// The close reason (escaped, bounded).
-        reason: String,
-    },
-    /// No pong (nor any other frame) arrived before the keep-alive deadline.
-    NoPong,
-    /// The relay's thread ended (`panicked` or returned) while connected; the coordinator
-    /// starts it again.
-    ThreadLost {
-        /// The thread panicked.
-        panicked: bool,
-    },
-    /// The relay's thread could not be started (the system's error).
-    Spawn(String),
-}
-
-impl Disconnect {
-    /// Every label, in a fixed order (for metrics).
-    pub const LABELS: [&'static str; 10] = [
-        "resolve",
-        "tcp",
-        "handshake",
-        "connect_timeout",
-        "write",
-        "read",
-        "closed_by_relay",
-        "no_pong",
-        "thread_lost",
-        "spawn",
-    ];
-
-    /// A stable lowercase name for metrics and status.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Disconnect::Resolve(_) => "resolve",
-            Disconnect::Tcp(_) => "tcp",
-            Disconnect::Handshake(_) => "handshake",
-            Disconnect::ConnectTimeout => "connect_timeout",
-            Disconnect::Write(_) => "write",
-            Disconnect::Read(_) => "read",
-            Disconnect::ClosedByRelay { .. } => "closed_by_relay",
-            Disconnect::NoPong => "no_pong",
-            Disconnect::ThreadLost { .. } => "thread_lost",
-            Disconnect::Spawn(_) => "spawn",
-        }
-    }
-}
-
-impl fmt::Display for Disconnect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Disconnect::Resolve(e) => write!(f, "cannot resolve host: {e}"),
-            Disconnect::Tcp(e) => write!(f, "TCP connect failed: {e}"),
-            Disconnect::Handshake(e) => write!(f, "handshake failed: {e}"),
-            Disconnect::ConnectTimeout => write!(f, "connect deadline passed during the handshake"),
-            Disconnect::Write(e) => write!(f, "write failed: {e}"),
-            Disconnect::Read(e) => write!(f, "read failed: {e}"),
-            Disconnect::ClosedByRelay { code, reason } => match code {
-                Some(code) if reason.is_empty() => write!(f, "closed by the relay (code {code})"),
-                Some(code) => write!(f, "closed by the relay (code {code}: {reason})"),
-                None => write!(f, "closed by the relay"),
-            },
-            Disconnect::NoPong => write!(f, "no pong before the deadline"),
-            Disconnect::ThreadLost { panicked: true } => write!(f, "relay thread panicked"),
-            Disconnect::ThreadLost { panicked: false } => write!(f, "relay thread ended"),
-            Disconnect::Spawn(e) => write!(f, "cannot spawn thread: {e}"),
-        }
-    }
-}
 
 /// What the NIP-11 request before a connect found, as the session needs to know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,21 +128,6 @@ pub struct Forward {
     pub missing: bool,
 }
 
-/// A frame read from the socket.
-#[derive(Debug, Clone, Copy)]
-pub enum Frame<'a> {
-    /// A text message.
-    Text(&'a str),
-    /// A binary message (relays send none).
-    Binary,
-    /// A ping (the websocket library queues its pong).
-    Ping,
-    /// A pong.
-    Pong,
-    /// A close frame: code and reason, if any.
-    Close(Option<(u16, &'a str)>),
-}
-
 /// What [`RelaySession::handle_frame`] made of a frame.
 #[derive(Debug, Clone)]
 #[must_use]
@@ -317,15 +139,6 @@ pub enum FrameOutcome {
     Handled,
     /// A checked event to hand to the forwarder.
     Forward(Forward),
-}
-
-/// Something to write to the socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transmit {
-    /// A text frame.
-    Text(String),
-    /// A websocket ping.
-    Ping,
 }
 
 /// Counters of one session, kept as plain numbers; the relay thread publishes them.
@@ -846,7 +659,11 @@ impl RelaySession {
                 };
             }
             Incoming::Eose(sub_id) => return self.on_eose(&sub_id, verified),
-            Incoming::Closed { sub_id, message } => return self.on_closed(now, &sub_id, &message),
+            Incoming::Closed {
+                sub_id,
+                prefix,
+                message,
+            } => return self.on_closed(now, &sub_id, prefix, &message),
             Incoming::Notice(text) => {
                 self.counters.notices += 1;
                 // Escaped and bounded: the core only needs to recognise rate-limit texts, and
@@ -984,7 +801,13 @@ impl RelaySession {
     /// CLOSED: a NIP-77 session's CLOSED is a NEG-ERR; a subscription closed with
     /// `auth-required:` while NIP-42 may still help is held (not reported) until the relay
     /// accepted us or the wait is over ([`AuthState::on_closed`]); any other is reported.
-    fn on_closed(&mut self, now: Time, sub_id: &str, message: &str) -> FrameOutcome {
+    fn on_closed(
+        &mut self,
+        now: Time,
+        sub_id: &str,
+        prefix: Prefix,
+        message: &str,
+    ) -> FrameOutcome {
         self.counters.closed += 1;
         let url = &self.config.url;
         let Some(conn) = self.conn.as_mut() else {
@@ -1005,7 +828,7 @@ impl RelaySession {
             return FrameOutcome::Handled;
         }
         if conn.subs.contains_key(sub_id)
-            && conn.auth.on_closed(sub_id, &message, now) == ClosedAction::Hold
+            && conn.auth.on_closed(sub_id, prefix, &message, now) == ClosedAction::Hold
         {
             debug!("{url}: subscription {shown} held until authenticated: {message}");
             return FrameOutcome::Handled;
@@ -1015,6 +838,7 @@ impl RelaySession {
                 relay: url.clone(),
                 generation,
                 sub_id: SubscriptionId::new(sub_id),
+                prefix,
                 message,
             });
             return FrameOutcome::Handled;
@@ -1114,6 +938,7 @@ impl RelaySession {
                     relay: self.config.url.clone(),
                     generation: conn.generation,
                     sub_id: SubscriptionId::new(h.sub_id),
+                    prefix: h.prefix,
                     message: h.message,
                 });
             }

@@ -8,13 +8,14 @@ use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
 use super::timers::Timer;
-use super::{history_since, live_only, SubPurpose, SyncMachine};
+use super::{history_since, live_only, SubPurpose, SyncMachine, Warned};
 
 impl SyncMachine {
     pub(super) fn handle_closed(
         &mut self,
         relay: &RelayUrl,
         sub_id: &SubscriptionId,
+        prefix: Prefix,
         message: &str,
         now: Time,
     ) {
@@ -28,9 +29,8 @@ impl SyncMachine {
         let was_loading = sent_at.is_some();
         self.recon.refetches.remove(sub_id);
         self.drain_queue(relay);
-        let prefix = Prefix::of(message);
         let reason = ClosedReason::from(prefix);
-        let first = self.link(relay).warn_once(format!("CLOSED {prefix}"));
+        let first = self.link(relay).warn_once(Warned::Closed(prefix));
         let what = format!(
             "{relay}: subscription {sub_id} ({:?}) closed by the relay: {message:?}",
             info.purpose
@@ -122,7 +122,9 @@ impl SyncMachine {
                 self.counters.rate_limited += 1;
                 self.counters.notices_rate_limit += 1;
                 let until = now.plus(self.config.rate_limit_cooldown);
-                let first = self.link(relay).warn_once(format!("NOTICE {message}"));
+                let first = self
+                    .link(relay)
+                    .warn_once(Warned::Notice(message.to_string()));
                 self.cool_down(relay, until);
                 if first {
                     warn!(

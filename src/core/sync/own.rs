@@ -340,7 +340,13 @@ impl SyncMachine {
     /// CLOSED on the own relay: a page of the history is asked again after a short delay
     /// (the relay said why; `rate-limited:` waits the cool-down); a CLOSED self-subscription
     /// means the connection is replaced after backoff (and read again in full).
-    pub(super) fn handle_own_closed(&mut self, sub_id: &SubscriptionId, message: &str, now: Time) {
+    pub(super) fn handle_own_closed(
+        &mut self,
+        sub_id: &SubscriptionId,
+        prefix: Prefix,
+        message: &str,
+        now: Time,
+    ) {
         self.own_link.loading.remove(sub_id);
         let Some(info) = self.own_link.subs.remove(sub_id) else {
             return;
@@ -351,7 +357,7 @@ impl SyncMachine {
             return;
         }
         if let SubPurpose::Page { .. } = info.purpose {
-            let delay = match ClosedReason::from(Prefix::of(message)) {
+            let delay = match ClosedReason::from(prefix) {
                 ClosedReason::RateLimited => self.config.rate_limit_cooldown,
                 _ => self.config.backoff.base,
             };

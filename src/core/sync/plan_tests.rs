@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use nostr::event::EventId;
 
+use super::machine_targets;
 use crate::core::nip34::{Announcement, SelfEventMeaning};
 use crate::core::state::ConnectionStatus;
 use crate::core::sync::{SyncConfig, SyncMachine};
-use crate::core::targets::machine_targets;
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
 

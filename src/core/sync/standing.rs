@@ -19,14 +19,13 @@ use log::{debug, info, warn};
 
 use crate::core::state::ConnectionStatus;
 use crate::core::targets::{
-    host_port, machine_policy, repo_pubkey, TargetPolicy, MAX_REFUSALS_PER_HOST,
-    MAX_REFUSALS_PER_PUBKEY,
+    host_port, repo_pubkey, TargetPolicy, MAX_REFUSALS_PER_HOST, MAX_REFUSALS_PER_PUBKEY,
 };
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
 use super::timers::Timer;
-use super::SyncMachine;
+use super::{machine_policy, SyncMachine};
 
 /// How long a relay whose connect failed stays behind the others (unless it connects): then
 /// it takes its turn again, so every relay is tried once in a while.

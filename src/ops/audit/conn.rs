@@ -270,8 +270,12 @@ impl Conn {
                         pages.extend(plan.next);
                         break;
                     }
-                    Incoming::Closed { sub_id, message } if sub_id == sub.as_str() => {
-                        if Prefix::of(&message) == Prefix::AuthRequired
+                    Incoming::Closed {
+                        sub_id,
+                        prefix,
+                        message,
+                    } if sub_id == sub.as_str() => {
+                        if prefix == Prefix::AuthRequired
                             && !auth_retried
                             && self.wait_for_auth(deadline)?
                         {
@@ -325,7 +329,9 @@ impl Conn {
                 Ok(Incoming::NegErr { sub_id, message }) if sub_id == sub.as_str() => {
                     return Err(format!("NEG-ERR {}", escape_for_log(&message, 200)))
                 }
-                Ok(Incoming::Closed { sub_id, message }) if sub_id == sub.as_str() => {
+                Ok(Incoming::Closed {
+                    sub_id, message, ..
+                }) if sub_id == sub.as_str() => {
                     return Err(format!("CLOSED {}", escape_for_log(&message, 200)))
                 }
                 Ok(Incoming::Notice(n)) => {

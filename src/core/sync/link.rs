@@ -1,0 +1,293 @@
+//! The machine's record of one relay connection's subscriptions ([`Link`]): what is open,
+//! loading, queued for room in the relay's budget, parked, polled, to be reopened and to be
+//! resumed after a quick reconnect, its health and its last error. Remote relays have one
+//! each (in [`RemoteRelay`](super::remote::RemoteRelay)), the own relay one of its own.
+//! Also the two filter rewrites every query path uses ([`live_only`], [`history_since`]).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use nostr::filter::Filter;
+use nostr::message::SubscriptionId;
+
+use crate::core::health::Health;
+use crate::core::paging::PageStats;
+use crate::core::relay_text::Prefix;
+use crate::core::state::PendingItems;
+use crate::core::time::Time;
+
+use super::SubPurpose;
+
+/// The most history queries kept to resume after a quick reconnect; beyond it the next
+/// connect is a fresh sync.
+pub(super) const MAX_RESUME: usize = 1_000;
+
+/// The most distinct CLOSED prefixes and NOTICE texts remembered per relay for "warn once";
+/// beyond it repeats are logged at debug level.
+pub(crate) const MAX_WARNED: usize = 64;
+
+/// The filter of a live-only subscription for the same events as `f`: no `since`/`until`,
+/// `limit: 0` (no stored events, only new ones).
+pub(crate) fn live_only(f: &Filter) -> Filter {
+    let mut f = f.clone();
+    f.since = None;
+    f.until = None;
+    f.limit = Some(0);
+    f
+}
+
+/// The filter of a history query for the same events as `f` from `since` on (no `limit`:
+/// the relay's page size applies and paging reads the rest).
+pub(crate) fn history_since(f: Filter, since: nostr::types::Timestamp) -> Filter {
+    let mut f = f;
+    f.since = Some(since);
+    f.until = None;
+    f.limit = None;
+    f
+}
+
+impl Link {
+    /// Remembers `key` for "warn once"; true the first time. Bounded by [`MAX_WARNED`].
+    pub(super) fn warn_once(&mut self, key: Warned) -> bool {
+        if self.warned.contains(&key) {
+            return false;
+        }
+        if self.warned.len() >= MAX_WARNED {
+            return false;
+        }
+        self.warned.insert(key)
+    }
+
+    /// Keeps the history queries that were not finished (sent without EOSE, queued, waiting
+    /// to be reopened, or waiting for room for their pages) so that a quick reconnect
+    /// continues them from where they were; batch queries are not kept (their batch fails
+    /// and is sent again whole).
+    pub(super) fn keep_unfinished_history(&mut self) {
+        let mut kept: Vec<Filter> = Vec::new();
+        for (sub, info) in &self.subs {
+            if self.loading.contains_key(sub) && !is_batch_query(info.purpose) {
+                if info.filter.limit == Some(0) {
+                    continue;
+                }
+                kept.push(std::sync::Arc::unwrap_or_clone(info.query()));
+            }
+        }
+        for (_, info) in &self.queue {
+            if !is_batch_query(info.purpose) && info.filter.limit != Some(0) {
+                kept.push(std::sync::Arc::unwrap_or_clone(info.query()));
+            }
+        }
+        for (_, purpose, filter) in &self.reopen {
+            // A live purpose (Layer 1) closed before its EOSE waits with its history: only
+            // a live-only filter carries none.
+            if !purpose.is_live() || filter.limit != Some(0) {
+                kept.push(filter.clone());
+            }
+        }
+        // Pages not queued yet for lack of room: the rest of their query.
+        for p in self.parked.iter().filter(|p| p.batch.is_none()) {
+            kept.push(p.remainder());
+        }
+        // A poll window not yet read: the reconnect's own catch-up may start later.
+        if let Some(ps) = self.poll_since {
+            kept.extend(self.polled.iter().map(|f| f.clone().since(ps)));
+        }
+        for f in kept {
+            if self.resume.len() >= MAX_RESUME {
+                self.resume_overflow = true;
+                break;
+            }
+            if !self.resume.contains(&f) {
+                self.resume.push(f);
+            }
+        }
+    }
+
+    /// History queries not finished (live-only REQs, `limit: 0`, carry no history and are
+    /// not counted): sent without EOSE yet, waiting for room in the budget, closed by the
+    /// relay and waiting to be opened again, and waiting for room for their pages.
+    pub(super) fn history_queries_pending(&self) -> usize {
+        let history = |f: &Filter| f.limit != Some(0);
+        let loading = self
+            .loading
+            .keys()
+            .filter(|s| self.subs.get(*s).is_some_and(|i| history(&i.filter)))
+            .count();
+        let queued = self
+            .queue
+            .iter()
+            .filter(|(_, i)| history(&i.filter))
+            .count();
+        let reopen = self.reopen.iter().filter(|(_, _, f)| history(f)).count();
+        loading + queued + reopen + self.parked.len()
+    }
+
+    /// Forgets every subscription and everything waiting to be (re)subscribed: after a lost
+    /// connection, or before the daily resync rebuilds them.
+    pub(super) fn forget_subscriptions(&mut self) {
+        self.subs.clear();
+        self.loading.clear();
+        self.queue.clear();
+        self.deferred = PendingItems::default();
+        self.reopen.clear();
+        self.parked.clear();
+        self.polled.clear();
+        self.poll_since = None;
+        self.rebuild_needed = false;
+        self.uncovered_since = None;
+        self.live_built_at = None;
+        self.polled_at_counts = None;
+    }
+}
+
+/// What a relay said that was logged at warn level once ([`Link::warn_once`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum Warned {
+    /// A CLOSED with this prefix.
+    Closed(Prefix),
+    /// A rate-limit NOTICE with this text (escaped, bounded).
+    Notice(String),
+}
+
+/// Queries that belong to a batch (its own REQs and their pages).
+pub(super) fn is_batch_query(p: SubPurpose) -> bool {
+    matches!(
+        p,
+        SubPurpose::Batch(_) | SubPurpose::Page { batch: Some(_) }
+    )
+}
+
+/// Loading subscriptions that are not part of a batch (a batch has its own deadline), with
+/// the time they were sent.
+pub(super) fn unbatched_loading(link: &Link) -> impl Iterator<Item = (&SubscriptionId, Time)> + '_ {
+    link.loading.iter().filter_map(|(sub, t)| {
+        let info = link.subs.get(sub)?;
+        match info.purpose {
+            SubPurpose::Batch(_) | SubPurpose::Page { batch: Some(_) } => None,
+            _ => Some((sub, *t)),
+        }
+    })
+}
+
+/// A history query whose follow-up pages did not fit the relay's page queue (a full page
+/// split into several queries while [`crate::core::paging::MAX_QUEUED_PAGES`] pages wait):
+/// its pages are planned again from what it delivered once the queue has room
+/// (`SyncMachine::unpark_pages`). One query and its statistics, however many pages.
+#[derive(Debug, Clone)]
+pub(super) struct Parked {
+    /// Stands for its pages in its batch's outstanding set until they are queued.
+    pub(super) id: SubscriptionId,
+    /// The batch its pages complete, if any.
+    pub(super) batch: Option<u64>,
+    /// The query exactly as sent.
+    pub(super) filter: Filter,
+    /// What it delivered before its EOSE.
+    pub(super) stats: PageStats,
+}
+
+impl Parked {
+    /// One query for everything of it not read yet: the query up to the oldest second it
+    /// delivered (inclusive).
+    pub(super) fn remainder(&self) -> Filter {
+        match self.stats.oldest {
+            Some(oldest) => self
+                .filter
+                .clone()
+                .until(nostr::types::Timestamp::from_secs(oldest)),
+            None => self.filter.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct SubInfo {
+    pub(super) purpose: SubPurpose,
+    /// The filter exactly as sent (for paging).
+    pub(super) filter: std::sync::Arc<Filter>,
+    /// What its events must also match, not sent ([`Command::Subscribe`]'s `scope`).
+    pub(super) scope: Option<std::sync::Arc<Filter>>,
+}
+
+impl SubInfo {
+    /// A subscription whose events must match `filter` only.
+    pub(super) fn new(purpose: SubPurpose, filter: Filter) -> SubInfo {
+        SubInfo {
+            purpose,
+            filter: filter.into(),
+            scope: None,
+        }
+    }
+
+    /// The query as one filter, to send again (a later page, a reopen, a resume): the filter
+    /// as sent with its scope's tag values put back (the rare re-sent fetch is the query's
+    /// full filter, which needs no scope).
+    pub(super) fn query(&self) -> std::sync::Arc<Filter> {
+        match &self.scope {
+            None => self.filter.clone(),
+            Some(scope) => {
+                let mut f = Filter::clone(&self.filter);
+                f.generic_tags = scope.generic_tags.clone();
+                f.into()
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Link {
+    pub(super) subs: HashMap<SubscriptionId, SubInfo>,
+    /// Subscriptions still loading stored history (no EOSE yet); consolidation never
+    /// closes these.
+    pub(super) loading: HashMap<SubscriptionId, Time>,
+    pub(super) health: Health,
+    /// New items waiting for a consolidation (which waits for pending batches; at the
+    /// latest at [`Timer::Consolidate`]).
+    pub(super) deferred: PendingItems,
+    /// Subscriptions (not part of a batch) closed by the relay, to open again at a time
+    /// (the earliest is [`Timer::Reopen`], or [`Timer::OwnReopen`] on the own relay).
+    pub(super) reopen: Vec<(Time, SubPurpose, Filter)>,
+    /// CLOSED prefixes and NOTICE texts already logged at warn level for this relay.
+    pub(super) warned: HashSet<Warned>,
+    /// Subscriptions waiting for room in the relay's subscription budget (in order).
+    pub(super) queue: VecDeque<(SubscriptionId, SubInfo)>,
+    /// History queries whose follow-up pages wait for room in the queue (in order; at most
+    /// [`batches::MAX_PARKED`]).
+    pub(super) parked: VecDeque<Parked>,
+    /// Layer 2/3 queries of confirmed items that do not fit the budget as live
+    /// subscriptions: re-run every poll interval with `since`, closed at EOSE.
+    pub(super) polled: Vec<Filter>,
+    /// `since` of the next poll round (which starts at [`Timer::Poll`]).
+    pub(super) poll_since: Option<nostr::types::Timestamp>,
+    /// A batch's subscriptions were closed at EOSE to make room: rebuild the live/polled
+    /// sets once the relay is idle.
+    pub(super) rebuild_needed: bool,
+    /// The earliest moment at which confirmed items of this relay lost their live
+    /// subscription without a catch-up yet (a batch query closed at EOSE for room, a live
+    /// subscription dropped from the queue): the next rebuild catches up from there.
+    pub(super) uncovered_since: Option<Time>,
+    /// When the live set was last (re)built: live subscriptions of it still queued at the
+    /// next rebuild have covered nothing since then.
+    pub(super) live_built_at: Option<Time>,
+    /// The confirmed repositories and root events (counts) when a rebuild last left queries
+    /// polled: a consolidation is tried again only once they changed (the estimate of
+    /// `promote_polled` does not see filters split for the relay's message size).
+    pub(super) polled_at_counts: Option<(usize, usize)>,
+    /// History queries interrupted by a disconnect, continued on a quick reconnect.
+    pub(super) resume: Vec<Filter>,
+    /// More than [`MAX_RESUME`] queries were interrupted: the next connect is a fresh sync.
+    pub(super) resume_overflow: bool,
+    /// Why the last connection failed or was lost.
+    pub(super) last_error: Option<String>,
+    /// The `since` of the latest catch-up or poll round.
+    pub(super) catch_up_since: Option<nostr::types::Timestamp>,
+    /// Batches failed, queries incomplete.
+    pub(super) failed_batches: u64,
+    pub(super) incomplete_queries: u64,
+    /// History queries finished: EOSEs of loading queries and reconciliations done
+    /// ([`RelaySyncStatus::history_queries_completed`]).
+    pub(super) history_queries_completed: u64,
+    /// Ids the relay listed for a reconciled query and did not deliver when asked twice
+    /// ([`RelaySyncStatus::ids_undelivered`]).
+    pub(super) ids_undelivered: u64,
+    /// Of those, the ones since its last full sync ([`RelaySyncStatus::history_short`]).
+    pub(super) history_short: u64,
+}
