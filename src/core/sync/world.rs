@@ -337,6 +337,9 @@ pub(crate) struct World {
     forward_inbox: VecDeque<Option<String>>,
     /// Scripted answers of the own relay, per event, in order; a write without one is stored.
     pub own_answers: BTreeMap<EventId, VecDeque<OwnAnswer>>,
+    /// The answer to the first write of every event without a script of its own (as
+    /// [`OwnAnswer::Once`]): an own relay that refuses everything once.
+    pub own_first_answer: Option<&'static str>,
     /// Events the own relay took into purgatory: accepted, never served.
     pub own_purgatory: BTreeSet<EventId>,
     /// `EVENT` frames the own relay read from the forwarder, per event.
@@ -396,6 +399,7 @@ impl World {
             forward: forward_session(&own_url, now),
             forward_inbox: VecDeque::new(),
             own_answers: BTreeMap::new(),
+            own_first_answer: None,
             own_purgatory: BTreeSet::new(),
             own_writes: BTreeMap::new(),
             own_authed: false,
@@ -842,6 +846,10 @@ impl World {
     fn own_answer(&mut self, id: &EventId) -> Option<String> {
         let stored: BTreeSet<EventId> = self.own.store.iter().map(|e| e.id).collect();
         let authed = self.own_authed;
+        if let (Some(m), false) = (self.own_first_answer, self.own_answers.contains_key(id)) {
+            let first = OwnAnswer::Once(m.to_string());
+            self.own_answers.insert(*id, VecDeque::from([first]));
+        }
         let script = self.own_answers.get_mut(id)?;
         loop {
             match script.front()? {
