@@ -1596,7 +1596,9 @@ fn blocked_and_restricted_events_are_stored_once_their_repository_is_announced_a
 
 #[test]
 fn an_event_taken_into_purgatory_is_never_written_again() {
-    let (mut w, ann) = one_repo(|_| {});
+    let (mut w, ann) = one_repo(|w| {
+        w.relay(A).profile(SimProfile::Strfry);
+    });
     let t = w.secs();
     let held = issue("r", "held", t - 60);
     let stored = issue("r", "stored", t - 50);
@@ -1608,10 +1610,13 @@ fn an_event_taken_into_purgatory_is_never_written_again() {
     w.publish(A, &stored);
     w.run_for(Duration::from_secs(60), Duration::from_secs(5));
     // Both connections again: the own relay is read anew (it does not serve the held
-    // event), A's history is read again and hands over its copy.
+    // event), A's history is read again.
     w.drop(OWN);
     w.drop(A);
     w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(30));
+    // The daily resync reconciles A (NIP-77) with the own relay, finds the held event
+    // missing there and fetches it: the forwarder does not write it (decision 0101).
+    w.run_for(Duration::from_secs(25 * 3600), Duration::from_secs(600));
     w.assert_own_holds(&[&ann, &stored]);
     assert!(w.own_purgatory.contains(&held.id));
     assert_eq!(w.own_writes[&held.id], 1, "taken once, never written again");
