@@ -35,8 +35,9 @@
 //!   own relay may now accept it); never retried blindly, never remembered as done.
 //! * no `OK` within the deadline, or the connection drops → re-queued and sent again.
 //!
-//! The caller reads the answer's prefix once with [`Prefix::parse`] (leading whitespace
-//! skipped, ASCII case ignored) and hands [`ForwardQueue::on_ok`] the [`Prefix`].
+//! The caller reads the answer's prefix once with [`Prefix::parse`](crate::core::relay_text::Prefix::parse) (leading whitespace
+//! skipped, ASCII case ignored) and hands [`ForwardQueue::on_ok`] the
+//! [`Prefix`](crate::core::relay_text::Prefix).
 
 mod queue;
 mod session;

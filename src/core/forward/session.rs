@@ -54,7 +54,7 @@ pub const WRITE_LINGER: Duration = Duration::from_millis(1);
 /// Queued events that end a [`WRITE_LINGER`] early.
 pub const WRITE_BATCH: usize = 32;
 /// The longest a full window waits for `OK`s to gather before the slots they freed are
-/// filled ([`full_window_linger`]).
+/// filled (`full_window_linger`).
 pub const FULL_WINDOW_LINGER: Duration = Duration::from_millis(8);
 
 /// Settings of a [`ForwardSession`].
@@ -160,11 +160,11 @@ impl OkOutcome {
 /// [`ForwardSession::poll_timeout`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wait {
-    /// Wake on a new offer ([`watches_events`]).
+    /// Wake on a new offer (`watches_events`).
     pub offers: bool,
     /// Wake on the own relay's frames; false while `OK`s may linger unread.
     pub frames: bool,
-    /// Wait at most this long: the `OK`s read lazily are read then ([`lazy_oks`]).
+    /// Wait at most this long: the `OK`s read lazily are read then (`lazy_oks`).
     pub linger: Option<Duration>,
 }
 
