@@ -368,24 +368,7 @@ impl Forwarder {
 
     fn publish_counters(&self, session: &mut ForwardSession) {
         let _ = self.events(session);
-        let queue = session.queue();
-        let c = queue.counters();
-        let f = &self.metrics.forward;
-        f.stored.store(c.stored, Ordering::Relaxed);
-        f.duplicates.store(c.duplicates, Ordering::Relaxed);
-        f.purgatory.store(c.purgatory, Ordering::Relaxed);
-        f.rejected.store(c.rejected, Ordering::Relaxed);
-        f.resent.store(c.resent, Ordering::Relaxed);
-        f.relay_errors.store(c.relay_errors, Ordering::Relaxed);
-        f.rate_limited.store(c.rate_limited, Ordering::Relaxed);
-        f.set_aside.store(c.set_aside, Ordering::Relaxed);
-        f.aside.store(queue.aside() as u64, Ordering::Relaxed);
-        f.aside_overflow.store(c.aside_overflow, Ordering::Relaxed);
-        let pace = queue.throttle().map_or(0, |t| t.pace.as_millis() as u64);
-        f.pace_ms.store(pace, Ordering::Relaxed);
-        f.deduplicated.store(c.deduplicated, Ordering::Relaxed);
-        f.queue_depth
-            .store(queue.backlog() as u64, Ordering::Relaxed);
+        self.metrics.forward.publish(session.queue());
     }
 
     /// Writes what the session hands out. False when the connection is lost.
