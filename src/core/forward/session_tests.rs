@@ -813,20 +813,35 @@ fn a_turn_does_not_repeat_at_once_while_nip42_holds_writes_back() {
 
 #[test]
 fn retries_found_handled_meanwhile_are_settled() {
-    let mut sim = Sim::new(limits());
+    let mut sim = Sim::new(ForwardLimits {
+        backlog: 3,
+        ..limits()
+    });
     let coord = "30617:pk:r";
-    sim.offer_raw(1, json(1, 1621, &[["a", coord]]));
+    let raw = json(1, 1621, &[["a", coord]]);
+    sim.offer_raw(1, raw.clone());
     sim.turn();
     sim.ok(1, false, "invalid: no announcement");
     sim.outcomes();
+    // A full backlog: the retry waits for room.
+    for n in 2..5 {
+        sim.offer(n);
+    }
     sim.s.handle_control(ForwardControl::RetryRejected {
         repos: vec![coord.into()],
         roots: vec![],
     });
     assert_eq!(sim.events(), vec![ForwardEvent::Reopened(1)]);
-    assert_eq!(sim.turn(), vec![id(1)]);
+    // A copy arrives meanwhile and is queued (an issue: ahead of the rest) and stored: the
+    // retry, once it finds room, is resolved without an answer of its own.
+    assert_eq!(sim.offer_raw(1, raw), Offer::Queued);
+    assert_eq!(sim.turn(), vec![id(1), id(2)]);
     sim.ok(1, true, "");
-    assert_eq!(sim.outcomes(), vec![(id(1), OkOutcome::Stored)]);
+    sim.ok(2, true, "");
+    sim.outcomes();
+    assert_eq!(sim.turn(), vec![id(3), id(4)], "the retry not sent");
+    assert_eq!(sim.events(), vec![ForwardEvent::Settled(1)]);
+    assert_eq!(sim.s.queue().retrying(), 0);
 }
 
 #[test]
