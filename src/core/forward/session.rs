@@ -176,6 +176,9 @@ pub struct ForwardSession {
     auth: AuthState,
     /// The connection's keep-alive; `None` while disconnected.
     keepalive: Option<Keepalive>,
+    /// The pong deadline passed as this turn began: dead unless a frame is read before the
+    /// next turn (frames that arrived meanwhile are read first, as the loop always did).
+    pong_overdue: bool,
     /// AUTH and ping frames to write.
     transmits: VecDeque<ForwardTransmit>,
     events: VecDeque<ForwardEvent>,
@@ -207,6 +210,7 @@ impl ForwardSession {
             auth: AuthState::new(config.auth_keys.is_some(), config.auth_limits),
             config,
             keepalive: None,
+            pong_overdue: false,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             intake_paused: false,
@@ -235,6 +239,7 @@ impl ForwardSession {
             self.config.pong_timeout,
         ));
         self.transmits.clear();
+        self.pong_overdue = false;
         self.send_phase = false;
         self.held = false;
         self.wrote = false;
@@ -315,8 +320,9 @@ impl ForwardSession {
     }
 
     /// Begins a turn at `now`: overdue `OK`s re-queued, pauses that are over ended, events set
-    /// aside back in the queue, NIP-42 and keep-alive deadlines handled, the throttle warning
-    /// logged; opens the send phase.
+    /// aside back in the queue, NIP-42 and keep-alive deadlines handled (the connection is
+    /// [`ForwardEvent::Dead`] when the pong deadline has passed at two turns in a row without
+    /// a frame read between them), the throttle warning logged; opens the send phase.
     pub fn handle_timeout(&mut self, now: Time) {
         self.queue.handle_timeout(now);
         // Events set aside (resolved then) are back in the queue: unresolved until their
@@ -335,10 +341,11 @@ impl ForwardSession {
             match k.poll(now) {
                 KeepaliveAction::Idle => {}
                 KeepaliveAction::SendPing => self.transmits.push_back(ForwardTransmit::Ping),
-                KeepaliveAction::Dead => {
+                KeepaliveAction::Dead if self.pong_overdue => {
                     warn!("forwarder: no pong from the own relay; reconnecting");
                     self.events.push_back(ForwardEvent::Dead);
                 }
+                KeepaliveAction::Dead => self.pong_overdue = true,
             }
         }
         self.warn_if_throttled(now);
@@ -436,6 +443,7 @@ impl ForwardSession {
     /// own relay holds and what it rejected (the relay threads hand over its next copy).
     pub fn handle_frame(&mut self, now: Time, frame: Frame<'_>, verified: &VerifiedSet) {
         self.send_phase = false;
+        self.pong_overdue = false;
         if let Some(k) = self.keepalive.as_mut() {
             k.on_activity();
         }

@@ -619,6 +619,19 @@ fn keepalive_pings_and_a_silent_relay_is_dead() {
     sim.s.handle_timeout(sim.now);
     assert_eq!(sim.s.poll_transmit(sim.now), Some(ForwardTransmit::Ping));
     sim.advance(Duration::from_secs(20));
+    // The deadline passed as a turn begins: the frames that arrived meanwhile are read first.
+    sim.s.handle_timeout(sim.now);
+    assert!(sim.events().is_empty());
+    sim.s.handle_frame(sim.now, Frame::Pong, &sim.v);
+    sim.s.handle_timeout(sim.now);
+    assert!(sim.events().is_empty(), "the pong was there");
+    // The next ping goes unanswered too, and nothing is read between two turns.
+    sim.advance(Duration::from_secs(30));
+    sim.s.handle_timeout(sim.now);
+    assert_eq!(sim.s.poll_transmit(sim.now), Some(ForwardTransmit::Ping));
+    sim.advance(Duration::from_secs(20));
+    sim.s.handle_timeout(sim.now);
+    assert!(sim.events().is_empty());
     sim.s.handle_timeout(sim.now);
     assert_eq!(sim.events(), vec![ForwardEvent::Dead]);
 }
