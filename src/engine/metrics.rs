@@ -229,6 +229,29 @@ pub struct ForwardCounters {
     pub bytes_peak: AtomicU64,
 }
 
+impl ForwardCounters {
+    /// Copies the forward queue's counters and gauges.
+    pub(crate) fn publish(&self, queue: &crate::core::forward::ForwardQueue) {
+        let c = queue.counters();
+        self.stored.store(c.stored, Ordering::Relaxed);
+        self.duplicates.store(c.duplicates, Ordering::Relaxed);
+        self.purgatory.store(c.purgatory, Ordering::Relaxed);
+        self.rejected.store(c.rejected, Ordering::Relaxed);
+        self.resent.store(c.resent, Ordering::Relaxed);
+        self.relay_errors.store(c.relay_errors, Ordering::Relaxed);
+        self.rate_limited.store(c.rate_limited, Ordering::Relaxed);
+        self.set_aside.store(c.set_aside, Ordering::Relaxed);
+        self.aside.store(queue.aside() as u64, Ordering::Relaxed);
+        self.aside_overflow
+            .store(c.aside_overflow, Ordering::Relaxed);
+        let pace = queue.throttle().map_or(0, |t| t.pace.as_millis() as u64);
+        self.pace_ms.store(pace, Ordering::Relaxed);
+        self.deduplicated.store(c.deduplicated, Ordering::Relaxed);
+        self.queue_depth
+            .store(queue.backlog() as u64, Ordering::Relaxed);
+    }
+}
+
 /// The reason prefixes of the own relay's rejections that are counted apart; `other` takes
 /// the rest (a free-text reason never becomes a metric label). Their [`Prefix::label`]s are
 /// the `reason` label values of `events_rejected_total`.

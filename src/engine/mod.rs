@@ -391,10 +391,6 @@ pub fn start(mut config: Config) -> Result<SyncHandle, Error> {
         auth_keys: coordinator::own_keys(&config),
         reports: inputs_tx.clone(),
         admissions: Default::default(),
-        intake_paused: Default::default(),
-        error_spell_warned: Default::default(),
-        throttle_warned: Default::default(),
-        purgatory_logged: Default::default(),
     };
     let forwarder_thread = coordinator::spawn_forwarder(&forwarder).map_err(Error::Spawn)?;
 

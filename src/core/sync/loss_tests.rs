@@ -8,7 +8,7 @@ use nostr::event::{Event, EventBuilder, FinalizeEvent, Kind, Tag};
 use nostr::filter::Filter;
 use nostr::types::Timestamp;
 
-use super::world::{announcement, is_l1, issue, keys, reply, repo, SimProfile, World};
+use super::world::{announcement, is_l1, issue, keys, reply, repo, OwnAnswer, SimProfile, World};
 use crate::core::sync::Report;
 use crate::core::sync::MAX_WARNED;
 use crate::core::time::Time;
@@ -31,6 +31,9 @@ thread_local! {
     /// The profile relay A of [`one_repo`] gets (see
     /// `the_loss_tests_on_one_repository_hold_on_every_profile`).
     static PROFILE: std::cell::Cell<SimProfile> = const { std::cell::Cell::new(SimProfile::Plain) };
+    /// The own relay's answer to the first write of every event in [`one_repo`] (see
+    /// `the_loss_tests_on_one_repository_hold_while_the_own_relay_refuses_each_write_once`).
+    static OWN_FIRST: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
 }
 
 /// The own relay holds `repo r` announced on A (plus what `extra` adds); A holds the
@@ -43,6 +46,7 @@ fn one_repo(cfg: impl FnOnce(&mut World)) -> (World, Event) {
     w.own.store.push(ann.clone());
     w.relay(A).store.push(ann.clone());
     w.relay(A).profile(PROFILE.get());
+    w.own_first_answer = OWN_FIRST.get();
     cfg(&mut w);
     w.start();
     w.advance(Duration::from_secs(30));
@@ -1429,4 +1433,191 @@ fn an_honest_relay_without_limits_costs_one_probe_for_its_short_page() {
         .collect();
     assert_eq!(probes.len(), 1, "{probes:?}");
     assert_eq!(probes[0].until, Some(at(1_000_000)));
+}
+
+/// The one-repository loss tests with an own relay that answers the first write of every
+/// event `OK false` with a prefix that is not a verdict: the forwarder paces itself, pauses,
+/// or authenticates (NIP-42), and every event arrives all the same.
+#[test]
+fn the_loss_tests_on_one_repository_hold_while_the_own_relay_refuses_each_write_once() {
+    let tests: [(&str, fn()); 6] = [
+        (
+            "old_root",
+            old_root_events_copied_after_an_own_relay_reconnect_are_indexed_and_synced,
+        ),
+        (
+            "backdated",
+            backdated_event_after_a_quick_reconnect_arrives_live,
+        ),
+        (
+            "closed_live",
+            closed_live_subscription_of_a_confirmed_batch_is_reopened_with_catch_up,
+        ),
+        (
+            "l1_mid_page",
+            layer1_history_interrupted_mid_page_resumes_after_a_quick_reconnect,
+        ),
+        (
+            "catch_up_paging",
+            interrupted_catch_up_paging_resumes_from_its_page,
+        ),
+        (
+            "rebuild",
+            rebuild_catches_up_from_when_items_lost_their_subscription,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for answer in [
+        "rate-limited: slow down",
+        "error: database is locked",
+        "auth-required: sign in first",
+    ] {
+        OWN_FIRST.set(Some(answer));
+        for (name, t) in tests {
+            if std::panic::catch_unwind(t).is_err() {
+                failed.push(format!("{answer:?}/{name}"));
+            }
+        }
+    }
+    OWN_FIRST.set(None);
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
+/// `n` issues of repository `r` published on A, each answered `answers` by the own relay
+/// before it stores it; runs for `run`. Returns the world and every event it must hold.
+fn issues_answered(n: u64, answers: &[&str], run: Duration) -> (World, Vec<Event>) {
+    let (mut w, ann) = one_repo(|_| {});
+    let t = w.secs();
+    let issues: Vec<Event> = (0..n)
+        .map(|i| issue("r", &format!("issue {i}"), t - 100 + i))
+        .collect();
+    for e in &issues {
+        let script = answers.iter().map(|a| OwnAnswer::Once(a.to_string()));
+        w.own_answers.insert(e.id, script.collect());
+    }
+    for e in &issues {
+        w.publish(A, e);
+    }
+    w.run_for(run, Duration::from_secs(5));
+    let mut want = issues;
+    want.push(ann);
+    (w, want)
+}
+
+#[test]
+fn an_own_relay_rate_limiting_our_writes_gets_every_event_at_its_pace() {
+    // Each refusal lengthens the interval between writes by a quarter: twenty in a row take
+    // minutes, not seconds.
+    let (w, want) = issues_answered(20, &["rate-limited: slow down"], Duration::from_secs(600));
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+    let refused_once = |id| w.own_writes.get(id) == Some(&2);
+    assert!(w.own_answers.keys().all(refused_once), "{:?}", w.own_writes);
+}
+
+#[test]
+fn an_own_relay_failing_with_error_gets_every_event_once_it_recovers() {
+    let answers = ["error: database is locked"; 4];
+    let (w, want) = issues_answered(10, &answers, Duration::from_secs(300));
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn an_event_the_own_relay_always_fails_is_set_aside_and_stored_when_it_recovers() {
+    // Eight `error:` answers to one issue while the own relay stores the others: set aside
+    // (decision 0095), sent again after ASIDE_RETRY, stored then.
+    let (mut w, ann) = one_repo(|_| {});
+    let t = w.secs();
+    let stuck = issue("r", "stuck", t - 50);
+    w.own_answers.insert(
+        stuck.id,
+        std::iter::repeat_n(OwnAnswer::Once("error: cannot store".into()), 8).collect(),
+    );
+    w.publish(A, &stuck);
+    let mut want = vec![ann];
+    for i in 0..12 {
+        w.run_for(Duration::from_secs(5), Duration::from_secs(5));
+        let e = issue("r", &format!("fine {i}"), w.secs());
+        w.publish(A, &e);
+        want.push(e);
+    }
+    w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+    // Aside: the others are stored, it waits for its next try.
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+    assert_eq!(w.own_writes[&stuck.id], 8);
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    want.push(stuck);
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn an_own_relay_requiring_auth_gets_every_event_after_nip42() {
+    let (w, want) = issues_answered(
+        5,
+        &["auth-required: sign in first"],
+        Duration::from_secs(60),
+    );
+    assert!(w.own_authed, "the forwarder authenticated");
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn blocked_and_restricted_events_are_stored_once_their_repository_is_announced_anew() {
+    for refusal in [
+        "blocked: repository does not list this relay",
+        "restricted: not a maintainer of a repository here",
+    ] {
+        let (mut w, ann) = one_repo(|_| {});
+        let t = w.secs();
+        // The own relay refuses the issue until the repository's new announcement is stored.
+        let ann2 = announcement("r", &[A, OWN], t - 5);
+        let refused = issue("r", "refused", t - 60);
+        let script = [OwnAnswer::Until(refusal.into(), ann2.id)];
+        w.own_answers.insert(refused.id, script.into());
+        w.publish(A, &refused);
+        w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+        w.assert_own_holds(&[&ann]);
+        assert_eq!(
+            w.own_writes[&refused.id], 1,
+            "{refusal}: not retried blindly"
+        );
+        w.publish(A, &ann2);
+        w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+        assert!(
+            w.retries
+                .iter()
+                .any(|(repos, _)| repos.contains(&repo("r"))),
+            "{refusal}: {:?}",
+            w.retries
+        );
+        w.assert_own_holds(&[&ann, &ann2, &refused]);
+        assert_eq!(w.own_writes[&refused.id], 2, "{refusal}");
+    }
+}
+
+#[test]
+fn an_event_taken_into_purgatory_is_never_written_again() {
+    let (mut w, ann) = one_repo(|w| {
+        w.relay(A).profile(SimProfile::Strfry);
+    });
+    let t = w.secs();
+    let held = issue("r", "held", t - 60);
+    let stored = issue("r", "stored", t - 50);
+    let script = [OwnAnswer::Once(
+        "purgatory: won't be served until git data arrives".into(),
+    )];
+    w.own_answers.insert(held.id, script.into());
+    w.publish(A, &held);
+    w.publish(A, &stored);
+    w.run_for(Duration::from_secs(60), Duration::from_secs(5));
+    // Both connections again: the own relay is read anew (it does not serve the held
+    // event), A's history is read again.
+    w.drop(OWN);
+    w.drop(A);
+    w.run_for(Duration::from_secs(20 * 60), Duration::from_secs(30));
+    // The daily resync reconciles A (NIP-77) with the own relay, finds the held event
+    // missing there and fetches it: the forwarder does not write it (decision 0101).
+    w.run_for(Duration::from_secs(25 * 3600), Duration::from_secs(600));
+    w.assert_own_holds(&[&ann, &stored]);
+    assert!(w.own_purgatory.contains(&held.id));
+    assert_eq!(w.own_writes[&held.id], 1, "taken once, never written again");
 }

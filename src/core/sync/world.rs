@@ -26,9 +26,13 @@
 //!   silence, a NOTICE as nostr-rs-relay sends for a message it does not know, a
 //!   disconnect mid-session, malformed hex, endless rounds.
 //!
-//! Events a remote relay sends go through the "forwarder" into the own relay, which
-//! delivers them as `EVENT` frames to its matching subscriptions (the self-subscription's
-//! session then reports [`Report::SelfEvent`]), as the engine does.
+//! Events a remote relay sends go through the forwarder's [`ForwardSession`] (the one the
+//! engine's forwarder thread runs) into the own relay, as `EVENT` frames it answers with `OK`s:
+//! stored at once, unless [`World::own_answers`] scripts `rate-limited:`, `error:`,
+//! `auth-required:` (with a NIP-42 challenge), `blocked:`, `restricted:` or `purgatory:` for an
+//! event ([`OwnAnswer`]). What it stores it delivers as `EVENT` frames to its matching
+//! subscriptions (the self-subscription's session then reports [`Report::SelfEvent`]), as the
+//! engine does.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -41,6 +45,10 @@ use negentropy::{Id, Negentropy, NegentropyStorageVector};
 
 use crate::core::auth::AuthLimits;
 use crate::core::dedup::VerifiedSet;
+use crate::core::forward::{
+    ForwardConfig, ForwardControl, ForwardEvent, ForwardLimits, ForwardSession, ForwardTransmit,
+};
+use crate::core::relay_text::Prefix;
 use crate::core::session::{
     Disconnect, Frame, FrameOutcome, LimitsFetch, RelaySession, SessionConfig, SessionRole,
     Transmit, Verified,
@@ -289,6 +297,22 @@ impl FakeRelay {
 
 type NegServer = Negentropy<'static, NegentropyStorageVector>;
 
+/// How the simulated own relay answers a write of one event ([`World::own_answers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OwnAnswer {
+    /// This answer to the next write: `OK false <message>` (`rate-limited:`, `error:`,
+    /// `blocked:`, …); `purgatory: …` is `OK true` and takes the event without serving it (it
+    /// is never stored); `auth-required: …` comes with a NIP-42 challenge and is answered to
+    /// every write until the forwarder has authenticated.
+    Once(String),
+    /// `OK false <message>` to every write until the own relay stores the event `EventId`
+    /// (a GRASP relay refusing an issue until its repository's announcement lists it).
+    Until(String, EventId),
+}
+
+/// The challenge the simulated own relay sends.
+const OWN_CHALLENGE: &str = "own-challenge";
+
 /// The machine plus its relays.
 pub(crate) struct World {
     pub m: SyncMachine,
@@ -307,6 +331,35 @@ pub(crate) struct World {
     pub retries: Vec<(Vec<crate::core::nip34::RepoRef>, Vec<EventId>)>,
     /// Forwarder restarts so far (the engine's epoch: claims of an earlier one are void).
     forward_epoch: u64,
+    /// The forwarder's session, connected to the own relay.
+    forward: ForwardSession,
+    /// Frames the own relay wrote to the forwarder, not read yet (`None`: a pong).
+    forward_inbox: VecDeque<Option<String>>,
+    /// Scripted answers of the own relay, per event, in order; a write without one is stored.
+    pub own_answers: BTreeMap<EventId, VecDeque<OwnAnswer>>,
+    /// The answer to the first write of every event without a script of its own (as
+    /// [`OwnAnswer::Once`]): an own relay that refuses everything once.
+    pub own_first_answer: Option<&'static str>,
+    /// Events the own relay took into purgatory: accepted, never served.
+    pub own_purgatory: BTreeSet<EventId>,
+    /// `EVENT` frames the own relay read from the forwarder, per event.
+    pub own_writes: BTreeMap<EventId, usize>,
+    /// The forwarder authenticated (NIP-42) on its connection to the own relay.
+    pub own_authed: bool,
+    /// The own relay sent its challenge on the forwarder's connection.
+    own_challenged: bool,
+}
+
+/// The forwarder's session as the engine makes it, writing at once (simulated time does not
+/// move while the world settles) and with the world's key for NIP-42.
+fn forward_session(own: &RelayUrl, now: Time) -> ForwardSession {
+    let mut s = ForwardSession::new(ForwardConfig {
+        auth_keys: Some(keys()),
+        write_linger: Duration::ZERO,
+        ..ForwardConfig::new(own.clone(), ForwardLimits::default())
+    });
+    s.on_connected(now);
+    s
 }
 
 /// Ping interval and pong deadline of the simulated sessions (the engine's defaults).
@@ -339,9 +392,18 @@ impl World {
         let mut c = SyncConfig::new(own_url.clone());
         c.batch_window = Duration::from_secs(5);
         cfg(&mut c);
+        let now = Time::from_secs(1_700_000_000);
         World {
             m: SyncMachine::new(c),
-            now: Time::from_secs(1_700_000_000),
+            now,
+            forward: forward_session(&own_url, now),
+            forward_inbox: VecDeque::new(),
+            own_answers: BTreeMap::new(),
+            own_first_answer: None,
+            own_purgatory: BTreeSet::new(),
+            own_writes: BTreeMap::new(),
+            own_authed: false,
+            own_challenged: false,
             own_url,
             own: FakeRelay::default(),
             relays: BTreeMap::new(),
@@ -419,7 +481,8 @@ impl World {
             .sessions
             .values()
             .filter_map(RelaySession::poll_timeout);
-        sessions.chain(self.m.poll_timeout()).min()
+        let forward = self.forward.poll_timeout();
+        sessions.chain(forward).chain(self.m.poll_timeout()).min()
     }
 
     /// Runs the machine's and the sessions' timers due now, then settles.
@@ -436,6 +499,9 @@ impl World {
                 s.handle_timeout(now);
             }
             self.drive(&url);
+        }
+        if self.forward.poll_timeout().is_some_and(|t| t <= now) {
+            self.drive_forward();
         }
         self.m.handle_timeout(now);
         self.pump();
@@ -460,6 +526,7 @@ impl World {
         self.sessions.clear();
         self.verified = VerifiedSet::new(VERIFIED);
         let now = self.now.plus(down);
+        self.new_forwarder(now);
         let wall = (now.wall_millis() as i64)
             .saturating_add(wall_step_ms)
             .max(0) as u64;
@@ -516,7 +583,10 @@ impl World {
                 return;
             }
             Route::RetryRejected { repos, roots } => {
-                self.retries.push((repos, roots));
+                self.retries.push((repos.clone(), roots.clone()));
+                self.forward
+                    .handle_control(ForwardControl::RetryRejected { repos, roots });
+                self.drive_forward();
                 return;
             }
             Route::Relay(relay, control) => (relay, control),
@@ -667,12 +737,136 @@ impl World {
             forward_epoch: self.forward_epoch,
         };
         if let FrameOutcome::Forward(f) = s.handle_frame(now, frame, verified) {
-            let e = Event::from_json(&*f.raw).expect("a checked event");
-            self.store_on_own_quietly(&e);
-            // The simulated forwarder stores at once: its `OK` ends the event's flight.
-            self.verified.mark_stored(&e.id);
+            // As the engine's forwarder takes it from the channel (the world never blocks a
+            // relay: the queue may grow past its backlog).
+            let _ = self.forward.offer(f.id, f.raw, f.missing, &self.verified);
+            self.drive_forward();
         }
         self.collect(relay);
+    }
+
+    /// The forwarder's turns against the own relay until neither writes nor answers: each
+    /// turn writes what the session hands out, the own relay answers every frame at once.
+    fn drive_forward(&mut self) {
+        let now = self.now;
+        loop {
+            self.forward.handle_timeout(now);
+            let mut busy = false;
+            while let Some(t) = self.forward.poll_transmit(now) {
+                busy = true;
+                match t {
+                    ForwardTransmit::Ping => self.forward_inbox.push_back(None),
+                    ForwardTransmit::Text(text) => self.own_reads(&text),
+                }
+            }
+            while let Some(frame) = self.forward_inbox.pop_front() {
+                busy = true;
+                let frame = frame.as_deref().map_or(Frame::Pong, Frame::Text);
+                self.forward.handle_frame(now, frame, &self.verified);
+                // An AUTH answering a challenge goes out at once, as the engine writes it.
+                while let Some(ForwardTransmit::Text(text)) = self.forward.poll_transmit(now) {
+                    self.own_reads(&text);
+                }
+            }
+            while let Some(e) = self.forward.poll_event() {
+                if e == ForwardEvent::Dead {
+                    self.forward.on_disconnect();
+                    self.forward.on_connected(now);
+                }
+            }
+            if !busy {
+                return;
+            }
+        }
+    }
+
+    /// A forwarder restart (a new process, or a thread that died): an empty queue on a new
+    /// connection.
+    fn new_forwarder(&mut self, now: Time) {
+        self.forward = forward_session(&self.own_url, now);
+        self.forward_inbox.clear();
+        self.own_authed = false;
+        self.own_challenged = false;
+    }
+
+    /// The own relay reads a frame the forwarder wrote and answers it.
+    fn own_reads(&mut self, text: &str) {
+        let v: serde_json::Value = serde_json::from_str(text).expect("the forwarder writes JSON");
+        let answer = |id: &str, accepted: bool, message: &str| {
+            Some(serde_json::json!(["OK", id, accepted, message]).to_string())
+        };
+        if v[0] == "AUTH" {
+            let auth = Event::from_json(v[1].to_string()).expect("an AUTH event");
+            let challenge = auth
+                .tags
+                .iter()
+                .any(|t| t.as_slice() == ["challenge".to_string(), OWN_CHALLENGE.to_string()]);
+            self.own_authed = challenge && auth.verify().is_ok();
+            let message = if self.own_authed {
+                ""
+            } else {
+                "invalid: bad AUTH"
+            };
+            let ok = answer(&auth.id.to_hex(), self.own_authed, message);
+            self.forward_inbox.push_back(ok);
+            return;
+        }
+        assert_eq!(v[0], "EVENT", "the forwarder writes EVENT and AUTH only");
+        let e = Event::from_json(v[1].to_string()).expect("a checked event");
+        *self.own_writes.entry(e.id).or_default() += 1;
+        let (accepted, message) = match self.own_answer(&e.id) {
+            None if self.own.store.iter().any(|x| x.id == e.id) => {
+                (true, "duplicate: already have it".to_string())
+            }
+            None => {
+                self.store_on_own_quietly(&e);
+                (true, String::new())
+            }
+            Some(m) if Prefix::of(&m) == Prefix::Purgatory => {
+                self.own_purgatory.insert(e.id);
+                (true, m)
+            }
+            Some(m) => {
+                if Prefix::of(&m) == Prefix::AuthRequired && !self.own_challenged {
+                    self.own_challenged = true;
+                    let challenge = serde_json::json!(["AUTH", OWN_CHALLENGE]).to_string();
+                    self.forward_inbox
+                        .push_back(answer(&e.id.to_hex(), false, &m));
+                    self.forward_inbox.push_back(Some(challenge));
+                    return;
+                }
+                (false, m)
+            }
+        };
+        self.forward_inbox
+            .push_back(answer(&e.id.to_hex(), accepted, &message));
+    }
+
+    /// The scripted answer to this write of `id`, if any ([`World::own_answers`]).
+    fn own_answer(&mut self, id: &EventId) -> Option<String> {
+        let stored: BTreeSet<EventId> = self.own.store.iter().map(|e| e.id).collect();
+        let authed = self.own_authed;
+        if let (Some(m), false) = (self.own_first_answer, self.own_answers.contains_key(id)) {
+            let first = OwnAnswer::Once(m.to_string());
+            self.own_answers.insert(*id, VecDeque::from([first]));
+        }
+        let script = self.own_answers.get_mut(id)?;
+        loop {
+            match script.front()? {
+                OwnAnswer::Until(m, until) if !stored.contains(until) => return Some(m.clone()),
+                OwnAnswer::Once(m) if Prefix::of(m) == Prefix::AuthRequired && !authed => {
+                    return Some(m.clone())
+                }
+                OwnAnswer::Once(m) if Prefix::of(m) != Prefix::AuthRequired => {
+                    let m = m.clone();
+                    script.pop_front();
+                    return Some(m);
+                }
+                _ => {
+                    script.pop_front();
+                }
+            }
+        }
     }
 
     /// A text frame from the fake relay.
@@ -1021,6 +1215,7 @@ impl World {
     /// epoch (earlier hand-over claims are void) and [`Report::ForwarderLost`].
     pub(super) fn lose_forwarder(&mut self) {
         self.forward_epoch += 1;
+        self.new_forwarder(self.now);
         self.inject(Report::ForwarderLost);
     }
 
