@@ -35,6 +35,8 @@ use serde_json::{json, Value};
 
 #[path = "bench/process.rs"]
 mod process;
+#[path = "bench/production.rs"]
+mod production;
 
 /// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
 /// quota of 64 relays per pubkey.
@@ -75,7 +77,8 @@ struct Args {
     /// `NIP77_RELAY`, skipped without it); `throttled` runs only when named: about 17 minutes of real time;
     /// `hostile` too: issue 20's floods against the release binary, which
     /// `cargo build --release` must have built; `bought` or `tags`: only issue 36's bought
-    /// tiers and frames of a megabyte of empty tags, also part of `hostile`)
+    /// tiers and frames of a megabyte of empty tags, also part of `hostile`; `production`:
+    /// issue 37's production case against the release binary, only when named)
     #[argh(option)]
     only: Option<String>,
     /// events of the `throttled` section (default 2,000; 200 with --quick)
@@ -2567,6 +2570,21 @@ fn main() {
             .unwrap_or(if args.quick { 200 } else { 2_000 });
         section("throttled own relay", &mut |notes| {
             throttled_figures(n, notes)
+        });
+    }
+    // Issue 37's production case, only when named (`--only production`).
+    if args
+        .only
+        .as_deref()
+        .is_some_and(|o| o.contains("production"))
+    {
+        let (repos, roots, relays) = if args.quick {
+            (150, 600, 8)
+        } else {
+            (900, 3_600, 20)
+        };
+        section("production", &mut |n| {
+            production::production_figures(repos, roots, relays, n)
         });
     }
     if args.only.as_deref().is_some_and(|o| o.contains("hostile")) {

@@ -396,11 +396,11 @@ fn tag(parts: &[&str]) -> Vec<String> {
 /// Repositories (10 per owner), and `n` events of them: patches (kind 1617, with diffs of
 /// `patch` bytes, log-uniform), issues (1621), NIP-22 comments (1111) on those roots and
 /// status events (1630–1633).
-struct Corpus {
+pub(super) struct Corpus {
     owners: Vec<Keys>,
-    repos: usize,
+    pub(super) repos: usize,
     /// (repository, event).
-    events: Vec<(usize, Event)>,
+    pub(super) events: Vec<(usize, Event)>,
     /// Seconds the events' `created_at` spread over, ending now.
     span: u64,
     /// Announcements newer than every event (else older).
@@ -542,7 +542,7 @@ impl Corpus {
     }
 
     /// The announcement of repository `r` listing `relays`, as ngit writes them.
-    fn announcement(&self, r: usize, relays: &[String]) -> Event {
+    pub(super) fn announcement(&self, r: usize, relays: &[String]) -> Event {
         let owner = &self.owners[r / REPOS_PER_OWNER];
         let d = format!("repo-{r}");
         let mut relay_tag = vec!["relays".to_string()];
@@ -586,7 +586,7 @@ impl Corpus {
 
     /// Whether `e` is a root event (an issue, or a patch that starts a series): what a GRASP
     /// server's own relay holds before its sync when `--seed-roots` is given.
-    fn is_root(e: &Event) -> bool {
+    pub(super) fn is_root(e: &Event) -> bool {
         e.kind.as_u16() == 1621
             || (e.kind.as_u16() == 1617
                 && e.tags
@@ -594,7 +594,7 @@ impl Corpus {
                     .any(|t| t.as_slice().first().map(String::as_str) == Some("t")))
     }
 
-    fn mean_bytes(&self) -> f64 {
+    pub(super) fn mean_bytes(&self) -> f64 {
         let total: usize = self.events.iter().map(|(_, e)| e.as_json().len()).sum();
         total as f64 / self.events.len().max(1) as f64
     }
@@ -605,7 +605,7 @@ impl Corpus {
 /// Which threads of the binary a CPU second belongs to (comm is cut at 15 bytes: remote
 /// relays "relay ws://127.", the own relay's self-subscription "relay ws://loca" because the
 /// binary is given the own relay as ws://localhost:PORT).
-fn thread_kind(comm: &str) -> &'static str {
+pub(super) fn thread_kind(comm: &str) -> &'static str {
     match comm {
         "coordinator" => "coordinator",
         "forwarder" | "forwarder-read" => "forwarder",
@@ -628,9 +628,9 @@ fn task_seconds(dir: &Path, tick: f64) -> Option<f64> {
 }
 
 /// tid → (comm, seconds): the last value seen of every thread of `pid`.
-type Threads = HashMap<u32, (String, f64)>;
+pub(super) type Threads = HashMap<u32, (String, f64)>;
 
-fn sample(pid: u32, tick: f64, into: &mut Threads) {
+pub(super) fn sample(pid: u32, tick: f64, into: &mut Threads) {
     let dir = format!("/proc/{pid}/task");
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let Some(tid) = entry.file_name().to_str().and_then(|t| t.parse().ok()) else {
@@ -644,12 +644,12 @@ fn sample(pid: u32, tick: f64, into: &mut Threads) {
 }
 
 /// utime + stime of the whole process (threads that exited included), seconds.
-fn process_seconds(pid: u32, tick: f64) -> f64 {
+pub(super) fn process_seconds(pid: u32, tick: f64) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     stat_cpu_ticks(&stat) as f64 / tick
 }
 
-fn vm_hwm_kib(pid: u32) -> u64 {
+pub(super) fn vm_hwm_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -659,12 +659,12 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 }
 
 /// The binary; SIGTERM then kill on drop.
-struct Daemon {
-    child: Child,
+pub(super) struct Daemon {
+    pub(super) child: Child,
 }
 
 impl Daemon {
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = Command::new("kill")
                 .args(["-TERM", &self.child.id().to_string()])

@@ -92,6 +92,8 @@ const PARSE_ERROR: &str = "could not parse command";
 const DUPLICATE: &str = "duplicate: already have this event";
 /// The `CLOSED` reason for a filter with more tag keys than `max_tag_keys` (strfry's text).
 const TOO_MANY_TAGS: &str = "ERROR: bad req: too many tags in filter";
+/// NOTICE, CLOSED and NEG-ERR frames kept for [`TestRelay::refusals_sent`].
+const MAX_RECORDED_REFUSALS: usize = 256;
 /// The answer to REQs and EVENTs of a connection that has not authenticated (`require_auth`).
 const AUTH_REQUIRED: &str = "auth-required: please authenticate";
 
@@ -451,6 +453,10 @@ struct State {
     reqs: Vec<RecordedReq>,
     conns: BTreeMap<u64, Conn>,
     max_subs_per_conn: usize,
+    /// The most REQ subscriptions and negentropy sessions open at once on one connection.
+    max_slots_per_conn: usize,
+    /// The first [`MAX_RECORDED_REFUSALS`] NOTICE, CLOSED and NEG-ERR frames sent.
+    refusals_sent: Vec<String>,
     next_generation: u64,
     /// Pubkeys that authenticated (NIP-42), in order, without repeats.
     authenticated: Vec<PublicKey>,
@@ -531,6 +537,12 @@ struct Shared {
     nip77_drops: AtomicU64,
     /// `AUTH` messages received from clients (all connections).
     auth_messages: AtomicU64,
+    /// NOTICE frames written to clients.
+    notices_sent: AtomicU64,
+    /// CLOSED frames written to clients.
+    closed_sent: AtomicU64,
+    /// NEG-ERR frames written to clients.
+    neg_errs_sent: AtomicU64,
 }
 
 impl Shared {
@@ -1173,6 +1185,36 @@ impl TestRelay {
         self.shared.state.lock().max_subs_per_conn
     }
 
+    /// The most REQ subscriptions and negentropy sessions ever open at once on a single
+    /// connection, counted together (as strfry counts them against `max_subscriptions`),
+    /// whether or not this relay counts sessions
+    /// ([`TestRelayOptions::neg_sessions_count_as_subscriptions`]). A REQ or `NEG-OPEN`
+    /// refused for the limit is not open and not counted.
+    pub fn max_subscriptions_and_neg_sessions_per_connection(&self) -> usize {
+        self.shared.state.lock().max_slots_per_conn
+    }
+
+    /// `NOTICE` frames sent to clients so far (all connections): refusals, parse errors and
+    /// [`send_notice`](Self::send_notice) alike. Texts: [`refusals_sent`](Self::refusals_sent).
+    pub fn notices_sent(&self) -> u64 {
+        self.shared.notices_sent.load(Ordering::SeqCst)
+    }
+
+    /// `CLOSED` frames sent to clients so far (all connections), whatever their reason.
+    pub fn closed_sent(&self) -> u64 {
+        self.shared.closed_sent.load(Ordering::SeqCst)
+    }
+
+    /// `NEG-ERR` frames sent to clients so far (all connections).
+    pub fn neg_errs_sent(&self) -> u64 {
+        self.shared.neg_errs_sent.load(Ordering::SeqCst)
+    }
+
+    /// The first 256 `NOTICE`, `CLOSED` and `NEG-ERR` frames sent, as written, in order.
+    pub fn refusals_sent(&self) -> Vec<String> {
+        self.shared.state.lock().refusals_sent.clone()
+    }
+
     /// Number of websocket connections established (upgrade completed).
     pub fn connections_accepted(&self) -> u64 {
         self.shared.connections_accepted.load(Ordering::SeqCst)
@@ -1477,6 +1519,7 @@ fn write_frame(shared: &Shared, ws: &mut WebSocket<RelayStream>, frame: String) 
     shared
         .bytes_sent
         .fetch_add(frame.len() as u64, Ordering::Relaxed);
+    count_refusal(shared, &frame);
     match ws.write(Message::text(frame)) {
         Ok(()) => true,
         // The frame stays buffered and goes out with a later flush.
@@ -1598,6 +1641,25 @@ fn connection_loop(
                 return;
             }
         }
+    }
+}
+
+/// Counts `frame` when it is a NOTICE, CLOSED or NEG-ERR, and keeps the first
+/// [`MAX_RECORDED_REFUSALS`] of them ([`TestRelay::refusals_sent`]).
+fn count_refusal(shared: &Shared, frame: &str) {
+    let counter = if frame.starts_with("[\"NOTICE\"") {
+        &shared.notices_sent
+    } else if frame.starts_with("[\"CLOSED\"") {
+        &shared.closed_sent
+    } else if frame.starts_with("[\"NEG-ERR\"") {
+        &shared.neg_errs_sent
+    } else {
+        return;
+    };
+    counter.fetch_add(1, Ordering::SeqCst);
+    let mut state = shared.state.lock();
+    if state.refusals_sent.len() < MAX_RECORDED_REFUSALS {
+        state.refusals_sent.push(frame.to_string());
     }
 }
 
@@ -1808,6 +1870,8 @@ fn handle_neg_open(
     match nip77::open(records.into_iter(), &initial) {
         Ok((session, reply)) => {
             conn.neg_sessions.insert(sub_id.clone(), (session, items));
+            let slots = conn.subs.len() + conn.neg_sessions.len();
+            state.max_slots_per_conn = state.max_slots_per_conn.max(slots);
             neg_reply(shared, opts, conn, &sub_id, &reply)
         }
         Err(e) => Handled::frame(neg_err_frame(&sub_id, &nip77::invalid(&e.to_string()))),
@@ -2101,6 +2165,9 @@ fn handle_req(
         },
     );
     state.max_subs_per_conn = state.max_subs_per_conn.max(conn.subs.len());
+    state.max_slots_per_conn = state
+        .max_slots_per_conn
+        .max(conn.subs.len() + conn.neg_sessions.len());
 
     let mut delayed_eose = None;
     if eose {

@@ -839,6 +839,10 @@ impl SyncMachine {
             }
             self.replace_outstanding(&relay, b, &neg_id, vec![sub]);
         }
+        // The live REQ closed above gave its slot back. With queries waiting, the REQ just
+        // opened went behind them: send what fits, or the queue waits for an EOSE that may
+        // never come (every other subscription settled; issue 37).
+        self.drain_queue(&relay);
     }
 
     /// Closes one of our subscriptions on a remote relay (sent, or still queued).
