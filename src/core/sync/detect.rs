@@ -114,24 +114,34 @@ impl SyncMachine {
     }
 
     /// Ends the detection of `relay` with what it found (`None`: nothing learnt).
+    ///
+    /// The session is closed and what was learnt recorded before queued REQs take its slot:
+    /// a REQ sent ahead of the `NEG-CLOSE` would find the relay counting one subscription
+    /// more than its budget (strfry answers `NOTICE "ERROR: too many concurrent REQs"`;
+    /// issue 37's production test saw 21 open on a relay allowing 20).
     fn end_detection(&mut self, relay: &RelayUrl, found: Option<Nip77Support>, why: &str) {
         let Some(d) = self.remote_mut(relay).and_then(|r| r.detection.take()) else {
             return;
         };
         self.timers.cancel(&Timer::Nip77Detection(relay.clone()));
-        // Its slot is free for a queued REQ.
-        self.drain_queue(relay);
-        let Some(found) = found else {
-            debug!("{relay}: NIP-77 detection inconclusive ({why})");
-            return;
-        };
-        if found == Nip77Support::Works {
+        if found == Some(Nip77Support::Works) {
             self.commands.push_back(Command::NegClose {
                 relay: relay.clone(),
                 generation: d.generation,
                 sub_id: d.sub_id,
             });
         }
+        self.learn_detected(relay, found, why);
+        // Its slot is free for a queued REQ.
+        self.drain_queue(relay);
+    }
+
+    /// Records what a detection found (`None`: nothing learnt).
+    fn learn_detected(&mut self, relay: &RelayUrl, found: Option<Nip77Support>, why: &str) {
+        let Some(found) = found else {
+            debug!("{relay}: NIP-77 detection inconclusive ({why})");
+            return;
+        };
         let now = self.last_now;
         let Some(remote) = self.remote_mut(relay) else {
             return;

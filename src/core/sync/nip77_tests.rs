@@ -517,6 +517,31 @@ fn a_relay_not_advertising_nip77_that_speaks_it_is_found_beside_the_req_path() {
 }
 
 #[test]
+fn a_detection_ends_with_its_neg_close_before_a_queued_req_takes_its_slot() {
+    // Issue 37's production test: a relay without NIP-11 that counts NEG sessions with REQs
+    // saw 21 open at a default budget of 20, because the REQ waiting for the detection's
+    // slot went out before its NEG-CLOSE.
+    let mut c = case(
+        40,
+        |i| i % 2 == 0,
+        false,
+        Nip77Mode::On,
+        |cfg| cfg.default_subscription_budget = 4,
+        |a| {
+            a.publish_nip11 = false;
+            a.max_subs = Some(4);
+            a.negs_count_as_subs = true;
+        },
+    );
+    c.run(120);
+    c.assert_exact();
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Works);
+    assert_eq!(detections(c.a()), 1);
+    assert!(c.a().max_open_seen <= 4, "{} open", c.a().max_open_seen);
+}
+
+#[test]
 fn the_detection_never_holds_history_back_and_remembers_every_no() {
     // NOTICE (nostr-rs-relay), silence, CLOSED: the history arrives long before the round
     // deadline, and the relay is known not to speak NIP-77 afterwards.
