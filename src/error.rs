@@ -6,6 +6,7 @@ use crate::shared::UrlError;
 
 /// An error starting or stopping the engine.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// A relay URL in the configuration is not usable.
     InvalidUrl {

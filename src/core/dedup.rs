@@ -297,6 +297,7 @@ impl TagPrint {
 
 /// What a [`VerifiedSet`] knows about an event that arrived again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Known {
     /// Nothing: its id is not remembered, or with another signature.
     No,

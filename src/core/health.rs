@@ -39,6 +39,7 @@ impl Default for BackoffPolicy {
 
 /// Health of one relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HealthState {
     /// No failure since the last stable connection.
     Healthy,

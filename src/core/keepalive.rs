@@ -10,6 +10,7 @@ use crate::core::time::Time;
 
 /// What the connection loop must do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeepaliveAction {
     /// Nothing.
     Idle,

@@ -13,6 +13,7 @@ use crate::core::relay_text::Prefix;
 
 /// One message from a relay.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Incoming<'a> {
     /// `["EVENT", sub_id, {...}]`; `raw` is the event's JSON exactly as received.
     Event {
@@ -67,6 +68,7 @@ pub enum Incoming<'a> {
 
 /// Why a frame could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FrameError {
     /// Not a JSON array whose first element is a string.
     NotAnArray,
@@ -432,6 +434,7 @@ const JSON_SPACE: [char; 4] = [' ', '\t', '\n', '\r'];
 
 /// Why an event received from a relay is not forwarded.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EventRejection {
     /// Not a valid event object.
     Malformed(String),
@@ -604,6 +607,7 @@ pub fn check_parsed(event: &Event, filter: &Filter) -> Result<(), EventRejection
 
 /// How [`check_parsed_cached`] established an event's id and signature.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SignatureCheck {
     /// The id and the Schnorr signature were verified now (and remembered).
     Verified,

@@ -221,6 +221,7 @@ pub fn root_event_repos(event: &Event) -> Vec<RepoRef> {
 
 /// What one event read from the own relay means for the repository index.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SelfEventMeaning {
     /// A repository announcement.
     Announcement(Announcement),

@@ -187,6 +187,7 @@ impl ProgressTracker {
 
 /// Why there is no estimate.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Unknown {
     /// The relay is not connected (reconnects with a backoff; a dead relay may stay so).
     RelayDisconnected,
@@ -265,6 +266,7 @@ impl fmt::Display for Unknown {
 
 /// An estimate of the time to settle.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Eta {
     /// Nothing pending: settled (0 s).
     Settled,

@@ -148,6 +148,7 @@ impl fmt::Display for Prefix {
 
 /// What a `CLOSED` means for the sync logic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ClosedReason {
     /// `rate-limited:`: wait for the cool-down, then subscribe again.
     RateLimited,
@@ -170,6 +171,7 @@ impl From<Prefix> for ClosedReason {
 
 /// What a NOTICE means for us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NoticeKind {
     /// The relay asks us to slow down (rate limit, too many requests or subscriptions).
     RateLimit,

@@ -51,6 +51,7 @@ pub struct RelaySyncNeeds {
 
 /// Connection status of a relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ConnectionStatus {
     /// Not connected (never tried, failed, or lost).
     Disconnected,

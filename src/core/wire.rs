@@ -531,6 +531,7 @@ impl fmt::Display for Disconnect {
 
 /// A frame read from the socket.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Frame<'a> {
     /// A text message.
     Text(&'a str),
@@ -546,6 +547,7 @@ pub enum Frame<'a> {
 
 /// Something to write to the socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Transmit {
     /// A text frame.
     Text(String),

@@ -58,6 +58,7 @@ pub const RELAY_STACK: usize = 256 * 1024;
 
 /// Where a connection's events go.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Role {
     /// A remote relay: checked events go to the forwarder.
     Remote(Sender<ForwardItem>),

@@ -39,6 +39,7 @@ use crate::shared::RelayUrl;
 
 /// What the coordinator receives.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Input {
     /// A report from a relay thread.
     Report(Report),
@@ -52,6 +53,7 @@ pub enum Input {
 /// Which thread [`SyncHandle::inject_panic`] makes panic.
 #[cfg(feature = "testing")]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PanicTarget {
     /// The relay thread of this relay (the own relay's URL: the self-subscription).
     Relay(RelayUrl),

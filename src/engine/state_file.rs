@@ -103,6 +103,7 @@ impl IgnoredReason {
 
 /// What [`load`] found.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Loaded {
     /// A usable snapshot.
     Snapshot(SyncSnapshot),

@@ -34,6 +34,7 @@ const READ_CHUNK: usize = 8 * 1024;
 
 /// Why the NIP-11 document could not be fetched or read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Nip11Error {
     /// The host did not resolve or the TCP connection was refused.
     Connect(String),

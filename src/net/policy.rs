@@ -122,6 +122,7 @@ fn v6_reason(ip: Ipv6Addr) -> Option<AddressKind> {
 
 /// A `--deny-relay` / `--allow-relay` pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RelayPattern {
     /// One relay URL (normalised).
     Url(RelayUrl),
@@ -191,6 +192,7 @@ impl fmt::Display for RelayPattern {
 
 /// What the policy says about a relay URL before any address is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UrlVerdict {
     /// Named by the operator (or allowed by a pattern): no address check.
     Trusted,

@@ -23,6 +23,7 @@ pub struct TrustOptions {
 
 /// What went wrong building the trust store.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A CA file could not be read or holds no certificate.
     CaFile {

@@ -30,6 +30,7 @@ pub struct RelayUrl {
 
 /// Why a relay URL was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UrlError {
     /// The URL is empty after trimming whitespace.
     Empty,

@@ -87,6 +87,7 @@ pub fn error_pause(base: Duration, errors: u32) -> Duration {
 
 /// What happened to an offered event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Offer {
     /// Queued for sending.
     Queued,
@@ -118,6 +119,7 @@ impl Offer {
 
 /// What an `OK` meant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OkOutcome {
     /// Stored now.
     Stored,

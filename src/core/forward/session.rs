@@ -95,6 +95,7 @@ impl ForwardConfig {
 
 /// Commands to a [`ForwardSession`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ForwardControl {
     /// Re-offer the events the own relay rejected earlier that name one of these repository
     /// coordinates or root event ids (see [`ForwardQueue::retry_rejected`]).
@@ -111,6 +112,7 @@ pub enum ForwardControl {
 
 /// A frame to write to the own relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ForwardTransmit {
     /// A text frame: `["EVENT",…]` or `["AUTH",…]`.
     Text(String),
@@ -120,6 +122,7 @@ pub enum ForwardTransmit {
 
 /// What happened, for the caller's counters and byte admissions.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ForwardEvent {
     /// The own relay answered a write of `id` (an `OK`, or a set-aside after it).
     Answered {

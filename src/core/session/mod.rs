@@ -67,6 +67,7 @@ pub const MAX_OVERSIZED_REMEMBERED: usize = 1_000;
 
 /// What the NIP-11 request before a connect found, as the session needs to know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LimitsFetch {
     /// The relay published a document: its `limitation`.
     Fetched(RelayLimits),
@@ -78,6 +79,7 @@ pub enum LimitsFetch {
 
 /// Where a session's checked events go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SessionRole {
     /// A remote relay: checked events go to the forwarder ([`FrameOutcome::Forward`]).
     Remote,
@@ -131,6 +133,7 @@ pub struct Forward {
 /// What [`RelaySession::handle_frame`] made of a frame.
 #[derive(Debug, Clone)]
 #[must_use]
+#[non_exhaustive]
 pub enum FrameOutcome {
     /// A remote relay's copy of an event already handed to the forwarder, recognised by its
     /// id and dropped unparsed: nothing was queued and nothing waited.

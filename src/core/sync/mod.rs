@@ -81,6 +81,7 @@ pub use status::{RelaySyncStatus, SyncCounters};
 
 /// What a subscription is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SubPurpose {
     /// Layer 1 (announcements), once per connection.
     Announcements,

@@ -100,6 +100,7 @@ impl Default for Nip77Config {
 
 /// What the machine knows about a relay's NIP-77 support.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Nip77Support {
     /// Not advertised (or no NIP-11): tried once.
     #[default]

@@ -10,6 +10,7 @@ use super::Shard;
 
 /// Which repositories produce sync targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RepoScope {
     /// Every repository the own relay holds (`--archive`, or no `--public-url` given).
     All,

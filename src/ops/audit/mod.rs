@@ -101,6 +101,7 @@ impl Default for AuditOptions {
 
 /// Why there is no report: the own relay could not be read.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AuditError {
     /// Connecting to or reading the own relay failed.
     OwnRelay(String),
@@ -121,6 +122,7 @@ impl std::error::Error for AuditError {}
 
 /// How one relay's audit ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RelayOutcome {
     /// Every query was answered in full.
     Complete,
