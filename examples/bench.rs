@@ -35,6 +35,8 @@ use serde_json::{json, Value};
 
 #[path = "bench/process.rs"]
 mod process;
+#[path = "bench/reference.rs"]
+mod reference;
 
 /// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
 /// quota of 64 relays per pubkey.
@@ -75,7 +77,8 @@ struct Args {
     /// `NIP77_RELAY`, skipped without it); `throttled` runs only when named: about 17 minutes of real time;
     /// `hostile` too: issue 20's floods against the release binary, which
     /// `cargo build --release` must have built; `bought` or `tags`: only issue 36's bought
-    /// tiers and frames of a megabyte of empty tags, also part of `hostile`)
+    /// tiers and frames of a megabyte of empty tags, also part of `hostile`; `reference`:
+    /// ngit-grasp's own sync beside grasp-sync's on one data set, only when named)
     #[argh(option)]
     only: Option<String>,
     /// events of the `throttled` section (default 2,000; 200 with --quick)
@@ -105,6 +108,10 @@ struct Args {
     /// process section: announcements newer than every event (default: older)
     #[argh(switch)]
     new_announcements: bool,
+    /// reference section: seconds without a new expected event after which a side is
+    /// taken as done (default 150: over two of ngit-grasp's 60 s descendant refreshes)
+    #[argh(option)]
+    plateau_secs: Option<u64>,
     /// internal: run one memory probe in this process and print its JSON
     /// (`engine:N` or `clients:N`)
     #[argh(option)]
@@ -2568,6 +2575,25 @@ fn main() {
         section("throttled own relay", &mut |notes| {
             throttled_figures(n, notes)
         });
+    }
+    if args.only.as_deref().is_some_and(|o| o.contains("reference")) {
+        match reference::binaries() {
+            Ok(bins) => {
+                let q = args.quick;
+                let shape = reference::Shape {
+                    events: args.events.unwrap_or(if q { 1_000 } else { 5_000 }),
+                    relays: args.relays.unwrap_or(if q { 3 } else { 5 }),
+                    repos: args.repos.unwrap_or(if q { 10 } else { 50 }),
+                    spread: args.spread.unwrap_or(2),
+                    plateau: Duration::from_secs(args.plateau_secs.unwrap_or(150)),
+                    deadline: Duration::from_secs(1200),
+                };
+                section("reference", &mut |n| {
+                    reference::reference_figures(&bins, &shape, n)
+                });
+            }
+            Err(why) => eprintln!("reference: skipped: {why}"),
+        }
     }
     if args.only.as_deref().is_some_and(|o| o.contains("hostile")) {
         section("hostile", &mut hostile_figures);

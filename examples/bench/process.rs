@@ -37,13 +37,13 @@ const CPU_BUDGET: f64 = 1.30;
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 const COUNT_EVERY: Duration = Duration::from_millis(250);
 const SYNC_DEADLINE: Duration = Duration::from_secs(1200);
-const WAIT: Duration = Duration::from_secs(60);
+pub(super) const WAIT: Duration = Duration::from_secs(60);
 /// Events in flight per seeding connection before their OKs are read.
 const SEED_WINDOW: usize = 256;
 /// Ids per REQ of the final set check.
 const CHECK_CHUNK: usize = 400;
-const YEAR: u64 = 365 * 24 * 3600;
-const NRR_DEFAULT: &str = "/opt/nostr-rs-relay/bin/nostr-rs-relay";
+pub(super) const YEAR: u64 = 365 * 24 * 3600;
+pub(super) const NRR_DEFAULT: &str = "/opt/nostr-rs-relay/bin/nostr-rs-relay";
 
 /// The relay binaries of the section.
 pub struct Binaries {
@@ -91,10 +91,10 @@ pub fn binaries() -> Result<Binaries, String> {
 // ----- relay processes -----
 
 /// A relay process on 127.0.0.1; killed (and its temp dir removed) on drop.
-struct RelayProc {
-    child: Child,
+pub(super) struct RelayProc {
+    pub(super) child: Child,
     stdin: Option<ChildStdin>,
-    url: String,
+    pub(super) url: String,
     dir: Option<PathBuf>,
 }
 
@@ -134,7 +134,11 @@ impl RelayProc {
     /// nostr-rs-relay with its SQLite database on disk in a temp dir (its in-memory mode locks
     /// writers out while a query runs; see tests/interop.rs).
     fn nostr_rs(bin: &Path) -> RelayProc {
-        let port = free_port();
+        RelayProc::nostr_rs_on(bin, free_port())
+    }
+
+    /// [`RelayProc::nostr_rs`] on `port`, picked beforehand (its URL goes into announcements).
+    pub(super) fn nostr_rs_on(bin: &Path, port: u16) -> RelayProc {
         let dir = std::env::temp_dir().join(format!(
             "grasp-sync-bench-nrr-{}-{port}",
             std::process::id()
@@ -173,7 +177,7 @@ impl RelayProc {
         relay
     }
 
-    fn port(&self) -> u16 {
+    pub(super) fn port(&self) -> u16 {
         self.url
             .rsplit(':')
             .next()
@@ -197,12 +201,12 @@ impl Drop for RelayProc {
 
 type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
-struct Client {
+pub(super) struct Client {
     ws: Ws,
 }
 
 impl Client {
-    fn connect(url: &str) -> Client {
+    pub(super) fn connect(url: &str) -> Client {
         let (ws, _) = tungstenite::connect(url).unwrap_or_else(|e| panic!("connect {url}: {e}"));
         if let MaybeTlsStream::Plain(s) = ws.get_ref() {
             let _ = s.set_read_timeout(Some(WAIT));
@@ -230,7 +234,7 @@ impl Client {
     }
 
     /// Publishes `events` (JSON) and waits for every OK (true, or a duplicate).
-    fn publish(&mut self, events: &[&str]) {
+    pub(super) fn publish(&mut self, events: &[&str]) {
         self.publish_window(events, SEED_WINDOW);
     }
 
@@ -274,9 +278,16 @@ impl Client {
 
     /// How many of `ids` the relay holds.
     fn held(&mut self, ids: &[String]) -> usize {
-        let mut held = 0;
-        for (n, chunk) in ids.chunks(CHECK_CHUNK).enumerate() {
-            let sub = format!("v{n}");
+        self.held_ids(ids).len()
+    }
+
+    /// Which of `ids` the relay holds (REQs of at most [`CHECK_CHUNK`] ids, each a
+    /// subscription id of its own, so a late answer to an earlier call is never counted).
+    pub(super) fn held_ids(&mut self, ids: &[String]) -> HashSet<String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut held = HashSet::new();
+        for chunk in ids.chunks(CHECK_CHUNK) {
+            let sub = format!("v{}", NEXT.fetch_add(1, Ordering::Relaxed));
             let req = serde_json::json!(["REQ", sub, {"ids": chunk, "limit": chunk.len()}]);
             self.write(req.to_string());
             self.flush();
@@ -286,7 +297,9 @@ impl Client {
                     continue;
                 }
                 match v[0].as_str() {
-                    Some("EVENT") => held += 1,
+                    Some("EVENT") => {
+                        held.insert(v[2]["id"].as_str().unwrap_or_default().to_string());
+                    }
                     Some("EOSE") => break,
                     Some("CLOSED") => break,
                     _ => {}
@@ -380,7 +393,7 @@ fn patch_text(rng: &mut Rng, bytes: usize) -> String {
     s
 }
 
-fn sign_event(keys: &Keys, kind: u16, content: &str, tags: &[Vec<String>], at: u64) -> Event {
+pub(super) fn sign_event(keys: &Keys, kind: u16, content: &str, tags: &[Vec<String>], at: u64) -> Event {
     let mut b = EventBuilder::new(Kind::Custom(kind), content)
         .custom_created_at(nostr::types::Timestamp::from_secs(at));
     for t in tags {
@@ -389,18 +402,18 @@ fn sign_event(keys: &Keys, kind: u16, content: &str, tags: &[Vec<String>], at: u
     b.finalize(keys).expect("sign")
 }
 
-fn tag(parts: &[&str]) -> Vec<String> {
+pub(super) fn tag(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
 /// Repositories (10 per owner), and `n` events of them: patches (kind 1617, with diffs of
 /// `patch` bytes, log-uniform), issues (1621), NIP-22 comments (1111) on those roots and
 /// status events (1630–1633).
-struct Corpus {
-    owners: Vec<Keys>,
-    repos: usize,
+pub(super) struct Corpus {
+    pub(super) owners: Vec<Keys>,
+    pub(super) repos: usize,
     /// (repository, event).
-    events: Vec<(usize, Event)>,
+    pub(super) events: Vec<(usize, Event)>,
     /// Seconds the events' `created_at` spread over, ending now.
     span: u64,
     /// Announcements newer than every event (else older).
@@ -544,6 +557,14 @@ impl Corpus {
     /// The announcement of repository `r` listing `relays`, as ngit writes them.
     fn announcement(&self, r: usize, relays: &[String]) -> Event {
         let owner = &self.owners[r / REPOS_PER_OWNER];
+        let clone = format!("https://git.example.org/{}/repo-{r}.git", owner.public_key());
+        self.announcement_cloned(r, &clone, relays)
+    }
+
+    /// [`Corpus::announcement`] with the `clone` URL given (a GRASP server accepts only an
+    /// announcement whose `clone` names its domain).
+    pub(super) fn announcement_cloned(&self, r: usize, clone: &str, relays: &[String]) -> Event {
+        let owner = &self.owners[r / REPOS_PER_OWNER];
         let d = format!("repo-{r}");
         let mut relay_tag = vec!["relays".to_string()];
         relay_tag.extend(relays.iter().cloned());
@@ -554,10 +575,7 @@ impl Corpus {
                 "description",
                 "A tool that does one thing well, with a longer description of what it is for.",
             ]),
-            tag(&[
-                "clone",
-                &format!("https://git.example.org/{}/{d}.git", owner.public_key()),
-            ]),
+            tag(&["clone", clone]),
             tag(&["web", &format!("https://gitworkshop.dev/repo/{d}")]),
             relay_tag,
             tag(&["r", &format!("{:040x}", r), "euc"]),
@@ -644,12 +662,12 @@ fn sample(pid: u32, tick: f64, into: &mut Threads) {
 }
 
 /// utime + stime of the whole process (threads that exited included), seconds.
-fn process_seconds(pid: u32, tick: f64) -> f64 {
+pub(super) fn process_seconds(pid: u32, tick: f64) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     stat_cpu_ticks(&stat) as f64 / tick
 }
 
-fn vm_hwm_kib(pid: u32) -> u64 {
+pub(super) fn vm_hwm_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -659,12 +677,12 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 }
 
 /// The binary; SIGTERM then kill on drop.
-struct Daemon {
-    child: Child,
+pub(super) struct Daemon {
+    pub(super) child: Child,
 }
 
 impl Daemon {
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = Command::new("kill")
                 .args(["-TERM", &self.child.id().to_string()])
