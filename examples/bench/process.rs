@@ -939,7 +939,7 @@ fn run(
 
 /// The remote relays' event counters summed from `/status`: copies received, parsed and
 /// checked, Schnorr checks, and copies not forwarded (where the per-copy CPU goes).
-fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
+pub(super) fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
     let (code, body) = grasp_sync::ops::http::get(addr, "/status", WAIT).ok()?;
     let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
     let mut sums = [0u64; 5];

@@ -36,7 +36,7 @@ use nostr::key::Keys;
 use nostr::nips::nip19::ToBech32;
 
 use super::process::{
-    process_seconds, sign_event, tag, vm_hwm_kib, Client, Corpus, Daemon, RelayProc,
+    copy_counters, process_seconds, sign_event, tag, vm_hwm_kib, Client, Corpus, Daemon, RelayProc,
     NRR_DEFAULT, WAIT, YEAR,
 };
 use super::{clock_ticks_per_sec, free_port, number, Budget, Figure, REPOS_PER_OWNER};
@@ -319,21 +319,36 @@ fn missing_by_category(
     }
 }
 
-/// Lines of ngit-grasp's log containing each of a few telling strings.
-fn log_counts(log: &str) -> String {
+/// What ngit-grasp's log says about its sync: its event-pipeline windows summed (copies
+/// delivered by the remote relays, saved, duplicates, rejected) and the lines containing a few
+/// telling strings.
+fn log_summary(log: &str) -> String {
+    let mut sums: BTreeMap<&str, u64> = BTreeMap::new();
+    for line in log.lines().filter(|l| l.contains("event-pipeline window")) {
+        for field in ["delivered", "saved", "duplicate", "rejected", "purgatory"] {
+            let key = format!(" {field}=");
+            let n = line.split_once(&key).and_then(|(_, rest)| {
+                rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+            });
+            *sums.entry(field).or_default() += n.unwrap_or(0);
+        }
+    }
     let needles = [
+        "Transient negentropy failure",
+        "hit pagination threshold",
+        "Started queued descendant fallback query",
         "Rejected orphan",
         "rate-limited",
-        "Maximum concurrent subscription",
-        "failed",
-        "ERROR",
         "WARN",
+        "ERROR",
     ];
-    needles
-        .iter()
-        .map(|n| format!("{n:?} {}", log.lines().filter(|l| l.contains(n)).count()))
-        .collect::<Vec<_>>()
-        .join(", ")
+    let mut parts: Vec<String> = sums.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    parts.extend(
+        needles
+            .iter()
+            .map(|n| format!("{n:?} {}", log.lines().filter(|l| l.contains(n)).count())),
+    );
+    parts.join(", ")
 }
 
 /// Publishes `events` to ngit-grasp, at most [`NGIT_BURST`] per connection (its write
@@ -342,6 +357,43 @@ fn publish_ngit(url: &str, events: &[String]) {
     for chunk in events.chunks(NGIT_BURST) {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         Client::connect(url).publish(&refs);
+    }
+}
+
+/// Queries each remote relay dropped without an answer so far (nostr-rs-relay's
+/// `nostr_query_abort_total` on its `/metrics`, summed over reasons: `loadshed`, queued over
+/// 5 s; `slowclient`, results not taken for 2 s; `checkpoint`), per relay.
+fn query_aborts(remotes: &[RelayProc]) -> Vec<u64> {
+    remotes
+        .iter()
+        .map(|r| {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], r.port()));
+            let body = grasp_sync::ops::http::get(addr, "/metrics", WAIT)
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            body.lines()
+                .filter(|l| l.starts_with("nostr_query_abort_total"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        })
+        .collect()
+}
+
+/// Expected events absent from `present`, by the remote relays (indices) holding them.
+fn missing_by_relays(
+    expected: &HashSet<String>,
+    present: &HashSet<String>,
+    holders: &HashMap<String, String>,
+) -> String {
+    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+    for id in expected.difference(present) {
+        *by.entry(holders[id].as_str()).or_default() += 1;
+    }
+    let parts: Vec<String> = by.iter().map(|(k, n)| format!("{n} on {k}")).collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
     }
 }
 
@@ -434,6 +486,16 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         shape.plateau.as_secs(),
         shape.deadline.as_secs(),
     ));
+    let holders: HashMap<String, String> = corpus
+        .events
+        .iter()
+        .map(|(r, e)| {
+            let on: Vec<String> = listed(*r).map(|i| i.to_string()).collect();
+            (e.id.to_hex(), format!("relays {}", on.join("+")))
+        })
+        .collect();
+    let expected_set: HashSet<String> = expected.iter().cloned().collect();
+    let aborts0 = query_aborts(&remotes);
     let handed: Vec<String> = anns.iter().chain(&states).map(Event::as_json).collect();
 
     // (a) ngit-grasp syncing into itself.
@@ -456,11 +518,12 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         remotes_cpu: remotes_cpu(&remotes, tick) - remotes0,
     };
     notes.push(format!(
-        "reference (a): ngit-grasp log lines: {}; log kept in {}",
-        log_counts(&ngit.log()),
+        "reference (a): ngit-grasp's log: {}; kept in {}",
+        log_summary(&ngit.log()),
         ngit.dir.with_extension("log").display()
     ));
     drop(ngit);
+    let aborts_a = query_aborts(&remotes);
     eprint!("{}/{} in {:.0} s; ", a.present.len(), expected.len(), a.complete_after);
 
     // (b) grasp-sync syncing into a nostr-rs-relay own relay.
@@ -473,9 +536,11 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
     let own_pid = own.child.id();
     let (own_cpu0, remotes0) = (process_seconds(own_pid, tick), remotes_cpu(&remotes, tick));
     let log = std::env::temp_dir().join(format!("grasp-sync-bench-reference-{port_b}.log"));
+    let metrics = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();
     let child = Command::new(&bins.grasp_sync)
         .args(["--own-relay", &format!("ws://localhost:{port_b}")])
+        .args(["--metrics-addr", &metrics])
         .args(["--public-url", &url_b, "--allow-private-relays"])
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -497,16 +562,32 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         own: Some((process_seconds(own_pid, tick) - own_cpu0, vm_hwm_kib(own_pid))),
         remotes_cpu: remotes_cpu(&remotes, tick) - remotes0,
     };
+    if let Some(line) = copy_counters(metrics.parse().expect("address")) {
+        notes.push(format!("reference (b): grasp-sync's remote relays: {line}"));
+    }
     daemon.stop();
+    let aborts_b = query_aborts(&remotes);
     notes.push(format!("reference (b): grasp-sync log in {}", log.display()));
+    let delta = |after: &[u64], before: &[u64]| {
+        let d: Vec<String> = after.iter().zip(before).map(|(a, b)| (a - b).to_string()).collect();
+        d.join(" / ")
+    };
+    notes.push(format!(
+        "reference: queries the remote relays (0–{}) dropped unanswered during (a): {}; \
+         during (b): {}",
+        shape.relays - 1,
+        delta(&aborts_a, &aborts0),
+        delta(&aborts_b, &aborts_a)
+    ));
     eprint!("{}/{} in {:.0} s; ", b.present.len(), expected.len(), b.complete_after);
 
     // The comparison.
     let only_a: Vec<&String> = a.present.difference(&b.present).collect();
     for (label, side) in [("(a) ngit-grasp", &a), ("(b) grasp-sync", &b)] {
         notes.push(format!(
-            "reference {label}: missing {}",
-            missing_by_category(&expected, &side.present, &cats)
+            "reference {label}: missing {}; by the relays holding them: {}",
+            missing_by_category(&expected, &side.present, &cats),
+            missing_by_relays(&expected_set, &side.present, &holders)
         ));
     }
     if !only_a.is_empty() {
