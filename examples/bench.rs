@@ -2581,9 +2581,9 @@ fn main() {
             Ok(bins) => {
                 let q = args.quick;
                 let shape = reference::Shape {
-                    events: args.events.unwrap_or(if q { 1_000 } else { 5_000 }),
-                    relays: args.relays.unwrap_or(if q { 3 } else { 5 }),
-                    repos: args.repos.unwrap_or(if q { 10 } else { 50 }),
+                    events: args.events.unwrap_or(if q { 1_000 } else { 20_000 }),
+                    relays: args.relays.unwrap_or(if q { 3 } else { 6 }),
+                    repos: args.repos.unwrap_or(if q { 10 } else { 200 }),
                     spread: args.spread.unwrap_or(2),
                     plateau: Duration::from_secs(args.plateau_secs.unwrap_or(150)),
                     deadline: Duration::from_secs(1200),

@@ -351,6 +351,35 @@ fn log_summary(log: &str) -> String {
     parts.join(", ")
 }
 
+/// ngit-grasp's own view at the end, from its `/metrics`: how many remote relays are in each
+/// sync state (`ngit_sync_relay_connected`: 2 still in historic sync, 3 connected and
+/// synced, 4 connected with historic failures) and its transient-REQ watchdog count.
+fn ngit_metrics(port: u16, remotes: &[RelayProc]) -> String {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let body = grasp_sync::ops::http::get(addr, "/metrics", WAIT)
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    let mut watchdog = 0.0;
+    for line in body.lines() {
+        let value = line.rsplit(' ').next().unwrap_or_default();
+        if line.starts_with("ngit_sync_relay_connected{")
+            && remotes.iter().any(|r| {
+                line.contains(&format!("{}\"", r.url)) || line.contains(&format!("{}/\"", r.url))
+            })
+        {
+            *states.entry(value.to_string()).or_default() += 1;
+        } else if line.starts_with("ngit_sync_transient_req_watchdog_total") {
+            watchdog += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    let states: Vec<String> = states.iter().map(|(v, n)| format!("{n} in state {v}")).collect();
+    format!(
+        "remote relays by ngit_sync_relay_connected: {}; transient REQ watchdog {watchdog}",
+        if states.is_empty() { "not served".to_string() } else { states.join(", ") }
+    )
+}
+
 /// Publishes `events` to ngit-grasp, at most [`NGIT_BURST`] per connection (its write
 /// allowance), each answered `OK true` (announcements with `purgatory:`).
 fn publish_ngit(url: &str, events: &[String]) {
@@ -517,6 +546,7 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         own: None,
         remotes_cpu: remotes_cpu(&remotes, tick) - remotes0,
     };
+    notes.push(format!("reference (a): ngit-grasp at the end: {}", ngit_metrics(port_a, &remotes)));
     notes.push(format!(
         "reference (a): ngit-grasp's log: {}; kept in {}",
         log_summary(&ngit.log()),
