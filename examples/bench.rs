@@ -2576,7 +2576,11 @@ fn main() {
             throttled_figures(n, notes)
         });
     }
-    if args.only.as_deref().is_some_and(|o| o.contains("reference")) {
+    if args
+        .only
+        .as_deref()
+        .is_some_and(|o| o.contains("reference"))
+    {
         match reference::binaries() {
             Ok(bins) => {
                 let q = args.quick;

@@ -393,7 +393,13 @@ fn patch_text(rng: &mut Rng, bytes: usize) -> String {
     s
 }
 
-pub(super) fn sign_event(keys: &Keys, kind: u16, content: &str, tags: &[Vec<String>], at: u64) -> Event {
+pub(super) fn sign_event(
+    keys: &Keys,
+    kind: u16,
+    content: &str,
+    tags: &[Vec<String>],
+    at: u64,
+) -> Event {
     let mut b = EventBuilder::new(Kind::Custom(kind), content)
         .custom_created_at(nostr::types::Timestamp::from_secs(at));
     for t in tags {
@@ -557,7 +563,10 @@ impl Corpus {
     /// The announcement of repository `r` listing `relays`, as ngit writes them.
     fn announcement(&self, r: usize, relays: &[String]) -> Event {
         let owner = &self.owners[r / REPOS_PER_OWNER];
-        let clone = format!("https://git.example.org/{}/repo-{r}.git", owner.public_key());
+        let clone = format!(
+            "https://git.example.org/{}/repo-{r}.git",
+            owner.public_key()
+        );
         self.announcement_cloned(r, &clone, relays)
     }
 
@@ -682,6 +691,30 @@ pub(super) struct Daemon {
 }
 
 impl Daemon {
+    /// `bin` syncing into the own relay on `port`, named `ws://localhost:PORT` (so its
+    /// self-subscription thread, "relay ws://loca…", is told from the remote relays' on
+    /// 127.0.0.1), `/status` on `metrics`, `RUST_LOG` `log_level`, stderr into `log`.
+    pub(super) fn spawn(
+        bin: &Path,
+        port: u16,
+        metrics: &str,
+        args: &[&str],
+        log_level: &str,
+        log: &Path,
+    ) -> Daemon {
+        let child = Command::new(bin)
+            .args(["--own-relay", &format!("ws://localhost:{port}")])
+            .args(["--metrics-addr", metrics])
+            .args(args)
+            .env("RUST_LOG", log_level)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(log).expect("log file"))
+            .spawn()
+            .expect("start grasp-sync");
+        Daemon { child }
+    }
+
     pub(super) fn stop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = Command::new("kill")
@@ -824,25 +857,22 @@ fn run(
 
     // The measured run.
     let log = std::env::temp_dir().join(format!("grasp-sync-bench-process-{}.log", own.port()));
-    let own_url = format!("ws://localhost:{}", own.port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let tick = clock_ticks_per_sec();
     let started = Instant::now();
-    let child = Command::new(&bins.grasp_sync)
-        .args(["--own-relay", &own_url, "--metrics-addr", &metrics])
-        .args([
+    let mut daemon = Daemon::spawn(
+        &bins.grasp_sync,
+        own.port(),
+        &metrics,
+        &[
             "--allow-private-relays",
             "--archive",
             "--batch-window",
             "200",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&log).expect("log file"))
-        .spawn()
-        .expect("start grasp-sync");
-    let mut daemon = Daemon { child };
+        ],
+        "warn",
+        &log,
+    );
     let pid = daemon.child.id();
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

@@ -68,8 +68,9 @@ pub fn binaries() -> Result<Binaries, String> {
     let grasp_sync = binary("GRASP_SYNC_BIN", "")
         .or_else(super::release_binary)
         .ok_or("no target/release/grasp-sync beside the bench: run `cargo build --release`")?;
-    let ngit_grasp = binary("NGIT_GRASP", NGIT_DEFAULT)
-        .ok_or(format!("ngit-grasp missing (NGIT_GRASP, {NGIT_DEFAULT}); .ci/run builds it"))?;
+    let ngit_grasp = binary("NGIT_GRASP", NGIT_DEFAULT).ok_or(format!(
+        "ngit-grasp missing (NGIT_GRASP, {NGIT_DEFAULT}); .ci/run builds it"
+    ))?;
     let nostr_rs_relay = binary("NOSTR_RS_RELAY", NRR_DEFAULT).ok_or(format!(
         "nostr-rs-relay missing (NOSTR_RS_RELAY, {NRR_DEFAULT}); .ci/run installs it"
     ))?;
@@ -96,7 +97,7 @@ pub struct Shape {
 /// own sync allowed to reach loopback relays; killed and its directory removed on drop (the
 /// log is copied out first).
 struct Ngit {
-    child: std::process::Child,
+    daemon: Daemon,
     dir: PathBuf,
 }
 
@@ -137,7 +138,10 @@ impl Ngit {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-        let ngit = Ngit { child, dir };
+        let ngit = Ngit {
+            daemon: Daemon { child },
+            dir,
+        };
         let up = wait_until(WAIT, || {
             TcpStream::connect(("127.0.0.1", port)).is_ok()
                 && tungstenite::connect(format!("ws://{addr}")).is_ok()
@@ -153,17 +157,8 @@ impl Ngit {
 
 impl Drop for Ngit {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let end = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < end && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let kept = self.dir.with_extension("log");
-        let _ = std::fs::copy(self.dir.join("ngit.log"), kept);
+        self.daemon.stop();
+        let _ = std::fs::copy(self.dir.join("ngit.log"), self.dir.with_extension("log"));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -328,7 +323,10 @@ fn log_summary(log: &str) -> String {
         for field in ["delivered", "saved", "duplicate", "rejected", "purgatory"] {
             let key = format!(" {field}=");
             let n = line.split_once(&key).and_then(|(_, rest)| {
-                rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
             });
             *sums.entry(field).or_default() += n.unwrap_or(0);
         }
@@ -373,10 +371,17 @@ fn ngit_metrics(port: u16, remotes: &[RelayProc]) -> String {
             watchdog += value.parse::<f64>().unwrap_or(0.0);
         }
     }
-    let states: Vec<String> = states.iter().map(|(v, n)| format!("{n} in state {v}")).collect();
+    let states: Vec<String> = states
+        .iter()
+        .map(|(v, n)| format!("{n} in state {v}"))
+        .collect();
     format!(
         "remote relays by ngit_sync_relay_connected: {}; transient REQ watchdog {watchdog}",
-        if states.is_empty() { "not served".to_string() } else { states.join(", ") }
+        if states.is_empty() {
+            "not served".to_string()
+        } else {
+            states.join(", ")
+        }
     )
 }
 
@@ -424,10 +429,17 @@ fn remote_delta(after: &[[u64; 3]], before: &[[u64; 3]]) -> String {
             d[k] += a[k].saturating_sub(b[k]);
         }
     }
+    let count = |n: u64| {
+        if n >= 1000 {
+            number(n as f64)
+        } else {
+            n.to_string()
+        }
+    };
     format!(
         "{} events sent, {} REQs, {} queries dropped unanswered",
-        number(d[0] as f64),
-        number(d[1] as f64),
+        count(d[0]),
+        count(d[1]),
         d[2]
     )
 }
@@ -460,14 +472,7 @@ fn remotes_cpu(remotes: &[RelayProc], tick: f64) -> f64 {
 /// The section.
 pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>) -> Vec<Figure> {
     let tick = clock_ticks_per_sec();
-    let corpus = Corpus::generate_with(
-        shape.repos,
-        shape.events,
-        (400, 16_000),
-        34,
-        YEAR,
-        true,
-    );
+    let corpus = Corpus::generate_with(shape.repos, shape.events, (400, 16_000), 34, YEAR, true);
     let (port_a, port_b) = loop {
         let (a, b) = (free_port(), free_port());
         if a != b {
@@ -481,7 +486,8 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
     let remotes: Vec<RelayProc> = (0..shape.relays)
         .map(|_| RelayProc::nostr_rs_on(&bins.nostr_rs_relay, free_port()))
         .collect();
-    let listed = |r: usize| (0..shape.spread.min(shape.relays)).map(move |k| (r + k) % shape.relays);
+    let listed =
+        |r: usize| (0..shape.spread.min(shape.relays)).map(move |k| (r + k) % shape.relays);
     let mut anns = Vec::new();
     let mut states = Vec::new();
     for r in 0..corpus.repos {
@@ -492,13 +498,24 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         relays.extend(listed(r).map(|i| remotes[i].url.clone()));
         let ann = corpus.announcement_cloned(r, &clone, &relays);
         let at = ann.created_at.as_secs() + 1;
-        states.push(sign_event(owner, 30618, "", &[tag(&["d", &format!("repo-{r}")])], at));
+        states.push(sign_event(
+            owner,
+            30618,
+            "",
+            &[tag(&["d", &format!("repo-{r}")])],
+            at,
+        ));
         anns.push(ann);
     }
     // Seeding the remote relays (not measured): each its repositories' announcements, states
     // and events.
     let mut per_relay: Vec<Vec<String>> = vec![Vec::new(); shape.relays];
-    for (r, e) in anns.iter().zip(&states).enumerate().flat_map(|(r, (a, s))| [(r, a), (r, s)]) {
+    for (r, e) in anns
+        .iter()
+        .zip(&states)
+        .enumerate()
+        .flat_map(|(r, (a, s))| [(r, a), (r, s)])
+    {
         for i in listed(r) {
             per_relay[i].push(e.as_json());
         }
@@ -554,12 +571,12 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
     // (a) ngit-grasp syncing into itself.
     eprint!("(a) ngit-grasp… ");
     let mut ngit = Ngit::start(&bins.ngit_grasp, port_a);
-    let pid = ngit.child.id();
+    let pid = ngit.daemon.child.id();
     let (cpu0, remotes0) = (cpu_with_children(pid, tick), remotes_cpu(&remotes, tick));
     let started = Instant::now();
     publish_ngit(&url_a, &handed);
     let (present, after, complete) = watch(&url_a, &expected, shape, started, || {
-        matches!(ngit.child.try_wait(), Ok(None))
+        matches!(ngit.daemon.child.try_wait(), Ok(None))
     });
     let a = Side {
         present,
@@ -570,15 +587,24 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         own: None,
         remotes_cpu: remotes_cpu(&remotes, tick) - remotes0,
     };
-    notes.push(format!("reference (a): ngit-grasp at the end: {}", ngit_metrics(port_a, &remotes)));
     notes.push(format!(
-        "reference (a): ngit-grasp's log: {}; kept in {}",
+        "reference (a): ngit-grasp at the end: {}",
+        ngit_metrics(port_a, &remotes)
+    ));
+    notes.push(format!(
+        "reference (a): ngit-grasp's log (its 30 s pipeline windows as logged, then lines \
+         containing): {}; kept in {}",
         log_summary(&ngit.log()),
         ngit.dir.with_extension("log").display()
     ));
     drop(ngit);
     let counters_a = remote_counters(&remotes);
-    eprint!("{}/{} in {:.0} s; ", a.present.len(), expected.len(), a.complete_after);
+    eprint!(
+        "{}/{} in {:.0} s; ",
+        a.present.len(),
+        expected.len(),
+        a.complete_after
+    );
 
     // (b) grasp-sync syncing into a nostr-rs-relay own relay.
     eprint!("(b) grasp-sync… ");
@@ -592,17 +618,14 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
     let log = std::env::temp_dir().join(format!("grasp-sync-bench-reference-{port_b}.log"));
     let metrics = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();
-    let child = Command::new(&bins.grasp_sync)
-        .args(["--own-relay", &format!("ws://localhost:{port_b}")])
-        .args(["--metrics-addr", &metrics])
-        .args(["--public-url", &url_b, "--allow-private-relays"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&log).expect("log file"))
-        .spawn()
-        .expect("start grasp-sync");
-    let mut daemon = Daemon { child };
+    let mut daemon = Daemon::spawn(
+        &bins.grasp_sync,
+        port_b,
+        &metrics,
+        &["--public-url", &url_b, "--allow-private-relays"],
+        "info",
+        &log,
+    );
     let pid = daemon.child.id();
     let (present, after, complete) = watch(&own.url, &expected, shape, started, || {
         matches!(daemon.child.try_wait(), Ok(None))
@@ -613,7 +636,10 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
         complete,
         cpu: process_seconds(pid, tick),
         hwm_kib: vm_hwm_kib(pid),
-        own: Some((process_seconds(own_pid, tick) - own_cpu0, vm_hwm_kib(own_pid))),
+        own: Some((
+            process_seconds(own_pid, tick) - own_cpu0,
+            vm_hwm_kib(own_pid),
+        )),
         remotes_cpu: remotes_cpu(&remotes, tick) - remotes0,
     };
     if let Some(line) = copy_counters(metrics.parse().expect("address")) {
@@ -621,13 +647,21 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
     }
     daemon.stop();
     let counters_b = remote_counters(&remotes);
-    notes.push(format!("reference (b): grasp-sync log in {}", log.display()));
+    notes.push(format!(
+        "reference (b): grasp-sync log in {}",
+        log.display()
+    ));
     notes.push(format!(
         "reference: the remote relays during (a): {}; during (b): {}",
         remote_delta(&counters_a, &counters0),
         remote_delta(&counters_b, &counters_a)
     ));
-    eprint!("{}/{} in {:.0} s; ", b.present.len(), expected.len(), b.complete_after);
+    eprint!(
+        "{}/{} in {:.0} s; ",
+        b.present.len(),
+        expected.len(),
+        b.complete_after
+    );
 
     // The comparison.
     let only_a: Vec<&String> = a.present.difference(&b.present).collect();
@@ -651,61 +685,39 @@ pub fn reference_figures(bins: &Binaries, shape: &Shape, notes: &mut Vec<String>
     }
     let n = expected.len() as f64;
     let mut f = Vec::new();
-    for (label, side) in [("(a) ngit-grasp into itself", &a), ("(b) grasp-sync into nostr-rs-relay", &b)] {
-        let label = format!("reference {label}");
-        f.push(Figure::new(
-            format!("{label}: expected events present"),
-            side.present.len() as f64,
-            "",
-            Budget::None,
-        ));
-        f.push(Figure::new(
-            format!("{label}: share present"),
-            side.present.len() as f64 / n,
-            "×",
-            Budget::None,
-        ));
-        f.push(Figure::new(
-            format!(
-                "{label}: wall time to {}",
-                if side.complete { "complete" } else { "the last event (plateau)" }
-            ),
-            side.complete_after,
-            "s",
-            Budget::None,
-        ));
-        f.push(Figure::new(
-            format!("{label}: CPU of the syncing process"),
-            side.cpu,
-            "s",
-            Budget::None,
-        ));
-        f.push(Figure::new(
-            format!("{label}: peak RSS of the syncing process"),
-            side.hwm_kib as f64 / 1024.0,
-            "MiB",
-            Budget::None,
-        ));
-        if let Some((cpu, hwm)) = side.own {
-            f.push(Figure::new(
-                format!("{label}: own relay process CPU"),
-                cpu,
-                "s",
-                Budget::None,
-            ));
-            f.push(Figure::new(
-                format!("{label}: own relay process peak RSS"),
-                hwm as f64 / 1024.0,
+    for (label, side) in [
+        ("(a) ngit-grasp into itself", &a),
+        ("(b) grasp-sync into nostr-rs-relay", &b),
+    ] {
+        let wall = if side.complete {
+            "wall time to complete"
+        } else {
+            "wall time to the last event (plateau)"
+        };
+        let mut rows = vec![
+            ("expected events present", side.present.len() as f64, ""),
+            ("share present", side.present.len() as f64 / n, "×"),
+            (wall, side.complete_after, "s"),
+            ("CPU of the syncing process", side.cpu, "s"),
+            (
+                "peak RSS of the syncing process",
+                side.hwm_kib as f64 / 1024.0,
                 "MiB",
-                Budget::None,
-            ));
+            ),
+        ];
+        if let Some((cpu, hwm)) = side.own {
+            rows.push(("own relay process CPU", cpu, "s"));
+            rows.push(("own relay process peak RSS", hwm as f64 / 1024.0, "MiB"));
         }
-        f.push(Figure::new(
-            format!("{label}: remote relays' CPU during the run"),
-            side.remotes_cpu,
-            "s",
-            Budget::None,
-        ));
+        rows.push(("remote relays' CPU during the run", side.remotes_cpu, "s"));
+        f.extend(rows.into_iter().map(|(what, value, unit)| {
+            Figure::new(
+                format!("reference {label}: {what}"),
+                value,
+                unit,
+                Budget::None,
+            )
+        }));
     }
     f.push(Figure::new(
         "reference: events ngit-grasp holds and grasp-sync does not",
