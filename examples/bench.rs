@@ -17,6 +17,8 @@
 //! * the state file of `--state-dir` at its caps: size, write, read and restore.
 //! * NIP-77: the own side of a reconciliation (parse, keep `(created_at, id)`), the
 //!   negentropy work, rounds and bytes exchanged against the REQ path's bytes.
+//! * only when named, `--only reference`: ngit-grasp's own sync beside the release binary on
+//!   one data set with reply chains (`bench/reference.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
