@@ -160,7 +160,11 @@ impl RelayProc {
             .arg(dir.join("config.toml"))
             .arg("--db")
             .arg(&dir)
-            .env("RUST_LOG", "warn")
+            // NOSTR_RS_RELAY_LOG=debug shows every query (the log is then kept on drop).
+            .env(
+                "RUST_LOG",
+                std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -192,6 +196,9 @@ impl Drop for RelayProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(dir) = &self.dir {
+            if std::env::var_os("NOSTR_RS_RELAY_LOG").is_some() {
+                let _ = std::fs::copy(dir.join("relay.log"), dir.with_extension("log"));
+            }
             let _ = std::fs::remove_dir_all(dir);
         }
     }

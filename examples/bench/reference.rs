@@ -129,8 +129,12 @@ impl Ngit {
                 ("NGIT_SYNC_PLUS_ENABLED", "false"),
                 ("NGIT_SYNC_PLUS_FALLBACK_RELAYS", ""),
                 ("NGIT_USER_INDEX_RELAYS", ""),
-                ("NGIT_LOG_LEVEL", "info"),
             ])
+            // NGIT_GRASP_LOG=debug raises its log level (as in tests/ngit_grasp.rs).
+            .env(
+                "NGIT_LOG_LEVEL",
+                std::env::var("NGIT_GRASP_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("NGIT_GIT_DATA_PATH", dir.join("git"))
             .env("NGIT_RELAY_DATA_PATH", dir.join("relay"))
             .stdin(Stdio::null())
