@@ -17,6 +17,8 @@
 //! * the state file of `--state-dir` at its caps: size, write, read and restore.
 //! * NIP-77: the own side of a reconciliation (parse, keep `(created_at, id)`), the
 //!   negentropy work, rounds and bytes exchanged against the REQ path's bytes.
+//! * only when named, `--only reference`: ngit-grasp's own sync beside the release binary on
+//!   one data set with reply chains (`bench/reference.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -37,6 +39,8 @@ use serde_json::{json, Value};
 mod process;
 #[path = "bench/production.rs"]
 mod production;
+#[path = "bench/reference.rs"]
+mod reference;
 
 /// Repositories announced by one pubkey: at 3 relays each, 30 relays, under the engine's
 /// quota of 64 relays per pubkey.
@@ -78,7 +82,8 @@ struct Args {
     /// `hostile` too: issue 20's floods against the release binary, which
     /// `cargo build --release` must have built; `bought` or `tags`: only issue 36's bought
     /// tiers and frames of a megabyte of empty tags, also part of `hostile`; `production`:
-    /// issue 37's production case against the release binary, only when named)
+    /// issue 37's production case against the release binary, only when named; `reference`:
+    /// ngit-grasp's own sync beside grasp-sync's on one data set, only when named)
     #[argh(option)]
     only: Option<String>,
     /// events of the `throttled` section (default 2,000; 200 with --quick)
@@ -108,6 +113,10 @@ struct Args {
     /// process section: announcements newer than every event (default: older)
     #[argh(switch)]
     new_announcements: bool,
+    /// reference section: seconds without a new expected event after which a side is
+    /// taken as done (default 150: over two of ngit-grasp's 60 s descendant refreshes)
+    #[argh(option)]
+    plateau_secs: Option<u64>,
     /// internal: run one memory probe in this process and print its JSON
     /// (`engine:N` or `clients:N`)
     #[argh(option)]
@@ -2586,6 +2595,29 @@ fn main() {
         section("production", &mut |n| {
             production::production_figures(repos, roots, relays, n)
         });
+    }
+    if args
+        .only
+        .as_deref()
+        .is_some_and(|o| o.contains("reference"))
+    {
+        match reference::binaries() {
+            Ok(bins) => {
+                let q = args.quick;
+                let shape = reference::Shape {
+                    events: args.events.unwrap_or(if q { 1_000 } else { 20_000 }),
+                    relays: args.relays.unwrap_or(if q { 3 } else { 6 }),
+                    repos: args.repos.unwrap_or(if q { 10 } else { 200 }),
+                    spread: args.spread.unwrap_or(2),
+                    plateau: Duration::from_secs(args.plateau_secs.unwrap_or(150)),
+                    deadline: Duration::from_secs(1200),
+                };
+                section("reference", &mut |n| {
+                    reference::reference_figures(&bins, &shape, n)
+                });
+            }
+            Err(why) => eprintln!("reference: skipped: {why}"),
+        }
     }
     if args.only.as_deref().is_some_and(|o| o.contains("hostile")) {
         section("hostile", &mut hostile_figures);

@@ -37,13 +37,13 @@ const CPU_BUDGET: f64 = 1.30;
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 const COUNT_EVERY: Duration = Duration::from_millis(250);
 const SYNC_DEADLINE: Duration = Duration::from_secs(1200);
-const WAIT: Duration = Duration::from_secs(60);
+pub(super) const WAIT: Duration = Duration::from_secs(60);
 /// Events in flight per seeding connection before their OKs are read.
 const SEED_WINDOW: usize = 256;
 /// Ids per REQ of the final set check.
 const CHECK_CHUNK: usize = 400;
-const YEAR: u64 = 365 * 24 * 3600;
-const NRR_DEFAULT: &str = "/opt/nostr-rs-relay/bin/nostr-rs-relay";
+pub(super) const YEAR: u64 = 365 * 24 * 3600;
+pub(super) const NRR_DEFAULT: &str = "/opt/nostr-rs-relay/bin/nostr-rs-relay";
 
 /// The relay binaries of the section.
 pub struct Binaries {
@@ -91,10 +91,10 @@ pub fn binaries() -> Result<Binaries, String> {
 // ----- relay processes -----
 
 /// A relay process on 127.0.0.1; killed (and its temp dir removed) on drop.
-struct RelayProc {
-    child: Child,
+pub(super) struct RelayProc {
+    pub(super) child: Child,
     stdin: Option<ChildStdin>,
-    url: String,
+    pub(super) url: String,
     dir: Option<PathBuf>,
 }
 
@@ -134,7 +134,11 @@ impl RelayProc {
     /// nostr-rs-relay with its SQLite database on disk in a temp dir (its in-memory mode locks
     /// writers out while a query runs; see tests/interop.rs).
     fn nostr_rs(bin: &Path) -> RelayProc {
-        let port = free_port();
+        RelayProc::nostr_rs_on(bin, free_port())
+    }
+
+    /// [`RelayProc::nostr_rs`] on `port`, picked beforehand (its URL goes into announcements).
+    pub(super) fn nostr_rs_on(bin: &Path, port: u16) -> RelayProc {
         let dir = std::env::temp_dir().join(format!(
             "grasp-sync-bench-nrr-{}-{port}",
             std::process::id()
@@ -156,7 +160,11 @@ impl RelayProc {
             .arg(dir.join("config.toml"))
             .arg("--db")
             .arg(&dir)
-            .env("RUST_LOG", "warn")
+            // NOSTR_RS_RELAY_LOG=debug shows every query (the log is then kept on drop).
+            .env(
+                "RUST_LOG",
+                std::env::var("NOSTR_RS_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -173,7 +181,7 @@ impl RelayProc {
         relay
     }
 
-    fn port(&self) -> u16 {
+    pub(super) fn port(&self) -> u16 {
         self.url
             .rsplit(':')
             .next()
@@ -188,6 +196,9 @@ impl Drop for RelayProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(dir) = &self.dir {
+            if std::env::var_os("NOSTR_RS_RELAY_LOG").is_some() {
+                let _ = std::fs::copy(dir.join("relay.log"), dir.with_extension("log"));
+            }
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -197,12 +208,12 @@ impl Drop for RelayProc {
 
 type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
-struct Client {
+pub(super) struct Client {
     ws: Ws,
 }
 
 impl Client {
-    fn connect(url: &str) -> Client {
+    pub(super) fn connect(url: &str) -> Client {
         let (ws, _) = tungstenite::connect(url).unwrap_or_else(|e| panic!("connect {url}: {e}"));
         if let MaybeTlsStream::Plain(s) = ws.get_ref() {
             let _ = s.set_read_timeout(Some(WAIT));
@@ -230,7 +241,7 @@ impl Client {
     }
 
     /// Publishes `events` (JSON) and waits for every OK (true, or a duplicate).
-    fn publish(&mut self, events: &[&str]) {
+    pub(super) fn publish(&mut self, events: &[&str]) {
         self.publish_window(events, SEED_WINDOW);
     }
 
@@ -274,9 +285,16 @@ impl Client {
 
     /// How many of `ids` the relay holds.
     fn held(&mut self, ids: &[String]) -> usize {
-        let mut held = 0;
-        for (n, chunk) in ids.chunks(CHECK_CHUNK).enumerate() {
-            let sub = format!("v{n}");
+        self.held_ids(ids).len()
+    }
+
+    /// Which of `ids` the relay holds (REQs of at most [`CHECK_CHUNK`] ids, each a
+    /// subscription id of its own, so a late answer to an earlier call is never counted).
+    pub(super) fn held_ids(&mut self, ids: &[String]) -> HashSet<String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut held = HashSet::new();
+        for chunk in ids.chunks(CHECK_CHUNK) {
+            let sub = format!("v{}", NEXT.fetch_add(1, Ordering::Relaxed));
             let req = serde_json::json!(["REQ", sub, {"ids": chunk, "limit": chunk.len()}]);
             self.write(req.to_string());
             self.flush();
@@ -286,7 +304,9 @@ impl Client {
                     continue;
                 }
                 match v[0].as_str() {
-                    Some("EVENT") => held += 1,
+                    Some("EVENT") => {
+                        held.insert(v[2]["id"].as_str().unwrap_or_default().to_string());
+                    }
                     Some("EOSE") => break,
                     Some("CLOSED") => break,
                     _ => {}
@@ -380,7 +400,13 @@ fn patch_text(rng: &mut Rng, bytes: usize) -> String {
     s
 }
 
-fn sign_event(keys: &Keys, kind: u16, content: &str, tags: &[Vec<String>], at: u64) -> Event {
+pub(super) fn sign_event(
+    keys: &Keys,
+    kind: u16,
+    content: &str,
+    tags: &[Vec<String>],
+    at: u64,
+) -> Event {
     let mut b = EventBuilder::new(Kind::Custom(kind), content)
         .custom_created_at(nostr::types::Timestamp::from_secs(at));
     for t in tags {
@@ -389,7 +415,7 @@ fn sign_event(keys: &Keys, kind: u16, content: &str, tags: &[Vec<String>], at: u
     b.finalize(keys).expect("sign")
 }
 
-fn tag(parts: &[&str]) -> Vec<String> {
+pub(super) fn tag(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
@@ -397,7 +423,7 @@ fn tag(parts: &[&str]) -> Vec<String> {
 /// `patch` bytes, log-uniform), issues (1621), NIP-22 comments (1111) on those roots and
 /// status events (1630–1633).
 pub(super) struct Corpus {
-    owners: Vec<Keys>,
+    pub(super) owners: Vec<Keys>,
     pub(super) repos: usize,
     /// (repository, event).
     pub(super) events: Vec<(usize, Event)>,
@@ -544,6 +570,17 @@ impl Corpus {
     /// The announcement of repository `r` listing `relays`, as ngit writes them.
     pub(super) fn announcement(&self, r: usize, relays: &[String]) -> Event {
         let owner = &self.owners[r / REPOS_PER_OWNER];
+        let clone = format!(
+            "https://git.example.org/{}/repo-{r}.git",
+            owner.public_key()
+        );
+        self.announcement_cloned(r, &clone, relays)
+    }
+
+    /// [`Corpus::announcement`] with the `clone` URL given (a GRASP server accepts only an
+    /// announcement whose `clone` names its domain).
+    pub(super) fn announcement_cloned(&self, r: usize, clone: &str, relays: &[String]) -> Event {
+        let owner = &self.owners[r / REPOS_PER_OWNER];
         let d = format!("repo-{r}");
         let mut relay_tag = vec!["relays".to_string()];
         relay_tag.extend(relays.iter().cloned());
@@ -554,10 +591,7 @@ impl Corpus {
                 "description",
                 "A tool that does one thing well, with a longer description of what it is for.",
             ]),
-            tag(&[
-                "clone",
-                &format!("https://git.example.org/{}/{d}.git", owner.public_key()),
-            ]),
+            tag(&["clone", clone]),
             tag(&["web", &format!("https://gitworkshop.dev/repo/{d}")]),
             relay_tag,
             tag(&["r", &format!("{:040x}", r), "euc"]),
@@ -664,6 +698,30 @@ pub(super) struct Daemon {
 }
 
 impl Daemon {
+    /// `bin` syncing into the own relay on `port`, named `ws://localhost:PORT` (so its
+    /// self-subscription thread, "relay ws://loca…", is told from the remote relays' on
+    /// 127.0.0.1), `/status` on `metrics`, `RUST_LOG` `log_level`, stderr into `log`.
+    pub(super) fn spawn(
+        bin: &Path,
+        port: u16,
+        metrics: &str,
+        args: &[&str],
+        log_level: &str,
+        log: &Path,
+    ) -> Daemon {
+        let child = Command::new(bin)
+            .args(["--own-relay", &format!("ws://localhost:{port}")])
+            .args(["--metrics-addr", metrics])
+            .args(args)
+            .env("RUST_LOG", log_level)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(log).expect("log file"))
+            .spawn()
+            .expect("start grasp-sync");
+        Daemon { child }
+    }
+
     pub(super) fn stop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = Command::new("kill")
@@ -806,25 +864,22 @@ fn run(
 
     // The measured run.
     let log = std::env::temp_dir().join(format!("grasp-sync-bench-process-{}.log", own.port()));
-    let own_url = format!("ws://localhost:{}", own.port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let tick = clock_ticks_per_sec();
     let started = Instant::now();
-    let child = Command::new(&bins.grasp_sync)
-        .args(["--own-relay", &own_url, "--metrics-addr", &metrics])
-        .args([
+    let mut daemon = Daemon::spawn(
+        &bins.grasp_sync,
+        own.port(),
+        &metrics,
+        &[
             "--allow-private-relays",
             "--archive",
             "--batch-window",
             "200",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&log).expect("log file"))
-        .spawn()
-        .expect("start grasp-sync");
-    let mut daemon = Daemon { child };
+        ],
+        "warn",
+        &log,
+    );
     let pid = daemon.child.id();
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -921,7 +976,7 @@ fn run(
 
 /// The remote relays' event counters summed from `/status`: copies received, parsed and
 /// checked, Schnorr checks, and copies not forwarded (where the per-copy CPU goes).
-fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
+pub(super) fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
     let (code, body) = grasp_sync::ops::http::get(addr, "/status", WAIT).ok()?;
     let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
     let mut sums = [0u64; 5];
