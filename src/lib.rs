@@ -37,6 +37,7 @@
 #![recursion_limit = "256"]
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
+#![warn(unnameable_types)]
 #![forbid(unsafe_code)]
 
 pub mod config;

@@ -11,7 +11,7 @@ use crate::core::time::Time;
 /// What the connection loop must do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum KeepaliveAction {
+pub(crate) enum KeepaliveAction {
     /// Nothing.
     Idle,
     /// Send a ping.
@@ -22,7 +22,7 @@ pub enum KeepaliveAction {
 
 /// Keep-alive state of one connection.
 #[derive(Debug, Clone)]
-pub struct Keepalive {
+pub(crate) struct Keepalive {
     interval: Duration,
     pong_timeout: Duration,
     last_ping: Time,
@@ -35,7 +35,7 @@ pub struct Keepalive {
 impl Keepalive {
     /// Starts counting at `now` (the connect time).
     #[must_use]
-    pub fn new(now: Time, interval: Duration, pong_timeout: Duration) -> Keepalive {
+    pub(crate) fn new(now: Time, interval: Duration, pong_timeout: Duration) -> Keepalive {
         Keepalive {
             interval,
             pong_timeout,
@@ -46,7 +46,7 @@ impl Keepalive {
     }
 
     /// Any frame from the peer proves it is alive.
-    pub fn on_activity(&mut self) {
+    pub(crate) fn on_activity(&mut self) {
         self.awaiting_since = None;
     }
 
@@ -54,7 +54,7 @@ impl Keepalive {
     /// traffic (`keepalive`: a ping, or the pong to our ping every `interval`) it is work that
     /// keeps the connection on its busy tick. A pong counted as work put every quiet
     /// connection on the busy tick for `idle` after each ping (decision 0067).
-    pub fn on_frame(&mut self, now: Time, keepalive: bool) {
+    pub(crate) fn on_frame(&mut self, now: Time, keepalive: bool) {
         self.on_activity();
         if !keepalive {
             self.on_work(now);
@@ -62,24 +62,17 @@ impl Keepalive {
     }
 
     /// Work that did not come from the socket (a command to send) at `now`.
-    pub fn on_work(&mut self, now: Time) {
+    pub(crate) fn on_work(&mut self, now: Time) {
         self.last_work = self.last_work.max(now);
     }
 
     /// When work (a frame other than keep-alive traffic, or a command) last came.
-    pub fn last_work(&self) -> Time {
+    pub(crate) fn last_work(&self) -> Time {
         self.last_work
     }
 
-    /// How long the loop may block in its next read at `now` ([`read_timeout`] from the last
-    /// work, never past this connection's deadlines nor `other`, e.g. a NIP-42 deadline).
-    pub fn read_timeout(&self, now: Time, ticks: &Ticks, other: Option<Time>) -> Duration {
-        let deadline = other.map_or(self.poll_timeout(), |t| t.min(self.poll_timeout()));
-        read_timeout(now, self.last_work, ticks, Some(deadline))
-    }
-
     /// Decides at `now`; call on every tick.
-    pub fn poll(&mut self, now: Time) -> KeepaliveAction {
+    pub(crate) fn poll(&mut self, now: Time) -> KeepaliveAction {
         if let Some(since) = self.awaiting_since {
             if now.since(since) >= self.pong_timeout {
                 return KeepaliveAction::Dead;
@@ -100,7 +93,7 @@ impl Keepalive {
     /// The earliest time [`Keepalive::poll`] has something to do: the next ping, or the pong
     /// deadline of the last one.
     #[must_use]
-    pub fn poll_timeout(&self) -> Time {
+    pub(crate) fn poll_timeout(&self) -> Time {
         let ping = self.last_ping.plus(self.interval);
         match self.awaiting_since {
             Some(since) => ping.min(since.plus(self.pong_timeout)),
@@ -115,7 +108,7 @@ impl Keepalive {
 /// No pong is awaited meanwhile (nothing is read); the connection's [`Keepalive`] takes over
 /// when reading resumes.
 #[derive(Debug, Clone)]
-pub struct BlockedPinger {
+pub(crate) struct BlockedPinger {
     interval: Duration,
     last: Option<Time>,
 }
@@ -123,7 +116,7 @@ pub struct BlockedPinger {
 impl BlockedPinger {
     /// Starts counting at the first [`BlockedPinger::due`].
     #[must_use]
-    pub fn new(interval: Duration) -> BlockedPinger {
+    pub(crate) fn new(interval: Duration) -> BlockedPinger {
         BlockedPinger {
             interval,
             last: None,
@@ -131,7 +124,7 @@ impl BlockedPinger {
     }
 
     /// Whether a ping is due at `now` (and counts it as sent).
-    pub fn due(&mut self, now: Time) -> bool {
+    pub(crate) fn due(&mut self, now: Time) -> bool {
         let since = *self.last.get_or_insert(now);
         if now.since(since) >= self.interval {
             self.last = Some(now);
@@ -165,24 +158,13 @@ pub struct Ticks {
 /// `quiet` once it has been quiet for `quiet_after`, never past `deadline` (and never
 /// shorter than `busy`).
 ///
-/// ```
-/// use std::time::Duration;
-/// use grasp_sync::core::keepalive::{read_timeout, Ticks};
-/// use grasp_sync::core::time::Time;
-/// let ticks = Ticks {
-///     busy: Duration::from_millis(50),
-///     idle: Duration::from_secs(1),
-///     quiet: Duration::from_secs(6),
-///     quiet_after: Duration::from_secs(30),
-/// };
-/// let t = |ms| Time::from_millis(ms);
-/// assert_eq!(read_timeout(t(1_500), t(1_000), &ticks, None), ticks.busy);
-/// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, None), ticks.idle);
-/// assert_eq!(read_timeout(t(31_000), t(1_000), &ticks, None), ticks.quiet);
-/// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, Some(t(5_300))), Duration::from_millis(300));
-/// assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, Some(t(4_000))), ticks.busy);
-/// ```
-pub fn read_timeout(now: Time, last_work: Time, ticks: &Ticks, deadline: Option<Time>) -> Duration {
+/// (`tests::the_tick_grows_with_quiet_time_and_never_passes_a_deadline`.)
+pub(crate) fn read_timeout(
+    now: Time,
+    last_work: Time,
+    ticks: &Ticks,
+    deadline: Option<Time>,
+) -> Duration {
     let Ticks {
         busy,
         idle,
@@ -205,6 +187,28 @@ pub fn read_timeout(now: Time, last_work: Time, ticks: &Ticks, deadline: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tick_grows_with_quiet_time_and_never_passes_a_deadline() {
+        let ticks = Ticks {
+            busy: Duration::from_millis(50),
+            idle: Duration::from_secs(1),
+            quiet: Duration::from_secs(6),
+            quiet_after: Duration::from_secs(30),
+        };
+        let t = Time::from_millis;
+        assert_eq!(read_timeout(t(1_500), t(1_000), &ticks, None), ticks.busy);
+        assert_eq!(read_timeout(t(5_000), t(1_000), &ticks, None), ticks.idle);
+        assert_eq!(read_timeout(t(31_000), t(1_000), &ticks, None), ticks.quiet);
+        assert_eq!(
+            read_timeout(t(5_000), t(1_000), &ticks, Some(t(5_300))),
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            read_timeout(t(5_000), t(1_000), &ticks, Some(t(4_000))),
+            ticks.busy
+        );
+    }
 
     #[test]
     fn poll_timeout_is_the_next_ping_or_the_pong_deadline() {
@@ -262,33 +266,33 @@ mod tests {
         assert_eq!(read_timeout(t(90_000), t(0), &no_quiet, None), ticks.idle);
     }
 
+    /// A loop's tick as `RelaySession::read_timeout` takes it: from the last work, never past
+    /// the connection's deadlines nor `other`.
+    fn tick(k: &Keepalive, now: Time, ticks: &Ticks, other: Option<Time>) -> Duration {
+        let deadline = other.map_or(k.poll_timeout(), |t| t.min(k.poll_timeout()));
+        read_timeout(now, k.last_work(), ticks, Some(deadline))
+    }
+
     #[test]
     fn pongs_keep_a_quiet_connection_on_its_quiet_ticks() {
         let ticks = ticks(Duration::from_secs(2));
         let t = Time::from_secs;
         let mut k = Keepalive::new(t(0), Duration::from_secs(30), Duration::from_secs(20));
-        assert_eq!(
-            k.read_timeout(t(1), &ticks, None),
-            ticks.busy,
-            "just connected"
-        );
-        assert_eq!(k.read_timeout(t(5), &ticks, None), ticks.idle);
+        assert_eq!(tick(&k, t(1), &ticks, None), ticks.busy, "just connected");
+        assert_eq!(tick(&k, t(5), &ticks, None), ticks.idle);
         // The ping at 30 s and its pong: the connection stays quiet.
         assert_eq!(k.poll(t(30)), KeepaliveAction::SendPing);
         k.on_frame(t(30), true);
-        assert_eq!(k.read_timeout(t(31), &ticks, None), ticks.quiet);
+        assert_eq!(tick(&k, t(31), &ticks, None), ticks.quiet);
         // An event is work: busy again.
         k.on_frame(t(40), false);
-        assert_eq!(k.read_timeout(t(40), &ticks, None), ticks.busy);
+        assert_eq!(tick(&k, t(40), &ticks, None), ticks.busy);
         // So is a command to send.
-        assert_eq!(k.read_timeout(t(43), &ticks, None), ticks.idle);
+        assert_eq!(tick(&k, t(43), &ticks, None), ticks.idle);
         k.on_work(t(43));
-        assert_eq!(k.read_timeout(t(43), &ticks, None), ticks.busy);
+        assert_eq!(tick(&k, t(43), &ticks, None), ticks.busy);
         // Never past a deadline of the caller's.
-        assert_eq!(
-            k.read_timeout(t(50), &ticks, Some(t(51))),
-            Duration::from_secs(1)
-        );
+        assert_eq!(tick(&k, t(50), &ticks, Some(t(51))), Duration::from_secs(1));
     }
 
     #[test]

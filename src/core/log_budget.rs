@@ -14,10 +14,10 @@ use std::time::Duration;
 use crate::core::time::Time;
 
 /// Default length of a budget window.
-pub const LOG_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Default lines of one kind logged at their level per window.
-pub const LOG_LINES_PER_WINDOW: u32 = 5;
+pub(crate) const LOG_LINES_PER_WINDOW: u32 = 5;
 
 /// One kind of line: its window and what happened in it.
 #[derive(Debug, Clone, Copy)]

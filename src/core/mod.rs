@@ -11,14 +11,14 @@ pub mod dedup;
 pub(crate) mod filters;
 pub mod forward;
 pub(crate) mod health;
-pub mod keepalive;
-pub mod log_budget;
+pub(crate) mod keepalive;
+pub(crate) mod log_budget;
 pub mod message;
 pub mod nip34;
 pub mod paging;
 pub mod progress;
 pub mod related;
-pub mod relay_text;
+pub(crate) mod relay_text;
 pub mod session;
 pub mod state;
 pub mod sync;
@@ -29,6 +29,9 @@ pub mod wire;
 
 pub use auth::AuthLimits;
 pub use health::{BackoffPolicy, HealthState};
+pub use keepalive::Ticks;
+pub use log_budget::LogBudget;
+pub use relay_text::Prefix;
 pub use state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
     RelaySyncNeeds, RepoSyncIndex, RepoSyncNeeds,

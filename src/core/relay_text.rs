@@ -69,7 +69,7 @@ pub enum Prefix {
 }
 
 /// Bytes of the longest known prefix word (`auth-required`).
-pub const MAX_PREFIX_LEN: usize = 13;
+pub(crate) const MAX_PREFIX_LEN: usize = 13;
 
 impl Prefix {
     /// Every prefix, [`Prefix::Other`] last.
@@ -149,7 +149,7 @@ impl fmt::Display for Prefix {
 /// What a `CLOSED` means for the sync logic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum ClosedReason {
+pub(crate) enum ClosedReason {
     /// `rate-limited:`: wait for the cool-down, then subscribe again.
     RateLimited,
     /// `auth-required:`: NIP-42 authentication needed.
@@ -172,7 +172,7 @@ impl From<Prefix> for ClosedReason {
 /// What a NOTICE means for us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum NoticeKind {
+pub(crate) enum NoticeKind {
     /// The relay asks us to slow down (rate limit, too many requests or subscriptions).
     RateLimit,
     /// Anything else: counted and logged.
@@ -180,7 +180,7 @@ pub enum NoticeKind {
 }
 
 /// Classifies a NOTICE text (a heuristic: NOTICE has no machine-readable prefix).
-pub fn classify_notice(text: &str) -> NoticeKind {
+pub(crate) fn classify_notice(text: &str) -> NoticeKind {
     let t = text.to_ascii_lowercase();
     if (t.contains("rate") && t.contains("limit"))
         || t.contains("too many")
@@ -196,7 +196,7 @@ pub fn classify_notice(text: &str) -> NoticeKind {
 
 /// The cool-down after a rate limit (default 65 s: longer than the one-minute windows relays
 /// count in).
-pub const RATE_LIMIT_COOLDOWN: Duration = Duration::from_secs(65);
+pub(crate) const RATE_LIMIT_COOLDOWN: Duration = Duration::from_secs(65);
 
 #[cfg(test)]
 mod tests {

@@ -16,6 +16,8 @@ pub(crate) mod metrics;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
 pub(crate) mod state_file;
 
+pub use state_file::StateFileStatus;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -7,7 +7,9 @@
 
 pub use crate::engine::connection::{ConnectionThread, Control, Role};
 pub use crate::engine::forwarder::ForwardItem;
-pub use crate::engine::metrics::{Metrics, RelayCounters};
+pub use crate::engine::metrics::{
+    ByteAdmission, ForwardCounters, Histogram, Metrics, RelayCounters,
+};
 pub use crate::engine::Input;
 pub use crate::net::ws::SocketWaker;
 
