@@ -13,7 +13,7 @@ use crate::core::paging::{bound_plan, plan_pages, PagePlan, PageStats};
 use crate::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, RelayState, RelaySyncNeeds,
 };
-use crate::core::targets::{compute_actions_for, AddFilters};
+use crate::core::targets::{compute_action, AddFilters};
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
@@ -75,19 +75,18 @@ impl SyncMachine {
         // discards the filters): its target is diffed when it connects, so it is not diffed
         // here (at a full rebuild that would build every relay's filters for nothing).
         let mut unknown: Vec<RelayUrl> = Vec::new();
-        let mut actions = compute_actions_for(
-            replan.iter().filter_map(|r| {
-                let t = targets.get_key_value(r)?;
+        let mut actions: Vec<AddFilters> = replan
+            .iter()
+            .filter_map(|r| {
+                let (r, t) = targets.get_key_value(r)?;
                 if self.relays.contains_key(r) {
-                    Some(t)
+                    self.action_for(r, t)
                 } else {
                     unknown.push(r.clone());
                     None
                 }
-            }),
-            &self.pending,
-            &self.relays,
-        );
+            })
+            .collect();
         // Relays whose target only grew by root events: diff just those.
         let deltas: Vec<(RelayUrl, RelaySyncNeeds)> = grown
             .into_iter()
@@ -103,11 +102,7 @@ impl SyncMachine {
             })
             .collect();
         self.check_deltas(&deltas);
-        actions.extend(compute_actions_for(
-            deltas.iter().map(|(r, n)| (r, n)),
-            &self.pending,
-            &self.relays,
-        ));
+        actions.extend(deltas.iter().filter_map(|(r, n)| self.action_for(r, n)));
         // In relay order, as one sorted list of actions would be handled.
         let mut work: Vec<(RelayUrl, Option<AddFilters>)> = actions
             .into_iter()
@@ -134,41 +129,50 @@ impl SyncMachine {
             if self.timers.is_set(&Timer::RetryBatches(relay.clone())) {
                 continue;
             }
-            let full = compute_actions_for(
-                self.plan.targets().get_key_value(relay),
-                &self.pending,
-                &self.relays,
-            );
+            let Some(a) = self
+                .plan
+                .targets()
+                .get(relay)
+                .and_then(|t| self.action_for(relay, t))
+            else {
+                continue;
+            };
             let deferred = self.link_of(relay).map(|l| &l.deferred);
-            for a in full {
-                for r in &a.repos {
-                    debug_assert!(
-                        deferred.is_some_and(|d| d.repos.contains(r)),
-                        "{relay}: repo {r} would be missed by a delta diff"
-                    );
-                }
-                for id in &a.root_events {
-                    debug_assert!(
-                        delta.root_events.contains(id)
-                            || deferred.is_some_and(|d| d.root_events.contains(id)),
-                        "{relay}: root {id} would be missed by a delta diff"
-                    );
-                }
+            for r in &a.repos {
+                debug_assert!(
+                    deferred.is_some_and(|d| d.repos.contains(r)),
+                    "{relay}: repo {r} would be missed by a delta diff"
+                );
+            }
+            for id in &a.root_events {
+                debug_assert!(
+                    delta.root_events.contains(id)
+                        || deferred.is_some_and(|d| d.root_events.contains(id)),
+                    "{relay}: root {id} would be missed by a delta diff"
+                );
             }
         }
         #[cfg(not(debug_assertions))]
         let _ = deltas;
     }
 
+    /// The design's `recompute_actions_for_relay`: `compute_actions` for `relay`'s whole
+    /// target, then [`Self::handle_add_filters`].
     pub(super) fn recompute_actions_for_relay(&mut self, relay: &RelayUrl, now: Time) {
-        let actions = compute_actions_for(
-            self.plan.targets().get_key_value(relay),
-            &self.pending,
-            &self.relays,
-        );
-        for a in actions {
+        let action = self
+            .plan
+            .targets()
+            .get(relay)
+            .and_then(|t| self.action_for(relay, t));
+        if let Some(a) = action {
             self.handle_add_filters(a, now);
         }
+    }
+
+    /// [`compute_action`] for `relay` against what it has pending and confirmed.
+    fn action_for(&self, relay: &RelayUrl, target: &RelaySyncNeeds) -> Option<AddFilters> {
+        let pending = self.pending.get(relay).map_or(&[][..], Vec::as_slice);
+        compute_action(relay, target, self.relays.get(relay), pending)
     }
 
     /// A relay that is a target but not known yet: its connection is spawned (its items are

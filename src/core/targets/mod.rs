@@ -25,7 +25,8 @@ use nostr::filter::Filter;
 use crate::core::filters::build_layer2_and_layer3_filters;
 use crate::core::nip34::RepoRef;
 use crate::core::state::{
-    ConnectionStatus, PendingSyncIndex, RelaySyncIndex, RelaySyncNeeds, RepoSyncIndex,
+    ConnectionStatus, PendingBatch, PendingSyncIndex, RelayState, RelaySyncIndex, RelaySyncNeeds,
+    RepoSyncIndex,
 };
 use crate::shared::RelayUrl;
 
@@ -90,58 +91,58 @@ pub fn compute_actions(
     pending: &PendingSyncIndex,
     confirmed: &RelaySyncIndex,
 ) -> Vec<AddFilters> {
-    compute_actions_for(targets.iter(), pending, confirmed)
-}
-
-/// [`compute_actions`] for some relays' targets only (the relays whose target changed).
-pub fn compute_actions_for<'a>(
-    targets: impl IntoIterator<Item = (&'a RelayUrl, &'a RelaySyncNeeds)>,
-    pending: &PendingSyncIndex,
-    confirmed: &RelaySyncIndex,
-) -> Vec<AddFilters> {
-    let empty_repos = HashSet::new();
-    let empty_events = HashSet::new();
-    let mut actions = Vec::new();
-    for (relay, target) in targets {
-        let state = confirmed.get(relay);
-        if let Some(s) = state {
-            if s.connection_status != ConnectionStatus::Connected {
-                continue;
-            }
-        }
-        let batches = pending.get(relay).map(|v| v.as_slice()).unwrap_or(&[]);
-        let pending_repos: HashSet<&RepoRef> =
-            batches.iter().flat_map(|b| b.items.repos.iter()).collect();
-        let pending_events: HashSet<&EventId> = batches
-            .iter()
-            .flat_map(|b| b.items.root_events.iter())
-            .collect();
-        let confirmed_repos = state.map(|s| &s.repos).unwrap_or(&empty_repos);
-        let confirmed_events = state.map(|s| &s.root_events).unwrap_or(&empty_events);
-
-        let repos: HashSet<RepoRef> = target
-            .repos
-            .iter()
-            .filter(|r| !pending_repos.contains(r) && !confirmed_repos.contains(*r))
-            .cloned()
-            .collect();
-        let root_events: HashSet<EventId> = target
-            .root_events
-            .iter()
-            .filter(|e| !pending_events.contains(e) && !confirmed_events.contains(*e))
-            .copied()
-            .collect();
-        if repos.is_empty() && root_events.is_empty() {
-            continue;
-        }
-        let filters = build_layer2_and_layer3_filters(&repos, &root_events, None);
-        actions.push(AddFilters {
-            relay_url: relay.clone(),
-            repos,
-            root_events,
-            filters,
-        });
-    }
+    let mut actions: Vec<AddFilters> = targets
+        .iter()
+        .filter_map(|(relay, target)| {
+            let batches = pending.get(relay).map_or(&[][..], Vec::as_slice);
+            compute_action(relay, target, confirmed.get(relay), batches)
+        })
+        .collect();
     actions.sort_by(|a, b| a.relay_url.cmp(&b.relay_url));
     actions
+}
+
+/// [`compute_actions`] for one relay: the items of `target` in none of its `pending`
+/// batches and not confirmed in its `state` (`None`: a relay not known yet, which gets an
+/// action whenever its target is not empty). `None` when nothing is new, or when the relay
+/// is known but not [`ConnectionStatus::Connected`].
+pub fn compute_action(
+    relay: &RelayUrl,
+    target: &RelaySyncNeeds,
+    state: Option<&RelayState>,
+    pending: &[PendingBatch],
+) -> Option<AddFilters> {
+    if state.is_some_and(|s| s.connection_status != ConnectionStatus::Connected) {
+        return None;
+    }
+    let pending_repos: HashSet<&RepoRef> =
+        pending.iter().flat_map(|b| b.items.repos.iter()).collect();
+    let pending_events: HashSet<&EventId> = pending
+        .iter()
+        .flat_map(|b| b.items.root_events.iter())
+        .collect();
+    let confirmed = |repo: &RepoRef| state.is_some_and(|s| s.repos.contains(repo));
+    let confirmed_event = |id: &EventId| state.is_some_and(|s| s.root_events.contains(id));
+    let repos: HashSet<RepoRef> = target
+        .repos
+        .iter()
+        .filter(|r| !pending_repos.contains(r) && !confirmed(r))
+        .cloned()
+        .collect();
+    let root_events: HashSet<EventId> = target
+        .root_events
+        .iter()
+        .filter(|e| !pending_events.contains(e) && !confirmed_event(e))
+        .copied()
+        .collect();
+    if repos.is_empty() && root_events.is_empty() {
+        return None;
+    }
+    let filters = build_layer2_and_layer3_filters(&repos, &root_events, None);
+    Some(AddFilters {
+        relay_url: relay.clone(),
+        repos,
+        root_events,
+        filters,
+    })
 }
