@@ -1543,7 +1543,7 @@ impl Planner {
     /// The wall time of the `Connected` report of `relay` (its subscriptions are then
     /// answered, untimed).
     fn connect(&mut self, relay: &RelayUrl) -> Duration {
-        let generation = self.m.relay_index()[relay].generation;
+        let generation = self.m.relay(relay).unwrap().state().generation;
         let report = Report::Connected {
             relay: relay.clone(),
             generation,

@@ -176,7 +176,8 @@ fn a_relay_lying_about_the_window_ends_incomplete_within_a_few_reqs() {
     // Layer 1, three Layer-2 queries and one page of the `#a` one.
     let reqs = remote.reqs().len();
     assert!(reqs <= 8, "{reqs} REQs: {:#?}", remote.reqs());
-    let relay_state = handle.with_machine(|m| m.relay_index()[&url(&remote)].incomplete_batches);
+    let relay_state =
+        handle.with_machine(|m| m.relay(&url(&remote)).unwrap().state().incomplete_batches);
     assert_eq!(relay_state, 1, "the batch is confirmed INCOMPLETE");
     handle.shutdown(Duration::from_secs(10)).unwrap();
 }

@@ -107,7 +107,7 @@ fn discovered_loopback_relays_are_never_contacted_without_the_flag() {
     assert_eq!(status.relays_refused, n as u64);
     assert!(status.relays.is_empty(), "{:#?}", status.relays);
     // The machine dropped them: no connect will ever be tried again.
-    assert!(handle.with_machine(|m| m.relay_index().is_empty()));
+    assert!(handle.with_machine(|m| m.relays().len() == 0));
     for (r, url) in &s.remotes {
         assert_eq!(r.tcp_accepts(), 0, "{url} was contacted");
         assert_eq!(r.nip11_requests(), 0, "{url} got a NIP-11 request");
@@ -164,7 +164,7 @@ fn the_own_relay_under_another_spelling_is_never_a_target() {
         assert!(reason.to_string().contains("own relay"), "{url}: {reason}");
     }
     // The refusal is counted before its report reaches the machine: wait for the machine.
-    assert!(wait_until(WAIT, || handle.with_machine(|m| m.relay_index().is_empty())));
+    assert!(wait_until(WAIT, || handle.with_machine(|m| m.relays().len() == 0)));
     // Only the self-subscription and the forwarder hold websockets to the own relay.
     assert!(wait_until(WAIT, || handle.status().is_settled()));
     assert_eq!(own.connections_accepted(), 2);

@@ -245,7 +245,7 @@ impl Coordinator {
                 let status = if relay == self.config.own_relay {
                     Some(m.own_status())
                 } else {
-                    m.relay_index().get(&relay).map(|r| r.connection_status)
+                    m.relay(&relay).map(|r| r.state().connection_status)
                 };
                 status.is_some_and(|s| s != crate::core::ConnectionStatus::Disconnected)
             };
@@ -319,7 +319,8 @@ impl Coordinator {
         tracker.sample(
             now,
             stored,
-            m.history_queries_completed().map(|(url, queries)| {
+            m.relays().map(|r| {
+                let (url, queries) = (r.url(), r.history_queries_completed());
                 let events = self
                     .metrics
                     .relay_if_known(url)

@@ -1,6 +1,6 @@
 //! compute_actions → AddFilters → PendingBatch → EOSE (with pages) → confirmed, or failed and retried.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -20,28 +20,43 @@ use crate::shared::RelayUrl;
 use super::timers::Timer;
 use super::{unbatched_loading, Command, Link, Parked, SubPurpose, SyncMachine};
 
+/// What one planning ([`SyncMachine::run_compute_actions`]) diffs: gathered by the input
+/// that changed the targets and consumed by the planning at its end, so nothing of it
+/// outlives the input.
+#[derive(Debug, Default)]
+pub(super) struct Replan {
+    /// Relays whose target changed: their whole target is diffed.
+    pub(super) relays: HashSet<RelayUrl>,
+    /// Relays whose target only grew by these root events: only they are diffed (the rest
+    /// of the target is pending, confirmed, deferred or waits for the relay's own trigger).
+    pub(super) roots: HashMap<RelayUrl, HashSet<EventId>>,
+}
+
 impl SyncMachine {
     /// Runs the selection again after a relay set or the excluded relays changed; the
-    /// relays whose target changed are planned at the next [`Self::run_compute_actions`].
-    /// Root-event links added in the same batch follow (`Plan::add_root_event`), so the
-    /// caller checks the plan after both.
-    pub(super) fn reselect(&mut self) {
+    /// relays whose target changed join `replan`. Root-event links added in the same batch
+    /// follow (`Plan::add_root_event`), so the caller checks the plan after both.
+    pub(super) fn reselect(&mut self, replan: &mut Replan) {
         self.counters.selections += 1;
         let policy = self.policy();
         let changed = self
             .plan
             .reselect(&self.repo_index, &self.excluded, &policy);
-        self.replan.extend(changed);
+        replan.relays.extend(changed);
     }
 
     /// [`Self::reselect`] after the relay sets of `repos` changed, in proportion to the
     /// change ([`crate::core::targets::Plan::reselect_repos`]).
-    pub(super) fn reselect_repos(&mut self, repos: &[crate::core::nip34::RepoRef]) {
+    pub(super) fn reselect_repos(
+        &mut self,
+        repos: &[crate::core::nip34::RepoRef],
+        replan: &mut Replan,
+    ) {
         let policy = self.policy();
         let changed = self
             .plan
             .reselect_repos(&self.repo_index, &self.excluded, &policy, repos);
-        self.replan.extend(changed);
+        replan.relays.extend(changed);
     }
 
     /// Debug builds: the cached targets equal a fresh derivation.
@@ -64,12 +79,16 @@ impl SyncMachine {
         }
     }
 
-    /// `compute_actions` for the relays whose target changed since the last planning (and
-    /// those marked for another try): every other relay's target is already pending,
-    /// confirmed, deferred, or waits for its own trigger (connect, retry timer).
-    pub(super) fn run_compute_actions(&mut self, now: Time) {
-        let replan = std::mem::take(&mut self.replan);
-        let grown = std::mem::take(&mut self.replan_roots);
+    /// `compute_actions` for the relays in `replan` (and the targets refused at
+    /// `max_relays` before, [`super::remote::Unknown::no_slot`]): every other relay's target
+    /// is already pending, confirmed, deferred, or waits for its own trigger (connect, retry
+    /// timer).
+    pub(super) fn run_compute_actions(&mut self, replan: Replan, now: Time) {
+        let Replan {
+            relays: mut replan,
+            roots: grown,
+        } = replan;
+        replan.extend(std::mem::take(&mut self.unknown.no_slot));
         let targets = self.plan.targets();
         // A relay not known yet only gets its connection spawned (`handle_add_filters`
         // discards the filters): its target is diffed when it connects, so it is not diffed
@@ -79,7 +98,7 @@ impl SyncMachine {
             .iter()
             .filter_map(|r| {
                 let (r, t) = targets.get_key_value(r)?;
-                if self.relays.contains_key(r) {
+                if self.remotes.contains_key(r) {
                     self.action_for(r, t)
                 } else {
                     unknown.push(r.clone());
@@ -171,21 +190,26 @@ impl SyncMachine {
 
     /// [`compute_action`] for `relay` against what it has pending and confirmed.
     fn action_for(&self, relay: &RelayUrl, target: &RelaySyncNeeds) -> Option<AddFilters> {
-        let pending = self.pending.get(relay).map_or(&[][..], Vec::as_slice);
-        compute_action(relay, target, self.relays.get(relay), pending)
+        let r = self.remotes.get(relay);
+        compute_action(
+            relay,
+            target,
+            r.map(|r| &r.state),
+            r.map_or(&[], |r| &r.pending),
+        )
     }
 
     /// A relay that is a target but not known yet: its connection is spawned (its items are
     /// planned when it connects), unless `max_relays` relays are known already.
     pub(super) fn spawn_relay(&mut self, relay_url: RelayUrl, now: Time) {
-        if self.relays.len() >= self.config.max_relays {
+        if self.remotes.len() >= self.config.max_relays {
             // Tried again at the next planning, when a slot may have freed up.
-            self.replan.insert(relay_url.clone());
+            self.unknown.no_slot.insert(relay_url.clone());
             self.counters.relays_refused += 1;
             if self.counters.relays_refused == 1 {
                 warn!(
                     "{relay_url}: not connecting: already {} relays (max_relays); further relays are ignored",
-                    self.relays.len()
+                    self.remotes.len()
                 );
             } else {
                 debug!("{relay_url}: not connecting: max_relays reached");
@@ -206,7 +230,7 @@ impl SyncMachine {
             root_events,
             filters,
         } = action;
-        match self.relays.get(&relay_url) {
+        match self.state_of(&relay_url) {
             None => {
                 self.spawn_relay(relay_url, now);
                 return;
@@ -269,15 +293,12 @@ impl SyncMachine {
         }
         let relay_url = relay_url.clone();
         let filters = self.fit_filters(&relay_url, filters);
-        let generation = self.relays[&relay_url].generation;
+        let generation = self.remotes[&relay_url].state.generation;
         self.next_batch += 1;
         let batch_id = self.next_batch;
         // The PendingBatch exists before its queries open: a reconciliation may need it.
-        self.mark_stale(&relay_url);
-        self.pending
-            .entry(relay_url.clone())
-            .or_default()
-            .push(PendingBatch {
+        if let Some(batches) = self.pending_mut(&relay_url) {
+            batches.push(PendingBatch {
                 batch_id,
                 items: PendingItems { repos, root_events },
                 outstanding_subs: HashSet::new(),
@@ -285,6 +306,7 @@ impl SyncMachine {
                 incomplete: false,
                 uncovered_from: None,
             });
+        }
         for filter in filters {
             self.open_history(
                 &relay_url,
@@ -295,9 +317,9 @@ impl SyncMachine {
             );
         }
         let Some(batch) = self
-            .pending
-            .get(&relay_url)
-            .and_then(|bs| bs.iter().find(|b| b.batch_id == batch_id))
+            .pending_of(&relay_url)
+            .iter()
+            .find(|b| b.batch_id == batch_id)
         else {
             return;
         };
@@ -369,7 +391,7 @@ impl SyncMachine {
         } else {
             plan
         };
-        let generation = self.relays.get(relay).map_or(0, |s| s.generation);
+        let generation = self.state_of(relay).map_or(0, |s| s.generation);
         let mut page_subs = Vec::new();
         for f in std::mem::take(&mut plan.next) {
             self.counters.pages_requested += 1;
@@ -550,11 +572,9 @@ impl SyncMachine {
             let Some(p) = self.link(relay).parked.pop_front() else {
                 return;
             };
-            let exists = p.batch.is_none_or(|id| {
-                self.pending
-                    .get(relay)
-                    .is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
-            });
+            let exists = p
+                .batch
+                .is_none_or(|id| self.pending_of(relay).iter().any(|b| b.batch_id == id));
             if !exists {
                 continue;
             }
@@ -596,9 +616,6 @@ impl SyncMachine {
             return;
         }
         let batch = batches.remove(pos);
-        if batches.is_empty() {
-            self.pending.remove(relay);
-        }
         self.counters.batches_confirmed += 1;
         if batch.incomplete {
             warn!(
@@ -619,7 +636,7 @@ impl SyncMachine {
         if let (true, Some(t)) = (joins, batch.uncovered_from) {
             self.join_live_set(relay, &batch.items, t, now);
         }
-        if let Some(state) = self.relays.get_mut(relay) {
+        if let Some(state) = self.remotes.get_mut(relay).map(|r| &mut r.state) {
             debug!(
                 "{relay}: batch {} confirmed ({} repos, {} root events)",
                 batch.batch_id,
@@ -661,13 +678,10 @@ impl SyncMachine {
             return;
         };
         let batch = batches.remove(pos);
-        if batches.is_empty() {
-            self.pending.remove(relay);
-        }
         self.counters.batches_failed += 1;
         self.link(relay).failed_batches += 1;
         self.drop_batch_jobs(relay, batch_id);
-        let generation = self.relays.get(relay).map_or(0, |s| s.generation);
+        let generation = self.state_of(relay).map_or(0, |s| s.generation);
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
         let retry = Timer::RetryBatches(relay.clone());
@@ -746,10 +760,8 @@ impl SyncMachine {
         let timeout = self.config.eose_timeout;
         let link = self.link_of(relay);
         let expired: Vec<u64> = self
-            .pending
-            .get(relay)
-            .into_iter()
-            .flatten()
+            .pending_of(relay)
+            .iter()
             .filter(|b| now.since(b.started_at) >= timeout)
             .filter(|b| self.batch_awaits_eose(relay, link, b))
             .map(|b| b.batch_id)
@@ -768,9 +780,9 @@ impl SyncMachine {
             return;
         }
         let Some(b) = self
-            .pending
-            .get(relay)
-            .and_then(|bs| bs.iter().find(|b| b.batch_id == batch_id))
+            .pending_of(relay)
+            .iter()
+            .find(|b| b.batch_id == batch_id)
         else {
             return;
         };
@@ -822,7 +834,7 @@ impl SyncMachine {
             })
             .collect();
         for sub in overdue {
-            let Some(generation) = self.relays.get(url).map(|s| s.generation) else {
+            let Some(generation) = self.state_of(url).map(|s| s.generation) else {
                 continue;
             };
             let Some(info) = self.link_mut(url).and_then(|l| {
@@ -890,25 +902,23 @@ impl SyncMachine {
                 info!("forward queue full: remote reading pauses; EOSE deadlines suspended");
                 self.forward_paused_since = Some(now);
                 // Every remote EOSE deadline is withdrawn (`eose_deadline_of`).
-                self.timers_stale.extend(self.remotes.keys().cloned());
+                self.mark_all_stale();
             }
             (false, Some(since)) => {
                 let paused = now.since(since);
                 info!("forward queue has room again after {paused:?}; EOSE deadlines resume");
                 self.forward_paused_since = None;
-                for batches in self.pending.values_mut() {
-                    for b in batches {
+                for r in self.remotes.values_mut() {
+                    for b in &mut r.pending {
                         b.started_at = b.started_at.plus(paused);
                     }
-                }
-                for r in self.remotes.values_mut() {
                     for t in r.link.loading.values_mut() {
                         *t = t.plus(paused);
                     }
                 }
                 let relays: Vec<RelayUrl> = self.remotes.keys().cloned().collect();
                 self.resume_nip77_deadlines(relays.iter());
-                self.timers_stale.extend(self.remotes.keys().cloned());
+                self.mark_all_stale();
             }
             _ => {}
         }
@@ -964,14 +974,14 @@ impl SyncMachine {
                 for t in r.link.loading.values_mut() {
                     *t = t.plus(paused);
                 }
-                for b in self.pending.get_mut(relay).into_iter().flatten() {
+                for b in &mut r.pending {
                     b.started_at = b.started_at.plus(paused);
                 }
                 self.resume_nip77_deadlines(std::iter::once(relay));
             }
             _ => return,
         }
-        self.timers_stale.insert(relay.clone());
+        self.mark_stale(relay);
     }
 }
 

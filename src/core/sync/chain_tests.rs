@@ -324,7 +324,11 @@ fn a_fork_announcement_tagging_its_upstream_with_u_is_an_announcement_like_any_o
         w.own_ids(),
         ids(&[&ann, &root, &elsewhere, &here, &issue_here])
     );
-    let relays: Vec<String> = w.m.relay_index().keys().map(|r| r.to_string()).collect();
+    let relays: Vec<String> =
+        w.m.relays()
+            .map(|r| r.url())
+            .map(|r| r.to_string())
+            .collect();
     assert!(!relays.iter().any(|r| r.starts_with(C)), "{relays:?}");
     let on_a = &w.m.plan.targets()[&RelayUrl::parse(A).unwrap()];
     assert_eq!(on_a.repos, [repo("r")].into());

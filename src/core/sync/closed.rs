@@ -68,11 +68,8 @@ impl SyncMachine {
             SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) } => Some(id),
             _ => None,
         };
-        let pending = batch.is_some_and(|id| {
-            self.pending
-                .get(relay)
-                .is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
-        });
+        let pending =
+            batch.is_some_and(|id| self.pending_of(relay).iter().any(|b| b.batch_id == id));
         let at = now.plus(delay);
         if pending {
             let id = batch.unwrap_or_default();

@@ -42,8 +42,7 @@ impl SyncMachine {
         let items = std::mem::take(&mut link.deferred);
         self.timers.cancel(&Timer::Consolidate(relay.clone()));
         let connected = self
-            .relays
-            .get(relay)
+            .state_of(relay)
             .is_some_and(|s| s.connection_status == ConnectionStatus::Connected);
         if !connected {
             self.counters.consolidations += 1;
@@ -55,17 +54,14 @@ impl SyncMachine {
             return;
         }
         self.counters.consolidations += 1;
-        let generation = self.relays[relay].generation;
+        let generation = self.remotes[relay].state.generation;
         let before = self.link_of(relay).map_or(0, |l| l.subs.len());
         // Subscriptions still loading history (a first Layer 1) and every subscription of a
         // batch that is still pending stay open: closing them would lose what they have not
         // delivered yet, or leave the batch's items without a live subscription once it
         // confirms.
-        let pending_batches: HashSet<u64> = self
-            .pending
-            .get(relay)
-            .map(|bs| bs.iter().map(|b| b.batch_id).collect())
-            .unwrap_or_default();
+        let pending_batches: HashSet<u64> =
+            self.pending_of(relay).iter().map(|b| b.batch_id).collect();
         // A Layer 1 that is (or will be) live stays: one still loading, or one (not live-only)
         // waiting in the queue or to be reopened.
         let waiting_l1 =
@@ -153,7 +149,7 @@ impl SyncMachine {
 impl SyncMachine {
     /// Subscribes the items not confirmed yet as one batch (history without `since`).
     fn subscribe_new_items(&mut self, relay: &RelayUrl, mut items: PendingItems, now: Time) {
-        if let Some(state) = self.relays.get(relay) {
+        if let Some(state) = self.state_of(relay) {
             items.repos.retain(|r| !state.repos.contains(r));
             items.root_events.retain(|e| !state.root_events.contains(e));
         }
@@ -169,7 +165,7 @@ impl SyncMachine {
     /// most [`FRAGMENTS`] more than the confirmed items need in chunks of
     /// [`CHUNK_SIZE`]).
     pub(super) fn can_extend_live_set(&self, relay: &RelayUrl) -> bool {
-        let (Some(l), Some(state)) = (self.link_of(relay), self.relays.get(relay)) else {
+        let (Some(l), Some(state)) = (self.link_of(relay), self.state_of(relay)) else {
             return false;
         };
         let needed = 3

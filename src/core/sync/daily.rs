@@ -36,7 +36,7 @@ impl SyncMachine {
     /// daily resync of each, now), so what the lost forwarder held is fetched again and
     /// nothing stays confirmed without its events.
     pub(super) fn handle_forwarder_lost(&mut self, now: Time) {
-        let relays: Vec<RelayUrl> = self.relays.keys().cloned().collect();
+        let relays: Vec<RelayUrl> = self.remotes.keys().cloned().collect();
         log::warn!(
             "the forwarder was lost with what it held; reading the history of {} relays again",
             relays.len()
@@ -49,7 +49,7 @@ impl SyncMachine {
 
     pub(super) fn daily_resync(&mut self, url: &RelayUrl, now: Time) {
         self.restored_forget(url);
-        let Some(state) = self.relays.get_mut(url) else {
+        let Some(state) = self.remotes.get_mut(url).map(|r| &mut r.state) else {
             return;
         };
         self.counters.daily_resyncs += 1;
@@ -60,9 +60,7 @@ impl SyncMachine {
             state.last_connected = None;
             state.disconnected_at = None;
         }
-        if let Some(batches) = self.take_pending(url) {
-            self.counters.batches_failed += batches.len() as u64;
-        }
+        self.counters.batches_failed += self.take_pending(url).len() as u64;
         if !connected {
             info!("{url}: daily resync: not connected; the next connect is a fresh sync");
             return;

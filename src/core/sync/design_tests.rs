@@ -100,7 +100,7 @@ fn has_tag(f: &Filter, tag: char) -> bool {
 
 /// The machine's view of `relay`'s connection.
 fn status(w: &World, relay: &str) -> ConnectionStatus {
-    w.m.relay_index()[&url(relay)].connection_status
+    w.m.relay(&url(relay)).unwrap().state().connection_status
 }
 
 /// Own relay connected (its empty history read), one announcement of repository `r` on A,
@@ -145,10 +145,10 @@ fn synced() -> (World, Event) {
     let root = issue("r", "one", w.secs());
     w.store_on_own(&root);
     w.advance(secs(5));
-    let st = &w.m.relay_index()[&url(A)];
+    let st = w.m.relay(&url(A)).unwrap().state();
     assert_eq!(st.repos, [repo("r")].into());
     assert_eq!(st.root_events, [root.id].into());
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     (w, root)
 }
 
@@ -166,11 +166,11 @@ fn batch_window_starts_at_first_event_and_does_not_reset() {
         .relays
         .values()
         .all(|f| f.conn.is_none() && f.reqs.is_empty()));
-    assert!(w.m.relay_index().is_empty());
+    assert!(w.m.relays().len() == 0);
     // 5 s after the FIRST event, not the second.
     w.advance(secs(2));
     assert!(w.relays.values().all(|f| f.conn.is_some()));
-    let known: BTreeSet<RelayUrl> = w.m.relay_index().keys().cloned().collect();
+    let known: BTreeSet<RelayUrl> = w.m.relays().map(|r| r.url()).cloned().collect();
     assert_eq!(known, [url(A), url(B)].into());
     assert_eq!(w.m.repo_index().len(), 2);
 }
@@ -193,20 +193,20 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
             .collect();
     let got: HashSet<String> = reqs[1..].iter().map(Filter::as_json).collect();
     assert_eq!(got, want, "the batch: full history, no since");
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
     w.release_eose_where(A, is_l1);
     // Not confirmed until every batch subscription saw EOSE.
     for (i, tag) in ['a', 'A', 'q'].into_iter().enumerate() {
         assert!(
-            w.m.relay_index()[&url(A)].repos.is_empty(),
+            w.m.relay(&url(A)).unwrap().state().repos.is_empty(),
             "after {i} EOSEs"
         );
-        assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+        assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
         w.release_eose_where(A, |f| has_tag(f, tag));
     }
-    let st = &w.m.relay_index()[&url(A)];
+    let st = w.m.relay(&url(A)).unwrap().state();
     assert_eq!(st.repos, [repo("r")].into());
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     assert_eq!(w.m.counters().batches_confirmed, 1);
     assert_eq!(req_count(&w, A), 4, "nothing more asked");
 }
@@ -268,7 +268,7 @@ fn newer_announcement_replaces_relay_set_older_is_ignored() {
     w.advance(secs(5));
     assert_eq!(w.m.repo_index()[&repo("r")].relays, HashSet::from([url(B)]));
     assert!(fake(&w, c).reqs.is_empty() && fake(&w, c).conn.is_none());
-    assert!(!w.m.relay_index().contains_key(&url(c)));
+    assert!(w.m.relay(&url(c)).is_none());
 }
 
 #[test]
@@ -285,7 +285,7 @@ fn own_relay_and_aliases_are_never_targets() {
         t,
     ));
     w.advance(secs(5));
-    let known: Vec<RelayUrl> = w.m.relay_index().keys().cloned().collect();
+    let known: Vec<RelayUrl> = w.m.relays().map(|r| r.url()).cloned().collect();
     assert_eq!(known, vec![url(A)]);
     assert!(fake(&w, alias).conn.is_none() && fake(&w, alias).reqs.is_empty());
     assert_eq!(
@@ -316,7 +316,10 @@ fn failed_first_connect_is_retried_with_backoff() {
     assert_eq!(attempts(&w), tried + 1, "retried within the 1 h cap");
     assert_eq!(status(&w, A), ConnectionStatus::Connected);
     assert_eq!(req_count(&w, A), 4);
-    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
+    assert_eq!(
+        w.m.relay(&url(A)).unwrap().state().repos,
+        [repo("r")].into()
+    );
 }
 
 /// Injected reports: the world's connections answer at once, so no report of an earlier
@@ -326,12 +329,12 @@ fn failed_first_connect_is_retried_with_backoff() {
 #[test]
 fn stale_reports_of_an_earlier_connection_are_ignored() {
     let mut w = discovered_slow();
-    let old = w.m.relay_index()[&url(A)].generation;
+    let old = w.m.relay(&url(A)).unwrap().state().generation;
     let l1 = w.open_subs(A, is_l1)[0].clone();
     w.relay(A).down = true;
     w.drop(A);
     w.advance(secs(10)); // a reconnect attempt (failed) → a new generation
-    assert!(w.m.relay_index()[&url(A)].generation > old);
+    assert!(w.m.relay(&url(A)).unwrap().state().generation > old);
     assert_eq!(status(&w, A), ConnectionStatus::Disconnected);
     let attempts = w.m.counters().connect_attempts;
     w.inject(Report::Connected {
@@ -346,7 +349,7 @@ fn stale_reports_of_an_earlier_connection_are_ignored() {
     });
     assert_eq!(status(&w, A), ConnectionStatus::Disconnected);
     assert!(w.m.subscriptions(&url(A)).is_empty());
-    assert!(w.m.relay_index()[&url(A)].repos.is_empty());
+    assert!(w.m.relay(&url(A)).unwrap().state().repos.is_empty());
     assert_eq!(w.m.counters().connect_attempts, attempts);
     assert_eq!(req_count(&w, A), 4, "nothing sent");
 }
@@ -354,7 +357,7 @@ fn stale_reports_of_an_earlier_connection_are_ignored() {
 #[test]
 fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
     let (mut w, _) = synced();
-    let connected_at = w.m.relay_index()[&url(A)].last_connected.unwrap();
+    let connected_at = w.m.relay(&url(A)).unwrap().state().last_connected.unwrap();
     w.advance(secs(600));
     w.relay(A).hold_eose = true;
     let before = req_count(&w, A);
@@ -375,8 +378,12 @@ fn quick_reconnect_catches_up_layers_1_2_3_with_since_from_last_connect() {
         "since {want}"
     );
     assert!(is_l1(live[0]) && is_l1(history[0]));
-    assert!(!w.m.pending_index().contains_key(&url(A)));
-    assert_eq!(w.m.relay_index()[&url(A)].repos.len(), 1, "confirmed kept");
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
+    assert_eq!(
+        w.m.relay(&url(A)).unwrap().state().repos.len(),
+        1,
+        "confirmed kept"
+    );
     let purposes: Vec<SubPurpose> =
         w.m.subscriptions(&url(A))
             .into_iter()
@@ -404,7 +411,7 @@ fn stale_reconnect_after_16_minutes_is_a_fresh_sync() {
     let dropped_at = w.now;
     w.run_for(secs(16 * 60), secs(30));
     let before = req_count(&w, A);
-    assert_eq!(w.m.relay_index()[&url(A)].repos.len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().state().repos.len(), 1);
     let a = w.relay(A);
     a.down = false;
     a.hold_eose = true;
@@ -416,19 +423,19 @@ fn stale_reconnect_after_16_minutes_is_a_fresh_sync() {
     assert!(reqs.iter().all(|f| f.since.is_none()), "fresh: no since");
     assert_eq!(reqs.len(), 7, "L1 + a pending batch of 6");
     assert!(
-        w.m.relay_index()[&url(A)].repos.is_empty(),
+        w.m.relay(&url(A)).unwrap().state().repos.is_empty(),
         "confirmed cleared"
     );
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
 }
 
 #[test]
 fn disconnect_clears_pending_and_items_are_resubscribed() {
     let mut w = discovered_slow();
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
     let before = req_count(&w, A);
     w.drop(A);
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     w.advance(secs(10));
     assert_eq!(status(&w, A), ConnectionStatus::Connected);
     // Never confirmed → quick reconnect: the interrupted Layer 1 history again (no since),
@@ -445,7 +452,7 @@ fn disconnect_clears_pending_and_items_are_resubscribed() {
         .collect();
     let first: HashSet<String> = fake(&w, A).reqs[1..4].iter().map(Filter::as_json).collect();
     assert_eq!(batch, first, "the same batch again");
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
 }
 
 /// The batch subscriptions (Layers 2/3) open on A.
@@ -468,14 +475,14 @@ fn withheld_eose_fails_the_batch_and_it_is_retried() {
     );
     assert_eq!(open(&w, A).len(), 1, "only L1 left");
     assert_eq!(w.m.subscriptions(&url(A)).len(), 1);
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     assert_eq!(w.m.counters().batches_failed, 1);
     assert_eq!(req_count(&w, A), before);
     w.advance(secs(30));
     let again = reqs_from(&w, A, before);
     assert_eq!(again.len(), 3, "retried after backoff");
     assert!(again.iter().all(|f| !is_l1(f) && f.since.is_none()));
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
 }
 
 #[test]
@@ -485,7 +492,7 @@ fn closed_subscription_fails_its_batch_instead_of_leaving_it_pending() {
     let sub = w.open_subs(A, |f| has_tag(f, 'A'))[0].clone();
     let before = req_count(&w, A);
     w.close_sub(A, &sub, "error: shutting down");
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     assert!(
         batch_subs(&w).is_empty(),
         "the batch's other queries closed"
@@ -516,18 +523,18 @@ fn idle_relay_is_forgotten_but_bootstrap_and_first_sync_relays_are_not() {
     assert!(fake(&w, A).conn.is_some());
     // First sync in progress (no EOSE) across several checks: kept.
     w.run_for(secs(200), secs(10));
-    assert!(w.m.relay_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_some());
     assert!(fake(&w, A).conn.is_some());
     // The announcement moves the repo elsewhere: A is no longer needed.
     w.store_on_own(&announcement("r", &[B], 2));
     // Its unanswered batch keeps it until the batch fails at the EOSE deadline (120 s).
     w.run_for(secs(60), secs(10));
-    assert!(w.m.relay_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_some());
     assert!(fake(&w, A).conn.is_some());
     w.run_for(secs(130), secs(10));
-    assert!(!w.m.relay_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none());
     assert!(fake(&w, A).conn.is_none(), "its connection closed");
-    assert!(w.m.relay_index().contains_key(&url(boot)));
+    assert!(w.m.relay(&url(boot)).is_some());
     assert!(fake(&w, boot).conn.is_some(), "bootstrap kept");
     assert!(fake(&w, B).conn.is_some());
 }
@@ -575,7 +582,7 @@ fn events_from_an_old_self_subscription_generation_are_ignored() {
     });
     w.advance(secs(10));
     assert!(w.m.repo_index().is_empty());
-    assert!(w.m.relay_index().is_empty());
+    assert!(w.m.relays().len() == 0);
     assert!(fake(&w, A).reqs.is_empty());
 }
 
@@ -595,7 +602,7 @@ fn many_batches(n: usize) -> (World, Vec<EventId>) {
             "no consolidation yet at batch {i}"
         );
     }
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     (w, ids)
 }
 
@@ -640,8 +647,14 @@ fn crossing_the_consolidation_threshold_leaves_fewer_subscriptions_and_loses_not
     );
     assert_eq!(tag_values(&new_batch[0], 'e'), vec![e.id.to_hex()]);
     w.release_eose(A);
-    assert_eq!(w.m.relay_index()[&url(A)].root_events.len(), 23);
-    assert!(w.m.relay_index()[&url(A)].repos.contains(&repo("r")));
+    assert_eq!(w.m.relay(&url(A)).unwrap().state().root_events.len(), 23);
+    assert!(w
+        .m
+        .relay(&url(A))
+        .unwrap()
+        .state()
+        .repos
+        .contains(&repo("r")));
     assert_eq!(open(&w, A).len(), 10, "the live set and the new batch");
 }
 
@@ -697,7 +710,7 @@ fn consolidation_deadline_keeps_loading_subscriptions_open() {
             .map(|x| x.0)
             .collect();
     assert!(pending.is_subset(&machine));
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 2);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 2);
 }
 
 #[test]
@@ -722,12 +735,12 @@ fn daily_timer_does_a_full_fresh_sync_between_23_and_25_hours() {
         "full history again"
     );
     assert!(
-        w.m.relay_index()[&url(A)].repos.is_empty(),
+        w.m.relay(&url(A)).unwrap().state().repos.is_empty(),
         "confirmed cleared"
     );
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
     w.release_eose(A);
-    let st = &w.m.relay_index()[&url(A)];
+    let st = w.m.relay(&url(A)).unwrap().state();
     assert_eq!((st.repos.len(), st.root_events.len()), (1, 1));
     assert!(st.root_events.contains(&root.id));
 }
@@ -806,7 +819,10 @@ fn dead_after_24_hours_then_one_attempt_a_day() {
     assert!(fake(&w, A).reqs.iter().all(|f| f.since.is_none()));
     w.advance(secs(120));
     assert_eq!(w.m.relay_statuses(w.now)[0].health, HealthState::Healthy);
-    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
+    assert_eq!(
+        w.m.relay(&url(A)).unwrap().state().repos,
+        [repo("r")].into()
+    );
 }
 
 /// An event of `kind` tagging repository `r`, created at `created_at`.
@@ -924,7 +940,7 @@ fn batch_waits_for_its_pages_before_confirming() {
     assert_eq!(req_count(&w, A), 4, "L1 + the batch");
     // L1 and two of the three batch filters answer short; the #a filter is full.
     w.release_eose_where(A, |f| is_l1(f) || has_tag(f, 'A') || has_tag(f, 'q'));
-    assert!(w.m.relay_index()[&url(A)].repos.is_empty());
+    assert!(w.m.relay(&url(A)).unwrap().state().repos.is_empty());
     let before = req_count(&w, A);
     w.release_eose_where(A, |f| has_tag(f, 'a'));
     let pages = reqs_from(&w, A, before);
@@ -937,13 +953,16 @@ fn batch_waits_for_its_pages_before_confirming() {
     assert_eq!(tag_values(&pages[0], 'a'), vec![repo("r")]);
     // Pages finish before the batch may confirm.
     assert!(
-        w.m.relay_index()[&url(A)].repos.is_empty(),
+        w.m.relay(&url(A)).unwrap().state().repos.is_empty(),
         "not before the page"
     );
-    assert_eq!(w.m.pending_index()[&url(A)].len(), 1);
+    assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
     w.release_eose_where(A, |f| f.until.is_some());
-    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert_eq!(
+        w.m.relay(&url(A)).unwrap().state().repos,
+        [repo("r")].into()
+    );
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     let mut want: Vec<&Event> = issues.iter().collect();
     want.push(&ann);
     w.assert_own_holds(&want);
@@ -956,7 +975,7 @@ fn rate_limited_closed_waits_the_cooldown_then_resubscribes() {
     let before = req_count(&w, A);
     w.close_sub(A, &sub, "rate-limited: slow down");
     assert_eq!(w.m.counters().rate_limited, 1);
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     // Not before 65 s ...
     w.advance(secs(60));
     assert_eq!(req_count(&w, A), before);
@@ -1013,7 +1032,10 @@ fn refused_batch_fails_and_is_retried_much_later() {
         let sub = w.open_subs(A, |f| has_tag(f, 'q'))[0].clone();
         let before = req_count(&w, A);
         w.close_sub(A, &sub, &format!("{prefix} no"));
-        assert!(!w.m.pending_index().contains_key(&url(A)), "{prefix}");
+        assert!(
+            w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()),
+            "{prefix}"
+        );
         assert_eq!(w.m.counters().batches_failed, 1, "{prefix}");
         w.advance(secs(590));
         assert_eq!(req_count(&w, A), before, "{prefix}");
@@ -1072,12 +1094,12 @@ fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
     }
     // Let consolidation deadlines and polls run.
     w.run_for(secs(300), secs(30));
-    let st = &w.m.relay_index()[&url(A)];
+    let st = w.m.relay(&url(A)).unwrap().state();
     // Every Layer-3 id: the root events and the replies followed below them.
     let ids: HashSet<EventId> = roots.iter().chain(&replies).map(|e| e.id).collect();
     assert_eq!(st.root_events, ids, "every root event and reply confirmed");
     assert_eq!(st.repos, [repo("r")].into());
-    assert!(!w.m.pending_index().contains_key(&url(A)));
+    assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     assert!(fake(&w, A).max_open_seen <= 5);
     assert_eq!(w.m.counters().closed_by_relay, 0, "no REQ refused");
     // Live: Layer 1 + 3 queries; the other Layer-2/3 queries are polled with since.
@@ -1124,7 +1146,10 @@ fn nip11_max_subscriptions_sets_the_budget() {
     assert!(fake(&w, A).max_open_seen <= 3);
     assert!(open(&w, A).len() <= 2);
     assert_eq!(w.m.counters().closed_by_relay, 0);
-    assert_eq!(w.m.relay_index()[&url(A)].repos, [repo("r")].into());
+    assert_eq!(
+        w.m.relay(&url(A)).unwrap().state().repos,
+        [repo("r")].into()
+    );
 }
 
 #[test]
@@ -1150,7 +1175,7 @@ fn reqs_are_split_below_nip11_max_message_length() {
     }
     assert_eq!(refs.len(), 60, "every repository still asked for");
     assert!(reqs.len() > 4, "split into more filters");
-    assert_eq!(w.m.relay_index()[&url(A)].repos.len(), 60);
+    assert_eq!(w.m.relay(&url(A)).unwrap().state().repos.len(), 60);
 }
 
 #[test]
@@ -1160,7 +1185,7 @@ fn a_query_without_eose_is_sent_again_not_left_loading() {
     let l1 = w.open_subs(A, is_l1);
     assert_eq!(l1.len(), 1);
     assert!(
-        !w.m.pending_index().contains_key(&url(A)),
+        w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()),
         "the batch answered"
     );
     let before = req_count(&w, A);
@@ -1226,7 +1251,7 @@ fn no_more_remote_relays_than_max_relays() {
     }
     w.advance(secs(5));
     assert_eq!(w.relays.values().filter(|f| f.conn.is_some()).count(), 3);
-    assert_eq!(w.m.relay_index().len(), 3);
+    assert_eq!(w.m.relays().len(), 3);
     assert_eq!(w.m.target_report().relays_over_global_cap, 2);
 }
 
@@ -1268,7 +1293,7 @@ fn eose_deadlines_are_suspended_while_the_relays_thread_waits_for_the_byte_bound
     let batch = batch_subs(&w);
     assert_eq!(batch.len(), 3);
     let url = RelayUrl::parse(A).unwrap();
-    let generation = w.m.relay_index()[&url].generation;
+    let generation = w.m.relay(&url).unwrap().state().generation;
     w.advance(secs(60));
     w.inject(Report::RelayStalled {
         relay: url.clone(),

@@ -102,14 +102,11 @@ fn throwaway_keys_on_dead_relays_cannot_starve_a_repository_that_shows_life() {
     w.advance(Duration::from_secs(6));
     for relay in [A, B] {
         let url = RelayUrl::parse(relay).unwrap();
-        assert!(
-            w.m.relay_index().contains_key(&url),
-            "{relay} has a slot at once"
-        );
+        assert!(w.m.relay(&url).is_some(), "{relay} has a slot at once");
     }
     w.advance(Duration::from_secs(54));
     assert_eq!(missing(&w, &want), 0, "the legitimate repository is synced");
-    assert!(w.m.relay_index().len() <= 20, "{}", w.m.relay_index().len());
+    assert!(w.m.relays().len() <= 20, "{}", w.m.relays().len());
     assert!(
         w.m.target_report().relays_over_global_cap > 0,
         "the cap binds"
@@ -125,7 +122,7 @@ fn relays_that_never_connect_give_their_slots_to_relays_not_tried_yet() {
     w.start();
     w.advance(Duration::from_secs(60));
     assert_eq!(missing(&w, &want), 0, "the legitimate repository is synced");
-    assert!(w.m.relay_index().len() <= 20);
+    assert!(w.m.relays().len() <= 20);
     // Without the rotation it would wait for ever: the same 20 dead relays retrying.
     let dead_tried = w.m.standing.failing.len();
     assert!(dead_tried >= 40, "dead relays tried in turn: {dead_tried}");
@@ -155,10 +152,9 @@ fn refusals_cost_one_selection_per_delay_and_a_key_is_blocked_at_its_cap() {
     // Refuse every connect of a refusedN relay, as the engine's address policy would.
     for _ in 0..50 {
         let connects: Vec<(RelayUrl, u64)> =
-            w.m.relay_index()
-                .iter()
-                .filter(|(u, _)| u.host().starts_with("refused"))
-                .map(|(u, s)| (u.clone(), s.generation))
+            w.m.relays()
+                .filter(|r| r.url().host().starts_with("refused"))
+                .map(|r| (r.url().clone(), r.state().generation))
                 .collect();
         for (relay, generation) in connects {
             refused += 1;
@@ -181,12 +177,8 @@ fn refusals_cost_one_selection_per_delay_and_a_key_is_blocked_at_its_cap() {
     // The 64 refusals (one report each) ran the selection a few times, not 64.
     let ran = c.selections - selections;
     assert!(ran <= 3, "selections run for {refused} refusals: {ran}");
-    assert!(w.m.relay_index().contains_key(&RelayUrl::parse(A).unwrap()));
-    assert!(w
-        .m
-        .relay_index()
-        .keys()
-        .all(|u| !u.host().starts_with("refused")));
+    assert!(w.m.relay(&RelayUrl::parse(A).unwrap()).is_some());
+    assert!(w.m.relays().all(|r| !r.url().host().starts_with("refused")));
 }
 
 #[test]
@@ -211,8 +203,8 @@ fn urls_differing_in_query_or_path_reach_one_host_a_few_times_at_most() {
     w.start();
     w.advance(Duration::from_secs(30));
     let one =
-        w.m.relay_index()
-            .keys()
+        w.m.relays()
+            .map(|r| r.url())
             .filter(|u| u.host() == "one.example")
             .count();
     assert_eq!(one, crate::core::targets::MAX_URLS_PER_HOST);
@@ -240,7 +232,7 @@ fn the_repository_with_more_activity_comes_first_in_each_round() {
     w.advance(Duration::from_secs(6));
     let (a, b) = (RelayUrl::parse(A).unwrap(), RelayUrl::parse(B).unwrap());
     assert!(
-        w.m.relay_index().contains_key(&a) || w.m.relay_index().contains_key(&b),
+        w.m.relay(&a).is_some() || w.m.relay(&b).is_some(),
         "a slot at once"
     );
     w.advance(Duration::from_secs(60));
@@ -293,8 +285,8 @@ fn bought_activity_does_not_take_every_slot_above_a_real_repository() {
     w.advance(Duration::from_secs(30));
     for relay in [A, B] {
         let url = RelayUrl::parse(relay).unwrap();
-        assert!(w.m.relay_index().contains_key(&url), "{relay} has a slot");
+        assert!(w.m.relay(&url).is_some(), "{relay} has a slot");
     }
     assert_eq!(missing(&w, &want), 0, "the real repository is synced");
-    assert!(w.m.relay_index().len() <= 100);
+    assert!(w.m.relays().len() <= 100);
 }

@@ -32,7 +32,7 @@ fn moved_away() -> World {
     fake.publish_nip11 = true;
     w.start();
     w.advance(Duration::from_secs(30));
-    let generation = w.m.relay_index()[&a()].generation;
+    let generation = w.m.relay(&a()).unwrap().state().generation;
     w.m.handle_report(
         Report::Notice {
             relay: a(),
@@ -46,7 +46,7 @@ fn moved_away() -> World {
     w.relay(B);
     w.advance(Duration::from_secs(6));
     let traces = w.m.traces_of(&a());
-    for what in ["relays", "remotes", "timers"] {
+    for what in ["remotes", "timers"] {
         assert!(traces.contains_key(what), "{what} before: {traces:?}");
     }
     assert!(w.m.timers.count_relay(&a()) >= 3, "daily, cool-down, retry");
@@ -59,7 +59,7 @@ fn a_refused_and_an_idle_relay_leave_no_trace_and_the_same_state() {
     // The same world twice: A is refused in one, left to the idle check in the other.
     let mut refused = moved_away();
     let mut idle = moved_away();
-    let generation = refused.m.relay_index()[&a()].generation;
+    let generation = refused.m.relay(&a()).unwrap().state().generation;
     refused.m.handle_report(
         Report::Refused {
             relay: a(),
@@ -76,13 +76,10 @@ fn a_refused_and_an_idle_relay_leave_no_trace_and_the_same_state() {
         refused.m.traces_of(&a())
     );
     refused.pump();
-    assert!(
-        idle.m.relay_index().contains_key(&a()),
-        "not idle-checked yet"
-    );
+    assert!(idle.m.relay(&a()).is_some(), "not idle-checked yet");
     refused.advance(Duration::from_secs(60));
     idle.advance(Duration::from_secs(60));
-    assert!(!idle.m.relay_index().contains_key(&a()), "idle check ran");
+    assert!(idle.m.relay(&a()).is_none(), "idle check ran");
     for w in [&refused, &idle] {
         assert!(w.m.traces_of(&a()).is_empty(), "{:?}", w.m.traces_of(&a()));
         assert!(
@@ -116,9 +113,12 @@ fn a_relay_refused_in_the_middle_of_a_sync_leaves_no_timer_behind() {
     w.relay(A).withhold_eose = true;
     w.start();
     w.advance(Duration::from_secs(30));
-    assert!(w.m.pending_index().contains_key(&a()), "a batch waits");
+    assert!(
+        w.m.relay(&a()).is_some_and(|r| !r.pending().is_empty()),
+        "a batch waits"
+    );
     assert!(w.m.timers.count_relay(&a()) >= 2, "EOSE deadline and daily");
-    let generation = w.m.relay_index()[&a()].generation;
+    let generation = w.m.relay(&a()).unwrap().state().generation;
     w.m.handle_report(
         Report::Refused {
             relay: a(),

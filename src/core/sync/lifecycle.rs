@@ -11,7 +11,7 @@ use super::{Command, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_remote(&mut self, relay: &RelayUrl, _now: Time) {
-        let Some(state) = self.relays.get_mut(relay) else {
+        let Some(state) = self.remotes.get_mut(relay).map(|r| &mut r.state) else {
             return;
         };
         self.next_generation += 1;
@@ -30,14 +30,14 @@ impl SyncMachine {
         // The first connect of a relay restored from a snapshot (issue 11) may be a quick
         // reconnect across the restart.
         let restored = self.take_restored(relay, now);
-        if !self.relays.contains_key(relay) {
+        if !self.remotes.contains_key(relay) {
             return;
         }
         self.on_connected(relay, now);
         let link = self.link(relay);
         let overflow = std::mem::take(&mut link.resume_overflow);
         let resume = std::mem::take(&mut link.resume);
-        let Some(state) = self.relays.get_mut(relay) else {
+        let Some(state) = self.remotes.get_mut(relay).map(|r| &mut r.state) else {
             return;
         };
         let stale = restored.is_none()
@@ -103,7 +103,7 @@ impl SyncMachine {
 
     /// The design's `handle_disconnect`, plus the reconnect schedule.
     pub(super) fn handle_disconnect(&mut self, relay: &RelayUrl, reason: &str, now: Time) {
-        let Some(state) = self.relays.get_mut(relay) else {
+        let Some(state) = self.remotes.get_mut(relay).map(|r| &mut r.state) else {
             return;
         };
         let was_connected = state.connection_status == ConnectionStatus::Connected;
@@ -115,9 +115,7 @@ impl SyncMachine {
             // Its deadlines go with its subscriptions; a new connection starts unstalled.
             r.stalled_since = None;
         }
-        if let Some(batches) = self.take_pending(relay) {
-            self.counters.batches_failed += batches.len() as u64;
-        }
+        self.counters.batches_failed += self.take_pending(relay).len() as u64;
         let policy = self.config.backoff;
         let unit = self.jitter.unit();
         if was_connected {
@@ -162,12 +160,10 @@ impl SyncMachine {
     pub(super) fn check_disconnects(&mut self, _now: Time) {
         let targets = self.plan.targets();
         let idle: Vec<RelayUrl> = self
-            .relays
+            .remotes
             .iter()
-            .filter(|(url, s)| {
-                !s.is_bootstrap
-                    && !targets.contains_key(*url)
-                    && self.pending.get(*url).is_none_or(|b| b.is_empty())
+            .filter(|(url, r)| {
+                !r.state.is_bootstrap && !targets.contains_key(*url) && r.pending.is_empty()
             })
             .map(|(u, _)| u.clone())
             .collect();

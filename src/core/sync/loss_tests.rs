@@ -78,7 +78,10 @@ fn backdated_event_after_a_quick_reconnect_arrives_live() {
     w.drop(A);
     w.run_for(Duration::from_secs(60), Duration::from_secs(5));
     assert_eq!(
-        w.m.relay_index()[&RelayUrl::parse(A).unwrap()].connection_status,
+        w.m.relay(&RelayUrl::parse(A).unwrap())
+            .unwrap()
+            .state()
+            .connection_status,
         crate::core::state::ConnectionStatus::Connected
     );
     // Published live after the reconnect, with a created_at two days old.
@@ -249,7 +252,7 @@ fn batch_deadline_counts_from_when_its_reqs_were_sent() {
     w.release_eose(A);
     w.run_for(Duration::from_secs(120), Duration::from_secs(5));
     assert_eq!(w.m.counters().batches_failed, 0);
-    let st = &w.m.relay_index()[&RelayUrl::parse(A).unwrap()];
+    let st = w.m.relay(&RelayUrl::parse(A).unwrap()).unwrap().state();
     assert!(st.root_events.contains(&root.id));
     assert!(w.own_ids().contains(&ann.id));
 }
@@ -262,13 +265,13 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
         a.publish_nip11 = true;
     });
     let a = RelayUrl::parse(A).unwrap();
-    let old_gen = w.m.relay_index()[&a].generation;
+    let old_gen = w.m.relay(&a).unwrap().state().generation;
     // The repository moves away from A: A is forgotten at the next idle check.
     let t = w.secs();
     w.store_on_own(&announcement("r", &["ws://b.example"], t - 5));
     w.relay("ws://b.example");
     w.advance(Duration::from_secs(70));
-    assert!(!w.m.relay_index().contains_key(&a), "A forgotten");
+    assert!(w.m.relay(&a).is_none(), "A forgotten");
     assert!(
         w.m.remote_of(&a).is_none(),
         "its NIP-11 limits are dropped with it"
@@ -276,7 +279,7 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
     // ... and back to A.
     w.store_on_own(&announcement("r", &[A], t));
     w.advance(Duration::from_secs(10));
-    let new_gen = w.m.relay_index()[&a].generation;
+    let new_gen = w.m.relay(&a).unwrap().state().generation;
     assert_ne!(new_gen, old_gen, "generations are never reused");
     // A report of the retired thread changes nothing.
     w.m.handle_report(
@@ -288,7 +291,7 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
         w.now,
     );
     assert_eq!(
-        w.m.relay_index()[&a].connection_status,
+        w.m.relay(&a).unwrap().state().connection_status,
         crate::core::state::ConnectionStatus::Connected
     );
 }
@@ -297,7 +300,7 @@ fn a_forgotten_and_rediscovered_relay_ignores_its_retired_threads_reports() {
 fn a_notice_flood_with_distinct_texts_keeps_the_warned_set_bounded() {
     let (mut w, _) = one_repo(|_| {});
     let a = RelayUrl::parse(A).unwrap();
-    let generation = w.m.relay_index()[&a].generation;
+    let generation = w.m.relay(&a).unwrap().state().generation;
     for i in 0..5_000 {
         w.m.handle_report(
             Report::Notice {
@@ -317,7 +320,11 @@ fn a_wall_clock_step_moves_since_but_not_deadlines() {
         w.relay(A).withhold_eose = true;
     });
     let a = RelayUrl::parse(A).unwrap();
-    assert_eq!(w.m.pending_index()[&a].len(), 1, "a batch waits for EOSE");
+    assert_eq!(
+        w.m.relay(&a).unwrap().pending().len(),
+        1,
+        "a batch waits for EOSE"
+    );
     // The wall clock jumps two hours ahead; one real second passes.
     let mono = w.now.as_millis() + 1_000;
     let wall = w.now.wall_millis() + 2 * 3_600_000 + 1_000;
@@ -764,10 +771,10 @@ fn a_batch_whose_queries_all_wait_in_the_queue_sets_no_deadline_in_the_past() {
     for _ in 0..40 {
         w.advance(Duration::from_secs(30));
         // The state this test is about: a pending batch none of whose queries was sent.
-        queued_batch_seen |= w.m.pending.get(&a).is_some_and(|bs| {
-            bs.iter()
-                .any(|b| !super::batches::batch_has_sent_query(w.m.link_of(&a), b))
-        });
+        queued_batch_seen |=
+            w.m.pending_of(&a)
+                .iter()
+                .any(|b| !super::batches::batch_has_sent_query(w.m.link_of(&a), b));
         let due = w.m.poll_timeout();
         assert!(
             due.is_none_or(|t| t > w.now),
@@ -1119,7 +1126,7 @@ fn a_relay_whose_pages_multiply_without_end_keeps_waiting_pages_bounded() {
                 authors_at_oldest: [keys().public_key()].into(),
                 ..PageStats::default()
             };
-            let generation = w.m.relay_index()[&a].generation;
+            let generation = w.m.relay(&a).unwrap().state().generation;
             w.inject(Report::Eose {
                 relay: a.clone(),
                 generation,
@@ -1193,17 +1200,14 @@ fn a_rebuild_keeps_the_queued_live_query_of_a_pending_batch() {
     let a = RelayUrl::parse(A).unwrap();
     let now = w.m.last_now;
     let sub = w.m.new_sub_id();
-    w.m.pending
-        .entry(a.clone())
-        .or_default()
-        .push(PendingBatch {
-            batch_id: 777,
-            items: PendingItems::default(),
-            outstanding_subs: [sub.clone()].into_iter().collect(),
-            started_at: now,
-            incomplete: false,
-            uncovered_from: None,
-        });
+    w.m.pending_mut(&a).unwrap().push(PendingBatch {
+        batch_id: 777,
+        items: PendingItems::default(),
+        outstanding_subs: [sub.clone()].into_iter().collect(),
+        started_at: now,
+        incomplete: false,
+        uncovered_from: None,
+    });
     let live = Filter::new().kind(Kind::Custom(1111)).limit(0);
     w.m.link(&a)
         .queue
@@ -1362,7 +1366,7 @@ fn a_relay_capping_a_crowded_second_silently_is_reported_never_confirmed_complet
         w.m.counters()
     );
     assert!(
-        w.m.relay_index()[&a].incomplete_batches > 0,
+        w.m.relay(&a).unwrap().state().incomplete_batches > 0,
         "the batch is confirmed incomplete, not complete"
     );
 }

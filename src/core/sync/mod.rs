@@ -54,14 +54,11 @@ pub use standing::{FAILING_TTL, RESELECT_DELAY};
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use log::{info, warn};
-use nostr::event::EventId;
 use nostr::message::SubscriptionId;
 
 use crate::core::health::Jitter;
 use crate::core::nip34::SelfEventMeaning;
-use crate::core::state::{
-    ConnectionStatus, PendingBatch, PendingSyncIndex, RelayState, RelaySyncIndex, RepoSyncIndex,
-};
+use crate::core::state::{ConnectionStatus, PendingBatch, RelayState, RepoSyncIndex};
 use crate::core::targets::{Exclusions, Plan};
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
@@ -77,7 +74,7 @@ pub use persist::{
     with_item_budget, RelaySnapshot, RestoreReport, SyncSnapshot, MAX_RELAY_ITEMS, MAX_STATE_ITEMS,
     MAX_STATE_RELAYS, MAX_STORED_REF_LEN,
 };
-pub use status::{RelaySyncStatus, SyncCounters};
+pub use status::{RelaySyncStatus, RelayView, SyncCounters};
 
 /// What a subscription is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,13 +139,6 @@ pub struct SyncMachine {
     repo_index: RepoSyncIndex,
     /// The targets derived from `repo_index`, kept current by every change (issue 10).
     plan: Plan,
-    /// Relays whose actions must be computed at the next planning although their target did
-    /// not change (one refused at `max_relays` is tried again).
-    replan: HashSet<RelayUrl>,
-    /// Relays whose target only grew by these root events since the last planning: only
-    /// they are diffed (the rest of the target is pending, confirmed, deferred or waits for
-    /// the relay's own trigger).
-    replan_roots: HashMap<RelayUrl, HashSet<EventId>>,
     /// Distinct root events in `repo_index`, counted as they are linked (status reads must
     /// not walk the index under the machine's lock).
     root_events_known: usize,
@@ -161,21 +151,21 @@ pub struct SyncMachine {
     /// The announcements and root events are being read, before the self-subscription
     /// opens (`own.rs`).
     own_roots_read: bool,
-    /// Confirmed state per remote relay (the design's index; public read API).
-    relays: RelaySyncIndex,
-    /// In-flight batches per remote relay (the design's index; public read API).
-    pending: PendingSyncIndex,
-    /// Everything else about each remote relay: one entry per relay in `relays`.
+    /// Every remote relay known, with everything about it (its confirmed state and pending
+    /// batches, the design's `RelaySyncIndex` and `PendingSyncIndex`, included); read with
+    /// [`SyncMachine::relays`] and [`SyncMachine::relay`].
     remotes: HashMap<RelayUrl, remote::RemoteRelay>,
+    /// What is held about remote relays not known (yet, or any more).
+    unknown: remote::Unknown,
     own: RelayState,
     own_link: Link,
+    /// What [`SyncMachine::link`] hands out for a relay not known (a bug; release builds
+    /// only): written, never read.
+    detached_link: Link,
     /// What the own relay's NIP-11 published (page size, subscription budget).
     own_nip11: remote::Nip11,
     /// What paging learnt about the own relay's cap (decision 0103).
     own_caps: crate::core::paging::CapWatch,
-    /// NIP-11 limits reported for remote relays not known (yet, or any more: a retired
-    /// thread's late report), taken when the relay is discovered; at most `max_relays`.
-    unknown_nip11: HashMap<RelayUrl, remote::Nip11>,
     batch: SelfBatch,
     commands: VecDeque<Command>,
     next_sub: u64,
@@ -183,10 +173,10 @@ pub struct SyncMachine {
     /// Every deadline of the machine (issue 18): [`SyncMachine::poll_timeout`] is its
     /// earliest entry.
     timers: TimerTable,
-    /// Remote relays whose derived timers ([`Timer::EoseDeadline`], [`Timer::Reopen`]) may
-    /// no longer match their state: recomputed before a timer is read again
-    /// ([`SyncMachine::refresh_timers`]).
-    timers_stale: HashSet<RelayUrl>,
+    /// The remote relays marked [`remote::RemoteRelay::timers_stale`], in the order marked
+    /// (a work list for [`SyncMachine::refresh_timers`]; a relay forgotten meanwhile is
+    /// skipped).
+    stale: Vec<RelayUrl>,
     /// One counter for every connection generation (own relay and remote relays), so a
     /// relay forgotten and discovered again never reuses a retired thread's generation.
     next_generation: u64,
@@ -221,20 +211,17 @@ impl SyncMachine {
             standing: standing::Standing::default(),
             repo_index: RepoSyncIndex::new(),
             plan: Plan::default(),
-            replan: HashSet::new(),
-            replan_roots: HashMap::new(),
             root_events_known: 0,
             threads: crate::core::threads::Threads::new(config.threads),
             own_rereads: 0,
             own_roots_read: false,
-            relays: RelaySyncIndex::new(),
-            pending: PendingSyncIndex::new(),
             remotes: HashMap::new(),
+            unknown: remote::Unknown::default(),
             own: RelayState::new(false),
             own_link: Link::default(),
+            detached_link: Link::default(),
             own_nip11: remote::Nip11::default(),
             own_caps: Default::default(),
-            unknown_nip11: HashMap::new(),
             batch: SelfBatch {
                 meanings: Vec::new(),
                 started: None,
@@ -243,7 +230,7 @@ impl SyncMachine {
             next_sub: 0,
             next_batch: 0,
             timers: TimerTable::default(),
-            timers_stale: HashSet::new(),
+            stale: Vec::new(),
             next_generation: 0,
             persist: persist::Persisted::default(),
             last_now: Time::default(),
@@ -378,7 +365,11 @@ impl SyncMachine {
     /// reopen time of every remote relay marked stale, and those of the own relay (a few
     /// subscriptions). Runs before every timer is read or popped.
     fn refresh_timers(&mut self) {
-        for url in std::mem::take(&mut self.timers_stale) {
+        for url in std::mem::take(&mut self.stale) {
+            let Some(r) = self.remotes.get_mut(&url) else {
+                continue;
+            };
+            r.timers_stale = false;
             let eose = self.eose_deadline_of(&url);
             self.timers
                 .set_or_cancel(Timer::EoseDeadline(url.clone()), eose);
@@ -398,20 +389,19 @@ impl SyncMachine {
         self.timers.set_or_cancel(Timer::OwnReopen, own_reopen);
     }
 
-    /// Debug builds: every relay in `relays` has its [`remote::RemoteRelay`] and no other
-    /// does, no timer names a relay not known, and the derived timers equal a fresh
-    /// derivation (no change of their inputs went unmarked). Runs after every input.
+    /// Debug builds: no timer names a relay not known, no relay known is held as not known
+    /// ([`remote::Unknown`]), and the derived timers equal a fresh derivation (no change of
+    /// their inputs went unmarked). Runs after every input.
     fn check_timers(&self) {
         #[cfg(debug_assertions)]
         {
-            debug_assert!(self.timers_stale.is_empty(), "timers refreshed");
-            debug_assert_eq!(
-                self.relays.len(),
-                self.remotes.len(),
-                "one RemoteRelay each"
-            );
-            for url in self.remotes.keys() {
-                debug_assert!(self.relays.contains_key(url), "{url}: RemoteRelay only");
+            debug_assert!(self.stale.is_empty(), "timers refreshed");
+            for (url, r) in &self.remotes {
+                debug_assert!(!r.timers_stale, "{url}: timers refreshed");
+                debug_assert!(
+                    !self.unknown.nip11.contains_key(url) && !self.unknown.no_slot.contains(url),
+                    "{url}: known and held as not known"
+                );
                 debug_assert_eq!(
                     self.timers.get(&Timer::EoseDeadline(url.clone())),
                     self.eose_deadline_of(url),
@@ -444,10 +434,8 @@ impl SyncMachine {
         let link = self.link_of(relay)?;
         let loading = unbatched_loading(link).map(|(_, t)| t).min();
         let batches = self
-            .pending
-            .get(relay)
-            .into_iter()
-            .flatten()
+            .pending_of(relay)
+            .iter()
             .filter(|b| self.batch_awaits_eose(relay, Some(link), b))
             .map(|b| b.started_at)
             .min();
@@ -481,8 +469,7 @@ impl SyncMachine {
 
     /// True when `generation` is the current connection of remote `relay`.
     fn is_current(&self, relay: &RelayUrl, generation: u64) -> bool {
-        self.relays
-            .get(relay)
+        self.state_of(relay)
             .is_some_and(|s| s.generation == generation)
     }
 

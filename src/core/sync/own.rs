@@ -478,14 +478,15 @@ impl SyncMachine {
                 roots: changed_order,
             });
         }
+        let mut replan = super::batches::Replan::default();
         if !relays_changed.is_empty() {
-            self.reselect_repos(&relays_changed);
+            self.reselect_repos(&relays_changed, &mut replan);
         }
         if came_alive && self.selection_bound() {
-            self.reselect();
+            self.reselect(&mut replan);
         }
-        let grown = &mut self.replan_roots;
-        let relays = &self.relays;
+        let grown = &mut replan.roots;
+        let relays = &self.remotes;
         for (repo, id) in new_links {
             self.plan.add_root_event_with(&repo, id, |relay| {
                 // A relay that is not connected diffs its whole target when it connects
@@ -493,7 +494,7 @@ impl SyncMachine {
                 // relays are planned for the new root events.
                 if relays
                     .get(relay)
-                    .is_some_and(|s| s.connection_status != ConnectionStatus::Connected)
+                    .is_some_and(|r| r.state.connection_status != ConnectionStatus::Connected)
                 {
                     return;
                 }
@@ -517,6 +518,6 @@ impl SyncMachine {
             debug_assert_eq!(ids.len(), self.root_events_known, "root event counter");
         }
         self.check_plan();
-        self.run_compute_actions(now);
+        self.run_compute_actions(replan, now);
     }
 }

@@ -239,7 +239,7 @@ impl SyncMachine {
             relays: BTreeMap::new(),
         };
         let mut urls: Vec<&RelayUrl> = self
-            .relays
+            .remotes
             .keys()
             .chain(self.persist.restored.keys())
             .collect();
@@ -264,7 +264,7 @@ impl SyncMachine {
                     nip77: None,
                 }
             } else {
-                let Some(state) = self.relays.get(url) else {
+                let Some(state) = self.state_of(url) else {
                     continue;
                 };
                 let Some(connected_at) = state.last_connected else {
@@ -473,7 +473,7 @@ impl SyncMachine {
             .copied()
             .collect();
         let left_out = r.repos.len() + r.root_events.len() - repos.len() - roots.len();
-        let generation = self.relays.get(relay)?.generation;
+        let generation = self.state_of(relay)?.generation;
         info!(
             "{relay}: restored state: {} repos and {} root events confirmed before the restart ({left_out} saved items not in its targets yet are confirmed with a catch-up if they join them within {window:?})",
             repos.len(),
@@ -491,7 +491,7 @@ impl SyncMachine {
         } else {
             self.remote_mut(relay)?.late = None;
         }
-        let state = self.relays.get_mut(relay)?;
+        let state = self.remotes.get_mut(relay).map(|r| &mut r.state)?;
         state.repos = repos;
         state.root_events = roots;
         state.last_connected = Some(r.until);
@@ -554,7 +554,7 @@ impl SyncMachine {
         if self.remote_of(relay).is_none_or(|r| r.late.is_none()) {
             return false;
         }
-        let Some(generation) = self.relays.get(relay).map(|s| s.generation) else {
+        let Some(generation) = self.state_of(relay).map(|s| s.generation) else {
             return false;
         };
         if self.late_for(relay, generation, now).is_none() {
@@ -594,7 +594,7 @@ impl SyncMachine {
             since.as_secs()
         );
         let filters = build_layer2_and_layer3_filters(&got_repos, &got_roots, None);
-        if let Some(state) = self.relays.get_mut(relay) {
+        if let Some(state) = self.remotes.get_mut(relay).map(|r| &mut r.state) {
             state.repos.extend(got_repos);
             state.root_events.extend(got_roots);
         }

@@ -41,7 +41,7 @@ fn synced() -> (World, Vec<Event>) {
     w.advance(Duration::from_secs(30));
     let want = vec![ann, root, re];
     w.assert_own_holds(&want.iter().collect::<Vec<_>>());
-    let st = &w.m.relay_index()[&RelayUrl::parse(A).unwrap()];
+    let st = w.m.relay(&RelayUrl::parse(A).unwrap()).unwrap().state();
     // The root and the reply followed below it.
     assert_eq!((st.repos.len(), st.root_events.len()), (1, 2), "synced");
     (w, want)
@@ -187,7 +187,7 @@ fn an_entry_of_a_repository_no_longer_targeted_is_not_trusted() {
     e.repos.push(repo("ghost"));
     w.restart(Duration::from_secs(MIN), 0, Some(snap));
     w.advance(Duration::from_secs(60));
-    let st = &w.m.relay_index()[&RelayUrl::parse(A).unwrap()];
+    let st = w.m.relay(&RelayUrl::parse(A).unwrap()).unwrap().state();
     assert!(!st.repos.contains(&repo("ghost")));
     assert!(st.repos.contains(&repo("r")));
 }
@@ -249,7 +249,7 @@ fn a_relay_whose_first_layer1_read_was_interrupted_is_not_saved() {
 fn the_snapshot_is_bounded() {
     let (mut w, _) = synced();
     let url = RelayUrl::parse(A).unwrap();
-    let st = w.m.relays.get_mut(&url).unwrap();
+    let st = &mut w.m.remotes.get_mut(&url).unwrap().state;
     for i in 0..(MAX_RELAY_ITEMS as u64 + 500) {
         let mut b = [0u8; 32];
         b[..8].copy_from_slice(&i.to_be_bytes());
@@ -344,7 +344,7 @@ fn the_saved_since_covers_a_catch_up_interrupted_by_the_restart() {
     w.relay(A).hold_eose = true;
     w.advance(Duration::from_secs(10 * MIN));
     let url = RelayUrl::parse(A).unwrap();
-    let reconnected = w.m.relay_index()[&url].last_connected.unwrap();
+    let reconnected = w.m.relay(&url).unwrap().state().last_connected.unwrap();
     assert!(reconnected.timestamp().as_secs() > first_connect + 3600);
     let snap = w.m.snapshot(w.now);
     let saved = snap.relays[A].catch_up_since;
@@ -401,7 +401,7 @@ fn a_bootstrap_relay_connected_before_the_own_read_is_still_a_quick_reconnect() 
         .collect();
     assert!(full.is_empty(), "history REQs without since: {full:?}");
     w.assert_own_holds(&[&ann, &root, &late]);
-    let st = &w.m.relay_index()[&RelayUrl::parse(A).unwrap()];
+    let st = w.m.relay(&RelayUrl::parse(A).unwrap()).unwrap().state();
     assert_eq!(
         (st.repos.len(), st.root_events.len()),
         (1, 2),
@@ -433,7 +433,7 @@ fn items_of_an_incomplete_batch_are_not_saved_as_confirmed() {
     w.start();
     w.advance(Duration::from_secs(60));
     let url = RelayUrl::parse(A).unwrap();
-    let st = &w.m.relay_index()[&url];
+    let st = w.m.relay(&url).unwrap().state();
     assert!(st.incomplete_batches >= 1, "the batch is incomplete");
     assert!(st.repos.contains(&repo("r")), "confirmed in memory");
     let snap = w.m.snapshot(w.now);

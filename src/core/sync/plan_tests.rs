@@ -73,14 +73,14 @@ fn big_machine(repos: usize, relays: usize, roots_per_repo: usize) -> SyncMachin
     batch(&mut m, meanings, now);
     // Every relay connected and fully synced: planning must diff the whole target.
     let targets = machine_targets(&m.repo_index, &m.excluded, &m.config).targets;
-    for (u, s) in m.relays.iter_mut() {
-        s.connection_status = ConnectionStatus::Connected;
+    for (u, r) in m.remotes.iter_mut() {
+        r.state.connection_status = ConnectionStatus::Connected;
         if let Some(t) = targets.get(u) {
-            s.repos = t.repos.clone();
-            s.root_events = t.root_events.clone();
+            r.state.repos = t.repos.clone();
+            r.state.root_events = t.root_events.clone();
         }
+        r.pending.clear();
     }
-    m.pending.clear();
     m
 }
 
@@ -105,7 +105,19 @@ fn plan_timing() {
             let full = machine_targets(&m.repo_index, &m.excluded, &m.config);
             derive = derive.min(ms(t));
             let t = Instant::now();
-            n = crate::core::targets::compute_actions(&full.targets, &m.pending, &m.relays).len();
+            n = full
+                .targets
+                .iter()
+                .filter_map(|(u, t)| {
+                    let r = &m.remotes.get(u);
+                    crate::core::targets::compute_action(
+                        u,
+                        t,
+                        r.map(|r| &r.state),
+                        r.map_or(&[], |r| &r.pending),
+                    )
+                })
+                .count();
             compute = compute.min(ms(t));
         }
         let victim = repo_ref(3, 33);

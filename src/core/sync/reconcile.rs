@@ -730,11 +730,7 @@ impl SyncMachine {
     }
 
     fn batch_exists(&self, relay: &RelayUrl, batch: Option<u64>) -> bool {
-        batch.is_none_or(|id| {
-            self.pending
-                .get(relay)
-                .is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
-        })
+        batch.is_none_or(|id| self.pending_of(relay).iter().any(|b| b.batch_id == id))
     }
 
     /// Ends a job and sends its query as the paged REQ it would have been.

@@ -1,14 +1,17 @@
-//! One remote relay's state in one place (issue 18): [`RemoteRelay`], the accessors that
-//! keep its derived timers current, and [`SyncMachine::forget_relay`], the one way a relay
-//! is forgotten.
+//! One remote relay's state in one place (issues 18 and 35): [`RemoteRelay`], the
+//! accessors that keep its derived timers current, and [`SyncMachine::forget_relay`], the
+//! one way a relay is forgotten.
 //!
-//! Per remote relay the machine keeps exactly: its [`RemoteRelay`] in `remotes`, its
-//! [`RelayState`] in the design's `relays` index and its batches in the `pending` index
-//! (both public read API, [`SyncMachine::relay_index`] and
-//! [`SyncMachine::pending_index`], and the input of `compute_actions`), its timers
-//! ([`super::timers::Timer::of_relay`]) and its reconciliation jobs. A relay is in `remotes` exactly when it
-//! is in `relays`. Relays not known yet may also be named by the planning (`replan`,
-//! `replan_roots`) and by a restored snapshot (`persist`).
+//! Per remote relay the machine keeps exactly: its [`RemoteRelay`] in `remotes` (the
+//! design's [`RelayState`] and pending batches, its [`Link`], what it published and what was
+//! learnt about it), its timers ([`super::timers::Timer::of_relay`], in the machine's one
+//! timer table) and its reconciliation jobs. Removing its entry from `remotes` forgets all
+//! of it but the timers and jobs, which [`SyncMachine::forget_relay`] drops with it. Relays
+//! not known (no [`RemoteRelay`]) may be named by [`Unknown`] (NIP-11 reported early, a
+//! target refused at `max_relays`) and by a restored snapshot (`persist`). The read API is
+//! [`RelayView`](super::RelayView) ([`SyncMachine::relays`], [`SyncMachine::relay`]).
+
+use std::collections::{HashMap, HashSet};
 
 use log::{debug, info};
 
@@ -20,9 +23,15 @@ use crate::shared::RelayUrl;
 use super::persist::Late;
 use super::{Link, Nip77Support, SyncMachine};
 
-/// Everything the machine keeps about one remote relay besides the design's indexes.
-#[derive(Debug, Default)]
+/// Everything the machine keeps about one remote relay (but its timers and reconciliation
+/// jobs, kept by the machine's timer table and reconciler).
+#[derive(Debug)]
 pub(super) struct RemoteRelay {
+    /// Confirmed state and connection lifecycle (the design's `RelaySyncIndex` entry).
+    pub(super) state: RelayState,
+    /// Batches in flight, oldest first (the design's `PendingSyncIndex` entry; empty when
+    /// none).
+    pub(super) pending: Vec<PendingBatch>,
     /// Subscriptions, queues, health and counters of its connection.
     pub(super) link: Link,
     /// What its NIP-11 publishes about its limits.
@@ -43,6 +52,42 @@ pub(super) struct RemoteRelay {
     pub(super) stalled_since: Option<crate::core::time::Time>,
     /// Its largest page and a cap learnt from it (decision 0103); kept across reconnects.
     pub(super) caps: CapWatch,
+    /// Its derived timers ([`super::timers::Timer::EoseDeadline`],
+    /// [`super::timers::Timer::Reopen`]) may no longer match its state: recomputed by
+    /// [`SyncMachine::refresh_timers`] before a timer is read again.
+    pub(super) timers_stale: bool,
+}
+
+impl RemoteRelay {
+    /// A relay just known, with `state`.
+    fn new(state: RelayState) -> RemoteRelay {
+        RemoteRelay {
+            state,
+            pending: Vec::new(),
+            link: Link::default(),
+            nip11: Nip11::default(),
+            nip77: Nip77Support::default(),
+            unsupported_at: None,
+            detection: None,
+            late: None,
+            incomplete: PendingItems::default(),
+            stalled_since: None,
+            caps: CapWatch::default(),
+            timers_stale: false,
+        }
+    }
+}
+
+/// What the machine holds about remote relays it does not know (no [`RemoteRelay`]): taken
+/// or dropped when the relay becomes known.
+#[derive(Debug, Default)]
+pub(super) struct Unknown {
+    /// NIP-11 limits reported for relays not known (yet, or any more: a retired thread's
+    /// late report), taken when the relay is discovered; at most `max_relays`.
+    pub(super) nip11: HashMap<RelayUrl, Nip11>,
+    /// Targets refused because `max_relays` relays were known: spawned at the next planning
+    /// when a slot freed up (bounded by the targets).
+    pub(super) no_slot: HashSet<RelayUrl>,
 }
 
 /// What a relay's NIP-11 publishes, as the machine uses it.
@@ -80,37 +125,32 @@ impl RemoteRelay {
 
 impl SyncMachine {
     /// Starts knowing `relay` with `state` (a relay just discovered, or a bootstrap relay):
-    /// its [`RemoteRelay`] takes what a restored snapshot taught about it.
+    /// its [`RemoteRelay`] takes what a restored snapshot taught about it and the NIP-11
+    /// limits reported before.
     pub(super) fn add_remote(&mut self, relay: &RelayUrl, state: RelayState) {
         let nip77 = self.persist.take_nip77(relay).unwrap_or_default();
         let mut remote = RemoteRelay {
             nip77,
             unsupported_at: (nip77 == Nip77Support::Unsupported).then_some(self.last_now),
-            ..RemoteRelay::default()
+            ..RemoteRelay::new(state)
         };
-        if let Some(nip11) = self.unknown_nip11.remove(relay) {
+        if let Some(nip11) = self.unknown.nip11.remove(relay) {
             remote.take_nip11(nip11);
         }
-        self.relays.insert(relay.clone(), state);
+        self.unknown.no_slot.remove(relay);
         self.remotes.insert(relay.clone(), remote);
     }
 
-    /// Forgets `relay` entirely: its state, batches, timers, reconciliations and restored
+    /// Forgets `relay` entirely: its [`RemoteRelay`], timers, reconciliations and restored
     /// state, and tells the engine to end its connection. The one way a relay is dropped
-    /// (refused by the engine, or idle).
+    /// (refused by the engine, idle, or its slot lost).
     pub(super) fn forget_relay(&mut self, relay: &RelayUrl) {
-        self.relays.remove(relay);
-        self.pending.remove(relay);
         self.remotes.remove(relay);
         self.persist.forget(relay);
-        self.unknown_nip11.remove(relay);
-        self.replan.remove(relay);
-        self.replan_roots.remove(relay);
         // After the state: a negentropy session of the connection about to be closed gets
         // no NEG-CLOSE.
         self.drop_jobs_of(relay, false);
         self.timers.cancel_relay(relay);
-        self.timers_stale.remove(relay);
         self.commands.push_back(super::Command::Forget {
             relay: relay.clone(),
         });
@@ -118,8 +158,21 @@ impl SyncMachine {
 
     /// Marks the derived timers of `relay` for recomputation ([`Self::refresh_timers`]).
     pub(super) fn mark_stale(&mut self, relay: &RelayUrl) {
-        if !self.timers_stale.contains(relay) {
-            self.timers_stale.insert(relay.clone());
+        if let Some(r) = self.remotes.get_mut(relay) {
+            if !r.timers_stale {
+                r.timers_stale = true;
+                self.stale.push(relay.clone());
+            }
+        }
+    }
+
+    /// Marks the derived timers of every remote relay for recomputation.
+    pub(super) fn mark_all_stale(&mut self) {
+        for (url, r) in &mut self.remotes {
+            if !r.timers_stale {
+                r.timers_stale = true;
+                self.stale.push(url.clone());
+            }
         }
     }
 
@@ -134,15 +187,28 @@ impl SyncMachine {
         self.remotes.get_mut(relay)
     }
 
+    /// The confirmed state and lifecycle of remote `relay`.
+    pub(super) fn state_of(&self, relay: &RelayUrl) -> Option<&RelayState> {
+        self.remotes.get(relay).map(|r| &r.state)
+    }
+
     /// The working state of `relay`'s connection, for changing it. The relay must be known
-    /// (every caller runs for a relay in `relays`; debug builds check it).
+    /// (every caller runs for a known relay): debug builds panic otherwise, release builds
+    /// hand out [`SyncMachine::detached_link`], which nothing reads, rather than make half a
+    /// relay.
     pub(super) fn link(&mut self, relay: &RelayUrl) -> &mut Link {
         debug_assert!(
-            self.relays.contains_key(relay),
+            self.remotes.contains_key(relay),
             "{relay}: link of a relay not known"
         );
         self.mark_stale(relay);
-        &mut self.remotes.entry(relay.clone()).or_default().link
+        match self.remotes.get_mut(relay) {
+            Some(r) => &mut r.link,
+            None => {
+                self.detached_link = Link::default();
+                &mut self.detached_link
+            }
+        }
     }
 
     /// The working state of `relay`'s connection, for changing it, if the relay is known.
@@ -155,16 +221,21 @@ impl SyncMachine {
         self.remotes.get(relay).map(|r| &r.link)
     }
 
-    /// The pending batches of `relay`, for changing them.
-    pub(super) fn pending_mut(&mut self, relay: &RelayUrl) -> Option<&mut Vec<PendingBatch>> {
-        self.mark_stale(relay);
-        self.pending.get_mut(relay)
+    /// The pending batches of `relay` (empty when it has none or is not known).
+    pub(super) fn pending_of(&self, relay: &RelayUrl) -> &[PendingBatch] {
+        self.remotes.get(relay).map_or(&[], |r| &r.pending)
     }
 
-    /// Removes the pending batches of `relay`.
-    pub(super) fn take_pending(&mut self, relay: &RelayUrl) -> Option<Vec<PendingBatch>> {
-        self.mark_stale(relay);
-        self.pending.remove(relay)
+    /// The pending batches of `relay`, for changing them.
+    pub(super) fn pending_mut(&mut self, relay: &RelayUrl) -> Option<&mut Vec<PendingBatch>> {
+        self.remote_mut(relay).map(|r| &mut r.pending)
+    }
+
+    /// Removes the pending batches of `relay` (empty when it had none).
+    pub(super) fn take_pending(&mut self, relay: &RelayUrl) -> Vec<PendingBatch> {
+        self.pending_mut(relay)
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Takes what a relay (the own relay too) publishes about its limits (NIP-11): page
@@ -189,10 +260,10 @@ impl SyncMachine {
             });
         } else if let Some(r) = self.remotes.get_mut(relay) {
             r.take_nip11(nip11);
-        } else if let Some(early) = self.unknown_nip11.get_mut(relay) {
+        } else if let Some(early) = self.unknown.nip11.get_mut(relay) {
             early.update(nip11);
-        } else if self.unknown_nip11.len() < self.config.max_relays {
-            self.unknown_nip11.insert(relay.clone(), nip11);
+        } else if self.unknown.nip11.len() < self.config.max_relays {
+            self.unknown.nip11.insert(relay.clone(), nip11);
         } else {
             debug!("{relay}: NIP-11 limits of a relay not known; dropped");
         }
@@ -205,7 +276,7 @@ impl SyncMachine {
         }
         match self.remotes.get(relay) {
             Some(r) => r.nip11,
-            None => self.unknown_nip11.get(relay).copied().unwrap_or_default(),
+            None => self.unknown.nip11.get(relay).copied().unwrap_or_default(),
         }
     }
 
@@ -222,24 +293,17 @@ impl SyncMachine {
                 t.insert(what, n);
             }
         };
-        note("relays", usize::from(self.relays.contains_key(relay)));
-        note("pending", usize::from(self.pending.contains_key(relay)));
         note("remotes", usize::from(self.remotes.contains_key(relay)));
         note("timers", self.timers.count_relay(relay));
         note(
-            "timers_stale",
-            usize::from(self.timers_stale.contains(relay)),
-        );
-        note("replan", usize::from(self.replan.contains(relay)));
-        note(
-            "replan_roots",
-            usize::from(self.replan_roots.contains_key(relay)),
+            "unknown.no_slot",
+            usize::from(self.unknown.no_slot.contains(relay)),
         );
         note("jobs", self.recon.jobs_of(relay));
         note("persist", self.persist.entries_of(relay));
         note(
-            "unknown_nip11",
-            usize::from(self.unknown_nip11.contains_key(relay)),
+            "unknown.nip11",
+            usize::from(self.unknown.nip11.contains_key(relay)),
         );
         note(
             "targets",

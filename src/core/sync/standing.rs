@@ -77,17 +77,18 @@ impl SyncMachine {
 
     /// [`Timer::Reselect`]: the selection with the current standing, then planning.
     pub(super) fn deferred_reselect(&mut self, now: Time) {
-        self.reselect();
+        let mut replan = super::batches::Replan::default();
+        self.reselect(&mut replan);
         self.check_plan();
         // A relay that lost its slot while not connected (failing) goes now, so the relay
         // that took the slot can connect (connected ones wait for the idle check).
         let targets = self.plan.targets();
         let gone: Vec<RelayUrl> = self
-            .relays
+            .remotes
             .iter()
-            .filter(|(url, s)| {
-                !s.is_bootstrap
-                    && s.connection_status != ConnectionStatus::Connected
+            .filter(|(url, r)| {
+                !r.state.is_bootstrap
+                    && r.state.connection_status != ConnectionStatus::Connected
                     && !targets.contains_key(*url)
             })
             .map(|(url, _)| url.clone())
@@ -96,7 +97,7 @@ impl SyncMachine {
             debug!("{url}: lost its slot to a relay not failing its connects");
             self.forget_relay(&url);
         }
-        self.run_compute_actions(now);
+        self.run_compute_actions(replan, now);
     }
 
     /// The address policy refused `relay`: it is excluded for good, its host after
@@ -151,7 +152,7 @@ impl SyncMachine {
         }
         self.standing.failing.remove(relay);
         self.plan.drop_relay(relay);
-        self.replan.remove(relay);
+        self.unknown.no_slot.remove(relay);
         self.schedule_reselect(now);
     }
 

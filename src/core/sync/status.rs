@@ -1,21 +1,21 @@
-//! What the machine shows: its counters ([`SyncCounters`]), each relay's status
-//! ([`RelaySyncStatus`], [`SyncMachine::relay_statuses`]) and the read access to its indexes
-//! that the engine's metrics, status page and state file use.
+//! What the machine shows: its counters ([`SyncCounters`]), each remote relay
+//! ([`RelayView`] from [`SyncMachine::relays`] and [`SyncMachine::relay`]) and its status
+//! ([`RelaySyncStatus`], [`SyncMachine::relay_statuses`]), and the other read access that
+//! the engine's metrics, status page and state file use.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
 use nostr::message::SubscriptionId;
 
 use crate::core::health::HealthState;
-use crate::core::state::{
-    ConnectionStatus, PendingSyncIndex, RelayState, RelaySyncIndex, RepoSyncIndex,
-};
+use crate::core::state::{ConnectionStatus, PendingBatch, RelayState, RepoSyncIndex};
 use crate::core::targets::TargetReport;
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
+use super::remote::RemoteRelay;
 use super::timers::Timer;
-use super::{Link, Nip77Support, SubPurpose, SyncMachine};
+use super::{Nip77Support, SubPurpose, SyncMachine};
 
 /// Counters kept by the machine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -194,14 +194,24 @@ impl SyncMachine {
         &self.repo_index
     }
 
-    /// Confirmed state per relay.
-    pub fn relay_index(&self) -> &RelaySyncIndex {
-        &self.relays
+    /// Every remote relay known, in no particular order ([`Self::relay_statuses`] sorts
+    /// them by URL).
+    pub fn relays(&self) -> impl ExactSizeIterator<Item = RelayView<'_>> + '_ {
+        self.remotes.iter().map(|(url, relay)| RelayView {
+            machine: self,
+            url,
+            relay,
+        })
     }
 
-    /// In-flight batches per relay.
-    pub fn pending_index(&self) -> &PendingSyncIndex {
-        &self.pending
+    /// Remote relay `url`, if known.
+    pub fn relay(&self, url: &RelayUrl) -> Option<RelayView<'_>> {
+        let (url, relay) = self.remotes.get_key_value(url)?;
+        Some(RelayView {
+            machine: self,
+            url,
+            relay,
+        })
     }
 
     /// Open subscriptions per relay and purpose.
@@ -280,64 +290,102 @@ impl SyncMachine {
         self.root_events_known
     }
 
-    /// Each known relay's history queries completed (a counter; see
-    /// [`RelaySyncStatus::history_queries_completed`]), cheaper than [`Self::relay_statuses`].
-    pub fn history_queries_completed(&self) -> impl Iterator<Item = (&RelayUrl, u64)> + '_ {
-        self.relays.keys().map(|url| {
-            (
-                url,
-                self.link_of(url).map_or(0, |l| l.history_queries_completed),
-            )
-        })
-    }
-
     /// A status line per remote relay, sorted by URL.
     pub fn relay_statuses(&self, now: Time) -> Vec<RelaySyncStatus> {
-        let targets = self.plan.targets();
-        let sorted: BTreeMap<&RelayUrl, &RelayState> = self.relays.iter().collect();
-        sorted
-            .into_iter()
-            .map(|(url, s)| {
-                let link = self.link_of(url);
-                let pending = self.pending.get(url).map(|v| v.as_slice()).unwrap_or(&[]);
-                let target = targets.get(url);
-                RelaySyncStatus {
-                    url: url.clone(),
-                    connection_status: s.connection_status,
-                    health: link.map_or(HealthState::Healthy, |l| {
-                        l.health.state(now, &self.config.backoff)
-                    }),
-                    failures: link.map_or(0, |l| l.health.failures()),
-                    is_bootstrap: s.is_bootstrap,
-                    target_repos: target.map_or(0, |t| t.repos.len()),
-                    target_root_events: target.map_or(0, |t| t.root_events.len()),
-                    confirmed_repos: s.repos.len(),
-                    confirmed_root_events: s.root_events.len(),
-                    pending_batches: pending.len(),
-                    pending_repos: pending.iter().map(|b| b.items.repos.len()).sum(),
-                    pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
-                    open_subscriptions: link.map_or(0, |l| l.subs.len()),
-                    next_attempt: self.timers.get(&Timer::Reconnect(url.clone())),
-                    last_connected: s.last_connected,
-                    last_error: link.and_then(|l| l.last_error.clone()),
-                    catch_up_since: link.and_then(|l| l.catch_up_since).map(|t| t.as_secs()),
-                    failed_batches: link.map_or(0, |l| l.failed_batches),
-                    incomplete_queries: link.map_or(0, |l| l.incomplete_queries),
-                    queued_queries: link.map_or(0, |l| l.queue.len()),
-                    polled_queries: link.map_or(0, |l| l.polled.len()),
-                    loading_queries: link.map_or(0, |l| l.loading.len()),
-                    reopen_pending: link.map_or(0, |l| l.reopen.len()),
-                    nip77: self.nip77_support(url),
-                    reconciliations_pending: self.recon.jobs_of(url),
-                    history_queries_pending: link.map_or(0, Link::history_queries_pending)
-                        + self.recon.jobs_of(url),
-                    history_queries_completed: link.map_or(0, |l| l.history_queries_completed),
-                    ids_undelivered: link.map_or(0, |l| l.ids_undelivered),
-                    history_short: link.map_or(0, |l| l.history_short),
-                    batches_retry_at: self.timers.get(&Timer::RetryBatches(url.clone())),
-                    learned_cap: self.remotes.get(url).and_then(|r| r.caps.learned_cap),
-                }
-            })
-            .collect()
+        let mut relays: Vec<RelayView<'_>> = self.relays().collect();
+        relays.sort_unstable_by(|a, b| a.url.cmp(b.url));
+        relays.into_iter().map(|r| r.status(now)).collect()
+    }
+}
+
+/// One remote relay as the machine knows it, read-only: the design's confirmed state
+/// ([`RelayState`]) and pending batches, and its status. From [`SyncMachine::relays`] and
+/// [`SyncMachine::relay`]; it borrows the machine.
+#[derive(Clone, Copy)]
+pub struct RelayView<'a> {
+    machine: &'a SyncMachine,
+    url: &'a RelayUrl,
+    relay: &'a RemoteRelay,
+}
+
+impl fmt::Debug for RelayView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayView")
+            .field("url", self.url)
+            .field("state", &self.relay.state)
+            .field("pending", &self.relay.pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> RelayView<'a> {
+    /// The relay.
+    #[must_use]
+    pub fn url(&self) -> &'a RelayUrl {
+        self.url
+    }
+
+    /// Its confirmed state and connection lifecycle (the design's `RelaySyncIndex` entry).
+    #[must_use]
+    pub fn state(&self) -> &'a RelayState {
+        &self.relay.state
+    }
+
+    /// Its batches in flight, oldest first (the design's `PendingSyncIndex` entry; empty
+    /// when none).
+    #[must_use]
+    pub fn pending(&self) -> &'a [PendingBatch] {
+        &self.relay.pending
+    }
+
+    /// Its history queries completed since it became known (a counter; see
+    /// [`RelaySyncStatus::history_queries_completed`]), cheaper than [`Self::status`].
+    #[must_use]
+    pub fn history_queries_completed(&self) -> u64 {
+        self.relay.link.history_queries_completed
+    }
+
+    /// Its status line at `now`.
+    #[must_use]
+    pub fn status(&self, now: Time) -> RelaySyncStatus {
+        let m = self.machine;
+        let url = self.url;
+        let s = &self.relay.state;
+        let link = &self.relay.link;
+        let pending = &self.relay.pending;
+        let target = m.plan.targets().get(url);
+        RelaySyncStatus {
+            url: url.clone(),
+            connection_status: s.connection_status,
+            health: link.health.state(now, &m.config.backoff),
+            failures: link.health.failures(),
+            is_bootstrap: s.is_bootstrap,
+            target_repos: target.map_or(0, |t| t.repos.len()),
+            target_root_events: target.map_or(0, |t| t.root_events.len()),
+            confirmed_repos: s.repos.len(),
+            confirmed_root_events: s.root_events.len(),
+            pending_batches: pending.len(),
+            pending_repos: pending.iter().map(|b| b.items.repos.len()).sum(),
+            pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
+            open_subscriptions: link.subs.len(),
+            next_attempt: m.timers.get(&Timer::Reconnect(url.clone())),
+            last_connected: s.last_connected,
+            last_error: link.last_error.clone(),
+            catch_up_since: link.catch_up_since.map(|t| t.as_secs()),
+            failed_batches: link.failed_batches,
+            incomplete_queries: link.incomplete_queries,
+            queued_queries: link.queue.len(),
+            polled_queries: link.polled.len(),
+            loading_queries: link.loading.len(),
+            reopen_pending: link.reopen.len(),
+            nip77: m.nip77_support(url),
+            reconciliations_pending: m.recon.jobs_of(url),
+            history_queries_pending: link.history_queries_pending() + m.recon.jobs_of(url),
+            history_queries_completed: link.history_queries_completed,
+            ids_undelivered: link.ids_undelivered,
+            history_short: link.history_short,
+            batches_retry_at: m.timers.get(&Timer::RetryBatches(url.clone())),
+            learned_cap: self.relay.caps.learned_cap,
+        }
     }
 }

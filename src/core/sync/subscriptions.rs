@@ -99,8 +99,7 @@ impl SyncMachine {
 
     /// The connection generation of `relay` when it is connected.
     pub(super) fn connected_generation(&self, relay: &RelayUrl) -> Option<u64> {
-        self.relays
-            .get(relay)
+        self.state_of(relay)
             .filter(|s| s.connection_status == ConnectionStatus::Connected)
             .map(|s| s.generation)
     }
@@ -145,9 +144,9 @@ impl SyncMachine {
         // Or the whole live set fits the budget in fewer, larger filters (Layer 1, Layers
         // 2+3, one slot kept for history): a rebuild consolidates it and polling ends.
         // (Not while a batch is pending: its subscriptions stay open through a rebuild.)
-        let no_batch = self.pending.get(relay).is_none_or(|b| b.is_empty());
+        let no_batch = self.pending_of(relay).is_empty();
         let consolidated_fits = no_batch
-            && self.relays.get(relay).is_some_and(|s| {
+            && self.state_of(relay).is_some_and(|s| {
                 let counts = (s.repos.len(), s.root_events.len());
                 link.polled_at_counts != Some(counts)
                     && 1 + layer2_and_layer3_count(counts.0, counts.1, max_chunk) < budget
@@ -188,14 +187,12 @@ impl SyncMachine {
         // one subscription can be closed beyond the budget. (With every slot but one held by
         // a pending batch, a rebuild would close Layer 1 and open it again, at once, for
         // ever: seen with a relay that advertises NIP-77 and never answers it.)
-        let pending = self.pending.get(relay);
+        let pending = self.pending_of(relay);
         let closable_n = link
             .subs
             .values()
             .filter(|i| match i.purpose {
-                SubPurpose::Batch(id) => {
-                    !pending.is_some_and(|bs| bs.iter().any(|b| b.batch_id == id))
-                }
+                SubPurpose::Batch(id) => !pending.iter().any(|b| b.batch_id == id),
                 _ => true,
             })
             .count();
@@ -335,7 +332,7 @@ impl SyncMachine {
         with_l1: bool,
         now: Time,
     ) {
-        let Some(state) = self.relays.get(relay) else {
+        let Some(state) = self.state_of(relay) else {
             return;
         };
         let generation = state.generation;
@@ -392,8 +389,7 @@ impl SyncMachine {
         }
         let interval = self.config.poll_interval;
         let counts = self
-            .relays
-            .get(relay)
+            .state_of(relay)
             .map(|s| (s.repos.len(), s.root_events.len()));
         let link = self.link(relay);
         link.live_built_at = Some(now);
