@@ -1,9 +1,13 @@
 //! The design's three indexes: what we want ([`RepoSyncIndex`]), what is confirmed per relay
 //! ([`RelaySyncIndex`]) and what is in flight ([`PendingSyncIndex`]).
 //!
-//! In the design these are `Arc<RwLock<HashMap<..>>>` shared by tasks. Here they are plain maps
-//! owned by [`crate::core::SyncMachine`]; the engine keeps the whole machine behind one
-//! `parking_lot` lock that only the coordinator thread writes, so the three are always
+//! In the design these are `Arc<RwLock<HashMap<..>>>` shared by tasks. Here they are owned by
+//! [`crate::core::SyncMachine`]: the repository index as a plain map, the other two per remote
+//! relay (its [`RelayState`] and [`PendingBatch`]es, read with
+//! [`crate::core::SyncMachine::relays`]; decision 0107), so the maps
+//! [`RelaySyncIndex`] and [`PendingSyncIndex`] are the input of
+//! [`crate::core::targets::compute_actions`] only. The engine keeps the whole machine behind
+//! one `parking_lot` lock that only the coordinator thread writes, so the three are always
 //! consistent with each other when a status reader looks.
 
 use std::collections::{HashMap, HashSet};

@@ -542,7 +542,7 @@ impl SyncHandle {
                     pending_root_events: s.pending_root_events,
                     open_subscriptions: s.open_subscriptions,
                     last_connected: s.last_connected,
-                    last_error: s.last_error,
+                    last_error: s.last_error.map(|e| e.to_string()),
                     catch_up_since: s.catch_up_since,
                     failed_batches: s.failed_batches,
                     incomplete_queries: s.incomplete_queries,

@@ -300,6 +300,18 @@ fn own_relay_and_aliases_are_never_targets() {
 fn failed_first_connect_is_retried_with_backoff() {
     let mut w = discovered(|_| {}, |a| a.down = true);
     assert_eq!(status(&w, A), ConnectionStatus::Disconnected);
+    // The cause is kept typed and rendered only for the status and the log.
+    let error = w.m.relay(&url(A)).unwrap().status(w.now).last_error;
+    assert_eq!(
+        error,
+        Some(super::LinkError::ConnectFailed(
+            crate::core::wire::Disconnect::Tcp("connection refused".into())
+        ))
+    );
+    assert_eq!(
+        error.unwrap().to_string(),
+        "connect failed: TCP connect failed: connection refused"
+    );
     let attempts = |w: &World| w.m.counters().connect_attempts;
     let first = attempts(&w);
     // Backoff 5 s ± 25 %: nothing at 3 s, a retry by 7 s.

@@ -4,10 +4,11 @@ use log::{debug, info, warn};
 
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
+use crate::core::wire::Disconnect;
 use crate::shared::RelayUrl;
 
 use super::timers::Timer;
-use super::{Command, SubPurpose, SyncMachine};
+use super::{Command, LinkError, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_remote(&mut self, relay: &RelayUrl, _now: Time) {
@@ -102,7 +103,7 @@ impl SyncMachine {
     }
 
     /// The design's `handle_disconnect`, plus the reconnect schedule.
-    pub(super) fn handle_disconnect(&mut self, relay: &RelayUrl, reason: &str, now: Time) {
+    pub(super) fn handle_disconnect(&mut self, relay: &RelayUrl, cause: &Disconnect, now: Time) {
         let Some(state) = self.remotes.get_mut(relay).map(|r| &mut r.state) else {
             return;
         };
@@ -131,22 +132,14 @@ impl SyncMachine {
         let at = link.health.next_attempt(now, &policy, unit);
         self.timers.set(Timer::Reconnect(relay.clone()), at);
         let link = self.link(relay);
-        let verb = if was_connected {
-            "lost"
-        } else {
-            "connect failed"
-        };
-        let error = format!(
-            "{verb}: {}",
-            crate::core::message::escape_for_log(reason, 200)
-        );
+        let error = LinkError::of(cause, was_connected);
         let line = format!(
             "{relay}: {error}; retry in {:.1}s (failures: {})",
             at.since(now).as_secs_f64(),
             link.health.failures()
         );
         // The same failure again is counted (failures) and logged at debug level only.
-        if link.last_error.as_deref() == Some(error.as_str()) {
+        if link.last_error.as_ref() == Some(&error) {
             debug!("{line}");
         } else {
             warn!("{line}");

@@ -5,6 +5,7 @@
 //! Also the two filter rewrites every query path uses ([`live_only`], [`history_since`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
 
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
@@ -14,8 +15,66 @@ use crate::core::paging::PageStats;
 use crate::core::relay_text::Prefix;
 use crate::core::state::PendingItems;
 use crate::core::time::Time;
+use crate::core::wire::Disconnect;
 
 use super::SubPurpose;
+
+/// Why a relay's last connection failed or ended ([`super::RelaySyncStatus::last_error`]),
+/// kept typed: [`fmt::Display`] renders it for the status and the log (the cause escaped, at
+/// most 200 characters of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// A connect attempt failed.
+    ConnectFailed(Disconnect),
+    /// An open connection was lost.
+    Lost(Disconnect),
+    /// The own relay closed the self-subscription: the connection is replaced.
+    SelfSubscriptionClosed,
+}
+
+impl LinkError {
+    /// The failure of a connection that was up (`was_connected`), else of a connect attempt.
+    #[must_use]
+    pub fn of(cause: &Disconnect, was_connected: bool) -> LinkError {
+        if was_connected {
+            LinkError::Lost(cause.clone())
+        } else {
+            LinkError::ConnectFailed(cause.clone())
+        }
+    }
+
+    /// What failed at the connection, if it was the connection (not a CLOSED).
+    #[must_use]
+    pub fn cause(&self) -> Option<&Disconnect> {
+        match self {
+            LinkError::ConnectFailed(d) | LinkError::Lost(d) => Some(d),
+            LinkError::SelfSubscriptionClosed => None,
+        }
+    }
+
+    /// What went wrong, without whether a connection was up: the log text of the cause,
+    /// escaped and bounded.
+    #[must_use]
+    pub fn reason(&self) -> String {
+        match self.cause() {
+            Some(d) => crate::core::message::escape_for_log(&d.to_string(), 200),
+            None => "CLOSED by the relay".to_string(),
+        }
+    }
+}
+
+impl fmt::Display for LinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkError::ConnectFailed(_) => write!(f, "connect failed: {}", self.reason()),
+            LinkError::Lost(_) => write!(f, "lost: {}", self.reason()),
+            LinkError::SelfSubscriptionClosed => {
+                write!(f, "self-subscription {}", self.reason())
+            }
+        }
+    }
+}
 
 /// The most history queries kept to resume after a quick reconnect; beyond it the next
 /// connect is a fresh sync.
@@ -276,7 +335,7 @@ pub(super) struct Link {
     /// More than [`MAX_RESUME`] queries were interrupted: the next connect is a fresh sync.
     pub(super) resume_overflow: bool,
     /// Why the last connection failed or was lost.
-    pub(super) last_error: Option<String>,
+    pub(super) last_error: Option<LinkError>,
     /// The `since` of the latest catch-up or poll round.
     pub(super) catch_up_since: Option<nostr::types::Timestamp>,
     /// Batches failed, queries incomplete.
@@ -290,4 +349,30 @@ pub(super) struct Link {
     pub(super) ids_undelivered: u64,
     /// Of those, the ones since its last full sync ([`RelaySyncStatus::history_short`]).
     pub(super) history_short: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_error_renders_its_cause_escaped_and_bounded_with_what_failed() {
+        let read = Disconnect::Read("bad\nframe".into());
+        assert_eq!(
+            LinkError::of(&read, true).to_string(),
+            "lost: read failed: bad\\nframe"
+        );
+        let long = Disconnect::Tcp("x".repeat(300));
+        let shown = LinkError::of(&long, false).to_string();
+        assert!(shown.starts_with("connect failed: TCP connect failed: xxx"));
+        assert!(shown.ends_with("(120 more bytes)"), "{shown}");
+        assert_eq!(
+            LinkError::SelfSubscriptionClosed.reason(),
+            "CLOSED by the relay"
+        );
+        assert_eq!(
+            LinkError::of(&read, false).cause(),
+            LinkError::of(&read, true).cause()
+        );
+    }
 }

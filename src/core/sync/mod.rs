@@ -66,6 +66,7 @@ use timers::{Timer, TimerTable};
 
 pub use crate::core::wire::{Command, Report, Route};
 pub use config::{machine_policy, machine_targets, SyncConfig};
+pub use link::LinkError;
 #[cfg(test)]
 use link::MAX_WARNED;
 pub(crate) use link::{history_since, live_only};

@@ -13,9 +13,10 @@ use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::relay_text::{ClosedReason, Prefix};
 use crate::core::state::ConnectionStatus;
 use crate::core::time::Time;
+use crate::core::wire::Disconnect;
 
 use super::timers::Timer;
-use super::{Command, SubInfo, SubPurpose, SyncMachine};
+use super::{Command, LinkError, SubInfo, SubPurpose, SyncMachine};
 
 impl SyncMachine {
     pub(super) fn connect_own(&mut self, _now: Time) {
@@ -301,8 +302,16 @@ impl SyncMachine {
             || !self.own_link.parked.is_empty()
     }
 
-    pub(super) fn handle_own_disconnected(&mut self, reason: &str, now: Time) {
-        if self.own.connection_status == ConnectionStatus::Connected {
+    /// The own relay's connection failed or ended (`cause`), or the relay closed the
+    /// self-subscription (`None`): everything of the connection is dropped and it is
+    /// connected again after backoff.
+    pub(super) fn handle_own_disconnected(&mut self, cause: Option<&Disconnect>, now: Time) {
+        let was_connected = self.own.connection_status == ConnectionStatus::Connected;
+        let error = match cause {
+            Some(cause) => LinkError::of(cause, was_connected),
+            None => LinkError::SelfSubscriptionClosed,
+        };
+        if was_connected {
             self.own.disconnected_at = Some(now);
         }
         self.own.connection_status = ConnectionStatus::Disconnected;
@@ -323,17 +332,23 @@ impl SyncMachine {
         let line = format!(
             "own relay {} unavailable ({}); retrying in {:.1}s (failures: {})",
             self.config.own_relay,
-            crate::core::message::escape_for_log(reason, 200),
+            error.reason(),
             at.since(now).as_secs_f64(),
             self.own_link.health.failures()
         );
-        // The same failure again is logged at debug level only (counted in failures).
-        if self.own_link.last_error.as_deref() == Some(reason) {
+        // The same failure again (connect attempt or not) is logged at debug level only
+        // (counted in failures).
+        if self
+            .own_link
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.cause() == error.cause())
+        {
             debug!("{line}");
         } else {
             warn!("{line}");
         }
-        self.own_link.last_error = Some(reason.to_string());
+        self.own_link.last_error = Some(error);
         self.timers.set(Timer::OwnReconnect, at);
     }
 
@@ -373,7 +388,7 @@ impl SyncMachine {
         }
         warn!("own relay closed the self-subscription ({message:?}); reconnecting after backoff");
         // The next Connect (new generation) replaces the connection.
-        self.handle_own_disconnected("CLOSED by the relay", now);
+        self.handle_own_disconnected(None, now);
     }
 
     pub(super) fn push_self_event(&mut self, event: &Event, now: Time) {

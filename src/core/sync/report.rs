@@ -72,10 +72,9 @@ impl SyncMachine {
     }
 
     fn report_lost(&mut self, relay: &RelayUrl, generation: u64, cause: &Disconnect, now: Time) {
-        let reason = cause.to_string();
         match self.side(relay, generation) {
-            Side::Own => self.handle_own_disconnected(&reason, now),
-            Side::Remote => self.handle_disconnect(relay, &reason, now),
+            Side::Own => self.handle_own_disconnected(Some(cause), now),
+            Side::Remote => self.handle_disconnect(relay, cause, now),
             Side::Stale => {}
         }
     }

@@ -15,7 +15,7 @@ use crate::shared::RelayUrl;
 
 use super::remote::RemoteRelay;
 use super::timers::Timer;
-use super::{Nip77Support, SubPurpose, SyncMachine};
+use super::{LinkError, Nip77Support, SubPurpose, SyncMachine};
 
 /// Counters kept by the machine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -144,8 +144,9 @@ pub struct RelaySyncStatus {
     pub next_attempt: Option<Time>,
     /// When the current (or last) connection was established.
     pub last_connected: Option<Time>,
-    /// Why the last connection failed or was lost (escaped, at most 200 characters).
-    pub last_error: Option<String>,
+    /// Why the last connection failed or was lost (its [`fmt::Display`] is the text: the
+    /// cause escaped, at most 200 characters of it).
+    pub last_error: Option<LinkError>,
     /// The `since` (seconds) of the relay's latest catch-up or poll round.
     pub catch_up_since: Option<u64>,
     /// Batches of this relay that failed.
