@@ -134,8 +134,8 @@ impl BlockedPinger {
     }
 }
 
-/// The ticks of a connection loop by how long the connection has been quiet; see
-/// [`read_timeout`].
+/// The ticks of a connection loop by how long the connection has been quiet (see
+/// [`RelaySession::read_timeout`](crate::core::session::RelaySession::read_timeout)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticks {
     /// While busy: a frame or a command within the last `idle`.

@@ -35,8 +35,10 @@
 use std::fmt;
 use std::time::Duration;
 
-/// The machine-readable prefix of an `OK` or `CLOSED` message (see the [module
-/// documentation](self) for the parsing rule).
+/// The machine-readable prefix of an `OK` or `CLOSED` message: leading whitespace skipped,
+/// the word up to the first `:` as it stands (no space in it or before the colon), compared
+/// with the known prefixes ASCII-case-insensitively; anything else is [`Prefix::Other`]
+/// ([`Prefix::parse`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Prefix {
@@ -88,8 +90,10 @@ impl Prefix {
         Prefix::Other,
     ];
 
-    /// Splits `message` into its prefix and the rest (see the [module
-    /// documentation](self) for the rule).
+    /// Splits `message` into its prefix and the rest (after the colon, leading whitespace
+    /// skipped): leading whitespace skipped, the word up to the first `:` as it stands
+    /// (no space in it or before the colon), compared with the known prefixes ASCII-case-
+    /// insensitively; anything else is [`Prefix::Other`].
     pub fn parse(message: &str) -> (Prefix, &str) {
         let m = message.trim_start();
         let head = &m.as_bytes()[..m.len().min(MAX_PREFIX_LEN + 1)];

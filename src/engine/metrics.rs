@@ -219,7 +219,7 @@ pub struct ForwardCounters {
     pub queue_depth: AtomicU64,
     /// Time from sending an event to the own relay's `OK`.
     pub ok_latency: Histogram,
-    /// Rejections by the own relay, by the prefix of its reason ([`REJECT_REASONS`]; the
+    /// Rejections by the own relay, by the prefix of its reason (`REJECT_REASONS`; the
     /// last slot counts every other reason).
     pub rejected_by_reason: [AtomicU64; REJECT_REASONS.len()],
     /// Gauge: JSON bytes of checked events in the forward pipeline (channel, queue, in

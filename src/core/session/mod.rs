@@ -1289,7 +1289,7 @@ impl RelaySession {
     }
 
     /// How long the thread may block in its next read at `now`: its tick by how long the
-    /// connection has been quiet ([`read_timeout`]), never past [`RelaySession::poll_timeout`].
+    /// connection has been quiet (busy, idle or quiet [`Ticks`]), never past [`RelaySession::poll_timeout`].
     #[must_use]
     pub fn read_timeout(&self, now: Time, ticks: &Ticks) -> Duration {
         match &self.conn {
