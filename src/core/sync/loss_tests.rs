@@ -922,36 +922,41 @@ fn steady_state_sends_nothing_with_1200_repositories_on_every_profile() {
     }
 }
 
+/// The loss tests built on [`one_repo`] that run again on every relay profile and with an own
+/// relay refusing each write once.
+const ONE_REPO_LOSS_TESTS: [(&str, fn()); 6] = [
+    (
+        "old_root",
+        old_root_events_copied_after_an_own_relay_reconnect_are_indexed_and_synced,
+    ),
+    (
+        "backdated",
+        backdated_event_after_a_quick_reconnect_arrives_live,
+    ),
+    (
+        "closed_live",
+        closed_live_subscription_of_a_confirmed_batch_is_reopened_with_catch_up,
+    ),
+    (
+        "l1_mid_page",
+        layer1_history_interrupted_mid_page_resumes_after_a_quick_reconnect,
+    ),
+    (
+        "catch_up_paging",
+        interrupted_catch_up_paging_resumes_from_its_page,
+    ),
+    (
+        "rebuild",
+        rebuild_catches_up_from_when_items_lost_their_subscription,
+    ),
+];
+
 /// Issue 19: the loss tests built on [`one_repo`] again, with relay A behaving like each real
 /// relay in turn (`SimProfile`); a failure names the profile and the test (each run with
 /// `RUST_LOG` shows the panic).
 #[test]
 fn the_loss_tests_on_one_repository_hold_on_every_profile() {
-    let tests: [(&str, fn()); 11] = [
-        (
-            "old_root",
-            old_root_events_copied_after_an_own_relay_reconnect_are_indexed_and_synced,
-        ),
-        (
-            "backdated",
-            backdated_event_after_a_quick_reconnect_arrives_live,
-        ),
-        (
-            "closed_live",
-            closed_live_subscription_of_a_confirmed_batch_is_reopened_with_catch_up,
-        ),
-        (
-            "l1_mid_page",
-            layer1_history_interrupted_mid_page_resumes_after_a_quick_reconnect,
-        ),
-        (
-            "catch_up_paging",
-            interrupted_catch_up_paging_resumes_from_its_page,
-        ),
-        (
-            "rebuild",
-            rebuild_catches_up_from_when_items_lost_their_subscription,
-        ),
+    let more: [(&str, fn()); 5] = [
         (
             "queued",
             a_history_query_queued_behind_settled_subscriptions_gets_a_slot,
@@ -979,7 +984,7 @@ fn the_loss_tests_on_one_repository_hold_on_every_profile() {
         // On a relay that lists NIP-77, Layer 1's first history read is a reconciliation,
         // not the REQ the consolidation test closes.
         let reconciles = matches!(profile, SimProfile::Strfry | SimProfile::Nip77Refusing);
-        for (name, t) in tests {
+        for &(name, t) in ONE_REPO_LOSS_TESTS.iter().chain(&more) {
             if reconciles && name == "consolidation" {
                 continue;
             }
@@ -1444,32 +1449,6 @@ fn an_honest_relay_without_limits_costs_one_probe_for_its_short_page() {
 /// or authenticates (NIP-42), and every event arrives all the same.
 #[test]
 fn the_loss_tests_on_one_repository_hold_while_the_own_relay_refuses_each_write_once() {
-    let tests: [(&str, fn()); 6] = [
-        (
-            "old_root",
-            old_root_events_copied_after_an_own_relay_reconnect_are_indexed_and_synced,
-        ),
-        (
-            "backdated",
-            backdated_event_after_a_quick_reconnect_arrives_live,
-        ),
-        (
-            "closed_live",
-            closed_live_subscription_of_a_confirmed_batch_is_reopened_with_catch_up,
-        ),
-        (
-            "l1_mid_page",
-            layer1_history_interrupted_mid_page_resumes_after_a_quick_reconnect,
-        ),
-        (
-            "catch_up_paging",
-            interrupted_catch_up_paging_resumes_from_its_page,
-        ),
-        (
-            "rebuild",
-            rebuild_catches_up_from_when_items_lost_their_subscription,
-        ),
-    ];
     let mut failed = Vec::new();
     for answer in [
         "rate-limited: slow down",
@@ -1477,7 +1456,7 @@ fn the_loss_tests_on_one_repository_hold_while_the_own_relay_refuses_each_write_
         "auth-required: sign in first",
     ] {
         OWN_FIRST.set(Some(answer));
-        for (name, t) in tests {
+        for (name, t) in ONE_REPO_LOSS_TESTS {
             if std::panic::catch_unwind(t).is_err() {
                 failed.push(format!("{answer:?}/{name}"));
             }
