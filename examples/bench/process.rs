@@ -877,7 +877,8 @@ fn run(
             "--batch-window",
             "200",
         ],
-        "warn",
+        // BENCH_DAEMON_LOG raises the daemon's log level (e.g. `grasp_sync=debug`).
+        &std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
         &log,
     );
     let pid = daemon.child.id();
@@ -943,6 +944,13 @@ fn run(
     assert_eq!(last, target, "the own relay holds events not expected");
     if !use_count {
         notes.push("process: the own relay answers no COUNT: progress read from /status".into());
+    }
+    if seconds > 60.0 {
+        // A slow run: keep its log beside the usual name.
+        let _ = std::fs::copy(
+            &log,
+            log.with_extension(format!("slow-{}.log", std::process::id())),
+        );
     }
     let _ = std::fs::remove_file(&log);
 
