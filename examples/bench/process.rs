@@ -877,7 +877,8 @@ fn run(
             "--batch-window",
             "200",
         ],
-        "warn",
+        // BENCH_DAEMON_LOG raises the daemon's log level (e.g. `grasp_sync=debug`).
+        &std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
         &log,
     );
     let pid = daemon.child.id();
@@ -944,6 +945,13 @@ fn run(
     if !use_count {
         notes.push("process: the own relay answers no COUNT: progress read from /status".into());
     }
+    if seconds > 60.0 {
+        // A slow run: keep its log beside the usual name.
+        let _ = std::fs::copy(
+            &log,
+            log.with_extension(format!("slow-{}.log", std::process::id())),
+        );
+    }
     let _ = std::fs::remove_file(&log);
 
     let mut by_kind: BTreeMap<&'static str, f64> = BTreeMap::new();
@@ -1001,7 +1009,8 @@ pub(super) fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
          recognised by id unparsed, and any dropped); {} reconciliations ({} skipped: own \
          relay empty), {} ids fetched ({in_flight} more not asked for: in flight); {} batches \
          confirmed, {} pages requested, {} consolidations; fetch ids asked again {}, \
-         listed and not delivered {}",
+         listed and not delivered {}; batches failed {}, queries resent {}, reconciliation \
+         fallbacks {}; forwarder: resent {}, relay errors {}",
         received.saturating_sub(accepted),
         counter("reconciliations"),
         counter("reconcile_skipped_empty"),
@@ -1011,6 +1020,27 @@ pub(super) fn copy_counters(addr: std::net::SocketAddr) -> Option<String> {
         counter("consolidations"),
         counter("fetch_ids_retried"),
         counter("fetch_ids_undelivered"),
+        counter("batches_failed"),
+        counter("queries_resent"),
+        // By reason, only those that happened (a stall's cause, e.g. `own_side` after the
+        // EOSE deadline, shows here even when the daemon's log is gone).
+        sync["reconcile_fallbacks"]
+            .as_object()
+            .map(|m| {
+                let named: Vec<String> = m
+                    .iter()
+                    .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                if named.is_empty() {
+                    "0".to_string()
+                } else {
+                    named.join(", ")
+                }
+            })
+            .unwrap_or_default(),
+        doc["forward"]["resent"].as_u64().unwrap_or(0),
+        doc["forward"]["relay_errors"].as_u64().unwrap_or(0),
     ))
 }
 
