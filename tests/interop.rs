@@ -21,12 +21,12 @@ mod common;
 
 use std::collections::HashSet;
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use grasp_sync::core::state::ConnectionStatus;
 use grasp_sync::core::Clock;
@@ -36,7 +36,7 @@ use nostr::event::{Event, EventId};
 use nostr::key::Keys;
 use serde_json::Value;
 use tungstenite::stream::MaybeTlsStream;
-use tungstenite::{Message, WebSocket};
+use tungstenite::Message;
 
 use common::*;
 
@@ -54,8 +54,6 @@ const NRR_MAX_SUBS: usize = 32;
 
 // ----- nostr-rs-relay as a child process -----
 
-type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
-
 /// A running nostr-rs-relay; killed (and its temp dir removed) on drop.
 struct NostrRsRelay {
     child: Child,
@@ -63,71 +61,6 @@ struct NostrRsRelay {
     dir: PathBuf,
     /// The NIP-11 document it served when it became ready.
     nip11: Value,
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI")
-        .map(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
-        .unwrap_or(false)
-}
-
-/// `$NOSTR_RS_RELAY` (only that, when set), else the default install path, else `PATH`.
-fn relay_binary() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("NOSTR_RS_RELAY").filter(|v| !v.is_empty()) {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("NOSTR_RS_RELAY={} does not exist", p.display()))
-        };
-    }
-    let mut candidates = vec![PathBuf::from(DEFAULT_BINARY)];
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join("nostr-rs-relay")));
-    }
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| format!("not found at {DEFAULT_BINARY} nor on PATH"))
-}
-
-fn unique_temp_dir() -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!(
-        "grasp-sync-nrr-{}-{}-{nanos}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    fs::create_dir_all(&dir).expect("create temp dir");
-    dir
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap().port()
-}
-
-/// The NIP-11 document served on `port`, if it answers with one.
-fn fetch_nip11(port: u16) -> io::Result<Value> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        s,
-        "GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: application/nostr+json\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let (Some(start), Some(end)) = (body.find('{'), body.rfind('}')) else {
-        return Err(io::Error::other(format!("no JSON in {text:.200}")));
-    };
-    serde_json::from_str(&body[start..=end]).map_err(io::Error::other)
 }
 
 /// Runs nostr-rs-relay with the `config.toml` and database in `dir`, its output into `log`.
@@ -152,7 +85,7 @@ impl NostrRsRelay {
     /// Starts a relay for `test`. Returns `None` after printing why when the binary is missing
     /// outside CI (the test then passes as skipped); panics when it is missing under CI.
     fn start_or_skip(test: &str) -> Option<NostrRsRelay> {
-        match relay_binary() {
+        match find_binary("NOSTR_RS_RELAY", DEFAULT_BINARY, "nostr-rs-relay") {
             Ok(bin) => Some(NostrRsRelay::start(&bin)),
             Err(why) => {
                 let msg = format!("nostr-rs-relay not installed ({why}); install with: {INSTALL}");
@@ -166,7 +99,7 @@ impl NostrRsRelay {
     }
 
     fn start(bin: &Path) -> NostrRsRelay {
-        let dir = unique_temp_dir();
+        let dir = unique_temp_dir("nrr");
         let mut failures = Vec::new();
         // The port is free when picked but not reserved: another listener of this process can
         // take it before the relay binds it. Then the relay exits and another port is tried.
@@ -223,7 +156,8 @@ impl NostrRsRelay {
     /// Stops the relay and starts it again on the same port with the same database (a
     /// restart the engine meets as a quick reconnect).
     fn restart(&mut self) {
-        let bin = relay_binary().expect("the binary that started it");
+        let bin = find_binary("NOSTR_RS_RELAY", DEFAULT_BINARY, "nostr-rs-relay")
+            .expect("the binary that started it");
         let _ = self.child.kill();
         let _ = self.child.wait();
         let log = File::options()
@@ -273,19 +207,7 @@ impl NostrRsRelay {
 
     /// The last `lines` lines of the relay's log, without ANSI colours.
     fn log_tail(&self, lines: usize) -> String {
-        let raw = fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default();
-        let mut log = String::with_capacity(raw.len());
-        let mut in_escape = false;
-        for c in raw.chars() {
-            match (in_escape, c) {
-                (false, '\u{1b}') => in_escape = true,
-                (false, c) => log.push(c),
-                (true, 'm') => in_escape = false,
-                (true, _) => {}
-            }
-        }
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        log_tail(&self.dir.join("relay.log"), lines)
     }
 
     /// Lines of the relay's log containing `needle`.
@@ -396,27 +318,6 @@ impl Drop for NostrRsRelay {
             );
         }
         let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The next text frame as JSON, or `None` at `end`.
-fn read_json(ws: &mut Ws, end: Instant) -> Option<Value> {
-    loop {
-        match ws.read() {
-            Ok(Message::Text(t)) => {
-                return Some(serde_json::from_str(t.as_str()).expect("relay sent JSON"));
-            }
-            Ok(_) => {}
-            Err(tungstenite::Error::Io(e))
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("websocket read: {e}"),
-        }
-        if Instant::now() >= end {
-            return None;
-        }
     }
 }
 

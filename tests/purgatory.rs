@@ -13,7 +13,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{comment, event, init_logging, repo_ref, root, shutdown_clean, url};
+use common::{comment, event, init_logging, repo_ref, repo_state, root, shutdown_clean, url};
 use grasp_sync::testing::{
     wait_until, NgitGraspPolicy, Profile, Refill, TestRelay, TestRelayOptions, WriteRate,
 };
@@ -41,23 +41,6 @@ fn announcement(
     let mut tags: Vec<&[&str]> = vec![&d_tag, &clone_tag, &relays];
     tags.extend_from_slice(extra);
     event(keys, 30617, "", &tags)
-}
-
-/// A state event (30618) of `d` with a ref: its git data must arrive first.
-fn state_with_refs(keys: &Keys, d: &str) -> Event {
-    event(
-        keys,
-        30618,
-        "",
-        &[
-            &["d", d],
-            &[
-                "refs/heads/main",
-                "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
-            ],
-            &["HEAD", "ref: refs/heads/main"],
-        ],
-    )
 }
 
 fn config(own: &TestRelay) -> Config {
@@ -127,14 +110,14 @@ fn a_first_sync_into_ngit_grasp_waits_out_purgatory_and_writes_nothing_twice() {
         "gamma",
         &[&["maintainers", &carol_hex]],
     );
-    let gamma_state = state_with_refs(&bob, "gamma");
+    let gamma_state = repo_state(&bob, "gamma");
     let carol_gamma = event(
         &carol,
         30617,
         "",
         &[&["d", "gamma"], &["relays", &remote.url()]],
     );
-    let carol_state = state_with_refs(&carol, "gamma");
+    let carol_state = repo_state(&carol, "gamma");
     let gamma_issue = root(&dave, 1621, &repo_ref(&bob, "gamma"), "gamma issue", &[]);
     let gamma_reply = comment(&bob, &gamma_issue, "gamma reply");
     for e in [

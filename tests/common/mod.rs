@@ -3,6 +3,10 @@
 //! checks.
 #![allow(dead_code)]
 
+pub mod process;
+#[allow(unused_imports)]
+pub use process::*;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
