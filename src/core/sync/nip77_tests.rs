@@ -829,3 +829,44 @@ fn neg_msg_bytes_of_one_reconciliation_are_bounded() {
     assert!(c.fallbacks(FallbackReason::TooManyRounds) > 0);
     assert!(c.a().neg_rounds < 40, "{} rounds", c.a().neg_rounds);
 }
+
+#[test]
+fn an_own_side_query_dropped_without_eose_is_read_again_not_waited_out() {
+    // nostr-rs-relay as the own relay drops a query's stored answer now and then, without
+    // EOSE (docs/relays.md). The first own-side read of a repository's query gets no answer:
+    // it is read again after `own_read_timeout` (15 s) and the reconciliation goes on; before,
+    // the job waited out `eose_timeout` (120 s) and then read the query's history by REQ.
+    let mut c = case(30, |i| i % 3 == 0, true, Nip77Mode::On, |_| {}, |_| {});
+    c.w.own.drop_answers = Some((|f: &Filter| !f.generic_tags.is_empty(), 1));
+    c.run(60);
+    assert!(
+        c.w.own.drop_answers.is_none(),
+        "no own-side read was dropped"
+    );
+    c.assert_exact();
+    let counters = c.w.m.counters();
+    assert_eq!(counters.reconcile_fallbacks, [0; 8], "{counters:?}");
+    assert!(counters.queries_resent >= 1, "{counters:?}");
+    assert!(counters.reconciliations >= 2, "{counters:?}");
+}
+
+#[test]
+fn an_own_side_never_answered_gives_way_after_three_reads() {
+    // The own relay drops every answer to the own side of one reconciliation (one runs at a
+    // time): it is read three times (15 + 30 + 60 s), then the query's history is read by
+    // REQ; nothing is lost.
+    let mut c = case(
+        30,
+        |i| i % 3 == 0,
+        true,
+        Nip77Mode::On,
+        |c| c.nip77.max_active = 1,
+        |_| {},
+    );
+    c.w.own.drop_answers = Some((|f: &Filter| !f.generic_tags.is_empty(), 3));
+    c.run(400);
+    c.assert_exact();
+    let counters = c.w.m.counters();
+    assert_eq!(c.fallbacks(FallbackReason::OwnSide), 1, "{counters:?}");
+    assert_eq!(counters.queries_resent, 2, "{counters:?}");
+}

@@ -77,7 +77,18 @@ pub struct Nip77Config {
     /// The most NEG-MSG bytes (hex) one reconciliation takes from the relay (default
     /// 16 MiB), besides the count of rounds.
     pub max_neg_bytes: usize,
+    /// How long the own relay's side of one reconciliation may take before it is read
+    /// again (default 15 s), doubled for each of two reads again; then the job
+    /// gives way to paged REQs. nostr-rs-relay drops a query's stored answer without EOSE
+    /// now and then (`docs/relays.md`); with `eose_timeout` (120 s) as this deadline, such a
+    /// drop held a first sync for two minutes.
+    pub own_read_timeout: Duration,
 }
+
+/// Times the own side of one reconciliation is read again after
+/// [`Nip77Config::own_read_timeout`] before the job gives way (15 + 30 + 60 s by default,
+/// still inside the 120 s that one try took before).
+const OWN_REREADS: u32 = 2;
 
 impl Default for Nip77Config {
     fn default() -> Self {
@@ -94,6 +105,7 @@ impl Default for Nip77Config {
             frame_size: 60_000,
             job_deadline: Duration::from_secs(300),
             max_neg_bytes: 16 << 20,
+            own_read_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -248,6 +260,8 @@ pub(super) struct Job {
     started: Option<Time>,
     /// NEG-MSG bytes (hex) taken from the relay so far.
     neg_bytes: usize,
+    /// Times its own side was read again after [`Nip77Config::own_read_timeout`].
+    own_rereads: u32,
 }
 
 /// The jobs and what is known per relay.
@@ -440,6 +454,7 @@ impl SyncMachine {
                 need: HashSet::new(),
                 started: None,
                 neg_bytes: 0,
+                own_rereads: 0,
             },
         );
         self.recon.by_neg.insert(neg_id, id);
@@ -586,7 +601,7 @@ impl SyncMachine {
             return;
         };
         let filter = history_filter(job.orig.clone());
-        let deadline = self.last_now.plus(self.config.eose_timeout);
+        let deadline = self.last_now.plus(self.config.nip77.own_read_timeout);
         let now = self.last_now;
         if let Some(job) = self.recon.jobs.get_mut(&id) {
             job.started = Some(now);
@@ -1177,6 +1192,7 @@ impl SyncMachine {
             return;
         }
         match job.phase {
+            Phase::OwnRead if job.own_rereads < OWN_REREADS => self.read_own_side_again(id),
             Phase::OwnRead => self.fallback(
                 id,
                 FallbackReason::OwnSide,
@@ -1189,6 +1205,31 @@ impl SyncMachine {
             ),
             _ => self.fallback(id, FallbackReason::Timeout, "no NEG-MSG in time"),
         }
+    }
+
+    /// The own relay's side of job `id` was not read in time (a query the relay dropped
+    /// without EOSE, or a slow relay): its queries are closed and the side is read again
+    /// from the start, with twice the time.
+    fn read_own_side_again(&mut self, id: u64) {
+        self.close_own_side(id);
+        let base = self.config.nip77.own_read_timeout;
+        let now = self.last_now;
+        let Some(job) = self.recon.jobs.get_mut(&id) else {
+            return;
+        };
+        job.own.clear();
+        job.own_rereads += 1;
+        let waited = base * (1 << (job.own_rereads - 1));
+        let next = base * (1 << job.own_rereads);
+        let filter = history_filter(job.orig.clone());
+        info!(
+            "own relay: side of reconciliation {id} not read within {waited:?} (a query dropped \
+             without EOSE?); reading it again, {next:?} to go"
+        );
+        self.counters.queries_resent += 1;
+        self.timers.set(Timer::JobDeadline(id), now.plus(next));
+        self.open_own_sub(SubPurpose::OwnSide { job: id }, filter);
+        self.drain_own_queue();
     }
 
     /// The negotiation is over: fetch what the own relay lacks, by `ids`, as pages of the
@@ -1468,6 +1509,7 @@ mod pump_tests {
                     need: HashSet::new(),
                     started: None,
                     neg_bytes: 0,
+                    own_rereads: 0,
                 },
             );
         }

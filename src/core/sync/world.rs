@@ -154,6 +154,10 @@ pub(crate) struct FakeRelay {
     /// Events left out of the first answer to a REQ by `ids` that asks for them (a relay
     /// that lists an event and fails to serve it once: a store still writing, a cut page).
     pub withhold_once: BTreeSet<EventId>,
+    /// The next `n` REQs whose filter passes the test are registered but get neither their
+    /// stored answer nor EOSE: nostr-rs-relay drops a query's stored answer silently when it
+    /// meets the checkpoint mutex, a slow client or load shedding (`docs/relays.md`).
+    pub drop_answers: Option<(fn(&Filter) -> bool, usize)>,
 }
 
 /// The observable behaviour of a real relay, for [`FakeRelay::profile`] (`docs/relays.md`;
@@ -1018,6 +1022,13 @@ impl World {
             let closed = frame3("CLOSED", &sub_id, "ERROR: bad req: too many tags in filter");
             self.send_text(&relay, &closed);
             return;
+        }
+        if let Some((drop, n)) = f.drop_answers {
+            if drop(&filter) {
+                f.drop_answers = (n > 1).then_some((drop, n - 1));
+                f.subs.insert(sub_id, filter);
+                return;
+            }
         }
         let mut answer = f.stored_answer(&filter);
         if filter.ids.is_some() && !f.withhold_once.is_empty() {
