@@ -157,8 +157,11 @@ pub(crate) struct FakeRelay {
     /// The next `n` REQs whose filter passes the test are registered but get neither their
     /// stored answer nor EOSE: nostr-rs-relay drops a query's stored answer silently when it
     /// meets the checkpoint mutex, a slow client or load shedding (`docs/relays.md`).
-    pub drop_answers: Option<(fn(&Filter) -> bool, usize)>,
+    pub drop_answers: Option<(FilterTest, usize)>,
 }
+
+/// Which REQs a [`FakeRelay`] treats in a special way.
+pub(crate) type FilterTest = fn(&Filter) -> bool;
 
 /// The observable behaviour of a real relay, for [`FakeRelay::profile`] (`docs/relays.md`;
 /// `TestRelay` has the same profiles for socket tests).
