@@ -119,12 +119,22 @@ impl SyncMachine {
     /// a REQ sent ahead of the `NEG-CLOSE` would find the relay counting one subscription
     /// more than its budget (strfry answers `NOTICE "ERROR: too many concurrent REQs"`;
     /// issue 37's production test saw 21 open on a relay allowing 20).
-    fn end_detection(&mut self, relay: &RelayUrl, found: Option<Nip77Support>, why: &str) {
+    ///
+    /// `close`: the relay may hold a session for it (it answered with a `NEG-MSG`, or not at
+    /// all: a relay that is merely slow would keep the session, and a slot with it, for the
+    /// whole connection); after a `NEG-ERR`, `CLOSED` or `NOTICE` it holds none.
+    fn end_detection(
+        &mut self,
+        relay: &RelayUrl,
+        found: Option<Nip77Support>,
+        close: bool,
+        why: &str,
+    ) {
         let Some(d) = self.remote_mut(relay).and_then(|r| r.detection.take()) else {
             return;
         };
         self.timers.cancel(&Timer::Nip77Detection(relay.clone()));
-        if found == Some(Nip77Support::Works) {
+        if close {
             self.commands.push_back(Command::NegClose {
                 relay: relay.clone(),
                 generation: d.generation,
@@ -174,12 +184,18 @@ impl SyncMachine {
                 })
             });
         if valid {
-            self.end_detection(relay, Some(Nip77Support::Works), "it answered NEG-OPEN");
+            self.end_detection(
+                relay,
+                Some(Nip77Support::Works),
+                true,
+                "it answered NEG-OPEN",
+            );
         } else {
             let shown = escape_for_log(message, 40);
             self.end_detection(
                 relay,
                 Some(Nip77Support::Unsupported),
+                true,
                 &format!("malformed NEG-MSG {shown}"),
             );
         }
@@ -192,10 +208,11 @@ impl SyncMachine {
             self.end_detection(
                 relay,
                 Some(Nip77Support::Unsupported),
+                false,
                 &format!("CLOSED {shown} in answer to NEG-OPEN"),
             );
         } else {
-            self.end_detection(relay, None, &format!("NEG-ERR {shown}"));
+            self.end_detection(relay, None, false, &format!("NEG-ERR {shown}"));
         }
     }
 
@@ -206,6 +223,7 @@ impl SyncMachine {
             self.end_detection(
                 relay,
                 Some(Nip77Support::Unsupported),
+                false,
                 &format!("NOTICE {shown} in answer to NEG-OPEN"),
             );
         }
@@ -224,6 +242,7 @@ impl SyncMachine {
         self.end_detection(
             relay,
             Some(Nip77Support::Unsupported),
+            true,
             "no answer to NEG-OPEN in time",
         );
     }

@@ -542,6 +542,35 @@ fn a_detection_ends_with_its_neg_close_before_a_queued_req_takes_its_slot() {
 }
 
 #[test]
+fn a_detection_without_an_answer_in_time_is_closed() {
+    // A relay that speaks NIP-77 but answers after the round deadline (30 s) is taken for one
+    // that does not; its session must still be closed, or it holds one of the relay's
+    // subscription slots (strfry counts sessions with REQs) for the whole connection.
+    let mut c = case(
+        10,
+        |i| i % 2 == 0,
+        false,
+        Nip77Mode::On,
+        |_| {},
+        |a| {
+            a.publish_nip11 = false;
+            a.hold_neg = true;
+            a.negs_count_as_subs = true;
+        },
+    );
+    c.run(60);
+    c.assert_exact();
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(c.w.m.nip77_support(&a), Nip77Support::Unsupported);
+    assert_eq!(detections(c.a()), 1);
+    assert_eq!(
+        c.a().open_negs(),
+        0,
+        "the detection's session is still open"
+    );
+}
+
+#[test]
 fn the_detection_never_holds_history_back_and_remembers_every_no() {
     // NOTICE (nostr-rs-relay), silence, CLOSED: the history arrives long before the round
     // deadline, and the relay is known not to speak NIP-77 afterwards.

@@ -270,6 +270,11 @@ impl FakeRelay {
 
     /// Subscriptions of connection `generation` held against `max_subs`: REQs, and NEG
     /// sessions where they count.
+    /// NIP-77 sessions open on any connection (those the client never closed included).
+    pub(super) fn open_negs(&self) -> usize {
+        self.negs.len()
+    }
+
     fn open_count(&self, generation: u64) -> usize {
         let negs = if self.negs_count_as_subs {
             self.negs.keys().filter(|(g, _)| *g == generation).count()
