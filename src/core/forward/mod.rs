@@ -44,8 +44,8 @@ mod session;
 
 pub use queue::{
     admits, error_pause, send_class, ForwardCounters, ForwardLimits, ForwardQueue, Offer,
-    OkOutcome, Throttle, ASIDE_RETRY, FAST_RUN, MAX_ERROR_PAUSE, MAX_ERROR_ROUNDS, MAX_PACE,
-    MIN_PACE,
+    OkOutcome, Throttle, ASIDE_RETRY, FAST_RUN, FLOOR_TIME, MAX_ERROR_PAUSE, MAX_ERROR_ROUNDS,
+    MAX_PACE, MIN_PACE,
 };
 pub use session::{
     ForwardConfig, ForwardControl, ForwardEvent, ForwardSession, ForwardTransmit, Wait,

@@ -216,6 +216,10 @@ pub struct ForwardQueue {
     last_slow_down: Option<Time>,
     /// Events stored in a row since the last `rate-limited:` answer.
     successes: u32,
+    /// The pace of the last refused send, and when it was refused: for [`FLOOR_TIME`] after
+    /// it, a stored event shortens the pace towards it, not below it, so the pace does not
+    /// dip under the relay's rate again and again. Cleared when pacing ends.
+    refused: Option<(Duration, Time)>,
     /// When the last round of `error:` answers began (the same rule).
     last_error_round: Option<Time>,
     /// `error:` answers per event, and the own relay's stored and duplicate answers when the
@@ -265,6 +269,10 @@ pub const MIN_PACE: Duration = Duration::from_millis(100);
 
 /// The longest interval between sends (ngit-relay lets one event a minute through).
 pub const MAX_PACE: Duration = Duration::from_secs(60);
+
+/// How long the pace stays above the last pace the own relay refused: then it may try
+/// lower again (a relay that throttled for a while, or whose rate rose, is found out).
+pub const FLOOR_TIME: Duration = Duration::from_secs(60);
 
 /// Events stored in a row at [`MIN_PACE`] after which pacing ends.
 pub const FAST_RUN: u32 = 100;
@@ -355,6 +363,7 @@ impl ForwardQueue {
             pace: None,
             last_slow_down: None,
             successes: 0,
+            refused: None,
             last_error_round: None,
             error_rounds: IdMap::default(),
             aside: VecDeque::new(),
@@ -515,7 +524,7 @@ impl ForwardQueue {
             self.stored.insert(id);
             self.held.insert(id);
             self.counters.purgatory += 1;
-            self.speed_up();
+            self.speed_up(now);
             return OkOutcome::Purgatory;
         }
         if prefix == Prefix::Duplicate {
@@ -523,13 +532,13 @@ impl ForwardQueue {
             self.counters.duplicates += 1;
             // The relay took the write: a pace must shrink on it as on a stored event
             // (ngit-grasp answers every stored write `OK true "duplicate: event stored"`).
-            self.speed_up();
+            self.speed_up(now);
             return OkOutcome::Duplicate;
         }
         if accepted {
             self.stored.insert(id);
             self.counters.stored += 1;
-            self.speed_up();
+            self.speed_up(now);
             return OkOutcome::Stored;
         }
         if prefix == Prefix::RateLimited {
@@ -607,14 +616,26 @@ impl ForwardQueue {
         if self.last_slow_down.is_some_and(|s| sent <= s) {
             return;
         }
+        // Refused again within one interval of the last refusal: the send that asked again
+        // soon was refused too (a relay that counts refused sends: rust-nostr's relay
+        // builder, ngit-grasp's, starts its second again on each), so the next waits a whole
+        // interval.
+        let again = self
+            .last_slow_down
+            .zip(self.pace)
+            .is_some_and(|(s, p)| now.since(s) < p);
         self.last_slow_down = Some(now);
         let (pace, pause) = match self.pace {
             None => (MIN_PACE, self.limits.rate_limit_pause.max(MIN_PACE)),
             Some(p) => {
+                // The floor: the pace refused, unless this send only asked again too soon.
+                if !again || self.refused.is_none() {
+                    self.refused = Some((p, now));
+                }
                 let p = p.mul_f64(1.25).clamp(MIN_PACE, MAX_PACE);
                 // Refused just before the relay's next slot: ask again soon, not a whole
                 // interval later.
-                (p, (p / 4).max(MIN_PACE))
+                (p, if again { p } else { (p / 4).max(MIN_PACE) })
             }
         };
         self.pace = Some(pace);
@@ -633,7 +654,7 @@ impl ForwardQueue {
     /// takes what we send again, and the throttle spell is over) only after [`FAST_RUN`]
     /// events in a row were stored at that pace: a relay's burst allowance (15 events for
     /// ngit-relay, 60 for rust-nostr's builder) is not taken for the end of its limit.
-    fn speed_up(&mut self) {
+    fn speed_up(&mut self, now: Time) {
         let Some(pace) = self.pace else {
             return;
         };
@@ -641,12 +662,24 @@ impl ForwardQueue {
         if let Some(t) = self.throttle.as_mut() {
             t.stored += 1;
         }
+        let floor = match self.refused {
+            Some((r, at)) if now.since(at) < FLOOR_TIME => r.mul_f64(1.05),
+            Some(_) => {
+                // The floor lapses: the pace shrinks from here as after a refusal (by 5 %,
+                // then 10 %, …), not at once by the run stored under the floor.
+                self.refused = None;
+                self.successes = 1;
+                MIN_PACE
+            }
+            None => MIN_PACE,
+        };
         let factor = 0.95f64.powi(self.successes.min(20) as i32);
-        let next = pace.mul_f64(factor).max(MIN_PACE);
+        let next = pace.mul_f64(factor).max(floor).max(MIN_PACE);
         if next == MIN_PACE && self.successes >= FAST_RUN {
             self.pace = None;
             self.throttle = None;
             self.last_slow_down = None;
+            self.refused = None;
         } else {
             self.pace = Some(next);
             if let Some(t) = self.throttle.as_mut() {

@@ -780,7 +780,8 @@ fn two_thousand_events_into_an_own_relay_taking_120_a_minute() {
     let minutes = took.as_secs_f64() / 60.0;
     eprintln!("2,000 events at 120 a minute: {minutes:.1} min, {sends} sends");
     assert!(minutes < 2000.0 / 120.0 * 1.2, "{minutes:.1} min");
-    assert!(sends < 2000 * 2, "{sends} sends");
+    // 2,860 sends before the pace kept a floor.
+    assert!(sends < 2000 * 6 / 5, "{sends} sends");
     assert_eq!(q.counters().rejected, 0);
 }
 
@@ -989,8 +990,10 @@ fn ngit_grasps_write_budget_paces_one_connection_and_loses_nothing() {
     let took = t.since(start).as_secs_f64();
     let ideal = f64::from(events - 60);
     eprintln!("{events} events into ngit-grasp's budget: {took:.0} s (the relay's floor {ideal:.0} s), {sends} writes");
-    assert!(took < ideal * 1.8, "{took:.0} s");
-    assert!(sends < 2 * u64::from(events), "{sends} writes");
+    // Before the pace kept a floor (the last refused pace, for a minute) and waited a whole
+    // interval after a second refusal in a row, it took 813 s and 1,043 writes.
+    assert!(took < ideal * 1.25, "{took:.0} s");
+    assert!(sends < u64::from(events) * 6 / 5, "{sends} writes");
 }
 
 #[test]
