@@ -263,6 +263,10 @@ pub(super) struct Reconciler {
     /// reports, and a scan of every job (thousands wait in a first sync) was a third of the
     /// coordinator's CPU (issue 21).
     by_relay: HashMap<RelayUrl, BTreeSet<u64>>,
+    /// Jobs per relay and batch ([`Reconciler::has_batch_job`] runs for every deferred
+    /// fetch at every `pump_jobs`: a scan of the relay's jobs there was 5 % of a first
+    /// sync's CPU).
+    by_batch: HashMap<RelayUrl, HashMap<u64, usize>>,
     /// Jobs not [`Phase::Waiting`] per relay (one at most while `pump_jobs` starts them).
     running_on: HashMap<RelayUrl, usize>,
     /// [`SyncMachine::pump_jobs`] is running: a fallback inside it pumps again, and while
@@ -303,8 +307,9 @@ impl Reconciler {
     /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
     /// does not apply meanwhile: the job has its own).
     pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
-        self.ids_of(relay)
-            .any(|id| self.jobs.get(&id).is_some_and(|j| j.batch == Some(batch)))
+        self.by_batch
+            .get(relay)
+            .is_some_and(|b| b.contains_key(&batch))
     }
 
     /// Reconciliations running or waiting on `relay`.
@@ -328,6 +333,14 @@ impl Reconciler {
             .entry(job.relay.clone())
             .or_default()
             .insert(id);
+        if let Some(batch) = job.batch {
+            *self
+                .by_batch
+                .entry(job.relay.clone())
+                .or_default()
+                .entry(batch)
+                .or_default() += 1;
+        }
         if job.phase != Phase::Waiting {
             self.count_running(&job.relay, true);
         }
@@ -341,6 +354,17 @@ impl Reconciler {
             ids.remove(&id);
             if ids.is_empty() {
                 self.by_relay.remove(&job.relay);
+            }
+        }
+        if let (Some(batch), Some(batches)) = (job.batch, self.by_batch.get_mut(&job.relay)) {
+            if let Some(n) = batches.get_mut(&batch) {
+                *n -= 1;
+                if *n == 0 {
+                    batches.remove(&batch);
+                }
+            }
+            if batches.is_empty() {
+                self.by_batch.remove(&job.relay);
             }
         }
         if job.phase != Phase::Waiting {
