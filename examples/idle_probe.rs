@@ -236,6 +236,7 @@ fn main() {
             sub_id: SubscriptionId::new("live"),
             filter: std::sync::Arc::new(Filter::new().kind(nostr::event::Kind::Custom(1621))),
             scope: None,
+            fetch_since: None,
         })
         .unwrap();
         controls.push(tx);

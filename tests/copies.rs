@@ -89,6 +89,7 @@ fn subscribe(t: &Thread, sub: &str, filter: Filter) {
             sub_id: SubscriptionId::new(sub),
             filter: std::sync::Arc::new(filter),
             scope: None,
+            fetch_since: None,
         })
         .unwrap();
 }

@@ -335,6 +335,8 @@ pub struct VerifiedSet {
     shards: Box<[Mutex<VerifiedShard>]>,
     per_shard: usize,
     keys: AuthorKeys,
+    /// Counts hand-overs and confirmations ([`VerifiedSet::clock`]), wrapping.
+    clock: std::sync::atomic::AtomicU32,
 }
 
 /// Authors' x-only public keys as parsed for the Schnorr check, at most
@@ -405,6 +407,8 @@ struct Cold {
     id: EventId,
     sig: SigDigest,
     raw: RawDigest,
+    /// [`VerifiedSet::clock`] when it was last handed over or confirmed stored.
+    touched: [u8; 4],
 }
 
 #[derive(Debug, Default)]
@@ -493,6 +497,7 @@ impl VerifiedSet {
             // A ring slot is a `u32`.
             per_shard: capacity.div_ceil(shards).clamp(1, u32::MAX as usize),
             keys: AuthorKeys::new(),
+            clock: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -566,7 +571,12 @@ impl VerifiedSet {
             cold.raw = raw;
             return new;
         }
-        let cold = Cold { id, sig, raw };
+        let cold = Cold {
+            id,
+            sig,
+            raw,
+            touched: [0; 4],
+        };
         let slot = if shard.ring.len() < self.per_shard {
             if shard.ring.len() == shard.ring.capacity() {
                 // A quarter more, never past the bound: doubling left up to half the ring's
@@ -604,23 +614,66 @@ impl VerifiedSet {
     /// queue, so a new generation claims again.
     pub fn claim_forward(&self, id: &EventId, generation: u64) -> bool {
         let mark = mark(generation);
-        match self.shard(id).lock().events.get_mut(id) {
+        let mut guard = self.shard(id).lock();
+        let shard = &mut *guard;
+        match shard.events.get_mut(id) {
             Some(v) if v.forwarded & !STORED == mark => false,
             Some(v) => {
                 v.forwarded = mark;
+                shard.ring[v.slot as usize].touched = self.tick().to_le_bytes();
                 true
             }
             None => true,
         }
     }
 
+    /// The next [`VerifiedSet::clock`] reading.
+    fn tick(&self) -> u32 {
+        self.clock
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(1)
+    }
+
+    /// A reading of the set's clock, which advances at every hand-over
+    /// ([`VerifiedSet::claim_forward`]) and every confirmation ([`VerifiedSet::mark_stored`]):
+    /// [`VerifiedSet::handed_over_since`] tells what happened after a reading.
+    pub fn clock(&self) -> u32 {
+        self.clock.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True when `id` was handed to the forwarder of `generation` and is still in flight, or
+    /// was handed over or confirmed stored after the clock read `since`
+    /// ([`VerifiedSet::clock`]; readings less than 2^31 ticks apart compare right): the own
+    /// relay's side of a reconciliation read at `since` could not have held it, so a fetch
+    /// need not ask for it (decision 0112). False for what the own relay confirmed before
+    /// `since` (it may have lost it since: decision 0061), for a released or forgotten
+    /// event, and for one claimed by an earlier forwarder.
+    pub fn handed_over_since(&self, id: &EventId, generation: u64, since: u32) -> bool {
+        let mark = mark(generation);
+        let shard = self.shard(id).lock();
+        let Some(v) = shard.events.get(id) else {
+            return false;
+        };
+        if v.forwarded & !STORED != mark {
+            return false;
+        }
+        if v.forwarded & STORED == 0 {
+            return true;
+        }
+        let touched = u32::from_le_bytes(shard.cold(v).touched);
+        (touched.wrapping_sub(since) as i32) > 0
+    }
+
     /// Records that the own relay answered `OK` for `id` (stored it, or had it): a claimed
     /// event is no longer in flight ([`VerifiedSet::in_flight_copy`]). Nothing for an event
     /// not handed over (or forgotten).
     pub fn mark_stored(&self, id: &EventId) {
-        if let Some(v) = self.shard(id).lock().events.get_mut(id) {
-            if v.forwarded != 0 {
+        let mut guard = self.shard(id).lock();
+        let shard = &mut *guard;
+        if let Some(v) = shard.events.get_mut(id) {
+            if v.forwarded != 0 && v.forwarded & STORED == 0 {
                 v.forwarded |= STORED;
+                shard.ring[v.slot as usize].touched = self.tick().to_le_bytes();
             }
         }
     }
@@ -973,8 +1026,55 @@ mod tests {
         // `forwarded_copy` reads only the map entry: key and `Hot` within 112 bytes (88
         // before the tag print).
         assert!(std::mem::size_of::<(EventId, Hot)>() <= 112);
-        // The ring's part: the id, the signature's 128-bit digest and the JSON's digest.
-        assert_eq!(std::mem::size_of::<Cold>(), 80);
+        // The ring's part: the id, the signature's 128-bit digest, the JSON's digest and
+        // when it was last handed over or confirmed (decision 0112).
+        assert_eq!(std::mem::size_of::<Cold>(), 84);
+    }
+
+    #[test]
+    fn handed_over_since_tells_what_the_own_side_could_not_have_held() {
+        // Decision 0112: a fetch leaves out what was handed over, or confirmed, after the own
+        // relay's side was read; not what the own relay confirmed before (decision 0061).
+        let v = VerifiedSet::with_shards(16, 1);
+        let id = |b: u8| EventId::from_byte_array([b; 32]);
+        for b in 1..=4 {
+            v.insert(id(b), sig(b), raw(b), summary(u64::from(b)));
+        }
+        assert!(v.claim_forward(&id(1), 0));
+        v.mark_stored(&id(1));
+        assert!(v.claim_forward(&id(2), 0));
+        let read = v.clock();
+        assert!(
+            !v.handed_over_since(&id(1), 0, read),
+            "stored before the read"
+        );
+        assert!(
+            v.handed_over_since(&id(2), 0, read),
+            "in flight since before the read"
+        );
+        v.mark_stored(&id(2));
+        assert!(
+            v.handed_over_since(&id(2), 0, read),
+            "stored after the read"
+        );
+        assert!(!v.handed_over_since(&id(3), 0, read), "never handed over");
+        assert!(v.claim_forward(&id(3), 0));
+        assert!(v.handed_over_since(&id(3), 0, read));
+        assert!(
+            !v.handed_over_since(&id(3), 1, read),
+            "another forwarder's claim"
+        );
+        v.release_forward(&id(3));
+        assert!(!v.handed_over_since(&id(3), 0, read), "released");
+        assert!(!v.handed_over_since(&id(9), 0, read), "unknown");
+        // Readings compare across the counter's wrap.
+        v.clock
+            .store(u32::MAX - 1, std::sync::atomic::Ordering::Relaxed);
+        let read = v.clock();
+        assert!(v.claim_forward(&id(4), 0));
+        v.mark_stored(&id(4));
+        assert!(v.handed_over_since(&id(4), 0, read));
+        assert!(!v.handed_over_since(&id(4), 0, v.clock()));
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub enum Report {
         items: Vec<(u64, EventId)>,
         /// The thread stopped collecting at its bound: the side is not complete.
         truncated: bool,
+        /// The verified set's clock ([`crate::core::dedup::VerifiedSet::clock`]) when the
+        /// query was sent (0 when the thread did not read it).
+        clock: u32,
     },
     /// `["NEG-MSG", sub_id, hex]` from a remote relay (NIP-77).
     NegMsg {
@@ -189,6 +192,10 @@ pub enum Command {
         /// reconciliation's fetch asks by `ids` without its query's tag values, and its
         /// events must still belong to the query (shared by all the fetch's REQs).
         scope: Option<std::sync::Arc<Filter>>,
+        /// A reconciliation's fetch: the verified set's clock when the own relay's side was
+        /// read ([`Report::OwnIds`]); ids handed to the forwarder since are not asked for
+        /// (decision 0112).
+        fetch_since: Option<u32>,
     },
     /// Send `["REQ", sub_id, filter]` to the own relay and keep only `(created_at, id)` of
     /// each matching event (no signature check, nothing forwarded); answered by
@@ -301,6 +308,7 @@ impl Command {
                 sub_id,
                 filter,
                 scope,
+                fetch_since,
             } => Route::Relay(
                 relay,
                 Control::Subscribe {
@@ -308,6 +316,7 @@ impl Command {
                     sub_id,
                     filter,
                     scope,
+                    fetch_since,
                 },
             ),
             Command::Unsubscribe {
@@ -387,6 +396,9 @@ pub enum Control {
         /// A filter its events must also match, not sent (a reconciliation's fetch by
         /// `ids`: the query it belongs to).
         scope: Option<std::sync::Arc<Filter>>,
+        /// A reconciliation's fetch: the verified set's clock
+        /// ([`crate::core::dedup::VerifiedSet::clock`]) when the own relay's side was read.
+        fetch_since: Option<u32>,
     },
     /// Send a CLOSE.
     Unsubscribe {

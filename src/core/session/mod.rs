@@ -229,6 +229,9 @@ struct Sub {
     fetch: Option<Box<FetchTrack>>,
     /// Its filter's tag conditions as hashes, built at its first copy recognised by id.
     print: Option<FilterPrint>,
+    /// A `CollectIds` query: the verified set's clock when it was sent (reported with its
+    /// ids: [`Report::OwnIds`]).
+    clock: u32,
 }
 
 /// What a query by `ids` (a reconciliation's fetch) was asked for and has delivered: at its
@@ -241,8 +244,16 @@ struct FetchTrack {
     /// its id while the event is in flight to the own relay).
     asked: HashSet<EventId>,
     /// Left out of the REQ because the event was in flight to the own relay then
-    /// ([`VerifiedSet::in_flight_copy`]); at EOSE each must be in flight still or stored.
+    /// ([`VerifiedSet::in_flight_copy`]), or handed to the forwarder by another query of
+    /// this connection while the fetch was held; at EOSE each must be in flight still or
+    /// stored.
     pruned: Vec<EventId>,
+    /// While the fetch is held (not sent yet): the history queries of this connection it
+    /// waits for ([`RelaySession::handle_command`]). `None` once sent.
+    waits_for: Option<HashSet<String>>,
+    /// The verified set's clock when the own relay's side was read (the command's
+    /// `fetch_since`): ids handed over since are left out when the held fetch is sent.
+    since: Option<u32>,
 }
 
 /// The state of one open connection.
@@ -252,6 +263,9 @@ struct Connection {
     subs: HashMap<String, Sub>,
     /// Open NIP-77 sessions (NEG-OPEN sent, no NEG-ERR/CLOSED/NEG-CLOSE yet).
     negs: HashSet<String>,
+    /// Fetches held until the history queries open before them reached EOSE (their sub ids;
+    /// [`FetchTrack::waits_for`]).
+    held: Vec<String>,
     auth: AuthState,
     keepalive: Keepalive,
 }
@@ -388,6 +402,7 @@ impl RelaySession {
             generation,
             subs: HashMap::new(),
             negs: HashSet::new(),
+            held: Vec::new(),
             auth: AuthState::new(has_key, self.config.auth_limits),
             keepalive: Keepalive::new(now, self.config.ping_interval, self.config.pong_timeout),
         });
@@ -429,18 +444,22 @@ impl RelaySession {
     /// of events handed to the current forwarder and not yet confirmed by the own relay
     /// ([`VerifiedSet::in_flight_copy`]): the forwarder would drop their copies, and the
     /// events reach the own relay anyway (a first sync reconciles one relay while another
-    /// relay's copies are on their way). At least one id is kept, so the fetch is still a
-    /// REQ with its EOSE.
+    /// relay's copies are on their way), nor, with `fetch_since`, the ids handed over or
+    /// confirmed since the own relay's side was read (decision 0112). At least one id is
+    /// kept, so the fetch is still a REQ with its EOSE. A `CollectIds` query notes the
+    /// verified set's clock ([`VerifiedSet::clock`]) for its report.
     pub fn handle_command_with(&mut self, now: Time, command: Control, verified: Verified<'_>) {
         let mut left_out = Vec::new();
+        let mut clock = None;
         let command = match command {
             Control::Subscribe {
                 generation,
                 sub_id,
                 filter,
                 scope,
+                fetch_since,
             } => {
-                let filter = match without_ids_in_flight(&filter, verified) {
+                let filter = match without_ids_in_flight(&filter, verified, fetch_since) {
                     Some((pruned, skipped)) => {
                         self.counters.fetch_ids_in_flight += skipped.len() as u64;
                         trace!(
@@ -453,25 +472,55 @@ impl RelaySession {
                     }
                     None => filter,
                 };
+                if filter.ids.as_ref().is_some_and(|ids| ids.is_empty()) {
+                    // Nothing left to ask for: no REQ (an empty `ids` may read as no
+                    // condition at all); its EOSE is reported here, with what is neither in
+                    // flight nor stored by now.
+                    if self.generation() == Some(generation) {
+                        let track = FetchTrack {
+                            pruned: left_out,
+                            ..FetchTrack::default()
+                        };
+                        self.reports.push_back(Report::Eose {
+                            relay: self.config.url.clone(),
+                            generation,
+                            sub_id,
+                            stats: PageStats {
+                                undelivered: undelivered(track, verified),
+                                ..PageStats::default()
+                            },
+                        });
+                    }
+                    return;
+                }
                 Control::Subscribe {
                     generation,
                     sub_id,
                     filter,
                     scope,
+                    fetch_since,
                 }
+            }
+            c @ Control::CollectIds { .. } => {
+                clock = Some(verified.set.clock());
+                c
             }
             other => other,
         };
         let sub_id = match &command {
             Control::Subscribe { sub_id, .. } if !left_out.is_empty() => Some(sub_id.clone()),
+            Control::CollectIds { sub_id, .. } => Some(sub_id.clone()),
             _ => None,
         };
         self.handle_command(now, command);
-        if let Some(track) = sub_id
-            .and_then(|s| self.conn.as_mut()?.subs.get_mut(s.as_str()))
-            .and_then(|sub| sub.fetch.as_mut())
-        {
-            track.pruned = left_out;
+        let Some(sub) = sub_id.and_then(|s| self.conn.as_mut()?.subs.get_mut(s.as_str())) else {
+            return;
+        };
+        if let Some(clock) = clock {
+            sub.clock = clock;
+        }
+        if let Some(track) = sub.fetch.as_mut() {
+            track.pruned.extend(left_out);
         }
     }
 
@@ -492,11 +541,21 @@ impl RelaySession {
                 sub_id,
                 filter,
                 scope,
+                fetch_since,
             } if generation == current => {
                 let live_only = filter.limit == Some(0);
+                let fetch = self.config.role == SessionRole::Remote && filter.ids.is_some();
                 let text = open_req(url, conn, sub_id.clone(), filter, None);
                 if let Some(sub) = conn.subs.get_mut(sub_id.as_str()) {
                     sub.scope = scope;
+                    if let Some(track) = sub.fetch.as_mut() {
+                        track.since = fetch_since;
+                    }
+                }
+                if fetch && hold_fetch(conn, sub_id.as_str()) {
+                    trace!("{url}: {sub_id} held until the history queries before it end");
+                    self.update_timers();
+                    return;
                 }
                 if live_only {
                     // A REQ for new events only has no history to end: it is live once sent.
@@ -560,7 +619,11 @@ impl RelaySession {
             Control::Unsubscribe { generation, sub_id } if generation == current => {
                 conn.subs.remove(sub_id.as_str());
                 conn.auth.forget(sub_id.as_str());
-                Some(ClientMessage::close(sub_id).as_json())
+                let was_held = conn.held.iter().any(|h| *h == sub_id.as_str());
+                conn.held.retain(|h| *h != sub_id.as_str());
+                self.query_ended(sub_id.as_str(), None);
+                // A held fetch was never sent: nothing to close on the wire.
+                (!was_held).then(|| ClientMessage::close(sub_id).as_json())
             }
             other => {
                 trace!("{url}: dropping stale {other:?}");
@@ -768,6 +831,13 @@ impl RelaySession {
             debug!("{url}: repeated EOSE for {}", escape_for_log(sub_id, 64));
             return FrameOutcome::Handled;
         }
+        if sub.fetch.as_ref().is_some_and(|t| t.waits_for.is_some()) {
+            debug!(
+                "{url}: EOSE for {}, a fetch not sent yet; dropped",
+                escape_for_log(sub_id, 64)
+            );
+            return FrameOutcome::Handled;
+        }
         sub.eose = true;
         let generation = conn.generation;
         if let Some(track) = sub.fetch.take() {
@@ -789,6 +859,7 @@ impl RelaySession {
                 stats: sub.stats.clone(),
                 items,
                 truncated,
+                clock: sub.clock,
             },
             None => Report::Eose {
                 relay: url.clone(),
@@ -798,6 +869,7 @@ impl RelaySession {
             },
         };
         self.reports.push_back(report);
+        self.query_ended(sub_id, Some(verified));
         FrameOutcome::Handled
     }
 
@@ -844,6 +916,7 @@ impl RelaySession {
                 prefix,
                 message,
             });
+            self.query_ended(sub_id, None);
             return FrameOutcome::Handled;
         }
         debug!("{url}: CLOSED for unknown subscription {shown}: {message}");
@@ -935,15 +1008,120 @@ impl RelaySession {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
+        let generation = conn.generation;
         for h in held {
-            if conn.subs.remove(&h.sub_id).is_some() {
+            let removed = self
+                .conn
+                .as_mut()
+                .is_some_and(|c| c.subs.remove(&h.sub_id).is_some());
+            if removed {
+                self.query_ended(&h.sub_id, None);
                 self.reports.push_back(Report::Closed {
                     relay: self.config.url.clone(),
-                    generation: conn.generation,
+                    generation,
                     sub_id: SubscriptionId::new(h.sub_id),
                     prefix: h.prefix,
                     message: h.message,
                 });
+            }
+        }
+    }
+
+    /// Query `sub_id` of the connection ended (EOSE, CLOSED, closed by us): a fetch held for
+    /// it and for nothing else now is sent, without the ids another query of the connection
+    /// handed to the forwarder meanwhile, nor (with `verified`) those in flight to the own
+    /// relay now ([`RelaySession::handle_command`]).
+    fn query_ended(&mut self, sub_id: &str, verified: Option<Verified<'_>>) {
+        let url = &self.config.url;
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        if conn.held.is_empty() {
+            return;
+        }
+        let mut ready = Vec::new();
+        for fetch_id in &conn.held {
+            let Some(track) = conn.subs.get_mut(fetch_id).and_then(|s| s.fetch.as_mut()) else {
+                continue;
+            };
+            if let Some(waits) = track.waits_for.as_mut() {
+                waits.remove(sub_id);
+                if waits.is_empty() {
+                    ready.push(fetch_id.clone());
+                }
+            }
+        }
+        conn.held
+            .retain(|h| !ready.contains(h) && conn.subs.contains_key(h));
+        for fetch_id in ready {
+            let Some(sub) = conn.subs.get_mut(&fetch_id) else {
+                continue;
+            };
+            let Some(track) = sub.fetch.as_mut() else {
+                continue;
+            };
+            track.waits_for = None;
+            if let Some(v) = verified {
+                let since = track.since;
+                let in_flight: Vec<EventId> = track
+                    .asked
+                    .iter()
+                    .filter(|id| handed_over(v, id, since))
+                    .copied()
+                    .collect();
+                for id in in_flight {
+                    track.asked.remove(&id);
+                    track.pruned.push(id);
+                    self.counters.fetch_ids_in_flight += 1;
+                }
+            }
+            let nothing_left = track.asked.is_empty();
+            if nothing_left && verified.is_none() {
+                // Without the verified set at hand, one id is asked for again.
+                if let Some(id) = track.pruned.pop() {
+                    track.asked.insert(id);
+                    self.counters.fetch_ids_in_flight -= 1;
+                }
+            }
+            if let (true, Some(v)) = (nothing_left, verified) {
+                // Nothing left to ask for: no REQ; its EOSE is reported here.
+                if let Some(track) = sub.fetch.take() {
+                    sub.eose = true;
+                    sub.stats.undelivered = undelivered(*track, v);
+                }
+                self.reports.push_back(Report::Eose {
+                    relay: url.clone(),
+                    generation: conn.generation,
+                    sub_id: SubscriptionId::new(fetch_id.as_str()),
+                    stats: sub.stats.clone(),
+                });
+                continue;
+            }
+            let Some(track) = sub.fetch.as_ref() else {
+                continue;
+            };
+            let mut filter = (*sub.filter).clone();
+            filter.ids = Some(track.asked.iter().copied().collect());
+            sub.filter = Arc::new(filter);
+            let text = req_text(&fetch_id, &sub.filter);
+            trace!("{url} <- {text} (held fetch released)");
+            self.transmits.push_back(Transmit::Text(text));
+        }
+    }
+
+    /// An event of a history query of this connection was handed to the forwarder (or is in
+    /// flight to the own relay): a held fetch need not ask for it.
+    fn strike_from_held(&mut self, id: &EventId) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        for fetch_id in &conn.held {
+            let Some(track) = conn.subs.get_mut(fetch_id).and_then(|s| s.fetch.as_mut()) else {
+                continue;
+            };
+            if track.asked.remove(id) {
+                track.pruned.push(*id);
+                self.counters.fetch_ids_in_flight += 1;
             }
         }
     }
@@ -1005,6 +1183,7 @@ impl RelaySession {
             return true;
         }
         self.counters.copies_not_forwarded += 1;
+        let fetch = sub.filter.ids.is_some();
         if let Some(f) = sub.fetch.as_mut() {
             f.asked.remove(&id);
         }
@@ -1012,6 +1191,16 @@ impl RelaySession {
             sub.stats.record_summary(&summary);
         }
         trace!("{}: {id} already handed to the forwarder", self.config.url);
+        let held = self.conn.as_ref().is_some_and(|c| !c.held.is_empty());
+        if held
+            && !fetch
+            && verified
+                .set
+                .in_flight_copy(&id, verified.forward_epoch)
+                .is_some()
+        {
+            self.strike_from_held(&id);
+        }
         true
     }
 
@@ -1143,6 +1332,9 @@ impl RelaySession {
                             self.counters.copies_not_forwarded += 1;
                             trace!("{url}: {} already handed to the forwarder", event.id);
                             return FrameOutcome::Handled;
+                        }
+                        if !missing && !conn.held.is_empty() {
+                            self.strike_from_held(&event.id);
                         }
                         FrameOutcome::Forward(Forward {
                             id: event.id,
@@ -1392,24 +1584,32 @@ fn req_text(sub_id: &str, filter: &Filter) -> String {
 /// `filter` without the ids of events in flight ([`VerifiedSet::in_flight_copy`]), and how
 /// many were left out; `None` when it names no ids or none is in flight. At least one id
 /// stays.
+/// True when a fetch need not ask for `id`: its event is in flight to the own relay, or
+/// (with `since`) was handed over or confirmed after the own relay's side was read
+/// ([`VerifiedSet::handed_over_since`]).
+fn handed_over(verified: Verified<'_>, id: &EventId, since: Option<u32>) -> bool {
+    match since {
+        Some(since) => verified
+            .set
+            .handed_over_since(id, verified.forward_epoch, since),
+        None => verified
+            .set
+            .in_flight_copy(id, verified.forward_epoch)
+            .is_some(),
+    }
+}
+
 fn without_ids_in_flight(
     filter: &std::sync::Arc<Filter>,
     verified: Verified<'_>,
+    since: Option<u32>,
 ) -> Option<(std::sync::Arc<Filter>, Vec<EventId>)> {
     let ids = filter.ids.as_ref()?;
-    let in_flight = |id: &EventId| {
-        verified
-            .set
-            .in_flight_copy(id, verified.forward_epoch)
-            .is_some()
-    };
-    let mut keep: std::collections::BTreeSet<EventId> =
+    let in_flight = |id: &EventId| handed_over(verified, id, since);
+    let keep: std::collections::BTreeSet<EventId> =
         ids.iter().filter(|id| !in_flight(id)).copied().collect();
     if keep.len() == ids.len() {
         return None;
-    }
-    if keep.is_empty() {
-        keep.extend(ids.iter().next().copied());
     }
     let skipped = (ids.len() - keep.len()) as u64;
     let left_out: Vec<EventId> = ids
@@ -1439,6 +1639,30 @@ fn undelivered(track: FetchTrack, verified: Verified<'_>) -> Vec<EventId> {
     out
 }
 
+/// Holds the fetch `fetch_id` (just opened, not sent) while history queries opened before
+/// it on this connection have not reached EOSE: they may deliver the events it asks for (a
+/// batch's tag query streams the comments its reconciled sibling query would fetch by id,
+/// decision 0112). True when held.
+fn hold_fetch(conn: &mut Connection, fetch_id: &str) -> bool {
+    let waits: HashSet<String> = conn
+        .subs
+        .iter()
+        .filter(|(id, s)| {
+            id.as_str() != fetch_id && !s.eose && s.fetch.is_none() && s.ids.is_none()
+        })
+        .map(|(id, _)| id.clone())
+        .collect();
+    if waits.is_empty() {
+        return false;
+    }
+    let Some(track) = conn.subs.get_mut(fetch_id).and_then(|s| s.fetch.as_mut()) else {
+        return false;
+    };
+    track.waits_for = Some(waits);
+    conn.held.push(fetch_id.to_string());
+    true
+}
+
 fn open_req(
     url: &RelayUrl,
     conn: &mut Connection,
@@ -1455,6 +1679,8 @@ fn open_req(
                 Box::new(FetchTrack {
                     asked: asked.iter().copied().collect(),
                     pruned: Vec::new(),
+                    waits_for: None,
+                    since: None,
                 })
             }),
             filter,
@@ -1463,6 +1689,7 @@ fn open_req(
             eose: false,
             ids,
             print: None,
+            clock: 0,
         },
     );
     text

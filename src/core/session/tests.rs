@@ -87,6 +87,7 @@ impl Harness {
                 sub_id: SubscriptionId::new(sub),
                 filter: std::sync::Arc::new(filter),
                 scope: None,
+                fetch_since: None,
             },
         );
     }
@@ -536,8 +537,8 @@ fn a_fetch_by_ids_forwards_an_event_the_own_relay_confirmed_and_drops_one_in_fli
 #[test]
 fn a_fetch_does_not_ask_for_events_on_their_way_to_the_own_relay() {
     // A first sync reconciles one relay while another relay's copies are still on their way
-    // to the own relay: the fetch asks only for what is not in flight, and keeps one id when
-    // everything is (a REQ with its EOSE, not none).
+    // to the own relay: the fetch asks only for what is not in flight, and nothing (no REQ,
+    // its EOSE reported at once) when everything is.
     let shared = VerifiedSet::new(1_000);
     let keys = Keys::generate();
     let events: Vec<Event> = (0..3)
@@ -555,6 +556,7 @@ fn a_fetch_does_not_ask_for_events_on_their_way_to_the_own_relay() {
         sub_id: SubscriptionId::new(sub),
         filter: std::sync::Arc::new(issues().ids(ids.iter().map(|e| e.id))),
         scope: None,
+        fetch_since: None,
     };
     let verified = |set| Verified {
         set,
@@ -566,14 +568,14 @@ fn a_fetch_does_not_ask_for_events_on_their_way_to_the_own_relay() {
     assert!(!sent.contains(&events[0].id.to_hex()), "{sent}");
     assert!(sent.contains(&events[1].id.to_hex()) && sent.contains(&events[2].id.to_hex()));
     assert_eq!(a.s.counters().fetch_ids_in_flight, 1);
-    // Only events in flight: one is still asked for.
+    // Only events in flight: no REQ (an empty `ids` may read as no condition); its EOSE is
+    // reported at once, with nothing undelivered (decision 0112).
+    let _ = a.reports();
     a.s.handle_command_with(t(4), fetch("f2", &all[..1]), verified(&shared));
     let sent = format!("{:?}", a.transmits());
-    assert!(
-        sent.contains("f2") && sent.contains(&events[0].id.to_hex()),
-        "{sent}"
-    );
-    assert_eq!(a.s.counters().fetch_ids_in_flight, 1);
+    assert!(!sent.contains("f2"), "{sent}");
+    assert!(eose_stats(&a.reports(), "f2").undelivered.is_empty());
+    assert_eq!(a.s.counters().fetch_ids_in_flight, 2);
     // Another forwarder (restarted) holds nothing: everything is asked for.
     a.s.handle_command_with(
         t(5),
@@ -588,7 +590,114 @@ fn a_fetch_does_not_ask_for_events_on_their_way_to_the_own_relay() {
         events.iter().all(|e| sent.contains(&e.id.to_hex())),
         "{sent}"
     );
-    assert_eq!(a.s.counters().fetch_ids_in_flight, 1);
+    assert_eq!(a.s.counters().fetch_ids_in_flight, 2);
+}
+
+#[test]
+fn a_fetch_waits_for_the_reqs_before_it_and_asks_only_for_what_they_did_not_deliver() {
+    // Decision 0112: a reconciliation's fetch arrives while a REQ of the same batch streams
+    // the same events; it is held until that REQ's EOSE and then asks only for the rest.
+    // Events the own relay confirmed before its side was read are still asked for (0061).
+    // The REQs as the transmits' debug text shows them.
+    const REQ_OF_REQ: &str = r#"\"REQ\",\"req\""#;
+    const REQ_OF_F: &str = r#"\"REQ\",\"f\""#;
+    let shared = VerifiedSet::new(1_000);
+    let keys = Keys::generate();
+    let events: Vec<Event> = (0..4)
+        .map(|i| issue(&keys, &format!("e{i}"), 1_000 + i))
+        .collect();
+    // events[3] was handed over and confirmed before the own side was read.
+    let mut other = Harness::new(SessionRole::Remote);
+    other.subscribe(t(0), "s", issues());
+    let _ = forwarded(other.text_with(t(0), &event_frame("s", &events[3]), &shared, true));
+    shared.mark_stored(&events[3].id);
+    let since = shared.clock();
+    let verified = Verified {
+        set: &shared,
+        forward_epoch: 0,
+    };
+    let mut a = Harness::new(SessionRole::Remote);
+    a.s.handle_command_with(
+        t(1),
+        Control::Subscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("req"),
+            filter: std::sync::Arc::new(issues()),
+            scope: None,
+            fetch_since: None,
+        },
+        verified,
+    );
+    a.s.handle_command_with(
+        t(1),
+        Control::Subscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("f"),
+            filter: std::sync::Arc::new(issues().ids(events.iter().map(|e| e.id))),
+            scope: None,
+            fetch_since: Some(since),
+        },
+        verified,
+    );
+    let sent = format!("{:?}", a.transmits());
+    assert!(
+        sent.contains(REQ_OF_REQ) && !sent.contains(REQ_OF_F),
+        "{sent}"
+    );
+    // The REQ delivers two of them (one is stored meanwhile), then its EOSE.
+    let _ = forwarded(a.text_with(t(2), &event_frame("req", &events[0]), &shared, true));
+    let _ = forwarded(a.text_with(t(2), &event_frame("req", &events[1]), &shared, true));
+    shared.mark_stored(&events[0].id);
+    let _ = a.text_with(t(3), r#"["EOSE","req"]"#, &shared, true);
+    let sent = format!("{:?}", a.transmits());
+    assert!(sent.contains(REQ_OF_F), "{sent}");
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(
+            sent.contains(&e.id.to_hex()),
+            i >= 2,
+            "event {i} asked for: {sent}"
+        );
+    }
+    // The relay delivers both; the fetch ends complete.
+    for e in &events[2..] {
+        let _ = a.text_with(t(4), &event_frame("f", e), &shared, true);
+    }
+    let _ = a.text_with(t(5), r#"["EOSE","f"]"#, &shared, true);
+    assert!(eose_stats(&a.reports(), "f").undelivered.is_empty());
+    // Its own REQ delivering everything, a held fetch sends nothing and ends at once.
+    let mut b = Harness::new(SessionRole::Remote);
+    let set = VerifiedSet::new(1_000);
+    let verified = Verified {
+        set: &set,
+        forward_epoch: 0,
+    };
+    for (sub, filter, fetch_since) in [
+        ("req", issues(), None),
+        (
+            "f",
+            issues().ids(events[..2].iter().map(|e| e.id)),
+            Some(set.clock()),
+        ),
+    ] {
+        b.s.handle_command_with(
+            t(1),
+            Control::Subscribe {
+                generation: 1,
+                sub_id: SubscriptionId::new(sub),
+                filter: std::sync::Arc::new(filter),
+                scope: None,
+                fetch_since,
+            },
+            verified,
+        );
+    }
+    for e in &events[..2] {
+        let _ = forwarded(b.text_with(t(2), &event_frame("req", e), &set, true));
+    }
+    let _ = b.text_with(t(3), r#"["EOSE","req"]"#, &set, true);
+    let sent = format!("{:?}", b.transmits());
+    assert!(!sent.contains(REQ_OF_F), "{sent}");
+    assert!(eose_stats(&b.reports(), "f").undelivered.is_empty());
 }
 
 #[test]
@@ -618,6 +727,7 @@ fn a_fetch_reports_at_eose_what_it_neither_got_nor_left_safely_in_flight() {
             sub_id: SubscriptionId::new("f"),
             filter: std::sync::Arc::new(issues().ids(events.iter().map(|e| e.id))),
             scope: None,
+            fetch_since: None,
         },
         verified,
     );
@@ -658,6 +768,7 @@ fn a_fetch_forwards_only_events_inside_its_scope() {
             sub_id: SubscriptionId::new("fetch"),
             filter: std::sync::Arc::new(issues().ids([inside.id, outside.id])),
             scope: Some(std::sync::Arc::new(scope)),
+            fetch_since: None,
         },
     );
     let sent = a.transmits();
@@ -990,6 +1101,7 @@ fn commands_of_another_generation_are_dropped() {
             sub_id: SubscriptionId::new("old"),
             filter: std::sync::Arc::new(issues()),
             scope: None,
+            fetch_since: None,
         },
     );
     assert!(h.transmits().is_empty());
@@ -1013,6 +1125,7 @@ impl Harness {
                 sub_id: SubscriptionId::new("x"),
                 filter: std::sync::Arc::new(issues()),
                 scope: None,
+                fetch_since: None,
             },
         );
     }

@@ -264,6 +264,9 @@ pub(super) struct SubInfo {
     pub(super) filter: std::sync::Arc<Filter>,
     /// What its events must also match, not sent ([`Command::Subscribe`]'s `scope`).
     pub(super) scope: Option<std::sync::Arc<Filter>>,
+    /// A reconciliation's fetch: the verified set's clock when the own relay's side was read
+    /// ([`Command::Subscribe`]'s `fetch_since`).
+    pub(super) fetch_since: Option<u32>,
 }
 
 impl SubInfo {
@@ -273,6 +276,7 @@ impl SubInfo {
             purpose,
             filter: filter.into(),
             scope: None,
+            fetch_since: None,
         }
     }
 

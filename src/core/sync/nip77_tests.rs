@@ -899,3 +899,63 @@ fn an_own_side_never_answered_gives_way_after_three_reads() {
     assert_eq!(c.fallbacks(FallbackReason::OwnSide), 1, "{counters:?}");
     assert_eq!(counters.queries_resent, 2, "{counters:?}");
 }
+
+#[test]
+fn a_fetch_does_not_ask_for_what_a_req_of_its_batch_delivers() {
+    // Issue 37 (decision 0112): one batch on A carries `#e`, `#E` and `#q` of root issue R.
+    // The own relay holds R and a status tagging it with `e`, so `#e` is reconciled and
+    // fetches the comments by id; it holds nothing for `#E`, which is sent as one REQ and
+    // streams the same comments (they tag R with both `e` and `E`). Before, the fetch went
+    // out first and the REQ delivered every comment a second time.
+    let mut w = World::new(OWN, |_| {});
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 30 * DAY);
+    let root = issue(0, t - 20 * DAY);
+    let status = EventBuilder::new(Kind::Custom(1630), "open")
+        .tag(Tag::parse(["e", &root.id.to_hex()]).unwrap())
+        .custom_created_at(Timestamp::from_secs(t - 20 * DAY + 1))
+        .finalize(&keys())
+        .unwrap();
+    let comments: Vec<Event> = (0..40)
+        .map(|i| {
+            EventBuilder::new(Kind::Custom(1111), format!("comment {i}"))
+                .tag(Tag::parse(["E", &root.id.to_hex()]).unwrap())
+                .tag(Tag::parse(["e", &root.id.to_hex()]).unwrap())
+                .custom_created_at(Timestamp::from_secs(t - 19 * DAY + i))
+                .finalize(&keys())
+                .unwrap()
+        })
+        .collect();
+    for e in [&ann, &root, &status] {
+        w.own.store.push(e.clone());
+    }
+    {
+        let a = w.relay(A);
+        a.publish_nip11 = true;
+        a.advertise_nip77 = true;
+        a.nip77 = Nip77Mode::On;
+        a.store.extend([ann.clone(), root.clone(), status.clone()]);
+        a.store.extend(comments.iter().cloned());
+    }
+    w.start();
+    w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+    let mut want = vec![&ann, &root, &status];
+    want.extend(comments.iter());
+    w.assert_own_holds(&want);
+    let a = &w.relays[&RelayUrl::parse(A).unwrap()];
+    // The `#e` query was reconciled and the `#E` query read by REQ, as the case means.
+    assert!(a
+        .neg_opens
+        .iter()
+        .any(|f| f.generic_tags.keys().any(|k| k.to_string() == "e")));
+    assert!(history_reqs(a)
+        .iter()
+        .any(|f| f.generic_tags.keys().any(|k| k.to_string() == "E")));
+    // No fetch asked by id for a comment the REQ delivered.
+    let comment_ids: BTreeSet<EventId> = comments.iter().map(|e| e.id).collect();
+    let fetched: BTreeSet<EventId> = ids_requested(a)
+        .intersection(&comment_ids)
+        .copied()
+        .collect();
+    assert!(fetched.is_empty(), "fetched again by id: {fetched:?}");
+}

@@ -109,6 +109,7 @@ impl SyncMachine {
             sub_id,
             filter,
             scope: None,
+            fetch_since: None,
         });
     }
 

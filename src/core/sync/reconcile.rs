@@ -255,6 +255,9 @@ pub(super) struct Job {
     neg: Option<NegClient>,
     rounds: u32,
     need: HashSet<EventId>,
+    /// The verified set's clock when the own relay's side was first read
+    /// ([`Report::OwnIds`]): its fetch leaves out what was handed over since (decision 0112).
+    own_clock: Option<u32>,
     /// When it left the queue (its own side began to be read): [`Nip77Config::job_deadline`]
     /// counts from here.
     started: Option<Time>,
@@ -274,6 +277,10 @@ pub(super) struct Reconciler {
     /// reports, and a scan of every job (thousands wait in a first sync) was a third of the
     /// coordinator's CPU (issue 21).
     by_relay: HashMap<RelayUrl, BTreeSet<u64>>,
+    /// Jobs per relay and batch ([`Reconciler::has_batch_job`] runs for every deferred
+    /// fetch at every `pump_jobs`: a scan of the relay's jobs there was 5 % of a first
+    /// sync's CPU).
+    by_batch: HashMap<RelayUrl, HashMap<u64, usize>>,
     /// Jobs not [`Phase::Waiting`] per relay (one at most while `pump_jobs` starts them).
     running_on: HashMap<RelayUrl, usize>,
     /// [`SyncMachine::pump_jobs`] is running: a fallback inside it pumps again, and while
@@ -285,14 +292,38 @@ pub(super) struct Reconciler {
     /// Fetches that ask a second time for ids a first fetch did not deliver (issue 33):
     /// one that ends short too is reported, not asked again.
     pub(super) refetches: HashSet<SubscriptionId>,
+    /// Fetches of finished jobs whose batch still has jobs on the same relay: sent when the
+    /// last of them has ended, after the REQs those sent ([`SyncMachine::flush_fetches`]).
+    deferred: Vec<DeferredFetch>,
+}
+
+/// A finished job's fetch, held back while jobs of its batch on its relay run or wait
+/// (decision 0112): their queries overlap (`#e`, `#E` and `#q` of the same root events
+/// match the same comments), so a query sent as a REQ streams what the fetch would ask by
+/// id; sent after that REQ, the fetch leaves out what was handed over since its own side
+/// was read ([`Job::own_clock`]).
+#[derive(Debug)]
+struct DeferredFetch {
+    relay: RelayUrl,
+    generation: u64,
+    batch: u64,
+    /// The job's entry in its batch's outstanding set, until the fetch replaces it.
+    neg_id: SubscriptionId,
+    /// The job's history filter.
+    filter: Filter,
+    /// The ids to fetch, sorted.
+    need: Vec<EventId>,
+    /// The job's [`Job::own_clock`].
+    since: Option<u32>,
 }
 
 impl Reconciler {
     /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
     /// does not apply meanwhile: the job has its own).
     pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
-        self.ids_of(relay)
-            .any(|id| self.jobs.get(&id).is_some_and(|j| j.batch == Some(batch)))
+        self.by_batch
+            .get(relay)
+            .is_some_and(|b| b.contains_key(&batch))
     }
 
     /// Reconciliations running or waiting on `relay`.
@@ -316,6 +347,14 @@ impl Reconciler {
             .entry(job.relay.clone())
             .or_default()
             .insert(id);
+        if let Some(batch) = job.batch {
+            *self
+                .by_batch
+                .entry(job.relay.clone())
+                .or_default()
+                .entry(batch)
+                .or_default() += 1;
+        }
         if job.phase != Phase::Waiting {
             self.count_running(&job.relay, true);
         }
@@ -329,6 +368,17 @@ impl Reconciler {
             ids.remove(&id);
             if ids.is_empty() {
                 self.by_relay.remove(&job.relay);
+            }
+        }
+        if let (Some(batch), Some(batches)) = (job.batch, self.by_batch.get_mut(&job.relay)) {
+            if let Some(n) = batches.get_mut(&batch) {
+                *n -= 1;
+                if *n == 0 {
+                    batches.remove(&batch);
+                }
+            }
+            if batches.is_empty() {
+                self.by_batch.remove(&job.relay);
             }
         }
         if job.phase != Phase::Waiting {
@@ -452,6 +502,7 @@ impl SyncMachine {
                 neg: None,
                 rounds: 0,
                 need: HashSet::new(),
+                own_clock: None,
                 started: None,
                 neg_bytes: 0,
                 own_rereads: 0,
@@ -521,6 +572,7 @@ impl SyncMachine {
         loop {
             self.recon.pump_again = false;
             self.pump_jobs_once();
+            self.flush_fetches();
             if !self.recon.pump_again {
                 break;
             }
@@ -881,6 +933,7 @@ impl SyncMachine {
         stats: &PageStats,
         items: Vec<(u64, EventId)>,
         truncated: bool,
+        clock: u32,
     ) {
         self.own_link.loading.remove(sub_id);
         let Some(info) = self.own_link.subs.remove(sub_id) else {
@@ -911,6 +964,9 @@ impl SyncMachine {
             return;
         }
         job.own.extend(items);
+        // The side's first page was read when the clock read this: what was handed over or
+        // stored after it may be missing from the side for that reason alone.
+        job.own_clock.get_or_insert(clock);
         let plan = bound_plan(
             plan_pages(&info.filter, stats, &self.page_limits(&own)),
             0,
@@ -1268,15 +1324,33 @@ impl SyncMachine {
             self.pump_jobs();
             return;
         }
+        if let Some(batch) = job.batch {
+            // A batch's fetches go out when its last job on this relay has ended
+            // ([`Self::flush_fetches`], from `pump_jobs`): after the REQs of the jobs that gave
+            // way, which deliver much of what they would ask for.
+            self.recon.deferred.push(DeferredFetch {
+                relay: relay.clone(),
+                generation: job.generation,
+                batch,
+                neg_id: job.neg_id,
+                filter: history_filter(job.orig),
+                need,
+                since: job.own_clock,
+            });
+            self.drain_queue(&relay);
+            self.pump_jobs();
+            return;
+        }
         let (filters, scope) = self.fetch_filters(&relay, history_filter(job.orig), &need);
         let mut subs = Vec::new();
         for f in filters {
-            subs.push(self.open_scoped(
+            subs.push(self.open_fetch(
                 &relay,
                 job.generation,
                 SubPurpose::Page { batch: job.batch },
                 f,
                 scope.clone(),
+                job.own_clock,
             ));
         }
         if let Some(b) = job.batch {
@@ -1286,6 +1360,47 @@ impl SyncMachine {
         // Its NEG slot is free for a queued REQ (and the next job).
         self.drain_queue(&relay);
         self.pump_jobs();
+    }
+
+    /// Sends the deferred fetches whose batch has no job left on their relay, oldest first;
+    /// drops those whose batch or connection is gone. (Two fetches of a batch may name the
+    /// same id: each checks it against its own query, so neither leaves it to the other.)
+    fn flush_fetches(&mut self) {
+        if self.recon.deferred.is_empty() {
+            return;
+        }
+        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.recon.deferred)
+            .into_iter()
+            .partition(|d| !self.recon.has_batch_job(&d.relay, d.batch));
+        self.recon.deferred = kept;
+        for d in due {
+            if self.connected_generation(&d.relay) != Some(d.generation)
+                || !self.batch_exists(&d.relay, Some(d.batch))
+            {
+                continue;
+            }
+            let (filters, scope) = if d.need.is_empty() {
+                (Vec::new(), None)
+            } else {
+                self.fetch_filters(&d.relay, d.filter, &d.need)
+            };
+            let mut subs = Vec::new();
+            for f in filters {
+                subs.push(self.open_fetch(
+                    &d.relay,
+                    d.generation,
+                    SubPurpose::Page {
+                        batch: Some(d.batch),
+                    },
+                    f,
+                    scope.clone(),
+                    d.since,
+                ));
+            }
+            self.replace_outstanding(&d.relay, d.batch, &d.neg_id, subs);
+            self.confirm_if_done(&d.relay, d.batch, self.last_now);
+            self.drain_queue(&d.relay);
+        }
     }
 
     /// REQs for `need`, and the scope their events must match: at most one id fewer than a
@@ -1507,6 +1622,7 @@ mod pump_tests {
                     neg: None,
                     rounds: 0,
                     need: HashSet::new(),
+                    own_clock: None,
                     started: None,
                     neg_bytes: 0,
                     own_rereads: 0,

@@ -40,7 +40,7 @@ impl SyncMachine {
             R::ForwarderLost => self.handle_forwarder_lost(now),
             R::RelayStalled { relay, generation: g, active } => self.report_stalled(&relay, g, active, now),
             R::Notice { relay, generation: g, message } => self.report_notice(&relay, g, &message, now),
-            R::OwnIds { generation: g, sub_id, stats, items, truncated } => self.report_own_ids(g, &sub_id, &stats, items, truncated),
+            R::OwnIds { generation: g, sub_id, stats, items, truncated, clock } => self.report_own_ids(g, &sub_id, &stats, items, truncated, clock),
             R::NegMsg { relay, generation: g, sub_id, message } => self.report_neg_msg(&relay, g, &sub_id, &message),
             R::NegErr { relay, generation: g, sub_id, message, closed } => self.report_neg_err(&relay, g, &sub_id, &message, closed),
             R::SelfEvent { generation: g, event } => self.report_self_event(g, &event, now),
@@ -133,9 +133,10 @@ impl SyncMachine {
         stats: &PageStats,
         items: Vec<(u64, nostr::event::EventId)>,
         truncated: bool,
+        clock: u32,
     ) {
         if generation == self.own.generation {
-            self.handle_own_ids(sub_id, stats, items, truncated);
+            self.handle_own_ids(sub_id, stats, items, truncated, clock);
         }
     }
 

@@ -42,6 +42,20 @@ impl SyncMachine {
         filter: Filter,
         scope: Option<std::sync::Arc<Filter>>,
     ) -> SubscriptionId {
+        self.open_fetch(relay, generation, purpose, filter, scope, None)
+    }
+
+    /// [`Self::open_scoped`] for a reconciliation's fetch whose own side was read when the
+    /// verified set's clock read `fetch_since` ([`Command::Subscribe`]).
+    pub(super) fn open_fetch(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        purpose: SubPurpose,
+        filter: Filter,
+        scope: Option<std::sync::Arc<Filter>>,
+        fetch_since: Option<u32>,
+    ) -> SubscriptionId {
         let mut filter = filter;
         if let (Some(max), None) = (self.page_limits(relay).max_limit, filter.limit) {
             // The relay's default page may be smaller than its max_limit: ask for the max.
@@ -55,6 +69,7 @@ impl SyncMachine {
             purpose,
             filter: filter.into(),
             scope,
+            fetch_since,
         };
         if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
             // Never more open subscriptions than the relay allows: wait for room.
@@ -75,6 +90,7 @@ impl SyncMachine {
     ) {
         let filter = info.filter.clone();
         let scope = info.scope.clone();
+        let fetch_since = info.fetch_since;
         let now = self.last_now;
         if let SubPurpose::Batch(id) | SubPurpose::Page { batch: Some(id) } = info.purpose {
             // The batch's EOSE deadline counts from when its REQs are sent, not queued.
@@ -94,6 +110,7 @@ impl SyncMachine {
             sub_id,
             filter,
             scope,
+            fetch_since,
         });
     }
 
