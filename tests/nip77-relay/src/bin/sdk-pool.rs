@@ -45,7 +45,11 @@ struct Planned {
 fn read_plan(path: &str) -> Result<Vec<Planned>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let mut plan = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let bad = |what: String| format!("{path}:{}: {what}", n + 1);
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
         let relays = v["relays"]
@@ -57,8 +61,8 @@ fn read_plan(path: &str) -> Result<Vec<Planned>, String> {
                 RelayUrl::parse(u).map_err(|e| bad(format!("relay {u:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let filter = Filter::from_json(v["filter"].to_string())
-            .map_err(|e| bad(format!("filter: {e}")))?;
+        let filter =
+            Filter::from_json(v["filter"].to_string()).map_err(|e| bad(format!("filter: {e}")))?;
         plan.push(Planned { relays, filter });
     }
     Ok(plan)
@@ -192,7 +196,10 @@ async fn run(own: RelayUrl, plan: Vec<Planned>) -> bool {
     let mut errors: HashMap<String, usize> = HashMap::new();
     let mut stream_errors = 0usize;
     for s in streams {
-        for e in s.await.unwrap_or_else(|e| vec![format!("stream task: {e}")]) {
+        for e in s
+            .await
+            .unwrap_or_else(|e| vec![format!("stream task: {e}")])
+        {
             stream_errors += 1;
             *errors.entry(e).or_default() += 1;
         }
