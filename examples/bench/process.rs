@@ -34,7 +34,7 @@ use super::{
 /// Budget of issue 21: the process's CPU per unique event at most this many times the
 /// one-thread `Event::verify` floor.
 const CPU_BUDGET: f64 = 1.30;
-pub(super) const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 const COUNT_EVERY: Duration = Duration::from_millis(250);
 const SYNC_DEADLINE: Duration = Duration::from_secs(1200);
 pub(super) const WAIT: Duration = Duration::from_secs(60);
