@@ -19,6 +19,8 @@
 //!   negentropy work, rounds and bytes exchanged against the REQ path's bytes.
 //! * only when named, `--only reference`: ngit-grasp's own sync beside the release binary on
 //!   one data set with reply chains (`bench/reference.rs`).
+//! * only when named, `--only pool`: the release binary beside rust-nostr's nostr-sdk pool on
+//!   the process section's data and relays (`bench/pool.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
@@ -35,6 +37,8 @@ use nostr::key::Keys;
 use nostr::types::Timestamp;
 use serde_json::{json, Value};
 
+#[path = "bench/pool.rs"]
+mod pool;
 #[path = "bench/process.rs"]
 mod process;
 #[path = "bench/production.rs"]
@@ -83,7 +87,9 @@ struct Args {
     /// `cargo build --release` must have built; `bought` or `tags`: only issue 36's bought
     /// tiers and frames of a megabyte of empty tags, also part of `hostile`; `production`:
     /// issue 37's production case against the release binary, only when named; `reference`:
-    /// ngit-grasp's own sync beside grasp-sync's on one data set, only when named)
+    /// ngit-grasp's own sync beside grasp-sync's on one data set, only when named; `pool`:
+    /// the release binary beside the nostr-sdk pool (`sdk-pool` of tests/nip77-relay) on the
+    /// process section's data, only when named)
     #[argh(option)]
     only: Option<String>,
     /// events of the `throttled` section (default 2,000; 200 with --quick)
@@ -2617,6 +2623,23 @@ fn main() {
                 });
             }
             Err(why) => eprintln!("reference: skipped: {why}"),
+        }
+    }
+    // Issue 37 item 3's yardstick, only when named (`--only pool`).
+    if args.only.as_deref().is_some_and(|o| o.contains("pool")) {
+        match process::binaries().and_then(|b| Ok((b, pool::sdk_pool_binary()?))) {
+            Ok((bins, sdk_pool)) => section("pool", &mut |n| {
+                pool::pool_figures(
+                    &bins,
+                    &sdk_pool,
+                    sizes.events,
+                    sizes.relays,
+                    sizes.spread,
+                    args.repos,
+                    n,
+                )
+            }),
+            Err(why) => eprintln!("pool: skipped: {why}"),
         }
     }
     if args.only.as_deref().is_some_and(|o| o.contains("hostile")) {

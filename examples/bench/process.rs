@@ -47,9 +47,9 @@ pub(super) const NRR_DEFAULT: &str = "/opt/nostr-rs-relay/bin/nostr-rs-relay";
 
 /// The relay binaries of the section.
 pub struct Binaries {
-    grasp_sync: PathBuf,
-    local_relay: PathBuf,
-    nostr_rs_relay: Option<PathBuf>,
+    pub(super) grasp_sync: PathBuf,
+    pub(super) local_relay: PathBuf,
+    pub(super) nostr_rs_relay: Option<PathBuf>,
 }
 
 /// The binaries, or why the section cannot run (one line).
@@ -100,7 +100,7 @@ pub(super) struct RelayProc {
 
 impl RelayProc {
     /// rust-nostr's `LocalRelay` (in-memory, write rate limit lifted by the helper).
-    fn local(bin: &Path) -> RelayProc {
+    pub(super) fn local(bin: &Path) -> RelayProc {
         let mut child = Command::new(bin)
             .arg("0")
             .stdin(Stdio::piped())
@@ -270,7 +270,7 @@ impl Client {
     }
 
     /// NIP-45 COUNT of every event (None when the relay does not answer COUNT).
-    fn count_all(&mut self) -> Option<u64> {
+    pub(super) fn count_all(&mut self) -> Option<u64> {
         self.write(r#"["COUNT","n",{}]"#.into());
         self.flush();
         loop {
@@ -284,7 +284,7 @@ impl Client {
     }
 
     /// How many of `ids` the relay holds.
-    fn held(&mut self, ids: &[String]) -> usize {
+    pub(super) fn held(&mut self, ids: &[String]) -> usize {
         self.held_ids(ids).len()
     }
 
@@ -434,7 +434,13 @@ pub(super) struct Corpus {
 }
 
 impl Corpus {
-    fn generate(repos: usize, n: usize, patch: (usize, usize), seed: u64, span: u64) -> Corpus {
+    pub(super) fn generate(
+        repos: usize,
+        n: usize,
+        patch: (usize, usize),
+        seed: u64,
+        span: u64,
+    ) -> Corpus {
         Corpus::generate_with(repos, n, patch, seed, span, false)
     }
 
@@ -744,19 +750,20 @@ impl Drop for Daemon {
 }
 
 /// What one run measured.
-struct Run {
+pub(super) struct Run {
     own: Own,
-    unique: usize,
-    seconds: f64,
-    cpu: f64,
+    pub(super) unique: usize,
+    pub(super) seconds: f64,
+    pub(super) cpu: f64,
     by_kind: BTreeMap<&'static str, f64>,
     by_comm: BTreeMap<String, f64>,
-    hwm_kib: u64,
+    pub(super) hwm_kib: u64,
     threads_seen: usize,
 }
 
+/// The kind of the own relay.
 #[derive(Clone, Copy, PartialEq)]
-enum Own {
+pub(super) enum Own {
     Local,
     NostrRs,
 }
@@ -788,6 +795,163 @@ fn write_ceiling(bins: &Binaries, own: Own, events: &[&str]) -> (f64, usize, usi
     )
 }
 
+/// `relays` remote relay processes, each repository on `spread` of them, seeded in parallel
+/// with their announcements and events (not measured); the announcements.
+pub(super) fn remote_relays(
+    bins: &Binaries,
+    corpus: &Corpus,
+    relays: usize,
+    spread: usize,
+) -> (Vec<RelayProc>, Vec<Event>) {
+    let remotes: Vec<RelayProc> = (0..relays)
+        .map(|_| RelayProc::local(&bins.local_relay))
+        .collect();
+    let urls: Vec<String> = remotes.iter().map(|r| r.url.clone()).collect();
+    let anns: Vec<Event> = (0..corpus.repos)
+        .map(|r| {
+            let on: Vec<String> = listed(r, relays, spread).map(|i| urls[i].clone()).collect();
+            corpus.announcement(r, &on)
+        })
+        .collect();
+    let mut per_relay: Vec<Vec<String>> = vec![Vec::new(); relays];
+    for (r, a) in anns.iter().enumerate() {
+        for i in listed(r, relays, spread) {
+            per_relay[i].push(a.as_json());
+        }
+    }
+    for (r, e) in &corpus.events {
+        let json = e.as_json();
+        for i in listed(*r, relays, spread) {
+            per_relay[i].push(json.clone());
+        }
+    }
+    std::thread::scope(|s| {
+        for (relay, events) in remotes.iter().zip(&per_relay) {
+            s.spawn(move || {
+                let refs: Vec<&str> = events.iter().map(String::as_str).collect();
+                Client::connect(&relay.url).publish(&refs);
+            });
+        }
+    });
+    (remotes, anns)
+}
+
+/// The remote relays (indices) that list repository `r`.
+pub(super) fn listed(r: usize, relays: usize, spread: usize) -> impl Iterator<Item = usize> {
+    (0..spread.min(relays)).map(move |k| (r + k) % relays)
+}
+
+/// A fresh own relay of the kind `own` holding the announcements, and with `seed_roots` the
+/// root events too (a GRASP server that took them in by itself before its sync ran); how
+/// many events it holds.
+pub(super) fn own_relay(
+    bins: &Binaries,
+    own: Own,
+    anns: &[Event],
+    corpus: &Corpus,
+    seed_roots: bool,
+) -> (RelayProc, usize) {
+    let relay = match own {
+        Own::Local => RelayProc::local(&bins.local_relay),
+        Own::NostrRs => RelayProc::nostr_rs(bins.nostr_rs_relay.as_ref().expect("checked")),
+    };
+    let roots = corpus
+        .events
+        .iter()
+        .filter(|(_, e)| seed_roots && Corpus::is_root(e))
+        .map(|(_, e)| e);
+    let json: Vec<String> = anns.iter().chain(roots).map(Event::as_json).collect();
+    let refs: Vec<&str> = json.iter().map(String::as_str).collect();
+    Client::connect(&relay.url).publish(&refs);
+    (relay, json.len())
+}
+
+/// Every id the own relay must hold after the sync: the announcements and every event.
+pub(super) fn expected_ids(anns: &[Event], corpus: &Corpus) -> HashSet<String> {
+    anns.iter()
+        .map(|e| e.id.to_hex())
+        .chain(corpus.events.iter().map(|(_, e)| e.id.to_hex()))
+        .collect()
+}
+
+/// What [`watch`] saw of a process copying events into an own relay.
+pub(super) struct Watched {
+    /// From `started` until the own relay held the target (or the watch gave up).
+    pub(super) seconds: f64,
+    pub(super) complete: bool,
+    /// The own relay's last count.
+    pub(super) last: u64,
+    /// The last run time of every thread seen.
+    pub(super) threads: Threads,
+    /// utime + stime of the whole process at the end.
+    pub(super) total: f64,
+    pub(super) hwm_kib: u64,
+    /// Whether the own relay answered COUNT (else `fallback` counted).
+    pub(super) use_count: bool,
+}
+
+/// Samples every thread of `pid` every [`SAMPLE_EVERY`] and polls the own relay's COUNT every
+/// [`COUNT_EVERY`] (where COUNT is not answered, `fallback`) until it reaches `target`, the
+/// process is no longer `alive`, or [`SYNC_DEADLINE`] passes since `started`; then reads the
+/// process's CPU time and peak RSS (the process must still run).
+pub(super) fn watch(
+    pid: u32,
+    started: Instant,
+    own_url: &str,
+    target: u64,
+    fallback: &mut dyn FnMut() -> Option<u64>,
+    alive: &mut dyn FnMut() -> bool,
+) -> Watched {
+    let tick = clock_ticks_per_sec();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut threads = Threads::new();
+            while !stop.load(Ordering::Relaxed) {
+                sample(pid, tick, &mut threads);
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+            threads
+        })
+    };
+    let mut counter = Client::connect(own_url);
+    let mut last = 0;
+    let mut complete = false;
+    let mut use_count = true;
+    while started.elapsed() < SYNC_DEADLINE {
+        let n = if use_count { counter.count_all() } else { None };
+        let n = n.or_else(|| {
+            use_count = false;
+            fallback()
+        });
+        if let Some(n) = n {
+            last = n;
+            if n >= target {
+                complete = true;
+                break;
+            }
+        }
+        if !alive() {
+            break;
+        }
+        std::thread::sleep(COUNT_EVERY);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut threads = sampler.join().expect("sampler");
+    sample(pid, tick, &mut threads);
+    Watched {
+        seconds,
+        complete,
+        last,
+        threads,
+        total: process_seconds(pid, tick),
+        hwm_kib: vm_hwm_kib(pid),
+        use_count,
+    }
+}
+
 /// One variant: `relays` remote relay processes, each repository on `spread` of them.
 fn run(
     bins: &Binaries,
@@ -798,74 +962,36 @@ fn run(
     seed_roots: bool,
     notes: &mut Vec<String>,
 ) -> Run {
-    let own = match own_kind {
-        Own::Local => RelayProc::local(&bins.local_relay),
-        Own::NostrRs => RelayProc::nostr_rs(bins.nostr_rs_relay.as_ref().expect("checked")),
-    };
-    let remotes: Vec<RelayProc> = (0..relays)
-        .map(|_| RelayProc::local(&bins.local_relay))
-        .collect();
-    let urls: Vec<String> = remotes.iter().map(|r| r.url.clone()).collect();
-    let listed = |r: usize| (0..spread.min(relays)).map(move |k| (r + k) % relays);
-    let anns: Vec<Event> = (0..corpus.repos)
-        .map(|r| {
-            let on: Vec<String> = listed(r).map(|i| urls[i].clone()).collect();
-            corpus.announcement(r, &on)
-        })
-        .collect();
-    // Seeding (not measured): each remote relay its announcements and events, in parallel.
-    let mut per_relay: Vec<Vec<String>> = vec![Vec::new(); relays];
-    for (r, a) in anns.iter().enumerate() {
-        for i in listed(r) {
-            per_relay[i].push(a.as_json());
-        }
-    }
-    for (r, e) in &corpus.events {
-        let json = e.as_json();
-        for i in listed(*r) {
-            per_relay[i].push(json.clone());
-        }
-    }
     let seeded = Instant::now();
-    std::thread::scope(|s| {
-        for (relay, events) in remotes.iter().zip(&per_relay) {
-            s.spawn(move || {
-                let refs: Vec<&str> = events.iter().map(String::as_str).collect();
-                Client::connect(&relay.url).publish(&refs);
-            });
-        }
-        // The own relay: the announcements, and with `seed_roots` the root events too (a
-        // GRASP server that took them in by itself before its sync ran).
-        let roots = corpus
-            .events
-            .iter()
-            .filter(|(_, e)| seed_roots && Corpus::is_root(e))
-            .map(|(_, e)| e);
-        let ann_json: Vec<String> = anns.iter().chain(roots).map(Event::as_json).collect();
-        let refs: Vec<&str> = ann_json.iter().map(String::as_str).collect();
-        Client::connect(&own.url).publish(&refs);
-    });
-    drop(per_relay);
-    // What the own relay held before the sync (the /status progress counts only what the
-    // binary stored).
-    let seeded_own = anns.len()
-        + corpus
-            .events
-            .iter()
-            .filter(|(_, e)| seed_roots && Corpus::is_root(e))
-            .count();
-    let expected: HashSet<String> = anns
-        .iter()
-        .map(|e| e.id.to_hex())
-        .chain(corpus.events.iter().map(|(_, e)| e.id.to_hex()))
-        .collect();
-    let unique = expected.len() - anns.len();
+    let (_remotes, anns) = remote_relays(bins, corpus, relays, spread);
+    let (own, seeded_own) = own_relay(bins, own_kind, &anns, corpus, seed_roots);
+    let expected = expected_ids(&anns, corpus);
     eprint!("seeded in {:.0} s; ", seeded.elapsed().as_secs_f64());
+    grasp_sync_run(
+        bins,
+        &own,
+        own_kind,
+        &expected,
+        seeded_own,
+        anns.len(),
+        notes,
+    )
+}
 
-    // The measured run.
+/// The release binary syncing into `own` (holding `seeded_own` events, `anns` of them the
+/// announcements) until it holds exactly `expected`; panics where it does not.
+pub(super) fn grasp_sync_run(
+    bins: &Binaries,
+    own: &RelayProc,
+    own_kind: Own,
+    expected: &HashSet<String>,
+    seeded_own: usize,
+    anns: usize,
+    notes: &mut Vec<String>,
+) -> Run {
+    let unique = expected.len() - anns;
     let log = std::env::temp_dir().join(format!("grasp-sync-bench-process-{}.log", own.port()));
     let metrics = format!("127.0.0.1:{}", free_port());
-    let tick = clock_ticks_per_sec();
     let started = Instant::now();
     let mut daemon = Daemon::spawn(
         &bins.grasp_sync,
@@ -882,52 +1008,31 @@ fn run(
         &log,
     );
     let pid = daemon.child.id();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut threads = Threads::new();
-            while !stop.load(Ordering::Relaxed) {
-                sample(pid, tick, &mut threads);
-                std::thread::sleep(SAMPLE_EVERY);
-            }
-            threads
-        })
-    };
-    let mut counter = Client::connect(&own.url);
     let target = expected.len() as u64;
-    let mut last = 0;
-    let mut complete = false;
+    let metrics_addr: std::net::SocketAddr = metrics.parse().expect("address");
     // COUNT on the own relay; where it is not answered, the binary's own count of events
     // the own relay stored (`/status`), the set being checked by id at the end either way.
-    let mut use_count = true;
-    let metrics_addr: std::net::SocketAddr = metrics.parse().expect("address");
-    while started.elapsed() < SYNC_DEADLINE {
-        let n = if use_count { counter.count_all() } else { None };
-        let n = n.or_else(|| {
-            use_count = false;
+    let watched = watch(
+        pid,
+        started,
+        &own.url,
+        target,
+        &mut || {
             let (code, body) = grasp_sync::ops::http::get(metrics_addr, "/status", WAIT).ok()?;
             let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
             Some(doc["forward"]["stored"].as_u64()? + seeded_own as u64)
-        });
-        if let Some(n) = n {
-            last = n;
-            if n >= target {
-                complete = true;
-                break;
-            }
-        }
-        if !matches!(daemon.child.try_wait(), Ok(None)) {
-            break;
-        }
-        std::thread::sleep(COUNT_EVERY);
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let mut threads = sampler.join().expect("sampler");
-    sample(pid, tick, &mut threads);
-    let total = process_seconds(pid, tick);
-    let hwm_kib = vm_hwm_kib(pid);
+        },
+        &mut || matches!(daemon.child.try_wait(), Ok(None)),
+    );
+    let Watched {
+        seconds,
+        complete,
+        last,
+        threads,
+        total,
+        hwm_kib,
+        use_count,
+    } = watched;
     if let Some(line) = copy_counters(metrics_addr) {
         notes.push(format!("process: remote relays' events: {line}"));
     }
