@@ -120,8 +120,11 @@ fn packed_reqs_and_neg_sessions_stay_within_a_budget_of_twenty() {
     }
     let a = w.relay(A);
     a.profile(SimProfile::Strfry);
-    // nos.lol's limits: 20 subscriptions, NEG sessions counted.
+    // nos.lol's limits: 20 subscriptions; history read by REQ (reconciled history sends
+    // its fetches by `ids`, one per REQ).
     a.max_subs = Some(20);
+    a.nip77 = Nip77Mode::Off;
+    a.advertise_nip77 = false;
     a.store.extend(all.iter().cloned());
     w.start();
     w.run_for(Duration::from_secs(15 * 60), Duration::from_secs(30));
@@ -139,7 +142,9 @@ fn values(f: &Filter) -> Vec<&String> {
 
 #[test]
 fn a_new_root_at_the_budget_grows_its_live_chunk_instead_of_rebuilding_the_live_set() {
-    let mut w = World::new(OWN, |_| {});
+    // New items past 2 open REQs make the relay build its live set (a small stand-in for a
+    // relay at its budget of 20).
+    let mut w = World::new(OWN, |c| c.consolidation_threshold = 2);
     let t = w.secs();
     let ann = announcement("r", &[A], t - 10 * DAY);
     w.own.store.push(ann.clone());
@@ -151,10 +156,14 @@ fn a_new_root_at_the_budget_grows_its_live_chunk_instead_of_rebuilding_the_live_
         roots.push(root);
     }
     let a = w.relay(A);
-    a.max_subs = Some(6);
+    a.max_subs = Some(8);
     a.publish_nip11 = true;
     w.start();
     w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    // A first new root crosses the budget: the live set is built (one rebuild).
+    let first = issue("r", "the first new one", w.secs());
+    w.store_on_own(&first);
+    w.run_for(Duration::from_secs(5 * 60), Duration::from_secs(30));
     let a = RelayUrl::parse(A).unwrap();
     assert_eq!(w.m.relay_statuses(w.now)[0].polled_queries, 0);
     let consolidations = w.m.counters().consolidations;
@@ -188,6 +197,8 @@ fn a_new_root_at_the_budget_grows_its_live_chunk_instead_of_rebuilding_the_live_
     w.publish(A, &r_new);
     w.publish(A, &r_old);
     w.advance(Duration::from_secs(5));
-    w.assert_own_holds(&[&ann, &new, &r_new, &r_old]);
-    assert!(w.relays[&a].max_open_seen <= 6);
+    let mut want: Vec<&Event> = vec![&ann, &first, &new, &r_new, &r_old];
+    want.extend(roots.iter());
+    w.assert_own_holds(&want);
+    assert!(w.relays[&a].max_open_seen <= 8);
 }

@@ -123,10 +123,10 @@ impl SyncMachine {
         let Some(remote) = self.remotes.get(relay) else {
             return false;
         };
-        if remote.single_filter
-            || self.config.max_filters_per_req < 2
-            || !packable(info.purpose, &info.filter, info.scope.is_some())
-        {
+        let Some(key) = pack_key(info) else {
+            return false;
+        };
+        if remote.single_filter || self.config.max_filters_per_req < 2 {
             return false;
         }
         let max = self
@@ -135,11 +135,8 @@ impl SyncMachine {
             .unwrap_or(DEFAULT_REQ_BYTES)
             .saturating_sub(200);
         let link = &remote.link;
-        let member_ok = |id: &SubscriptionId| {
-            link.subs
-                .get(id)
-                .is_some_and(|i| packable(i.purpose, &i.filter, i.scope.is_some()))
-        };
+        let member_ok =
+            |id: &SubscriptionId| link.subs.get(id).is_some_and(|i| pack_key(i) == Some(key));
         let (ids, filters): (Vec<&SubscriptionId>, Vec<&Filter>) = match self.commands.back() {
             Some(Command::Subscribe {
                 relay: r,
@@ -603,18 +600,27 @@ impl SyncMachine {
     }
 }
 
-/// A query that may share a REQ with others (decision 0110): a remote relay's Layer 1–3
-/// query, live or history, with no `ids` (a reconciliation's fetch tracks what it asked for)
-/// and no scope.
-fn packable(purpose: SubPurpose, filter: &Filter, scoped: bool) -> bool {
-    !scoped
-        && filter.ids.is_none()
-        && matches!(
-            purpose,
-            SubPurpose::Announcements
-                | SubPurpose::Batch(_)
-                | SubPurpose::Live
-                | SubPurpose::CatchUp
-                | SubPurpose::Page { .. }
-        )
+/// Queries that may share a REQ (decision 0110) have the same key: queries that end
+/// together, since a REQ gives its slot back only when its last query is closed. History
+/// closed at EOSE (catch-ups, pages, poll rounds); the live set (Layer 1 and live chunks);
+/// the history-and-live queries of one batch. Never a query by `ids` (a reconciliation's
+/// fetch tracks what it asked for), a scoped one, nor a batch's live-only query (the live
+/// part of one reconciliation, which ends with its job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PackKey {
+    History,
+    Live,
+    Batch(u64),
+}
+
+fn pack_key(info: &SubInfo) -> Option<PackKey> {
+    if info.scope.is_some() || info.filter.ids.is_some() {
+        return None;
+    }
+    match info.purpose {
+        SubPurpose::CatchUp | SubPurpose::Page { .. } => Some(PackKey::History),
+        SubPurpose::Announcements | SubPurpose::Live => Some(PackKey::Live),
+        SubPurpose::Batch(id) if info.filter.limit != Some(0) => Some(PackKey::Batch(id)),
+        _ => None,
+    }
 }
