@@ -1276,3 +1276,135 @@ fn events_of_strangers_and_events_of_too_many_tags_are_dropped_before_a_parse() 
     assert_eq!(a.s.counters().events_invalid, 1);
     assert_eq!(a.s.counters().events_accepted, 0);
 }
+
+/// Decision 0110: a REQ of several filters is one subscription on the wire; each filter is
+/// the machine's own. An event is checked against the union of the filters, and counted
+/// for paging by every filter it matches (a relay caps each filter on its own); EOSE is
+/// reported per member; the REQ is closed with its last member; a CLOSED ends every member.
+#[test]
+fn a_req_of_several_filters_counts_each_filter_and_checks_the_union() {
+    let keys = Keys::generate();
+    let other = Keys::generate();
+    let mut h = Harness::new(SessionRole::Remote);
+    let by_keys = Filter::new().kind(ISSUE).author(keys.public_key());
+    let by_other = Filter::new().kind(ISSUE).author(other.public_key());
+    h.s.handle_command(
+        t(1),
+        Control::SubscribeMany {
+            generation: 1,
+            members: vec![
+                (SubscriptionId::new("m1"), std::sync::Arc::new(by_keys)),
+                (SubscriptionId::new("m2"), std::sync::Arc::new(by_other)),
+            ],
+        },
+    );
+    let sent = h.transmits();
+    let [Transmit::Text(req)] = &sent[..] else {
+        panic!("{sent:?}");
+    };
+    assert!(req.starts_with(r#"["REQ","m1",{"#), "{req}");
+    assert_eq!(req.matches("\"kinds\"").count(), 2, "{req}");
+    // Events arrive under the REQ's id (the first member's).
+    for i in 0..3 {
+        let e = issue(&keys, &format!("k{i}"), 100 + i);
+        assert!(matches!(
+            h.text(t(2), &event_frame("m1", &e)),
+            FrameOutcome::Forward(_)
+        ));
+    }
+    let e = issue(&other, "o", 50);
+    assert!(matches!(
+        h.text(t(2), &event_frame("m1", &e)),
+        FrameOutcome::Forward(_)
+    ));
+    // Matches neither filter: dropped (the union is the check).
+    let stranger = EventBuilder::new(Kind::TextNote, "x")
+        .finalize(&keys)
+        .unwrap();
+    assert!(matches!(
+        h.text(t(2), &event_frame("m1", &stranger)),
+        FrameOutcome::Handled
+    ));
+    assert_eq!(h.s.counters().events_unmatched, 1);
+    h.text(t(3), r#"["EOSE","m1"]"#);
+    let mut stats: Vec<(String, u64, u64, Option<u64>)> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Eose { sub_id, stats, .. } => (
+                sub_id.to_string(),
+                stats.received,
+                stats.rejected,
+                stats.oldest,
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    stats.sort();
+    assert_eq!(
+        stats,
+        vec![
+            ("m1".to_string(), 3, 1, Some(100)),
+            ("m2".to_string(), 1, 1, Some(50)),
+        ]
+    );
+    // Closed with its last member only.
+    h.s.handle_command(
+        t(4),
+        Control::Unsubscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("m1"),
+        },
+    );
+    assert!(h.transmits().is_empty());
+    h.s.handle_command(
+        t(4),
+        Control::Unsubscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("m2"),
+        },
+    );
+    assert_eq!(
+        h.transmits(),
+        vec![Transmit::Text(r#"["CLOSE","m1"]"#.to_string())]
+    );
+    // A CLOSED of a REQ of several filters ends each member still open.
+    h.s.handle_command(
+        t(5),
+        Control::SubscribeMany {
+            generation: 1,
+            members: vec![
+                (SubscriptionId::new("n1"), std::sync::Arc::new(issues())),
+                (
+                    SubscriptionId::new("n2"),
+                    std::sync::Arc::new(issues().limit(0)),
+                ),
+            ],
+        },
+    );
+    h.transmits();
+    // The live-only member is live once sent.
+    let live: Vec<String> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Eose { sub_id, .. } => sub_id.to_string(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(live, vec!["n2".to_string()]);
+    h.text(
+        t(6),
+        r#"["CLOSED","n1","unsupported: multi-filter REQs aren't supported"]"#,
+    );
+    let mut closed: Vec<String> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Closed { sub_id, .. } => sub_id.to_string(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    closed.sort();
+    assert_eq!(closed, vec!["n1".to_string(), "n2".to_string()]);
+}
