@@ -1099,6 +1099,7 @@ impl RelaySession {
                 let m = &mut sub.pack[i];
                 if !m.eose {
                     m.stats.record_summary(&summary);
+                    m.stats.member_times.push(summary.created_at);
                 }
             }
             self.counters.copies_not_forwarded += 1;
@@ -1253,6 +1254,7 @@ impl RelaySession {
                     let m = &mut sub.pack[i];
                     if !m.eose {
                         m.stats.record_summary(&summary);
+                        m.stats.member_times.push(summary.created_at);
                     }
                 }
             } else if !sub.eose {

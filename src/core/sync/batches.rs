@@ -345,7 +345,7 @@ impl SyncMachine {
         // per EOSE was a third of the coordinator's CPU in a first sync, issue 21); it is
         // copied only when a split query is parked.
         let base = self.published_page_limits(relay);
-        let Some((purpose, scope, watched)) = self.remote_mut(relay).and_then(|r| {
+        let Some((purpose, scope, watched, cut)) = self.remote_mut(relay).and_then(|r| {
             let (l, caps) = (&mut r.link, &mut r.caps);
             // A live-only REQ (`limit: 0`) has no history: not counted.
             if l.loading.remove(sub_id).is_some()
@@ -358,12 +358,21 @@ impl SyncMachine {
             l.subs.get(sub_id).map(|info| {
                 // Pages planned with what the relay has shown, probes for a hidden cap
                 // included (decision 0103).
-                let watched = caps.plan(&info.filter, stats, &base);
-                (info.purpose, info.scope.clone(), watched)
+                // A filter that shared its REQ: only the newest `cap` of its matches are the
+                // relay's answer to it (decision 0110).
+                let limits = caps.limits(&base);
+                let cap = match info.filter.limit {
+                    Some(l) => l.min(limits.max_limit.unwrap_or(usize::MAX)),
+                    None => limits.page_size,
+                };
+                let cut = stats.cut_to(cap);
+                let watched = caps.plan(&info.filter, cut.as_ref().unwrap_or(stats), &base);
+                (info.purpose, info.scope.clone(), watched, cut)
             })
         }) else {
             return;
         };
+        let stats = cut.as_ref().unwrap_or(stats);
         let plan = watched.plan;
         if let Some(cap) = watched.learned {
             self.counters.caps_learned += 1;

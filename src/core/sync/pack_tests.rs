@@ -204,3 +204,40 @@ fn a_new_root_at_the_budget_grows_its_live_chunk_instead_of_rebuilding_the_live_
     w.assert_own_holds(&want);
     assert!(w.relays[&a].max_open_seen <= 8);
 }
+
+/// An event of kind 1111 with the tags `tags` (name, value), created at `created_at`.
+fn tagged(tags: &[(&str, &str)], text: &str, created_at: u64) -> Event {
+    use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
+    let mut b = EventBuilder::new(Kind::Custom(1111), text)
+        .custom_created_at(nostr::types::Timestamp::from_secs(created_at));
+    for (name, value) in tags {
+        b = b.tag(Tag::parse([*name, *value]).expect("tag"));
+    }
+    b.finalize(&super::world::keys()).expect("signed")
+}
+
+#[test]
+fn an_older_match_sent_for_another_filter_of_the_req_does_not_move_a_filters_page() {
+    // The relay answers `#e` with its newest 4 and `#E` with its one match, older than
+    // everything; that one matches `#e` too. Paging `#e` from it would skip the `#e` events
+    // between its fourth newest and that one.
+    let mut w = World::new(OWN, |_| {});
+    let all = repo_with_history(&mut w, 0, 0);
+    let root = all[1].id.to_hex();
+    let t = w.secs() - 2 * DAY;
+    let mut want: Vec<Event> = all.clone();
+    for i in 0..6 {
+        want.push(tagged(&[("e", &root)], &format!("e {i}"), t + 100 + i));
+    }
+    want.push(tagged(&[("e", &root)], "between", t + 60));
+    want.push(tagged(&[("e", &root), ("E", &root)], "both", t + 50));
+    let a = w.relay(A);
+    a.store.extend(want[2..].iter().cloned());
+    a.max_limit = Some(4);
+    a.publish_nip11 = true;
+    a.nip77 = Nip77Mode::Off;
+    w.start();
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    assert!(w.relays[&RelayUrl::parse(A).unwrap()].max_filters_seen >= 2);
+    w.assert_own_holds(&want.iter().collect::<Vec<_>>());
+}
