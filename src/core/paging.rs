@@ -90,8 +90,8 @@ impl PageStats {
     /// answered it alone with at most `cap` events: the newest `cap` of
     /// [`PageStats::member_times`] (a relay answers each filter with its newest matches; an
     /// older match it sent for another filter says nothing about what lies between). The
-    /// kinds and authors of the oldest second are kept only when that second is unchanged.
-    /// `None` when nothing is to cut.
+    /// `None` when nothing is to cut, or when the cut ends in the same second as all of
+    /// them (then paging from that second skips nothing).
     pub fn cut_to(&self, cap: usize) -> Option<PageStats> {
         if cap == 0 || self.member_times.len() <= cap {
             return None;
@@ -100,19 +100,19 @@ impl PageStats {
         times.sort_unstable_by(|a, b| b.cmp(a));
         times.truncate(cap);
         let oldest = *times.last()?;
-        let mut out = PageStats {
+        if self.oldest == Some(oldest) {
+            // The cut ends in the same second: the next page starts there either way, and
+            // the whole count stays evidence of how much the relay returns (decision 0103).
+            return None;
+        }
+        Some(PageStats {
             received: cap as u64,
             rejected: self.rejected,
             oldest: Some(oldest),
             at_oldest: times.iter().filter(|t| **t == oldest).count() as u64,
             newest: times.first().copied(),
             ..PageStats::default()
-        };
-        if self.oldest == Some(oldest) {
-            out.kinds_at_oldest = self.kinds_at_oldest.clone();
-            out.authors_at_oldest = self.authors_at_oldest.clone();
-        }
-        Some(out)
+        })
     }
 
     /// Counts one event that failed a check or lies outside the window.
