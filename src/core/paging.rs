@@ -89,7 +89,7 @@ impl PageStats {
     /// The statistics of a filter that shared its REQ with others, as if the relay had
     /// answered it alone with at most `cap` events: the newest `cap` of
     /// [`PageStats::member_times`] (a relay answers each filter with its newest matches; an
-    /// older match it sent for another filter says nothing about what lies between). The
+    /// older match it sent for another filter says nothing about what lies between).
     /// `None` when nothing is to cut, or when the cut ends in the same second as all of
     /// them (then paging from that second skips nothing).
     pub fn cut_to(&self, cap: usize) -> Option<PageStats> {
