@@ -1443,6 +1443,22 @@ impl Planner {
                     Command::Connect { relay, generation } if connect.contains(&relay) => {
                         Report::Connected { relay, generation }
                     }
+                    Command::SubscribeMany {
+                        relay,
+                        generation,
+                        members,
+                    } => {
+                        for (sub_id, _) in members {
+                            let report = Report::Eose {
+                                relay: relay.clone(),
+                                generation,
+                                sub_id,
+                                stats: PageStats::default(),
+                            };
+                            self.m.handle_report(report, self.now);
+                        }
+                        continue;
+                    }
                     Command::Subscribe {
                         relay,
                         generation,

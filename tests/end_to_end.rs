@@ -311,44 +311,42 @@ fn reqs_follow_the_layer_design() {
         for (conn, reqs) in &by_conn {
             let mut l1 = 0;
             for r in reqs {
-                assert_eq!(
-                    r.filters.len(),
-                    1,
-                    "{u}: REQ with several filters: {}",
-                    r.raw
-                );
-                match classify(&r.filters[0]) {
-                    Layer::L1 { since } => {
-                        l1 += 1;
-                        if *conn == first_conn {
-                            assert_eq!(since, None, "{u}: L1 with since on first connect");
+                // Several filters of one lifetime per REQ, at most 10 (decision 0110).
+                assert!(r.filters.len() <= 10, "{u}: {}", r.raw);
+                for f in &r.filters {
+                    match classify(f) {
+                        Layer::L1 { since } => {
+                            l1 += 1;
+                            if *conn == first_conn {
+                                assert_eq!(since, None, "{u}: L1 with since on first connect");
+                            }
                         }
+                        Layer::L2 { tag, values, since } => {
+                            assert!(values.len() <= 100, "{u}: {}", r.raw);
+                            if *conn == first_conn {
+                                assert_eq!(since, None, "{u}: {}", r.raw);
+                            }
+                            for v in values {
+                                assert!(
+                                    l2.entry(tag).or_default().insert(v.clone()),
+                                    "{u}: repo {v} requested twice with #{tag}"
+                                );
+                            }
+                        }
+                        Layer::L3 { tag, values, since } => {
+                            assert!(values.len() <= 100, "{u}: {}", r.raw);
+                            if *conn == first_conn {
+                                assert_eq!(since, None, "{u}: {}", r.raw);
+                            }
+                            for v in values {
+                                assert!(
+                                    l3.entry(tag).or_default().insert(v.clone()),
+                                    "{u}: root {v} requested twice with #{tag}"
+                                );
+                            }
+                        }
+                        other => panic!("{u}: REQ outside the layer design: {other:?} ({})", r.raw),
                     }
-                    Layer::L2 { tag, values, since } => {
-                        assert!(values.len() <= 100, "{u}: {}", r.raw);
-                        if *conn == first_conn {
-                            assert_eq!(since, None, "{u}: {}", r.raw);
-                        }
-                        for v in values {
-                            assert!(
-                                l2.entry(tag).or_default().insert(v.clone()),
-                                "{u}: repo {v} requested twice with #{tag}"
-                            );
-                        }
-                    }
-                    Layer::L3 { tag, values, since } => {
-                        assert!(values.len() <= 100, "{u}: {}", r.raw);
-                        if *conn == first_conn {
-                            assert_eq!(since, None, "{u}: {}", r.raw);
-                        }
-                        for v in values {
-                            assert!(
-                                l3.entry(tag).or_default().insert(v.clone()),
-                                "{u}: root {v} requested twice with #{tag}"
-                            );
-                        }
-                    }
-                    other => panic!("{u}: REQ outside the layer design: {other:?} ({})", r.raw),
                 }
             }
             assert_eq!(l1, 1, "{u}: connection {conn} has {l1} Layer-1 REQs");
@@ -410,23 +408,26 @@ fn layer2_chunks_250_repos_into_nine_filters() {
     let mut l2_values: BTreeMap<char, HashSet<String>> = BTreeMap::new();
     let mut l3: Vec<(char, Vec<String>)> = Vec::new();
     for r in &reqs {
-        assert_eq!(r.filters.len(), 1, "REQ with several filters: {}", r.raw);
-        match classify(&r.filters[0]) {
-            Layer::L1 { since: None } => l1 += 1,
-            Layer::L2 {
-                tag,
-                values,
-                since: None,
-            } => {
-                l2.entry(tag).or_default().push(values.len());
-                l2_values.entry(tag).or_default().extend(values);
+        // Several filters of one lifetime per REQ, at most 10 (decision 0110).
+        assert!(r.filters.len() <= 10, "{}", r.raw);
+        for f in &r.filters {
+            match classify(f) {
+                Layer::L1 { since: None } => l1 += 1,
+                Layer::L2 {
+                    tag,
+                    values,
+                    since: None,
+                } => {
+                    l2.entry(tag).or_default().push(values.len());
+                    l2_values.entry(tag).or_default().extend(values);
+                }
+                Layer::L3 {
+                    tag,
+                    values,
+                    since: None,
+                } => l3.push((tag, values)),
+                other => panic!("unexpected REQ {other:?}: {}", r.raw),
             }
-            Layer::L3 {
-                tag,
-                values,
-                since: None,
-            } => l3.push((tag, values)),
-            other => panic!("unexpected REQ {other:?}: {}", r.raw),
         }
     }
     assert_eq!(l1, 1);

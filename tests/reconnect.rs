@@ -119,9 +119,12 @@ fn quick_reconnect_fetches_events_published_during_the_gap() {
     // It was a quick reconnect: Layers 2/3 re-subscribed with since (catch-up), not fresh.
     let reqs = w.remote.reqs();
     let last_conn = reqs.iter().map(|r| r.conn).max().unwrap();
+    // Filters, not REQs: several share a REQ (decision 0110).
     let catch_up: Vec<_> = reqs
         .iter()
-        .filter(|r| r.conn == last_conn && r.filters[0].since.is_some())
+        .filter(|r| r.conn == last_conn)
+        .flat_map(|r| r.filters.iter())
+        .filter(|f| f.since.is_some())
         .collect();
     assert!(
         catch_up.len() >= 7,

@@ -78,9 +78,43 @@ pub struct PageStats {
     /// arrived nor are in flight to, or stored on, the own relay (issue 33). Empty for any
     /// other query.
     pub undelivered: Vec<nostr::event::EventId>,
+    /// A filter that shared its REQ with others (decision 0110): the `created_at` of every
+    /// checked event matching it before EOSE. Events the relay sent for another filter of
+    /// the REQ may match it too, so the relay's own answer to it is only the newest of them
+    /// ([`PageStats::cut_to`]). Empty for a REQ of one filter.
+    pub member_times: Vec<u64>,
 }
 
 impl PageStats {
+    /// The statistics of a filter that shared its REQ with others, as if the relay had
+    /// answered it alone with at most `cap` events: the newest `cap` of
+    /// [`PageStats::member_times`] (a relay answers each filter with its newest matches; an
+    /// older match it sent for another filter says nothing about what lies between).
+    /// `None` when nothing is to cut, or when the cut ends in the same second as all of
+    /// them (then paging from that second skips nothing).
+    pub fn cut_to(&self, cap: usize) -> Option<PageStats> {
+        if cap == 0 || self.member_times.len() <= cap {
+            return None;
+        }
+        let mut times = self.member_times.clone();
+        times.sort_unstable_by(|a, b| b.cmp(a));
+        times.truncate(cap);
+        let oldest = *times.last()?;
+        if self.oldest == Some(oldest) {
+            // The cut ends in the same second: the next page starts there either way, and
+            // the whole count stays evidence of how much the relay returns (decision 0103).
+            return None;
+        }
+        Some(PageStats {
+            received: cap as u64,
+            rejected: self.rejected,
+            oldest: Some(oldest),
+            at_oldest: times.iter().filter(|t| **t == oldest).count() as u64,
+            newest: times.first().copied(),
+            ..PageStats::default()
+        })
+    }
+
     /// Counts one event that failed a check or lies outside the window.
     pub fn record_rejected(&mut self) {
         self.rejected = self.rejected.saturating_add(1);

@@ -197,6 +197,18 @@ pub enum Command {
         /// (decision 0112).
         fetch_since: Option<u32>,
     },
+    /// Send `["REQ", first id, filter 1, filter 2, …]`: several of the machine's subscriptions
+    /// in one REQ (decision 0110). Each member keeps its id towards the machine (its EOSE,
+    /// CLOSED and page statistics are reported under it); the REQ goes out under the first
+    /// member's id and is closed once every member was unsubscribed.
+    SubscribeMany {
+        /// Relay.
+        relay: RelayUrl,
+        /// Connection generation.
+        generation: u64,
+        /// The members in order, at least two: each subscription id with its filter.
+        members: Vec<(SubscriptionId, std::sync::Arc<Filter>)>,
+    },
     /// Send `["REQ", sub_id, filter]` to the own relay and keep only `(created_at, id)` of
     /// each matching event (no signature check, nothing forwarded); answered by
     /// [`Report::OwnIds`] at EOSE. The own relay's side of a reconciliation.
@@ -319,6 +331,17 @@ impl Command {
                     fetch_since,
                 },
             ),
+            Command::SubscribeMany {
+                relay,
+                generation,
+                members,
+            } => Route::Relay(
+                relay,
+                Control::SubscribeMany {
+                    generation,
+                    members,
+                },
+            ),
             Command::Unsubscribe {
                 relay,
                 generation,
@@ -399,6 +422,14 @@ pub enum Control {
         /// A reconciliation's fetch: the verified set's clock
         /// ([`crate::core::dedup::VerifiedSet::clock`]) when the own relay's side was read.
         fetch_since: Option<u32>,
+    },
+    /// Send a REQ with several filters, each a subscription of its own towards the machine
+    /// ([`Command::SubscribeMany`]).
+    SubscribeMany {
+        /// Generation the command belongs to.
+        generation: u64,
+        /// The members in order (the REQ goes out under the first id).
+        members: Vec<(SubscriptionId, std::sync::Arc<Filter>)>,
     },
     /// Send a CLOSE.
     Unsubscribe {

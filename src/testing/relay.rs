@@ -131,6 +131,9 @@ pub struct TestRelayOptions {
     pub eose_delay: Option<Duration>,
     /// Answer every REQ with `["CLOSED", sub_id, msg]` instead of serving it.
     pub closed_on_req: Option<String>,
+    /// Answer a REQ of several filters with `["CLOSED", sub_id, "unsupported: multi-filter
+    /// REQs aren't supported ..."]`, as some rust-nostr relay-builder versions do.
+    pub refuse_multi_filter: bool,
     /// Most open subscriptions allowed per connection.
     pub max_subscriptions: Option<usize>,
     /// The answer to a REQ beyond `max_subscriptions`.
@@ -224,6 +227,7 @@ impl Default for TestRelayOptions {
             withhold_eose: false,
             eose_delay: None,
             closed_on_req: None,
+            refuse_multi_filter: false,
             max_subscriptions: None,
             too_many_subs_reply: Reply::Closed("error: too many subscriptions".to_string()),
             reject_events: None,
@@ -2058,6 +2062,11 @@ fn ngit_event(state: &mut State, ngit: &NgitGraspPolicy, event: Event, raw: &str
     }
 }
 
+/// rust-nostr relay-builder's answer to a REQ of several filters in the versions that refuse
+/// them.
+const MULTI_FILTER_REFUSED: &str =
+    "unsupported: multi-filter REQs aren't supported (https://github.com/nostr-protocol/nips/issues/1645)";
+
 fn handle_req(
     shared: &Shared,
     conn_id: u64,
@@ -2086,6 +2095,10 @@ fn handle_req(
     if let Some(msg) = &opts.closed_on_req {
         conn.subs.remove(&sub_id);
         return Handled::frame(closed_frame(&sub_id, msg));
+    }
+    if opts.refuse_multi_filter && filters.len() > 1 {
+        conn.subs.remove(&sub_id);
+        return Handled::frame(closed_frame(&sub_id, MULTI_FILTER_REFUSED));
     }
     if let Some(max) = opts.max_tag_keys {
         if filters.iter().any(|f| f.generic_tags.len() > max) {

@@ -232,6 +232,28 @@ struct Sub {
     /// A `CollectIds` query: the verified set's clock when it was sent (reported with its
     /// ids: [`Report::OwnIds`]).
     clock: u32,
+    /// Its REQ was never written (a fetch left with nothing to ask): no CLOSE for it.
+    unsent: bool,
+    /// A REQ of several filters ([`Control::SubscribeMany`], decision 0110): its members,
+    /// each the machine's own subscription (empty for a REQ of one filter). Then `filter` is
+    /// the first member's, and `stats` counts what arrived before EOSE that no member can be
+    /// credited with (invalid, unmatched, oversized): every member is charged with it.
+    pack: Vec<Member>,
+}
+
+/// One filter of a REQ of several ([`Sub::pack`]): the machine's subscription it stands for.
+#[derive(Debug)]
+struct Member {
+    id: String,
+    filter: Arc<Filter>,
+    /// Checked events matching this filter that arrived before its EOSE (a relay caps
+    /// each filter of a REQ on its own: strfry, nostr-rs-relay).
+    stats: PageStats,
+    /// Its EOSE was reported (at the REQ's EOSE, or at once for a live-only filter).
+    eose: bool,
+    /// Not unsubscribed by the machine yet.
+    open: bool,
+    print: Option<FilterPrint>,
 }
 
 /// What a query by `ids` (a reconciliation's fetch) was asked for and has delivered: at its
@@ -261,6 +283,9 @@ struct FetchTrack {
 struct Connection {
     generation: u64,
     subs: HashMap<String, Sub>,
+    /// Members of a REQ of several filters, other than its first: member id → the REQ's id
+    /// ([`Sub::pack`]).
+    packed: HashMap<String, String>,
     /// Open NIP-77 sessions (NEG-OPEN sent, no NEG-ERR/CLOSED/NEG-CLOSE yet).
     negs: HashSet<String>,
     /// Fetches held until the history queries open before them reached EOSE (their sub ids;
@@ -401,6 +426,7 @@ impl RelaySession {
         self.conn = Some(Connection {
             generation,
             subs: HashMap::new(),
+            packed: HashMap::new(),
             negs: HashSet::new(),
             held: Vec::new(),
             auth: AuthState::new(has_key, self.config.auth_limits),
@@ -575,6 +601,13 @@ impl RelaySession {
                 }
                 Some(text)
             }
+            Control::SubscribeMany {
+                generation,
+                members,
+            } if generation == current => open_pack(url, conn, members).map(|(text, reports)| {
+                self.reports.extend(reports);
+                text
+            }),
             Control::CollectIds {
                 generation,
                 sub_id,
@@ -617,13 +650,51 @@ impl RelaySession {
                 })
             }
             Control::Unsubscribe { generation, sub_id } if generation == current => {
-                conn.subs.remove(sub_id.as_str());
-                conn.auth.forget(sub_id.as_str());
-                let was_held = conn.held.iter().any(|h| *h == sub_id.as_str());
-                conn.held.retain(|h| *h != sub_id.as_str());
-                self.query_ended(sub_id.as_str(), None);
-                // A held fetch was never sent: nothing to close on the wire.
-                (!was_held).then(|| ClientMessage::close(sub_id).as_json())
+                // A fetch held back or with nothing left to ask (never packed, never sent):
+                // nothing to close on the wire.
+                let unsent = conn.held.iter().any(|h| *h == sub_id.as_str())
+                    || conn.subs.get(sub_id.as_str()).is_some_and(|s| s.unsent);
+                if unsent {
+                    conn.held.retain(|h| *h != sub_id.as_str());
+                    conn.subs.remove(sub_id.as_str());
+                    conn.auth.forget(sub_id.as_str());
+                    self.query_ended(sub_id.as_str(), None);
+                    self.update_timers();
+                    return;
+                }
+                // A member of a REQ of several filters: the REQ is closed with its last one.
+                let wire = conn
+                    .packed
+                    .remove(sub_id.as_str())
+                    .unwrap_or_else(|| sub_id.to_string());
+                let last = match conn.subs.get_mut(&wire) {
+                    // Not on the wire (closed by the relay, or a fetch that asked for
+                    // nothing and sent no REQ): nothing to close.
+                    None => {
+                        self.update_timers();
+                        return;
+                    }
+                    Some(sub) if !sub.pack.is_empty() => {
+                        for m in sub.pack.iter_mut().filter(|m| m.id == sub_id.as_str()) {
+                            m.open = false;
+                        }
+                        !sub.pack.iter().any(|m| m.open)
+                    }
+                    _ => true,
+                };
+                if last {
+                    if let Some(sub) = conn.subs.remove(&wire) {
+                        for m in &sub.pack {
+                            conn.packed.remove(&m.id);
+                        }
+                    }
+                    conn.auth.forget(&wire);
+                    let text = ClientMessage::close(SubscriptionId::new(wire.as_str())).as_json();
+                    self.query_ended(&wire, None);
+                    Some(text)
+                } else {
+                    None
+                }
             }
             other => {
                 trace!("{url}: dropping stale {other:?}");
@@ -840,6 +911,29 @@ impl RelaySession {
         }
         sub.eose = true;
         let generation = conn.generation;
+        if !sub.pack.is_empty() {
+            // Each member's history is complete: its own statistics, charged with what no
+            // member could be credited with.
+            let shared = &sub.stats;
+            for m in sub.pack.iter_mut().filter(|m| !m.eose) {
+                m.eose = true;
+                if !m.open {
+                    continue;
+                }
+                let mut stats = std::mem::take(&mut m.stats);
+                stats.rejected = stats
+                    .rejected
+                    .saturating_add(shared.rejected)
+                    .saturating_add(shared.received);
+                self.reports.push_back(Report::Eose {
+                    relay: url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(m.id.as_str()),
+                    stats,
+                });
+            }
+            return FrameOutcome::Handled;
+        }
         if let Some(track) = sub.fetch.take() {
             sub.stats.undelivered = undelivered(*track, verified);
             if !sub.stats.undelivered.is_empty() {
@@ -908,14 +1002,17 @@ impl RelaySession {
             debug!("{url}: subscription {shown} held until authenticated: {message}");
             return FrameOutcome::Handled;
         }
-        if conn.subs.remove(sub_id).is_some() {
-            self.reports.push_back(Report::Closed {
-                relay: url.clone(),
-                generation,
-                sub_id: SubscriptionId::new(sub_id),
-                prefix,
-                message,
-            });
+        if let Some(sub) = conn.subs.remove(sub_id) {
+            // Every open member of a REQ of several filters is closed with it.
+            for id in closed_members(&mut conn.packed, sub_id.to_string(), sub) {
+                self.reports.push_back(Report::Closed {
+                    relay: url.clone(),
+                    generation,
+                    sub_id: SubscriptionId::new(id),
+                    prefix,
+                    message: message.clone(),
+                });
+            }
             self.query_ended(sub_id, None);
             return FrameOutcome::Handled;
         }
@@ -983,11 +1080,21 @@ impl RelaySession {
                         continue;
                     };
                     sub.stats = PageStats::default();
-                    sub.eose = false;
                     if let Some(ids) = sub.ids.as_mut() {
                         *ids = (Vec::new(), false);
                     }
-                    let text = req_text(sub_id.as_str(), &sub.filter);
+                    for m in &mut sub.pack {
+                        m.stats = PageStats::default();
+                        m.eose = m.eose && m.filter.limit == Some(0);
+                    }
+                    // A live-only REQ stays live (its EOSE was reported when first sent, and
+                    // nostr-rs-relay sends none): a fetch must not wait for it.
+                    sub.eose = if sub.pack.is_empty() {
+                        sub.eose && sub.filter.limit == Some(0)
+                    } else {
+                        sub.pack.iter().all(|m| m.eose)
+                    };
+                    let text = sub_text(sub_id.as_str(), sub);
                     trace!("{url} <- {text}");
                     self.transmits.push_back(Transmit::Text(text));
                 }
@@ -1009,21 +1116,23 @@ impl RelaySession {
             return;
         };
         let generation = conn.generation;
+        let mut ended = Vec::new();
         for h in held {
-            let removed = self
-                .conn
-                .as_mut()
-                .is_some_and(|c| c.subs.remove(&h.sub_id).is_some());
-            if removed {
-                self.query_ended(&h.sub_id, None);
-                self.reports.push_back(Report::Closed {
-                    relay: self.config.url.clone(),
-                    generation,
-                    sub_id: SubscriptionId::new(h.sub_id),
-                    prefix: h.prefix,
-                    message: h.message,
-                });
+            if let Some(sub) = conn.subs.remove(&h.sub_id) {
+                ended.push(h.sub_id.clone());
+                for id in closed_members(&mut conn.packed, h.sub_id, sub) {
+                    self.reports.push_back(Report::Closed {
+                        relay: self.config.url.clone(),
+                        generation,
+                        sub_id: SubscriptionId::new(id),
+                        prefix: h.prefix,
+                        message: h.message.clone(),
+                    });
+                }
             }
+        }
+        for sub_id in ended {
+            self.query_ended(&sub_id, None);
         }
     }
 
@@ -1089,6 +1198,7 @@ impl RelaySession {
                     sub.eose = true;
                     sub.stats.undelivered = undelivered(*track, v);
                 }
+                sub.unsent = true;
                 self.reports.push_back(Report::Eose {
                     relay: url.clone(),
                     generation: conn.generation,
@@ -1168,6 +1278,37 @@ impl RelaySession {
         // parsed copy: a relay that ignores `since`/`until`, or sends known events its query
         // does not match, must not fill a page with them (issue 36). A copy whose tags the
         // summary cannot tell is parsed.
+        if !sub.pack.is_empty() {
+            // A REQ of several filters: the copy must match one of them, and counts for
+            // every member it matches (each filter is capped on its own).
+            let mut hits = Vec::new();
+            for (i, m) in sub.pack.iter_mut().enumerate() {
+                let print = m.print.get_or_insert_with(|| FilterPrint::of(&m.filter));
+                match copy_matches(&m.filter, print, &summary) {
+                    None => return false,
+                    Some(true) => hits.push(i),
+                    Some(false) => {}
+                }
+            }
+            self.counters.events_received += 1;
+            if hits.is_empty() {
+                if !sub.eose {
+                    sub.stats.record_rejected();
+                }
+                self.unmatched(now, sub_id);
+                return true;
+            }
+            for i in hits {
+                let m = &mut sub.pack[i];
+                if !m.eose {
+                    m.stats.record_summary(&summary);
+                    m.stats.member_times.push(summary.created_at);
+                }
+            }
+            self.counters.copies_not_forwarded += 1;
+            trace!("{}: {id} already handed to the forwarder", self.config.url);
+            return true;
+        }
         let print = sub
             .print
             .get_or_insert_with(|| FilterPrint::of(&sub.filter));
@@ -1290,10 +1431,23 @@ impl RelaySession {
             .scope
             .as_ref()
             .is_none_or(|s| s.match_event(&event, MatchEventOptions::new()));
-        let checked = if in_scope {
-            check_parsed_cached(&event, raw, &sub.filter, verified.set)
-        } else {
+        // A REQ of several filters: the event must match one of them (decision 0016 for the
+        // union), and counts for every member it matches.
+        let matching: Vec<usize> = sub
+            .pack
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.filter.match_event(&event, MatchEventOptions::new()))
+            .map(|(i, _)| i)
+            .collect();
+        let filter = match matching.first() {
+            Some(&i) => &sub.pack[i].filter,
+            None => &sub.filter,
+        };
+        let checked = if !in_scope || (!sub.pack.is_empty() && matching.is_empty()) {
             Err(EventRejection::NotMatching)
+        } else {
+            check_parsed_cached(&event, raw, filter, verified.set)
         };
         if matches!(
             checked,
@@ -1307,7 +1461,20 @@ impl RelaySession {
                 f.asked.remove(&event.id);
             }
         }
-        if !sub.eose {
+        if !sub.pack.is_empty() {
+            if checked.is_ok() {
+                let summary = crate::core::dedup::EventSummary::of(&event);
+                for i in matching {
+                    let m = &mut sub.pack[i];
+                    if !m.eose {
+                        m.stats.record_summary(&summary);
+                        m.stats.member_times.push(summary.created_at);
+                    }
+                }
+            } else if !sub.eose {
+                sub.stats.record_rejected();
+            }
+        } else if !sub.eose {
             // Paging trusts only checked events inside the window.
             match checked {
                 Ok(()) => sub.stats.record_event(&event),
@@ -1648,7 +1815,11 @@ fn hold_fetch(conn: &mut Connection, fetch_id: &str) -> bool {
         .subs
         .iter()
         .filter(|(id, s)| {
-            id.as_str() != fetch_id && !s.eose && s.fetch.is_none() && s.ids.is_none()
+            id.as_str() != fetch_id
+                && !s.eose
+                && s.fetch.is_none()
+                && s.ids.is_none()
+                && s.filter.limit != Some(0)
         })
         .map(|(id, _)| id.clone())
         .collect();
@@ -1661,6 +1832,22 @@ fn hold_fetch(conn: &mut Connection, fetch_id: &str) -> bool {
     track.waits_for = Some(waits);
     conn.held.push(fetch_id.to_string());
     true
+}
+
+/// The subscriptions a CLOSED of REQ `wire` (removed as `sub`) ends: itself, or every
+/// member of a REQ of several filters not unsubscribed yet (forgotten from `packed`).
+fn closed_members(packed: &mut HashMap<String, String>, wire: String, sub: Sub) -> Vec<String> {
+    if sub.pack.is_empty() {
+        return vec![wire];
+    }
+    let mut out = Vec::new();
+    for m in sub.pack {
+        packed.remove(&m.id);
+        if m.open {
+            out.push(m.id);
+        }
+    }
+    out
 }
 
 fn open_req(
@@ -1690,9 +1877,86 @@ fn open_req(
             ids,
             print: None,
             clock: 0,
+            pack: Vec::new(),
+            unsent: false,
         },
     );
     text
+}
+
+/// Records a REQ of several filters ([`Sub::pack`]) under its first member's id and returns
+/// its frame; live-only members (`limit: 0`) are reported at once (nostr-rs-relay sends no
+/// EOSE for a REQ whose filters all have `limit: 0`): their reports.
+fn open_pack(
+    url: &RelayUrl,
+    conn: &mut Connection,
+    members: Vec<(SubscriptionId, std::sync::Arc<Filter>)>,
+) -> Option<(String, Vec<Report>)> {
+    let wire = members.first()?.0.to_string();
+    let text = pack_text(&wire, members.iter().map(|m| &*m.1));
+    trace!("{url} <- {}", escape_for_log(&text, 400));
+    let mut reports = Vec::new();
+    let pack: Vec<Member> = members
+        .into_iter()
+        .map(|(id, filter)| {
+            let live_only = filter.limit == Some(0);
+            if live_only {
+                reports.push(Report::Eose {
+                    relay: url.clone(),
+                    generation: conn.generation,
+                    sub_id: id.clone(),
+                    stats: PageStats::default(),
+                });
+            }
+            Member {
+                id: id.to_string(),
+                filter,
+                stats: PageStats::default(),
+                eose: live_only,
+                open: true,
+                print: None,
+            }
+        })
+        .collect();
+    for m in &pack[1..] {
+        conn.packed.insert(m.id.clone(), wire.clone());
+    }
+    conn.subs.insert(
+        wire.clone(),
+        Sub {
+            filter: pack[0].filter.clone(),
+            scope: None,
+            stats: PageStats::default(),
+            eose: pack.iter().all(|m| m.eose),
+            ids: None,
+            fetch: None,
+            print: None,
+            clock: 0,
+            pack,
+            unsent: false,
+        },
+    );
+    Some((text, reports))
+}
+
+/// `["REQ",<sub_id>,<filter>,<filter>,…]`.
+fn pack_text<'a>(sub_id: &str, filters: impl Iterator<Item = &'a Filter>) -> String {
+    let mut text = format!("[\"REQ\",{}", serde_json::Value::from(sub_id));
+    for f in filters {
+        text.push(',');
+        text.push_str(&f.as_json());
+    }
+    text.push(']');
+    text
+}
+
+/// The REQ frame of `sub` (sent again after NIP-42 authentication).
+fn sub_text(sub_id: &str, sub: &Sub) -> String {
+    if sub.pack.is_empty() {
+        req_text(sub_id, &sub.filter)
+    } else {
+        pack_text(sub_id, sub.pack.iter().map(|m| &*m.filter))
+    }
 }
 
 mod scan;

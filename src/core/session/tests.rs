@@ -1389,3 +1389,200 @@ fn events_of_strangers_and_events_of_too_many_tags_are_dropped_before_a_parse() 
     assert_eq!(a.s.counters().events_invalid, 1);
     assert_eq!(a.s.counters().events_accepted, 0);
 }
+
+/// Decision 0110: a REQ of several filters is one subscription on the wire; each filter is
+/// the machine's own. An event is checked against the union of the filters, and counted
+/// for paging by every filter it matches (a relay caps each filter on its own); EOSE is
+/// reported per member; the REQ is closed with its last member; a CLOSED ends every member.
+#[test]
+fn a_req_of_several_filters_counts_each_filter_and_checks_the_union() {
+    let keys = Keys::generate();
+    let other = Keys::generate();
+    let mut h = Harness::new(SessionRole::Remote);
+    let by_keys = Filter::new().kind(ISSUE).author(keys.public_key());
+    let by_other = Filter::new().kind(ISSUE).author(other.public_key());
+    h.s.handle_command(
+        t(1),
+        Control::SubscribeMany {
+            generation: 1,
+            members: vec![
+                (SubscriptionId::new("m1"), std::sync::Arc::new(by_keys)),
+                (SubscriptionId::new("m2"), std::sync::Arc::new(by_other)),
+            ],
+        },
+    );
+    let sent = h.transmits();
+    let [Transmit::Text(req)] = &sent[..] else {
+        panic!("{sent:?}");
+    };
+    assert!(req.starts_with(r#"["REQ","m1",{"#), "{req}");
+    assert_eq!(req.matches("\"kinds\"").count(), 2, "{req}");
+    // Events arrive under the REQ's id (the first member's).
+    for i in 0..3 {
+        let e = issue(&keys, &format!("k{i}"), 100 + i);
+        assert!(matches!(
+            h.text(t(2), &event_frame("m1", &e)),
+            FrameOutcome::Forward(_)
+        ));
+    }
+    let e = issue(&other, "o", 50);
+    assert!(matches!(
+        h.text(t(2), &event_frame("m1", &e)),
+        FrameOutcome::Forward(_)
+    ));
+    // Matches neither filter: dropped (the union is the check).
+    let stranger = EventBuilder::new(Kind::TextNote, "x")
+        .finalize(&keys)
+        .unwrap();
+    assert!(matches!(
+        h.text(t(2), &event_frame("m1", &stranger)),
+        FrameOutcome::Handled
+    ));
+    assert_eq!(h.s.counters().events_unmatched, 1);
+    assert!(matches!(
+        h.text(t(3), r#"["EOSE","m1"]"#),
+        FrameOutcome::Handled
+    ));
+    let mut stats: Vec<(String, u64, u64, Option<u64>)> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Eose { sub_id, stats, .. } => (
+                sub_id.to_string(),
+                stats.received,
+                stats.rejected,
+                stats.oldest,
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    stats.sort();
+    assert_eq!(
+        stats,
+        vec![
+            ("m1".to_string(), 3, 1, Some(100)),
+            ("m2".to_string(), 1, 1, Some(50)),
+        ]
+    );
+    // Closed with its last member only.
+    h.s.handle_command(
+        t(4),
+        Control::Unsubscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("m1"),
+        },
+    );
+    assert!(h.transmits().is_empty());
+    h.s.handle_command(
+        t(4),
+        Control::Unsubscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("m2"),
+        },
+    );
+    assert_eq!(
+        h.transmits(),
+        vec![Transmit::Text(r#"["CLOSE","m1"]"#.to_string())]
+    );
+    // A CLOSED of a REQ of several filters ends each member still open.
+    h.s.handle_command(
+        t(5),
+        Control::SubscribeMany {
+            generation: 1,
+            members: vec![
+                (SubscriptionId::new("n1"), std::sync::Arc::new(issues())),
+                (
+                    SubscriptionId::new("n2"),
+                    std::sync::Arc::new(issues().limit(0)),
+                ),
+            ],
+        },
+    );
+    h.transmits();
+    // The live-only member is live once sent.
+    let live: Vec<String> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Eose { sub_id, .. } => sub_id.to_string(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(live, vec!["n2".to_string()]);
+    assert!(matches!(
+        h.text(
+            t(6),
+            r#"["CLOSED","n1","unsupported: multi-filter REQs aren't supported"]"#,
+        ),
+        FrameOutcome::Handled
+    ));
+    let mut closed: Vec<String> = h
+        .reports()
+        .into_iter()
+        .map(|r| match r {
+            Report::Closed { sub_id, .. } => sub_id.to_string(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    closed.sort();
+    assert_eq!(closed, vec!["n1".to_string(), "n2".to_string()]);
+}
+
+#[test]
+fn a_live_only_req_sent_again_after_auth_does_not_hold_a_fetch() {
+    // A live-only REQ is live once sent (nostr-rs-relay never ends one with EOSE). Sent
+    // again after NIP-42 AUTH it must stay so: a fetch waiting for its EOSE would be held for
+    // the whole connection (review of decision 0112).
+    let mut h = Harness::with(config(SessionRole::Remote, Some(Keys::generate())));
+    h.subscribe(t(1), "live", issues().limit(0));
+    let _ = (h.transmits(), h.reports());
+    let _ = h.text(t(2), r#"["CLOSED","live","auth-required: who are you"]"#);
+    let _ = h.text(t(3), r#"["AUTH","challenge-1"]"#);
+    let id = auth_frame_id(&h.transmits()[0], t(3));
+    let _ = h.text(t(4), &format!(r#"["OK","{id}",true,""]"#));
+    let _ = h.transmits();
+    let e = issue(&Keys::generate(), "x", 1_000);
+    h.subscribe(t(5), "f", issues().ids([e.id]));
+    let sent = format!("{:?}", h.transmits());
+    assert!(
+        sent.contains(r#"\"REQ\",\"f\""#),
+        "the fetch waits for the EOSE of a live-only REQ: {sent}"
+    );
+}
+
+#[test]
+fn a_fetch_that_sent_no_req_sends_no_close() {
+    // Every id of the fetch was delivered before it went out: no REQ, its EOSE at once, and
+    // no CLOSE when the machine ends it (review of decision 0112).
+    let mut h = Harness::new(SessionRole::Remote);
+    let e = issue(&Keys::generate(), "x", 1_000);
+    h.subscribe(t(0), "s", issues());
+    let _ = forwarded(h.text(t(0), &event_frame("s", &e)));
+    let _ = h.text(t(0), r#"["EOSE","s"]"#);
+    let _ = (h.transmits(), h.reports());
+    h.s.handle_command_with(
+        t(1),
+        Control::Subscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("f"),
+            filter: Arc::new(issues().ids([e.id])),
+            scope: None,
+            fetch_since: None,
+        },
+        Verified {
+            set: &h.set,
+            forward_epoch: 0,
+        },
+    );
+    assert!(h.transmits().is_empty());
+    let _ = eose_stats(&h.reports(), "f");
+    h.s.handle_command(
+        t(2),
+        Control::Unsubscribe {
+            generation: 1,
+            sub_id: SubscriptionId::new("f"),
+        },
+    );
+    let sent = h.transmits();
+    assert!(sent.is_empty(), "CLOSE for a REQ never sent: {sent:?}");
+}

@@ -247,13 +247,16 @@ impl SyncMachine {
             filters = build_layer2_and_layer3_filters(&repos, &root_events, None);
         }
         // maybe_consolidate: checked BEFORE the new filters are added.
-        let open = self.link_of(&relay_url).map_or(0, |l| l.subs.len());
+        let open = self.link_of(&relay_url).map_or(0, |l| l.open_reqs());
         let deferring = self
             .link_of(&relay_url)
             .is_some_and(|l| !l.deferred.is_empty());
         let threshold = self.threshold(&relay_url);
-        let over = open > 1 && open + filters.len() > threshold;
-        if over && !deferring && self.can_extend_live_set(&relay_url) {
+        let over = open > 1 && open + self.reqs_for(&relay_url, filters.len()) > threshold;
+        if over
+            && !deferring
+            && self.can_extend_live_set(&relay_url, repos.len(), root_events.len())
+        {
             // The live set stays; the new items get their batch and join it once confirmed
             // (decision 0063): nothing to wait for.
             self.subscribe_batch(&relay_url, repos, root_events, filters, now);
@@ -342,7 +345,7 @@ impl SyncMachine {
         // per EOSE was a third of the coordinator's CPU in a first sync, issue 21); it is
         // copied only when a split query is parked.
         let base = self.published_page_limits(relay);
-        let Some((purpose, scope, watched)) = self.remote_mut(relay).and_then(|r| {
+        let Some((purpose, scope, watched, cut)) = self.remote_mut(relay).and_then(|r| {
             let (l, caps) = (&mut r.link, &mut r.caps);
             // A live-only REQ (`limit: 0`) has no history: not counted.
             if l.loading.remove(sub_id).is_some()
@@ -355,12 +358,21 @@ impl SyncMachine {
             l.subs.get(sub_id).map(|info| {
                 // Pages planned with what the relay has shown, probes for a hidden cap
                 // included (decision 0103).
-                let watched = caps.plan(&info.filter, stats, &base);
-                (info.purpose, info.scope.clone(), watched)
+                // A filter that shared its REQ: only the newest `cap` of its matches are the
+                // relay's answer to it (decision 0110).
+                let limits = caps.limits(&base);
+                let cap = match info.filter.limit {
+                    Some(l) => l.min(limits.max_limit.unwrap_or(usize::MAX)),
+                    None => limits.page_size,
+                };
+                let cut = stats.cut_to(cap);
+                let watched = caps.plan(&info.filter, cut.as_ref().unwrap_or(stats), &base);
+                (info.purpose, info.scope.clone(), watched, cut)
             })
         }) else {
             return;
         };
+        let stats = cut.as_ref().unwrap_or(stats);
         let plan = watched.plan;
         if let Some(cap) = watched.learned {
             self.counters.caps_learned += 1;
@@ -416,9 +428,15 @@ impl SyncMachine {
                 &stats.undelivered,
             ));
         }
-        let constrained = self
-            .link_of(relay)
-            .is_some_and(|l| !l.queue.is_empty() || !l.polled.is_empty());
+        // At its budget with a live set built, a batch's query gives its slot back too: its
+        // items join the live chunks in place (decision 0110).
+        let budget = self.req_budget(relay);
+        let incremental = self.config.max_filters_per_req >= 2;
+        let constrained = self.link_of(relay).is_some_and(|l| {
+            !l.queue.is_empty()
+                || !l.polled.is_empty()
+                || (incremental && l.live_built_at.is_some() && l.subs.len() >= budget)
+        });
         let close = match purpose {
             SubPurpose::Page { .. } | SubPurpose::CatchUp => true,
             // Over budget: a batch's history query gives its slot back at EOSE; its items

@@ -20,6 +20,9 @@ impl SyncMachine {
         now: Time,
     ) {
         self.counters.closed_by_relay += 1;
+        if self.multi_filter_refused(relay, sub_id, prefix, message) {
+            return;
+        }
         let Some((info, sent_at)) = self.link_mut(relay).and_then(|l| {
             let sent_at = l.loading.remove(sub_id);
             l.subs.remove(sub_id).map(|i| (i, sent_at))
@@ -108,6 +111,44 @@ impl SyncMachine {
                 std::sync::Arc::unwrap_or_clone(info.query()),
             ));
         }
+    }
+
+    /// A CLOSED refusing a REQ of several filters (`unsupported: multi-filter REQs aren't
+    /// supported`, rust-nostr relay-builder versions; decision 0110): the relay gets one
+    /// filter per REQ from now on, and the member `sub_id` goes back to the front of the
+    /// queue under its own id, as it was (its batch, pages and reconciliation keep waiting
+    /// for it; nothing of its history was read). True when handled so.
+    fn multi_filter_refused(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: &SubscriptionId,
+        prefix: Prefix,
+        message: &str,
+    ) -> bool {
+        let refused = matches!(prefix, Prefix::Unsupported | Prefix::Other)
+            && message.to_ascii_lowercase().contains("multi-filter");
+        let Some(remote) = self.remotes.get_mut(relay) else {
+            return false;
+        };
+        let link = &mut remote.link;
+        if !refused || !link.packed.contains_key(sub_id) {
+            return false;
+        }
+        let Some(info) = link.subs.remove(sub_id) else {
+            return false;
+        };
+        link.loading.remove(sub_id);
+        link.packed.remove(sub_id);
+        link.queue.push_front((sub_id.clone(), info));
+        if !remote.single_filter {
+            remote.single_filter = true;
+            self.counters.multi_filter_refusals += 1;
+            warn!(
+                "{relay}: refuses REQs of several filters ({message:?}); one filter per REQ from now on"
+            );
+        }
+        self.drain_queue(relay);
+        true
     }
 
     /// A NOTICE from a remote relay: after a rate-limit text nothing is sent to the relay for

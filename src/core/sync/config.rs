@@ -45,6 +45,10 @@ pub struct SyncConfig {
     /// Open subscriptions per relay above which `handle_add_filters` consolidates
     /// (design: 70); a relay's smaller subscription budget lowers it.
     pub consolidation_threshold: usize,
+    /// The most filters in one REQ to a remote relay (decision 0110; default
+    /// [`super::MAX_FILTERS_PER_REQ`], 10); 1 sends every query as its own REQ and grows no
+    /// live chunk in place (the design's behaviour, decision 0008).
+    pub max_filters_per_req: usize,
     /// How long a consolidation waits for the relay's subscriptions that are still loading
     /// history (design: 30 s, "wait for pending batches").
     pub consolidation_wait: Duration,
@@ -98,6 +102,7 @@ impl SyncConfig {
             disconnect_check_interval: Duration::from_secs(60),
             backoff: BackoffPolicy::default(),
             consolidation_threshold: 70,
+            max_filters_per_req: super::MAX_FILTERS_PER_REQ,
             consolidation_wait: Duration::from_secs(30),
             daily_min: Duration::from_secs(23 * 3600),
             daily_max: Duration::from_secs(25 * 3600),

@@ -6,10 +6,11 @@ use log::{debug, info};
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::{build_layer2_and_layer3_filters, CHUNK_SIZE};
+use crate::core::filters::{build_layer2_and_layer3_filters, CHUNK_SIZE, ID_TAGS, REPO_TAGS};
 use crate::core::state::{ConnectionStatus, PendingItems};
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
+use nostr::filter::SingleLetterTag;
 
 use super::timers::Timer;
 use super::{history_since, live_only, Command, SubPurpose, SyncMachine};
@@ -48,7 +49,7 @@ impl SyncMachine {
             self.counters.consolidations += 1;
             return;
         }
-        if self.can_extend_live_set(relay) {
+        if self.can_extend_live_set(relay, items.repos.len(), items.root_events.len()) {
             self.subscribe_new_items(relay, items, now);
             self.drain_queue(relay);
             return;
@@ -163,8 +164,9 @@ impl SyncMachine {
     /// anyway), and nothing waits for a rebuild: no item lost its coverage, no live query
     /// waits for a slot or to be reopened, and the polled queries are not fragmented (at
     /// most [`FRAGMENTS`] more than the confirmed items need in chunks of
-    /// [`CHUNK_SIZE`]).
-    pub(super) fn can_extend_live_set(&self, relay: &RelayUrl) -> bool {
+    /// [`CHUNK_SIZE`]). Or nothing is polled and the live chunks have room for `repos`
+    /// repositories and `roots` root events: they grow in place (decision 0110).
+    pub(super) fn can_extend_live_set(&self, relay: &RelayUrl, repos: usize, roots: usize) -> bool {
         let (Some(l), Some(state)) = (self.link_of(relay), self.state_of(relay)) else {
             return false;
         };
@@ -176,8 +178,8 @@ impl SyncMachine {
             && !l.rebuild_needed
             && l.uncovered_since.is_none()
             && l.reopen.is_empty()
-            && !l.polled.is_empty()
-            && l.polled.len() <= needed + FRAGMENTS
+            && ((!l.polled.is_empty() && l.polled.len() <= needed + FRAGMENTS)
+                || (l.polled.is_empty() && self.live_chunks_have_room(relay, repos, roots)))
             && !l
                 .queue
                 .iter()
@@ -205,6 +207,25 @@ impl SyncMachine {
             relay,
             build_layer2_and_layer3_filters(&items.repos, &items.root_events, None),
         );
+        // First into the live chunks with room (their REQs sent again, decision 0110), then
+        // as new live subscriptions, then polled.
+        let nothing_polled = self.config.max_filters_per_req >= 2
+            && self.link_of(relay).is_none_or(|l| l.polled.is_empty());
+        let (filters, extended) = if nothing_polled {
+            self.extend_live_chunks(relay, generation, filters)
+        } else {
+            (filters, Vec::new())
+        };
+        for f in extended {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(f, since),
+            );
+            let l = self.link(relay);
+            l.catch_up_since = Some(l.catch_up_since.map_or(since, |c| c.min(since)));
+        }
         let budget = self.req_budget(relay);
         let link = self.link(relay);
         let open = link.subs.values().filter(|i| i.purpose.is_live()).count();
@@ -263,6 +284,193 @@ impl SyncMachine {
             self.timers.set(poll, now.plus(interval));
         }
     }
+}
+
+impl SyncMachine {
+    /// The live Layer 2/3 chunks of `relay` that may grow in place: live-only one-tag
+    /// queries whose REQ holds only live-only queries still open (the REQ is sent again
+    /// whole, under its id), sorted by id; each with its tag, whether its values are
+    /// repository coordinates, and its number of values.
+    fn growable_live_chunks(
+        &self,
+        relay: &RelayUrl,
+    ) -> Vec<(SubscriptionId, SingleLetterTag, bool, usize)> {
+        let Some(link) = self.link_of(relay) else {
+            return Vec::new();
+        };
+        let req_of = |id: &SubscriptionId| link.packed.get(id).unwrap_or(id).clone();
+        // REQs holding a query that is not live-only, or whose first member is closed (its
+        // id names the REQ): not sent again.
+        let mut fixed: HashSet<SubscriptionId> = link
+            .subs
+            .iter()
+            .filter(|(_, i)| i.filter.limit != Some(0))
+            .map(|(id, _)| req_of(id))
+            .collect();
+        fixed.extend(
+            link.packed
+                .iter()
+                .filter(|(id, wire)| link.subs.contains_key(*id) && !link.subs.contains_key(*wire))
+                .map(|(_, wire)| wire.clone()),
+        );
+        let mut out: Vec<_> = link
+            .subs
+            .iter()
+            .filter(|(id, i)| {
+                i.purpose == SubPurpose::Live
+                    && i.scope.is_none()
+                    && !fixed.contains(&req_of(id))
+                    && is_live_chunk(&i.filter)
+            })
+            .filter_map(|(id, i)| {
+                let (tag, values) = i.filter.generic_tags.iter().next()?;
+                let coordinate = values.iter().next().is_some_and(|v| v.contains(':'));
+                Some((id.clone(), *tag, coordinate, values.len()))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Whether the live chunks of `relay` have room for `repos` repositories and `roots`
+    /// root events under every tag their Layers 2 and 3 use (decision 0110).
+    pub(super) fn live_chunks_have_room(
+        &self,
+        relay: &RelayUrl,
+        repos: usize,
+        roots: usize,
+    ) -> bool {
+        if self.config.max_filters_per_req < 2 {
+            return false;
+        }
+        let max = self.max_live_chunk(relay);
+        let chunks = self.growable_live_chunks(relay);
+        let room = |tag: SingleLetterTag, coordinate: bool| -> usize {
+            chunks
+                .iter()
+                .filter(|c| c.1 == tag && c.2 == coordinate)
+                .map(|c| max.saturating_sub(c.3))
+                .sum()
+        };
+        (repos == 0 || REPO_TAGS.iter().all(|t| room(*t, true) >= repos))
+            && (roots == 0 || ID_TAGS.iter().all(|t| room(*t, false) >= roots))
+    }
+
+    /// Puts the values of `new` (Layer 2/3 filters of newly confirmed items) into the live
+    /// chunks of `relay` with room (decision 0110: the incremental live set) and sends each
+    /// chunk that grew again as one REQ under its own id, which replaces the relay's
+    /// subscription. Returns the filters that found no room, and the ones placed (for their
+    /// catch-up).
+    fn extend_live_chunks(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        new: Vec<Filter>,
+    ) -> (Vec<Filter>, Vec<Filter>) {
+        let max = self.max_live_chunk(relay);
+        let mut chunks = self.growable_live_chunks(relay);
+        if chunks.is_empty() {
+            return (new, Vec::new());
+        }
+        let mut grown: std::collections::BTreeMap<SubscriptionId, Vec<String>> =
+            std::collections::BTreeMap::new();
+        let (mut rest, mut placed) = (Vec::new(), Vec::new());
+        for f in new {
+            let plain = f.ids.is_none()
+                && f.authors.is_none()
+                && f.kinds.is_none()
+                && f.since.is_none()
+                && f.until.is_none()
+                && f.limit.is_none()
+                && f.generic_tags.len() == 1;
+            let Some((tag, values)) = f.generic_tags.iter().next().filter(|_| plain) else {
+                rest.push(f);
+                continue;
+            };
+            let coordinate = values.iter().next().is_some_and(|v| v.contains(':'));
+            let n = values.len();
+            match chunks
+                .iter_mut()
+                .find(|c| c.1 == *tag && c.2 == coordinate && c.3 + n <= max)
+            {
+                Some(c) => {
+                    c.3 += n;
+                    grown
+                        .entry(c.0.clone())
+                        .or_default()
+                        .extend(values.iter().cloned());
+                    placed.push(f);
+                }
+                None => rest.push(f),
+            }
+        }
+        let mut reqs: std::collections::BTreeSet<SubscriptionId> =
+            std::collections::BTreeSet::new();
+        for (sub_id, values) in grown {
+            let link = self.link(relay);
+            reqs.insert(link.packed.get(&sub_id).unwrap_or(&sub_id).clone());
+            let Some(info) = link.subs.get_mut(&sub_id) else {
+                continue;
+            };
+            let mut filter = Filter::clone(&info.filter);
+            if let Some((_, set)) = filter.generic_tags.iter_mut().next() {
+                set.extend(values);
+            }
+            info.filter = std::sync::Arc::new(filter);
+            self.counters.live_chunks_resent += 1;
+        }
+        // Each REQ that holds a grown chunk goes out again under its id, whole: it replaces
+        // the relay's subscription (NIP-01).
+        for wire in reqs {
+            let link = self.link(relay);
+            let Some(head) = link.subs.get(&wire).map(|i| i.filter.clone()) else {
+                continue;
+            };
+            let mut others: Vec<(SubscriptionId, std::sync::Arc<Filter>)> = link
+                .packed
+                .iter()
+                .filter(|(id, w)| **w == wire && **id != wire)
+                .filter_map(|(id, _)| Some((id.clone(), link.subs.get(id)?.filter.clone())))
+                .collect();
+            others.sort_by(|a, b| a.0.cmp(&b.0));
+            debug!(
+                "{relay}: live REQ {wire} sent again with new values ({} filters)",
+                others.len() + 1
+            );
+            let command = if others.is_empty() {
+                Command::Subscribe {
+                    relay: relay.clone(),
+                    generation,
+                    sub_id: wire,
+                    filter: head,
+                    scope: None,
+                    fetch_since: None,
+                }
+            } else {
+                let mut members = vec![(wire, head)];
+                members.extend(others);
+                Command::SubscribeMany {
+                    relay: relay.clone(),
+                    generation,
+                    members,
+                }
+            };
+            self.commands.push_back(command);
+        }
+        (rest, placed)
+    }
+}
+
+/// A live-only Layer 2/3 chunk: one tag condition and nothing else but `limit: 0`.
+fn is_live_chunk(f: &Filter) -> bool {
+    f.ids.is_none()
+        && f.authors.is_none()
+        && f.kinds.is_none()
+        && f.search.is_none()
+        && f.since.is_none()
+        && f.until.is_none()
+        && f.limit == Some(0)
+        && f.generic_tags.len() == 1
 }
 
 /// Polled queries may exceed what the confirmed items need in full chunks by this many

@@ -105,6 +105,29 @@ pub(crate) fn history_since(f: Filter, since: nostr::types::Timestamp) -> Filter
 }
 
 impl Link {
+    /// REQs open on the relay (what its subscription budget counts): the open
+    /// subscriptions, those sent together in one REQ counted once (decision 0110).
+    pub(super) fn open_reqs(&self) -> usize {
+        if self.packed.is_empty() {
+            return self.subs.len();
+        }
+        let wires: HashSet<&SubscriptionId> = self
+            .subs
+            .keys()
+            .map(|id| self.packed.get(id).unwrap_or(id))
+            .collect();
+        wires.len()
+    }
+
+    /// Drops the entries of [`Link::packed`] whose subscription is closed, once they
+    /// outnumber the open ones.
+    pub(super) fn forget_closed_members(&mut self) {
+        if self.packed.len() > 2 * self.subs.len() + 32 {
+            let subs = &self.subs;
+            self.packed.retain(|id, _| subs.contains_key(id));
+        }
+    }
+
     /// Remembers `key` for "warn once"; true the first time. Bounded by [`MAX_WARNED`].
     pub(super) fn warn_once(&mut self, key: Warned) -> bool {
         if self.warned.contains(&key) {
@@ -184,6 +207,7 @@ impl Link {
     /// connection, or before the daily resync rebuilds them.
     pub(super) fn forget_subscriptions(&mut self) {
         self.subs.clear();
+        self.packed.clear();
         self.loading.clear();
         self.queue.clear();
         self.deferred = PendingItems::default();
@@ -353,6 +377,10 @@ pub(super) struct Link {
     pub(super) ids_undelivered: u64,
     /// Of those, the ones since its last full sync ([`RelaySyncStatus::history_short`]).
     pub(super) history_short: u64,
+    /// Subscriptions sent as members of a REQ of several filters (decision 0110): member id
+    /// → the REQ's id (its first member's). Entries of closed subscriptions are dropped
+    /// lazily ([`Link::forget_closed_members`]).
+    pub(super) packed: HashMap<SubscriptionId, SubscriptionId>,
 }
 
 #[cfg(test)]

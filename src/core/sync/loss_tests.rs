@@ -202,6 +202,8 @@ fn rebuild_catches_up_from_when_items_lost_their_subscription() {
 #[test]
 fn a_history_query_queued_behind_settled_subscriptions_gets_a_slot() {
     let (mut w, ann) = one_repo(|w| {
+        // One filter per REQ (decision 0008's layout): the scenario needs every slot held.
+        w.m.config.max_filters_per_req = 1;
         let a = w.relay(A);
         // Layer 1 and the batch's three queries fill the budget and stay open live.
         a.max_subs = Some(4);
@@ -600,7 +602,12 @@ fn polled_relay_with(
     roots: usize,
     cfg: impl FnOnce(&mut crate::core::sync::SyncConfig),
 ) -> (World, Event, Vec<Event>) {
-    let mut w = World::new(OWN, cfg);
+    let mut w = World::new(OWN, |c| {
+        // One filter per REQ (decision 0008's layout): with several per REQ this live set
+        // fits the budget and nothing is polled.
+        c.max_filters_per_req = 1;
+        cfg(c);
+    });
     let t = w.secs();
     let ann = announcement("r", &[A], t - 10 * DAY);
     w.own.store.push(ann.clone());

@@ -27,6 +27,8 @@ mod loss_tests;
 #[cfg(test)]
 mod nip77_tests;
 mod own;
+#[cfg(test)]
+mod pack_tests;
 mod persist;
 #[cfg(test)]
 mod persist_tests;
@@ -50,6 +52,7 @@ mod world;
 pub(crate) use reconcile::{hex_decode, hex_encode};
 pub use reconcile::{FallbackReason, NegClient, Nip77Config, Nip77Support};
 pub use standing::{FAILING_TTL, RESELECT_DELAY};
+pub use subscriptions::MAX_FILTERS_PER_REQ;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

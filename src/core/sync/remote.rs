@@ -52,6 +52,10 @@ pub(super) struct RemoteRelay {
     pub(super) stalled_since: Option<crate::core::time::Time>,
     /// Its largest page and a cap learnt from it (decision 0103); kept across reconnects.
     pub(super) caps: CapWatch,
+    /// It refused a REQ of several filters (`CLOSED "unsupported: multi-filter REQs aren't
+    /// supported"`, some rust-nostr relay-builder versions): one filter per REQ from then on,
+    /// across reconnects (decision 0110).
+    pub(super) single_filter: bool,
     /// Its derived timers ([`super::timers::Timer::EoseDeadline`],
     /// [`super::timers::Timer::Reopen`]) may no longer match its state: recomputed by
     /// [`SyncMachine::refresh_timers`] before a timer is read again.
@@ -73,6 +77,7 @@ impl RemoteRelay {
             incomplete: PendingItems::default(),
             stalled_since: None,
             caps: CapWatch::default(),
+            single_filter: false,
             timers_stale: false,
         }
     }

@@ -54,6 +54,12 @@ pub struct SyncCounters {
     pub connect_attempts: u64,
     /// Consolidations and live-set rebuilds run.
     pub consolidations: u64,
+    /// Remote relays that refused a REQ of several filters and get one filter per REQ
+    /// since (decision 0110).
+    pub multi_filter_refusals: u64,
+    /// Live chunks sent again with the values of newly confirmed items (the incremental
+    /// live set, decision 0110), instead of a rebuild of the whole live set.
+    pub live_chunks_resent: u64,
     /// Daily full resyncs run (one per relay each time, issue 11).
     pub daily_resyncs: u64,
     /// CLOSED `rate-limited:` from remote relays.
@@ -368,7 +374,7 @@ impl<'a> RelayView<'a> {
             pending_batches: pending.len(),
             pending_repos: pending.iter().map(|b| b.items.repos.len()).sum(),
             pending_root_events: pending.iter().map(|b| b.items.root_events.len()).sum(),
-            open_subscriptions: link.subs.len(),
+            open_subscriptions: link.open_reqs(),
             next_attempt: m.timers.get(&Timer::Reconnect(url.clone())),
             last_connected: s.last_connected,
             last_error: link.last_error.clone(),

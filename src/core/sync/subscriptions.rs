@@ -19,6 +19,14 @@ use super::{history_since, live_only, Command, SubInfo, SubPurpose, SyncMachine}
 /// `max_message_length` (see `SyncMachine::max_live_chunk`).
 pub(crate) const MAX_LIVE_CHUNK: usize = 1_000;
 
+/// The most filters in one REQ (decision 0110): what ngit-grasp puts in its own (it accepts
+/// 20; strfry and nostr-rs-relay set no lower bound).
+pub const MAX_FILTERS_PER_REQ: usize = 10;
+
+/// The most bytes of a REQ of several filters to a relay that publishes no
+/// `max_message_length` (nostr-rs-relay and strfry take 128 KiB, khatru 512 KB).
+pub(crate) const DEFAULT_REQ_BYTES: usize = 65_536;
+
 impl SyncMachine {
     /// Opens one subscription (one REQ, one filter) on a remote relay; it counts as loading
     /// history until its EOSE.
@@ -71,9 +79,12 @@ impl SyncMachine {
             scope,
             fetch_since,
         };
-        if cooling || link.subs.len() >= budget || !link.queue.is_empty() {
-            // Never more open subscriptions than the relay allows: wait for room.
-            link.queue.push_back((sub_id.clone(), info));
+        let full = link.open_reqs() >= budget;
+        let wait = cooling || !link.queue.is_empty();
+        if wait || (full && !self.pack_room(relay, generation, &info)) {
+            // Never more open subscriptions than the relay allows: wait for room (a query
+            // joining the REQ about to be sent takes none).
+            self.link(relay).queue.push_back((sub_id.clone(), info));
             self.unstick_queue(relay);
             return sub_id;
         }
@@ -101,9 +112,15 @@ impl SyncMachine {
                 b.started_at = b.started_at.max(now);
             }
         }
+        let packs = self.pack_room(relay, generation, &info);
         let link = self.link(relay);
         link.subs.insert(sub_id.clone(), info);
         link.loading.insert(sub_id.clone(), now);
+        link.forget_closed_members();
+        if packs {
+            self.pack_into_last(relay, sub_id, filter);
+            return;
+        }
         self.commands.push_back(Command::Subscribe {
             relay: relay.clone(),
             generation,
@@ -112,6 +129,110 @@ impl SyncMachine {
             scope,
             fetch_since,
         });
+    }
+
+    /// Whether `info` may go out in the REQ of several filters the machine is about to send
+    /// to `relay` (the last command, not handed out yet; decision 0110): both are plain
+    /// queries of a remote relay that takes several filters per REQ (no fetch by `ids`, no
+    /// scope), the REQ has fewer than [`MAX_FILTERS_PER_REQ`] filters and stays within the
+    /// relay's `max_message_length` (else [`DEFAULT_REQ_BYTES`]).
+    fn pack_room(&self, relay: &RelayUrl, generation: u64, info: &SubInfo) -> bool {
+        let Some(remote) = self.remotes.get(relay) else {
+            return false;
+        };
+        let Some(key) = pack_key(info) else {
+            return false;
+        };
+        if remote.single_filter || self.config.max_filters_per_req < 2 {
+            return false;
+        }
+        let max = self
+            .nip11_of(relay)
+            .max_message
+            .unwrap_or(DEFAULT_REQ_BYTES)
+            .saturating_sub(200);
+        let link = &remote.link;
+        let member_ok =
+            |id: &SubscriptionId| link.subs.get(id).is_some_and(|i| pack_key(i) == Some(key));
+        let (ids, filters): (Vec<&SubscriptionId>, Vec<&Filter>) = match self.commands.back() {
+            Some(Command::Subscribe {
+                relay: r,
+                generation: g,
+                sub_id,
+                filter,
+                scope: None,
+                fetch_since: None,
+            }) if r == relay && *g == generation => (vec![sub_id], vec![&**filter]),
+            Some(Command::SubscribeMany {
+                relay: r,
+                generation: g,
+                members,
+            }) if r == relay
+                && *g == generation
+                && members.len() < self.config.max_filters_per_req =>
+            {
+                members.iter().map(|(id, f)| (id, &**f)).unzip()
+            }
+            _ => return false,
+        };
+        if !ids.iter().all(|id| member_ok(id)) {
+            return false;
+        }
+        // `["REQ","gsNNNNNNNNNN",` + filters joined by `,` + `]`
+        let bytes = 24
+            + filters.iter().map(|f| f.as_json().len() + 1).sum::<usize>()
+            + info.filter.as_json().len();
+        bytes <= max
+    }
+
+    /// Adds `sub_id` to the REQ the machine is about to send to `relay` (checked by
+    /// [`Self::pack_room`]).
+    fn pack_into_last(
+        &mut self,
+        relay: &RelayUrl,
+        sub_id: SubscriptionId,
+        filter: std::sync::Arc<Filter>,
+    ) {
+        let Some(last) = self.commands.back_mut() else {
+            return;
+        };
+        let (wire, first) = match last {
+            Command::Subscribe {
+                relay: r,
+                generation,
+                sub_id: first,
+                filter: f,
+                ..
+            } => {
+                let wire = first.clone();
+                *last = Command::SubscribeMany {
+                    relay: r.clone(),
+                    generation: *generation,
+                    members: vec![(first.clone(), f.clone()), (sub_id.clone(), filter)],
+                };
+                (wire, true)
+            }
+            Command::SubscribeMany { members, .. } => {
+                let wire = members[0].0.clone();
+                members.push((sub_id.clone(), filter));
+                (wire, false)
+            }
+            _ => return,
+        };
+        let link = self.link(relay);
+        if first {
+            link.packed.insert(wire.clone(), wire.clone());
+        }
+        link.packed.insert(sub_id, wire);
+    }
+
+    /// REQs that `n` queries of `relay` take when sent together (decision 0110).
+    pub(super) fn reqs_for(&self, relay: &RelayUrl, n: usize) -> usize {
+        if self.remotes.get(relay).is_some_and(|r| r.single_filter) {
+            n
+        } else {
+            n.div_ceil(self.config.max_filters_per_req.max(1))
+        }
     }
 
     /// The connection generation of `relay` when it is connected.
@@ -130,13 +251,17 @@ impl SyncMachine {
         };
         let cooling = self.cooling(relay, last_now);
         loop {
-            let Some(link) = self.link_mut(relay) else {
+            let Some(link) = self.link_of(relay) else {
                 return;
             };
-            if link.subs.len() >= budget || cooling {
+            let Some((_, front)) = link.queue.front() else {
+                break;
+            };
+            if cooling || (link.open_reqs() >= budget && !self.pack_room(relay, generation, front))
+            {
                 break;
             }
-            let Some((sub_id, info)) = link.queue.pop_front() else {
+            let Some((sub_id, info)) = self.link(relay).queue.pop_front() else {
                 break;
             };
             self.send_sub(relay, generation, sub_id, info);
@@ -157,6 +282,8 @@ impl SyncMachine {
         let Some(link) = self.link_of(relay) else {
             return;
         };
+        // Live queries, not REQs: the live set is laid out one query per slot, and several
+        // may then share a REQ (decision 0110).
         let live = link.subs.values().filter(|i| i.purpose.is_live()).count();
         // Or the whole live set fits the budget in fewer, larger filters (Layer 1, Layers
         // 2+3, one slot kept for history): a rebuild consolidates it and polling ends.
@@ -213,9 +340,10 @@ impl SyncMachine {
                 _ => true,
             })
             .count();
-        let closable = closable_n > link.subs.len().saturating_sub(budget) + 1;
+        let open = link.open_reqs();
+        let closable = closable_n > open.saturating_sub(budget) + 1;
         if !link.queue.is_empty()
-            && link.subs.len() >= budget
+            && open >= budget
             && all_settled_live
             && closable
             && !cooling
@@ -224,7 +352,7 @@ impl SyncMachine {
             info!(
                 "{relay}: {} queries wait behind {} settled subscriptions; rebuilding the live set",
                 link.queue.len(),
-                link.subs.len()
+                open
             );
 
             self.link(relay).rebuild_needed = true;
@@ -271,7 +399,7 @@ impl SyncMachine {
         !self.negs_take_slots(relay)
             || self
                 .link_of(relay)
-                .is_none_or(|l| l.subs.len() + self.negs_open(relay) < self.budget(relay))
+                .is_none_or(|l| l.open_reqs() + self.negs_open(relay) < self.budget(relay))
     }
 
     /// Open REQs `relay` is given: its budget less [`Self::neg_slots`], at least one.
@@ -330,7 +458,7 @@ impl SyncMachine {
     /// `max_message_length` (a value is 64 hex characters or a coordinate, about 70 bytes
     /// quoted), else [`MAX_LIVE_CHUNK`] (a REQ of about 70 KB, below the 128 KiB that
     /// nostr-rs-relay and strfry accept).
-    fn max_live_chunk(&self, relay: &RelayUrl) -> usize {
+    pub(super) fn max_live_chunk(&self, relay: &RelayUrl) -> usize {
         match self.nip11_of(relay).max_message {
             Some(max) => (max.saturating_sub(400) / 80).clamp(1, MAX_LIVE_CHUNK),
             None => MAX_LIVE_CHUNK,
@@ -487,5 +615,30 @@ impl SyncMachine {
             return Some(&self.own_caps);
         }
         self.remotes.get(relay).map(|r| &r.caps)
+    }
+}
+
+/// Queries that may share a REQ (decision 0110) have the same key: queries that end
+/// together, since a REQ gives its slot back only when its last query is closed. History
+/// closed at EOSE (catch-ups, pages, poll rounds); the live set (Layer 1 and live chunks);
+/// the history-and-live queries of one batch. Never a query by `ids` (a reconciliation's
+/// fetch tracks what it asked for), a scoped one, nor a batch's live-only query (the live
+/// part of one reconciliation, which ends with its job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PackKey {
+    History,
+    Live,
+    Batch(u64),
+}
+
+fn pack_key(info: &SubInfo) -> Option<PackKey> {
+    if info.scope.is_some() || info.filter.ids.is_some() {
+        return None;
+    }
+    match info.purpose {
+        SubPurpose::CatchUp | SubPurpose::Page { .. } => Some(PackKey::History),
+        SubPurpose::Announcements | SubPurpose::Live => Some(PackKey::Live),
+        SubPurpose::Batch(id) if info.filter.limit != Some(0) => Some(PackKey::Batch(id)),
+        _ => None,
     }
 }

@@ -108,8 +108,17 @@ pub(crate) struct FakeRelay {
     pub down: bool,
     /// The generation of the open connection.
     pub conn: Option<u64>,
-    /// Open subscriptions of that connection.
-    pub subs: BTreeMap<SubscriptionId, Filter>,
+    /// Open subscriptions of that connection, each with the filters of its REQ.
+    pub subs: BTreeMap<SubscriptionId, Vec<Filter>>,
+    /// Answers a REQ of several filters with `CLOSED "unsupported: multi-filter REQs aren't
+    /// supported"` (some rust-nostr relay-builder versions).
+    pub refuse_multi_filter: bool,
+    /// REQ messages received (each may carry several filters; those are in `reqs`).
+    pub req_messages: usize,
+    /// Most filters seen in one REQ.
+    pub max_filters_seen: usize,
+    /// REQs and NEG-OPENs answered with the too-many answer ([`FakeRelay::too_many`]).
+    pub too_many_sent: usize,
     /// NIP-11 `max_limit`: the most stored events one REQ returns.
     pub max_limit: Option<usize>,
     /// NIP-11 `default_limit`: stored events returned for a filter without `limit`.
@@ -180,16 +189,20 @@ pub(crate) enum SimProfile {
     LocalRelay,
     /// Lists NIP-77 in NIP-11 and never answers NEG-OPEN.
     Nip77Refusing,
+    /// A rust-nostr relay-builder version that refuses REQs of several filters (`CLOSED
+    /// "unsupported: multi-filter REQs aren't supported"`), otherwise as `LocalRelay`.
+    SingleFilter,
 }
 
 impl SimProfile {
     /// Every profile, for tests that run across them.
-    pub(crate) const ALL: [SimProfile; 5] = [
+    pub(crate) const ALL: [SimProfile; 6] = [
         SimProfile::Plain,
         SimProfile::NostrRsRelay,
         SimProfile::Strfry,
         SimProfile::LocalRelay,
         SimProfile::Nip77Refusing,
+        SimProfile::SingleFilter,
     ];
 }
 
@@ -227,6 +240,10 @@ impl FakeRelay {
                 self.publish_nip11 = true;
                 self.advertise_nip77 = true;
                 self.nip77 = Nip77Mode::Silent;
+            }
+            SimProfile::SingleFilter => {
+                self.profile(SimProfile::LocalRelay);
+                self.refuse_multi_filter = true;
             }
         }
         self
@@ -290,6 +307,22 @@ impl FakeRelay {
             Some(text) => serde_json::json!(["NOTICE", text]).to_string(),
             None => frame3("CLOSED", sub_id, "error: too many subscriptions"),
         }
+    }
+
+    /// The stored answer to a REQ of `filters`: each filter capped on its own (strfry,
+    /// nostr-rs-relay), the union newest first.
+    fn stored_answer_all(&self, filters: &[Filter]) -> Vec<Event> {
+        let mut seen = BTreeSet::new();
+        let mut out: Vec<Event> = Vec::new();
+        for f in filters {
+            for e in self.stored_answer(f) {
+                if seen.insert(e.id) {
+                    out.push(e);
+                }
+            }
+        }
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+        out
     }
 
     fn stored_answer(&self, filter: &Filter) -> Vec<Event> {
@@ -692,15 +725,15 @@ impl World {
         match msg {
             C::Req {
                 subscription_id,
-                mut filters,
+                filters,
             } => {
-                assert_eq!(filters.len(), 1, "one filter per REQ");
-                let filter = filters.remove(0).into_owned();
+                assert!(!filters.is_empty(), "a REQ without filters");
+                let filters = filters.into_iter().map(|f| f.into_owned()).collect();
                 self.subscribe(
                     relay.clone(),
                     generation,
                     subscription_id.into_owned(),
-                    filter,
+                    filters,
                 );
             }
             C::Close(sub_id) => {
@@ -906,6 +939,7 @@ impl World {
             && f.max_subs
                 .is_some_and(|max| f.open_count(generation) >= max)
         {
+            f.too_many_sent += 1;
             let answer = f.too_many(&sub_id);
             self.send_text(&relay, &answer);
             return;
@@ -1008,7 +1042,7 @@ impl World {
         relay: RelayUrl,
         generation: u64,
         sub_id: SubscriptionId,
-        filter: Filter,
+        filters: Vec<Filter>,
     ) {
         let Some(f) = self.fake(&relay) else {
             return;
@@ -1016,30 +1050,43 @@ impl World {
         if f.conn != Some(generation) {
             return;
         }
-        f.reqs.push(filter.clone());
+        f.reqs.extend(filters.iter().cloned());
+        f.req_messages += 1;
+        f.max_filters_seen = f.max_filters_seen.max(filters.len());
+        if f.refuse_multi_filter && filters.len() > 1 {
+            f.subs.remove(&sub_id);
+            let closed = frame3(
+                "CLOSED",
+                &sub_id,
+                "unsupported: multi-filter REQs aren't supported (https://github.com/nostr-protocol/nips/issues/1645)",
+            );
+            self.send_text(&relay, &closed);
+            return;
+        }
         if let Some(max) = f.max_subs {
             if !f.subs.contains_key(&sub_id) && f.open_count(generation) >= max {
+                f.too_many_sent += 1;
                 let answer = f.too_many(&sub_id);
                 self.send_text(&relay, &answer);
                 return;
             }
         }
         if f.max_tag_keys
-            .is_some_and(|max| filter.generic_tags.len() > max)
+            .is_some_and(|max| filters.iter().any(|f| f.generic_tags.len() > max))
         {
             let closed = frame3("CLOSED", &sub_id, "ERROR: bad req: too many tags in filter");
             self.send_text(&relay, &closed);
             return;
         }
         if let Some((drop, n)) = f.drop_answers {
-            if drop(&filter) {
+            if filters.iter().any(drop) {
                 f.drop_answers = (n > 1).then_some((drop, n - 1));
-                f.subs.insert(sub_id, filter);
+                f.subs.insert(sub_id, filters);
                 return;
             }
         }
-        let mut answer = f.stored_answer(&filter);
-        if filter.ids.is_some() && !f.withhold_once.is_empty() {
+        let mut answer = f.stored_answer_all(&filters);
+        if filters.iter().any(|f| f.ids.is_some()) && !f.withhold_once.is_empty() {
             // Asked by id: these are left out of this answer, once each.
             let withheld = &mut f.withhold_once;
             answer.retain(|e| !withheld.remove(&e.id));
@@ -1056,16 +1103,17 @@ impl World {
             None => None,
         };
         let withhold = f.withhold_eose
-            || (f.no_eose_for_live_only && filter.limit == Some(0))
+            || (f.no_eose_for_live_only && filters.iter().all(|f| f.limit == Some(0)))
             || f.no_eose_kind.is_some_and(|k| {
-                filter
-                    .kinds
-                    .as_ref()
-                    .is_some_and(|ks| ks.contains(&nostr::event::Kind::from(k)))
+                filters.iter().any(|f| {
+                    f.kinds
+                        .as_ref()
+                        .is_some_and(|ks| ks.contains(&nostr::event::Kind::from(k)))
+                })
             });
         let hold = f.hold_eose;
         // Open before the stored answer: a live event stored meanwhile reaches it too.
-        f.subs.insert(sub_id.clone(), filter);
+        f.subs.insert(sub_id.clone(), filters);
         let open = f.open_count(generation);
         f.max_open_seen = f.max_open_seen.max(open);
         for (i, e) in answer.iter().enumerate() {
@@ -1119,7 +1167,10 @@ impl World {
         let subs: Vec<SubscriptionId> = f
             .subs
             .iter()
-            .filter(|(_, flt)| flt.match_event(e, MatchEventOptions::new()))
+            .filter(|(_, flts)| {
+                flts.iter()
+                    .any(|flt| flt.match_event(e, MatchEventOptions::new()))
+            })
             .map(|(s, _)| s.clone())
             .collect();
         for sub_id in subs {
@@ -1206,7 +1257,7 @@ impl World {
         let (due, kept): (Vec<_>, Vec<_>) = held
             .into_iter()
             .filter(|(g, sub)| conn == Some(*g) && subs.contains_key(sub))
-            .partition(|(_, sub)| subs.get(sub).is_some_and(&pred));
+            .partition(|(_, sub)| subs.get(sub).is_some_and(|fs| fs.iter().any(&pred)));
         f.held = kept;
         for (_, sub_id) in due {
             self.send_text(
@@ -1277,7 +1328,7 @@ impl World {
         };
         f.subs
             .iter()
-            .filter(|(_, flt)| pred(flt))
+            .filter(|(_, flts)| flts.iter().any(&pred))
             .map(|(s, _)| s.clone())
             .collect()
     }
