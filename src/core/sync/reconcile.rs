@@ -295,6 +295,11 @@ pub(super) struct Reconciler {
     /// Fetches of finished jobs whose batch still has jobs on the same relay: sent when the
     /// last of them has ended, after the REQs those sent ([`SyncMachine::flush_fetches`]).
     deferred: Vec<DeferredFetch>,
+    /// A job ended or a fetch was deferred since [`SyncMachine::flush_fetches`] last looked:
+    /// only then can a deferred fetch have become due (it runs from every `drain_queue`,
+    /// and a scan of thousands of deferred fetches there, hashing each relay's URL, was a
+    /// tenth of a first sync's coordinator CPU).
+    flush_due: bool,
 }
 
 /// A finished job's fetch, held back while jobs of its batch on its relay run or wait
@@ -364,6 +369,7 @@ impl Reconciler {
     /// Removes a job from the map and the indexes.
     fn remove(&mut self, id: u64) -> Option<Job> {
         let job = self.jobs.remove(&id)?;
+        self.flush_due = true;
         if let Some(ids) = self.by_relay.get_mut(&job.relay) {
             ids.remove(&id);
             if ids.is_empty() {
@@ -1328,6 +1334,7 @@ impl SyncMachine {
             // A batch's fetches go out when its last job on this relay has ended
             // ([`Self::flush_fetches`], from `pump_jobs`): after the REQs of the jobs that gave
             // way, which deliver much of what they would ask for.
+            self.recon.flush_due = true;
             self.recon.deferred.push(DeferredFetch {
                 relay: relay.clone(),
                 generation: job.generation,
@@ -1366,7 +1373,7 @@ impl SyncMachine {
     /// drops those whose batch or connection is gone. (Two fetches of a batch may name the
     /// same id: each checks it against its own query, so neither leaves it to the other.)
     fn flush_fetches(&mut self) {
-        if self.recon.deferred.is_empty() {
+        if !std::mem::take(&mut self.recon.flush_due) || self.recon.deferred.is_empty() {
             return;
         }
         let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.recon.deferred)

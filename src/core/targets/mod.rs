@@ -115,26 +115,42 @@ pub fn compute_action(
     if state.is_some_and(|s| s.connection_status != ConnectionStatus::Connected) {
         return None;
     }
-    let pending_repos: HashSet<&RepoRef> =
-        pending.iter().flat_map(|b| b.items.repos.iter()).collect();
-    let pending_events: HashSet<&EventId> = pending
-        .iter()
-        .flat_map(|b| b.items.root_events.iter())
-        .collect();
-    let confirmed = |repo: &RepoRef| state.is_some_and(|s| s.repos.contains(repo));
-    let confirmed_event = |id: &EventId| state.is_some_and(|s| s.root_events.contains(id));
-    let repos: HashSet<RepoRef> = target
+    // Most of a target is confirmed: those are left out first, one lookup each. What is
+    // left is looked up in the pending batches, directly while that is cheaper than
+    // collecting every pending item into a set (a first sync's ticks diff a few new roots
+    // against hundreds of pending batches: the sets were a tenth of the coordinator's CPU).
+    let mut repos: HashSet<RepoRef> = target
         .repos
         .iter()
-        .filter(|r| !pending_repos.contains(r) && !confirmed(r))
+        .filter(|r| !state.is_some_and(|s| s.repos.contains(*r)))
         .cloned()
         .collect();
-    let root_events: HashSet<EventId> = target
+    let mut root_events: HashSet<EventId> = target
         .root_events
         .iter()
-        .filter(|e| !pending_events.contains(e) && !confirmed_event(e))
+        .filter(|e| !state.is_some_and(|s| s.root_events.contains(*e)))
         .copied()
         .collect();
+    if repos.is_empty() && root_events.is_empty() {
+        return None;
+    }
+    let pending_items: usize = pending
+        .iter()
+        .map(|b| b.items.repos.len() + b.items.root_events.len())
+        .sum();
+    if (repos.len() + root_events.len()).saturating_mul(pending.len()) <= pending_items {
+        repos.retain(|r| !pending.iter().any(|b| b.items.repos.contains(r)));
+        root_events.retain(|e| !pending.iter().any(|b| b.items.root_events.contains(e)));
+    } else {
+        let pending_repos: HashSet<&RepoRef> =
+            pending.iter().flat_map(|b| b.items.repos.iter()).collect();
+        let pending_events: HashSet<&EventId> = pending
+            .iter()
+            .flat_map(|b| b.items.root_events.iter())
+            .collect();
+        repos.retain(|r| !pending_repos.contains(r));
+        root_events.retain(|e| !pending_events.contains(e));
+    }
     if repos.is_empty() && root_events.is_empty() {
         return None;
     }

@@ -578,3 +578,44 @@ proptest::proptest! {
         proptest::prop_assert_eq!(got.repo_relays, want);
     }
 }
+
+/// `compute_action` looks unconfirmed items up in the pending batches one by one when there
+/// are few of them, or through sets of every pending item: both ways leave out exactly the
+/// pending ones.
+#[test]
+fn pending_items_are_left_out_by_lookup_and_by_set_alike() {
+    let relay = url("wss://a");
+    let batch = |n: u64, repos: &[&str], roots: &[u8]| PendingBatch {
+        batch_id: n,
+        items: PendingItems {
+            repos: repos.iter().map(|r| repo(r)).collect(),
+            root_events: roots.iter().map(|b| id(*b)).collect(),
+        },
+        outstanding_subs: HashSet::new(),
+        started_at: Time::from_secs(0),
+        incomplete: false,
+        uncovered_from: None,
+    };
+    let mut state = connected();
+    state.root_events.extend((100..120).map(id));
+    // Many small batches against few unconfirmed items (3 × 20 > 20 pending items: sets)
+    // and one large batch against few (3 × 1 ≤ 40: lookups).
+    let many: Vec<PendingBatch> = (0..20).map(|i| batch(i, &[], &[i as u8])).collect();
+    let one = vec![batch(1, &["r9"], &(0..39).collect::<Vec<u8>>())];
+    for pending in [many, one] {
+        let target = RelaySyncNeeds {
+            repos: [repo("r9"), repo("r8")].into(),
+            root_events: [id(5), id(60), id(101)].into(),
+        };
+        let a = compute_action(&relay, &target, Some(&state), &pending).unwrap();
+        let in_batches = |r: &RepoRef| pending.iter().any(|b| b.items.repos.contains(r));
+        let expected_repos: HashSet<RepoRef> = target
+            .repos
+            .iter()
+            .filter(|r| !in_batches(r))
+            .cloned()
+            .collect();
+        assert_eq!(a.repos, expected_repos);
+        assert_eq!(a.root_events, [id(60)].into());
+    }
+}
