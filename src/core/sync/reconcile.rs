@@ -295,8 +295,8 @@ pub(super) struct Reconciler {
     /// Fetches of finished jobs whose batch still has jobs on the same relay: sent when the
     /// last of them has ended, after the REQs those sent ([`SyncMachine::flush_fetches`]).
     deferred: Vec<DeferredFetch>,
-    /// A job ended or a fetch was deferred since [`SyncMachine::flush_fetches`] last looked:
-    /// only then can a deferred fetch have become due (it runs from every `drain_queue`,
+    /// A batch's last job on a relay ended, or a fetch was deferred, since
+    /// [`SyncMachine::flush_fetches`] last looked: only then can a deferred fetch be due (it runs from every `drain_queue`,
     /// and a scan of thousands of deferred fetches there, hashing each relay's URL, was a
     /// tenth of a first sync's coordinator CPU).
     flush_due: bool,
@@ -369,7 +369,6 @@ impl Reconciler {
     /// Removes a job from the map and the indexes.
     fn remove(&mut self, id: u64) -> Option<Job> {
         let job = self.jobs.remove(&id)?;
-        self.flush_due = true;
         if let Some(ids) = self.by_relay.get_mut(&job.relay) {
             ids.remove(&id);
             if ids.is_empty() {
@@ -381,6 +380,8 @@ impl Reconciler {
                 *n -= 1;
                 if *n == 0 {
                     batches.remove(&batch);
+                    // Fetches deferred for this batch on this relay are due now.
+                    self.flush_due = true;
                 }
             }
             if batches.is_empty() {
