@@ -146,11 +146,7 @@ impl SyncMachine {
         if remote.single_filter || self.config.max_filters_per_req < 2 {
             return false;
         }
-        let max = self
-            .nip11_of(relay)
-            .max_message
-            .unwrap_or(DEFAULT_REQ_BYTES)
-            .saturating_sub(200);
+        let max = self.max_req_bytes(relay);
         let link = &remote.link;
         let member_ok =
             |id: &SubscriptionId| link.subs.get(id).is_some_and(|i| pack_key(i) == Some(key));
@@ -178,11 +174,17 @@ impl SyncMachine {
         if !ids.iter().all(|id| member_ok(id)) {
             return false;
         }
-        // `["REQ","gsNNNNNNNNNN",` + filters joined by `,` + `]`
-        let bytes = 24
-            + filters.iter().map(|f| f.as_json().len() + 1).sum::<usize>()
-            + info.filter.as_json().len();
-        bytes <= max
+        req_bytes(filters.into_iter().chain(std::iter::once(&*info.filter))) <= max
+    }
+
+    /// The longest REQ the machine sends `relay` with several filters, or grows in place
+    /// (decision 0110): its NIP-11 `max_message_length` (else [`DEFAULT_REQ_BYTES`]) less
+    /// 200 bytes of margin.
+    pub(super) fn max_req_bytes(&self, relay: &RelayUrl) -> usize {
+        self.nip11_of(relay)
+            .max_message
+            .unwrap_or(DEFAULT_REQ_BYTES)
+            .saturating_sub(200)
     }
 
     /// Adds `sub_id` to the REQ the machine is about to send to `relay` (checked by
@@ -616,6 +618,15 @@ impl SyncMachine {
         }
         self.remotes.get(relay).map(|r| &r.caps)
     }
+}
+
+/// The length of a REQ of `filters`: `["REQ","gsNNNNNNNNNN",` + the filters joined by `,` +
+/// `]` (one byte over for the last filter).
+pub(super) fn req_bytes<'a>(filters: impl IntoIterator<Item = &'a Filter>) -> usize {
+    24 + filters
+        .into_iter()
+        .map(|f| f.as_json().len() + 1)
+        .sum::<usize>()
 }
 
 /// Queries that may share a REQ (decision 0110) have the same key: queries that end
