@@ -344,19 +344,27 @@ impl SyncMachine {
             .count();
         let open = link.open_reqs();
         let closable = closable_n > open.saturating_sub(budget) + 1;
+        // A rebuild already needed (a batch query gave its slot back before the live set
+        // was built) waits for the relay to be idle, at the latest for the consolidation
+        // wait: here it is idle, and nothing else will start it, so it runs now too (a
+        // first sync waited up to 30 s per relay, issue 37).
+        let due = self
+            .timers
+            .get(&Timer::Consolidate(relay.clone()))
+            .is_some_and(|t| t <= now);
         if !link.queue.is_empty()
             && open >= budget
             && all_settled_live
             && closable
             && !cooling
-            && !link.rebuild_needed
+            && !due
         {
             info!(
-                "{relay}: {} queries wait behind {} settled subscriptions; rebuilding the live set",
+                "{relay}: {} queries wait behind {} settled subscriptions; rebuilding the live set{}",
                 link.queue.len(),
-                open
+                open,
+                if link.rebuild_needed { " now, not at the consolidation wait" } else { "" }
             );
-
             self.link(relay).rebuild_needed = true;
             self.timers.set(Timer::Consolidate(relay.clone()), now);
         }
