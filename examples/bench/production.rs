@@ -251,11 +251,23 @@ pub fn production_figures(
     let metrics = format!("127.0.0.1:{}", free_port());
     let metrics_addr: std::net::SocketAddr = metrics.parse().expect("address");
     let tick = clock_ticks_per_sec();
+    // BENCH_DAEMON_LOG raises the binary's log level (e.g. `grasp_sync=debug`) and keeps its
+    // log (JSON lines, for their millisecond timestamps), with the own relay's event count
+    // every second beside it (`.progress`).
+    let log_level = std::env::var("BENCH_DAEMON_LOG").ok();
+    let keep_log = log_level.is_some();
+    let mut progress: Vec<(f64, usize)> = Vec::new();
     let started = Instant::now();
     let child = Command::new(&bin)
         .args(["--own-relay", &own_url, "--metrics-addr", &metrics])
         .args(["--allow-private-relays", "--archive"])
-        .env("RUST_LOG", "warn")
+        // Millisecond timestamps in a kept log.
+        .args(if keep_log {
+            &["--log-format", "json"][..]
+        } else {
+            &[]
+        })
+        .env("RUST_LOG", log_level.as_deref().unwrap_or("warn"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&log).expect("log file"))
@@ -277,7 +289,12 @@ pub fn production_figures(
     };
     let mut complete = false;
     while started.elapsed() < SYNC_DEADLINE {
-        if own.len() >= expected.len() && own.event_ids() == expected {
+        let held = own.len();
+        let at = started.elapsed().as_secs_f64();
+        if keep_log && progress.last().is_none_or(|&(t, _)| at - t >= 1.0) {
+            progress.push((at, held));
+        }
+        if held >= expected.len() && own.event_ids() == expected {
             complete = true;
             break;
         }
@@ -319,7 +336,19 @@ pub fn production_figures(
         held, expected,
         "production: the own relay's set changed after it was exact"
     );
-    let _ = std::fs::remove_file(&log);
+    if keep_log {
+        let lines: String = progress
+            .iter()
+            .map(|(t, n)| format!("{t:.1} {n}\n"))
+            .collect();
+        let _ = std::fs::write(log.with_extension("progress"), lines);
+        notes.push(format!(
+            "production: the binary's log kept in {}",
+            log.display()
+        ));
+    } else {
+        let _ = std::fs::remove_file(&log);
+    }
     if !settled {
         notes.push(format!(
             "production: /status did not say settled within {} s of the exact set",

@@ -1,6 +1,6 @@
 //! Scenario 4 (consolidation, never blocking); Scenario 5 (the daily resync) is in `daily.rs`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use log::{debug, info};
 use nostr::filter::Filter;
@@ -12,8 +12,31 @@ use crate::core::time::Time;
 use crate::shared::RelayUrl;
 use nostr::filter::SingleLetterTag;
 
+use super::subscriptions::req_bytes;
 use super::timers::Timer;
 use super::{history_since, live_only, Command, SubPurpose, SyncMachine};
+
+/// A live Layer 2/3 chunk that may grow in place ([`SyncMachine::growable_live_chunks`]).
+struct LiveChunk {
+    id: SubscriptionId,
+    /// The REQ it was sent in (its own id, or its first member's, decision 0110).
+    wire: SubscriptionId,
+    tag: SingleLetterTag,
+    /// Its values are repository coordinates (else event ids).
+    coordinate: bool,
+    /// Its number of values.
+    len: usize,
+}
+
+/// What one tag value is taken to add to a REQ when only the number of values is known: an
+/// event id takes 67 bytes (64 hex digits, quotes, a comma), a repository coordinate about
+/// 80 (as [`SyncMachine::max_live_chunk`] assumes).
+const LIVE_VALUE_BYTES: usize = 80;
+
+/// The length of `s` as a JSON string (quotes and escapes included).
+fn json_string_len(s: &str) -> usize {
+    serde_json::to_string(s).map_or(s.len() + 2, |j| j.len())
+}
 
 impl SyncMachine {
     pub(super) fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {
@@ -289,12 +312,8 @@ impl SyncMachine {
 impl SyncMachine {
     /// The live Layer 2/3 chunks of `relay` that may grow in place: live-only one-tag
     /// queries whose REQ holds only live-only queries still open (the REQ is sent again
-    /// whole, under its id), sorted by id; each with its tag, whether its values are
-    /// repository coordinates, and its number of values.
-    fn growable_live_chunks(
-        &self,
-        relay: &RelayUrl,
-    ) -> Vec<(SubscriptionId, SingleLetterTag, bool, usize)> {
+    /// whole, under its id), sorted by id.
+    fn growable_live_chunks(&self, relay: &RelayUrl) -> Vec<LiveChunk> {
         let Some(link) = self.link_of(relay) else {
             return Vec::new();
         };
@@ -324,16 +343,48 @@ impl SyncMachine {
             })
             .filter_map(|(id, i)| {
                 let (tag, values) = i.filter.generic_tags.iter().next()?;
-                let coordinate = values.iter().next().is_some_and(|v| v.contains(':'));
-                Some((id.clone(), *tag, coordinate, values.len()))
+                Some(LiveChunk {
+                    id: id.clone(),
+                    wire: req_of(id),
+                    tag: *tag,
+                    coordinate: values.iter().next().is_some_and(|v| v.contains(':')),
+                    len: values.len(),
+                })
             })
             .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
 
+    /// Bytes each REQ holding one of `chunks` may still grow by: [`Self::max_req_bytes`]
+    /// less the length of the REQ as it stands (every member's filter, decision 0110).
+    fn req_room(&self, relay: &RelayUrl, chunks: &[LiveChunk]) -> HashMap<SubscriptionId, usize> {
+        let max = self.max_req_bytes(relay);
+        let Some(link) = self.link_of(relay) else {
+            return HashMap::new();
+        };
+        let mut room = HashMap::new();
+        for c in chunks {
+            if room.contains_key(&c.wire) {
+                continue;
+            }
+            let members = link
+                .packed
+                .iter()
+                .filter(|(id, w)| **w == c.wire && **id != c.wire)
+                .map(|(id, _)| id)
+                .chain(std::iter::once(&c.wire))
+                .filter_map(|id| link.subs.get(id))
+                .map(|i| &*i.filter);
+            room.insert(c.wire.clone(), max.saturating_sub(req_bytes(members)));
+        }
+        room
+    }
+
     /// Whether the live chunks of `relay` have room for `repos` repositories and `roots`
-    /// root events under every tag their Layers 2 and 3 use (decision 0110).
+    /// root events under every tag their Layers 2 and 3 use (decision 0110): within the
+    /// relay's live chunk size, and within its REQ length for the REQs they are sent in
+    /// (a value taken as [`LIVE_VALUE_BYTES`]).
     pub(super) fn live_chunks_have_room(
         &self,
         relay: &RelayUrl,
@@ -344,23 +395,37 @@ impl SyncMachine {
             return false;
         }
         let max = self.max_live_chunk(relay);
-        let chunks = self.growable_live_chunks(relay);
-        let room = |tag: SingleLetterTag, coordinate: bool| -> usize {
-            chunks
-                .iter()
-                .filter(|c| c.1 == tag && c.2 == coordinate)
-                .map(|c| max.saturating_sub(c.3))
-                .sum()
+        let mut chunks = self.growable_live_chunks(relay);
+        let mut bytes = self.req_room(relay, &chunks);
+        // Values of each tag placed in turn, the REQs' room shared by the tags they hold.
+        let mut place = |tag: SingleLetterTag, coordinate: bool, mut n: usize| -> bool {
+            for c in chunks
+                .iter_mut()
+                .filter(|c| c.tag == tag && c.coordinate == coordinate)
+            {
+                let left = bytes.entry(c.wire.clone()).or_default();
+                let take = n
+                    .min(max.saturating_sub(c.len))
+                    .min(*left / LIVE_VALUE_BYTES);
+                c.len += take;
+                *left -= take * LIVE_VALUE_BYTES;
+                n -= take;
+                if n == 0 {
+                    break;
+                }
+            }
+            n == 0
         };
-        (repos == 0 || REPO_TAGS.iter().all(|t| room(*t, true) >= repos))
-            && (roots == 0 || ID_TAGS.iter().all(|t| room(*t, false) >= roots))
+        (repos == 0 || REPO_TAGS.iter().all(|t| place(*t, true, repos)))
+            && (roots == 0 || ID_TAGS.iter().all(|t| place(*t, false, roots)))
     }
 
     /// Puts the values of `new` (Layer 2/3 filters of newly confirmed items) into the live
     /// chunks of `relay` with room (decision 0110: the incremental live set) and sends each
     /// chunk that grew again as one REQ under its own id, which replaces the relay's
-    /// subscription. Returns the filters that found no room, and the ones placed (for their
-    /// catch-up).
+    /// subscription. A chunk grows within the relay's live chunk size and its REQ within
+    /// [`Self::max_req_bytes`] (a longer frame makes strfry drop the connection). Returns
+    /// the filters that found no room, and the ones placed (for their catch-up).
     fn extend_live_chunks(
         &mut self,
         relay: &RelayUrl,
@@ -372,6 +437,7 @@ impl SyncMachine {
         if chunks.is_empty() {
             return (new, Vec::new());
         }
+        let mut bytes = self.req_room(relay, &chunks);
         let mut grown: std::collections::BTreeMap<SubscriptionId, Vec<String>> =
             std::collections::BTreeMap::new();
         let (mut rest, mut placed) = (Vec::new(), Vec::new());
@@ -389,14 +455,21 @@ impl SyncMachine {
             };
             let coordinate = values.iter().next().is_some_and(|v| v.contains(':'));
             let n = values.len();
-            match chunks
-                .iter_mut()
-                .find(|c| c.1 == *tag && c.2 == coordinate && c.3 + n <= max)
-            {
+            // Each value adds itself quoted (escaped) and a comma to its REQ.
+            let cost: usize = values.iter().map(|v| json_string_len(v) + 1).sum();
+            match chunks.iter_mut().find(|c| {
+                c.tag == *tag
+                    && c.coordinate == coordinate
+                    && c.len + n <= max
+                    && bytes.get(&c.wire).is_some_and(|b| *b >= cost)
+            }) {
                 Some(c) => {
-                    c.3 += n;
+                    c.len += n;
+                    if let Some(b) = bytes.get_mut(&c.wire) {
+                        *b -= cost;
+                    }
                     grown
-                        .entry(c.0.clone())
+                        .entry(c.id.clone())
                         .or_default()
                         .extend(values.iter().cloned());
                     placed.push(f);

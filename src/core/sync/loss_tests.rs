@@ -1232,6 +1232,44 @@ fn a_rebuild_keeps_the_queued_live_query_of_a_pending_batch() {
     );
 }
 
+/// A rebuild of the live set that is already due (a batch query gave its slot back at EOSE
+/// before the live set was built) waits for the relay to be idle, at the latest for the
+/// consolidation wait (30 s). A query queued while every slot holds a settled subscription
+/// and nothing is loading waited for that deadline: nothing else starts the rebuild, and no
+/// EOSE will free a slot. Seen in the production case (issue 37): first syncs on relays at
+/// their budget of 20 stood still for up to 12 s, 17 queries queued, nothing loading.
+#[test]
+fn a_query_queued_behind_settled_subscriptions_does_not_wait_for_a_rebuild_already_due() {
+    use crate::core::sync::SubPurpose;
+    // Layer 1 and the repository's batch hold both slots, live and settled.
+    let (mut w, ann) = one_repo(|w| {
+        let a = w.relay(A);
+        a.max_subs = Some(2);
+        a.publish_nip11 = true;
+    });
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(w.m.link(&a).open_reqs(), 2);
+    assert!(w.m.link(&a).loading.is_empty());
+    // An issue the relay holds without having sent it live (copied in from elsewhere).
+    let t = w.secs();
+    let late = issue("r", "copied in", t - 60);
+    w.relay(A).store.push(late.clone());
+    // The rebuild is due at the latest in 30 s; then a catch-up needs a slot.
+    let now = w.m.last_now;
+    w.m.need_rebuild(&a, now);
+    let generation = w.m.connected_generation(&a).unwrap();
+    let catch_up = Filter::new()
+        .kind(Kind::Custom(1621))
+        .custom_tag(nostr::filter::SingleLetterTag::LOWERCASE_A, repo("r"))
+        .since(at(t - 3_600));
+    w.m.open_sub(&a, generation, SubPurpose::CatchUp, catch_up);
+    w.pump();
+    w.advance(Duration::from_secs(1));
+    w.assert_own_holds(&[&ann, &late]);
+    let f = &w.relays[&a];
+    assert!(f.max_open_seen <= 2, "{} open", f.max_open_seen);
+}
+
 #[test]
 fn more_events_in_one_second_than_the_assumed_page_on_a_relay_without_limits_read_complete() {
     // Issue 36, item 6: one author, one kind, 30 issues in one second (and five newer ones)

@@ -241,3 +241,62 @@ fn an_older_match_sent_for_another_filter_of_the_req_does_not_move_a_filters_pag
     assert!(w.relays[&RelayUrl::parse(A).unwrap()].max_filters_seen >= 2);
     w.assert_own_holds(&want.iter().collect::<Vec<_>>());
 }
+
+#[test]
+fn a_live_req_grown_in_place_stays_within_the_relays_max_message_length() {
+    // A strfry with a small `max_message_length` (nos.lol publishes 131,072 bytes and holds
+    // thousands of roots; the same at a tenth of the size): new roots grow the live chunks
+    // in place, and a REQ of several grown chunks is sent again whole. A frame longer than
+    // the limit drops the connection (strfry does so without a word), and every drop costs
+    // a reconnect with its backoff.
+    const MAX: usize = 20_000;
+    let mut w = World::new(OWN, |c| c.consolidation_threshold = 2);
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    let mut all = vec![ann];
+    for i in 0..150 {
+        let root = issue("r", &format!("root {i}"), t - 2 * DAY + i);
+        w.own.store.push(root.clone());
+        all.push(root);
+    }
+    let a = w.relay(A);
+    a.profile(SimProfile::Strfry);
+    a.max_subs = Some(20);
+    a.max_message_length = Some(MAX);
+    w.start();
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    let resent = w.m.counters().live_chunks_resent;
+    // New roots in three batches, each joining the live set.
+    for b in 0..3u64 {
+        for i in 0..120u64 {
+            let root = issue("r", &format!("new root {b}/{i}"), w.secs() - 1_000 + i);
+            w.store_on_own(&root);
+            all.push(root);
+        }
+        w.run_for(Duration::from_secs(2 * 60), Duration::from_secs(10));
+    }
+    assert!(
+        w.m.counters().live_chunks_resent > resent,
+        "the live chunks grew in place"
+    );
+    let url = RelayUrl::parse(A).unwrap();
+    let f = &w.relays[&url];
+    assert_eq!(
+        f.oversized_frames, 0,
+        "frames over {MAX} bytes (the longest {})",
+        f.max_frame_seen
+    );
+    // Live on every root, old and new: a reply to each of a few arrives at once.
+    let mut replies = Vec::new();
+    for k in [0, 100, 200, 300, 400] {
+        replies.push(reply(&all[1 + k], &format!("on root {k}"), w.secs()));
+    }
+    for r in &replies {
+        w.publish(A, r);
+    }
+    w.advance(Duration::from_secs(5));
+    all.extend(replies);
+    w.assert_own_holds(&all.iter().collect::<Vec<_>>());
+}

@@ -146,11 +146,7 @@ impl SyncMachine {
         if remote.single_filter || self.config.max_filters_per_req < 2 {
             return false;
         }
-        let max = self
-            .nip11_of(relay)
-            .max_message
-            .unwrap_or(DEFAULT_REQ_BYTES)
-            .saturating_sub(200);
+        let max = self.max_req_bytes(relay);
         let link = &remote.link;
         let member_ok =
             |id: &SubscriptionId| link.subs.get(id).is_some_and(|i| pack_key(i) == Some(key));
@@ -178,11 +174,17 @@ impl SyncMachine {
         if !ids.iter().all(|id| member_ok(id)) {
             return false;
         }
-        // `["REQ","gsNNNNNNNNNN",` + filters joined by `,` + `]`
-        let bytes = 24
-            + filters.iter().map(|f| f.as_json().len() + 1).sum::<usize>()
-            + info.filter.as_json().len();
-        bytes <= max
+        req_bytes(filters.into_iter().chain(std::iter::once(&*info.filter))) <= max
+    }
+
+    /// The longest REQ the machine sends `relay` with several filters, or grows in place
+    /// (decision 0110): its NIP-11 `max_message_length` (else [`DEFAULT_REQ_BYTES`]) less
+    /// 200 bytes of margin.
+    pub(super) fn max_req_bytes(&self, relay: &RelayUrl) -> usize {
+        self.nip11_of(relay)
+            .max_message
+            .unwrap_or(DEFAULT_REQ_BYTES)
+            .saturating_sub(200)
     }
 
     /// Adds `sub_id` to the REQ the machine is about to send to `relay` (checked by
@@ -342,19 +344,27 @@ impl SyncMachine {
             .count();
         let open = link.open_reqs();
         let closable = closable_n > open.saturating_sub(budget) + 1;
+        // A rebuild already needed (a batch query gave its slot back before the live set
+        // was built) waits for the relay to be idle, at the latest for the consolidation
+        // wait: here it is idle, and nothing else will start it, so it runs now too (a
+        // first sync waited up to 30 s per relay, issue 37).
+        let due = self
+            .timers
+            .get(&Timer::Consolidate(relay.clone()))
+            .is_some_and(|t| t <= now);
         if !link.queue.is_empty()
             && open >= budget
             && all_settled_live
             && closable
             && !cooling
-            && !link.rebuild_needed
+            && !due
         {
             info!(
-                "{relay}: {} queries wait behind {} settled subscriptions; rebuilding the live set",
+                "{relay}: {} queries wait behind {} settled subscriptions; rebuilding the live set{}",
                 link.queue.len(),
-                open
+                open,
+                if link.rebuild_needed { " now, not at the consolidation wait" } else { "" }
             );
-
             self.link(relay).rebuild_needed = true;
             self.timers.set(Timer::Consolidate(relay.clone()), now);
         }
@@ -616,6 +626,15 @@ impl SyncMachine {
         }
         self.remotes.get(relay).map(|r| &r.caps)
     }
+}
+
+/// The length of a REQ of `filters`: `["REQ","gsNNNNNNNNNN",` + the filters joined by `,` +
+/// `]` (one byte over for the last filter).
+pub(super) fn req_bytes<'a>(filters: impl IntoIterator<Item = &'a Filter>) -> usize {
+    24 + filters
+        .into_iter()
+        .map(|f| f.as_json().len() + 1)
+        .sum::<usize>()
 }
 
 /// Queries that may share a REQ (decision 0110) have the same key: queries that end

@@ -127,8 +127,13 @@ pub(crate) struct FakeRelay {
     pub max_subs: Option<usize>,
     /// Publish the limits above in NIP-11 (else the engine has to guess).
     pub publish_nip11: bool,
-    /// NIP-11 `max_message_length` (published with `publish_nip11`; not enforced).
+    /// NIP-11 `max_message_length` (published with `publish_nip11`): a longer frame from the
+    /// client drops the connection without an answer, as strfry and the `TestRelay` do.
     pub max_message_length: Option<usize>,
+    /// Longest frame a session wrote to it.
+    pub max_frame_seen: usize,
+    /// Frames longer than `max_message_length` (each dropped the connection).
+    pub oversized_frames: usize,
     /// Never send EOSE.
     pub withhold_eose: bool,
     /// Drop the connection after this many more stored events (counted over the stored
@@ -716,9 +721,18 @@ impl World {
 
     /// The fake relay reads one frame a session wrote.
     fn client_frame(&mut self, relay: &RelayUrl, text: &str) {
-        let Some(generation) = self.fake(relay).and_then(|f| f.conn) else {
+        let Some(f) = self.fake(relay) else {
             return;
         };
+        let Some(generation) = f.conn else {
+            return;
+        };
+        f.max_frame_seen = f.max_frame_seen.max(text.len());
+        if f.max_message_length.is_some_and(|max| text.len() > max) {
+            f.oversized_frames += 1;
+            self.drop_connection(relay);
+            return;
+        }
         let msg =
             nostr::message::ClientMessage::from_json(text).expect("the session writes NIP-01");
         use nostr::message::ClientMessage as C;
