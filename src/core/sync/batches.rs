@@ -408,12 +408,13 @@ impl SyncMachine {
         for f in std::mem::take(&mut plan.next) {
             self.counters.pages_requested += 1;
             // Pages of a fetch keep its scope (a parked query is its full filter).
-            page_subs.push(self.open_scoped(
+            page_subs.push(self.open_fetch(
                 relay,
                 generation,
                 SubPurpose::Page { batch: batch_id },
                 f,
                 scope.clone(),
+                None,
             ));
         }
         if stats.undelivered.is_empty() {
@@ -871,12 +872,13 @@ impl SyncMachine {
                 generation,
                 sub_id: sub,
             });
-            self.open_scoped(
+            self.open_fetch(
                 url,
                 generation,
                 info.purpose,
                 std::sync::Arc::unwrap_or_clone(info.filter),
                 info.scope,
+                None,
             );
             self.drain_queue(url);
         }

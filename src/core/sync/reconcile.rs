@@ -1464,7 +1464,14 @@ impl SyncMachine {
         debug!("{relay}: {sub_id} did not deliver {n} ids; asking again");
         let mut f = (*filter).clone();
         f.ids = Some(undelivered.iter().copied().collect());
-        let sub = self.open_scoped(relay, generation, SubPurpose::Page { batch }, f, scope);
+        let sub = self.open_fetch(
+            relay,
+            generation,
+            SubPurpose::Page { batch },
+            f,
+            scope,
+            None,
+        );
         self.recon.refetches.insert(sub.clone());
         Some(sub)
     }

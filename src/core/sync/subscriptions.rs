@@ -37,24 +37,12 @@ impl SyncMachine {
         purpose: SubPurpose,
         filter: Filter,
     ) -> SubscriptionId {
-        self.open_scoped(relay, generation, purpose, filter, None)
+        self.open_fetch(relay, generation, purpose, filter, None, None)
     }
 
     /// [`Self::open_sub`] whose events must also match `scope` (not sent; see
-    /// [`Command::Subscribe`]).
-    pub(super) fn open_scoped(
-        &mut self,
-        relay: &RelayUrl,
-        generation: u64,
-        purpose: SubPurpose,
-        filter: Filter,
-        scope: Option<std::sync::Arc<Filter>>,
-    ) -> SubscriptionId {
-        self.open_fetch(relay, generation, purpose, filter, scope, None)
-    }
-
-    /// [`Self::open_scoped`] for a reconciliation's fetch whose own side was read when the
-    /// verified set's clock read `fetch_since` ([`Command::Subscribe`]).
+    /// [`Command::Subscribe`]); for a reconciliation's fetch, `fetch_since` is the verified
+    /// set's clock when its own side was read ([`Command::Subscribe`]).
     pub(super) fn open_fetch(
         &mut self,
         relay: &RelayUrl,
