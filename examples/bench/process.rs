@@ -1057,7 +1057,11 @@ pub(super) fn grasp_sync_run(
             log.with_extension(format!("slow-{}.log", std::process::id())),
         );
     }
-    let _ = std::fs::remove_file(&log);
+    if std::env::var_os("BENCH_DAEMON_LOG").is_some() {
+        notes.push(format!("process: the binary's log kept at {}", log.display()));
+    } else {
+        let _ = std::fs::remove_file(&log);
+    }
 
     let mut by_kind: BTreeMap<&'static str, f64> = BTreeMap::new();
     let mut by_comm: BTreeMap<String, f64> = BTreeMap::new();
