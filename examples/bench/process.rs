@@ -1058,7 +1058,10 @@ pub(super) fn grasp_sync_run(
         );
     }
     if std::env::var_os("BENCH_DAEMON_LOG").is_some() {
-        notes.push(format!("process: the binary's log kept at {}", log.display()));
+        notes.push(format!(
+            "process: the binary's log kept at {}",
+            log.display()
+        ));
     } else {
         let _ = std::fs::remove_file(&log);
     }

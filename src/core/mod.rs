@@ -8,6 +8,7 @@
 
 pub(crate) mod auth;
 pub mod dedup;
+pub(crate) mod filter_json;
 pub(crate) mod filters;
 pub mod forward;
 pub(crate) mod health;

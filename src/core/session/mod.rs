@@ -1741,11 +1741,7 @@ fn budgeted(budget: &mut LogBudget, now: Time, kind: &'static str, level: Level)
 /// `["REQ",<sub_id>,<filter>]`, written directly: building a `ClientMessage` would copy the
 /// filter (a Layer 2/3 filter holds 100 tag values) only to serialise it.
 fn req_text(sub_id: &str, filter: &Filter) -> String {
-    format!(
-        "[\"REQ\",{},{}]",
-        serde_json::Value::from(sub_id),
-        filter.as_json()
-    )
+    pack_text(sub_id, std::iter::once(filter))
 }
 
 /// `filter` without the ids of events in flight ([`VerifiedSet::in_flight_copy`]), and how
@@ -1944,7 +1940,7 @@ fn pack_text<'a>(sub_id: &str, filters: impl Iterator<Item = &'a Filter>) -> Str
     let mut text = format!("[\"REQ\",{}", serde_json::Value::from(sub_id));
     for f in filters {
         text.push(',');
-        text.push_str(&f.as_json());
+        crate::core::filter_json::write_filter(&mut text, f);
     }
     text.push(']');
     text

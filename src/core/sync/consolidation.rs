@@ -33,11 +33,6 @@ struct LiveChunk {
 /// 80 (as [`SyncMachine::max_live_chunk`] assumes).
 const LIVE_VALUE_BYTES: usize = 80;
 
-/// The length of `s` as a JSON string (quotes and escapes included).
-fn json_string_len(s: &str) -> usize {
-    serde_json::to_string(s).map_or(s.len() + 2, |j| j.len())
-}
-
 impl SyncMachine {
     pub(super) fn run_deferred_if_idle(&mut self, relay: &RelayUrl, now: Time) {
         let ready = self
@@ -456,7 +451,10 @@ impl SyncMachine {
             let coordinate = values.iter().next().is_some_and(|v| v.contains(':'));
             let n = values.len();
             // Each value adds itself quoted (escaped) and a comma to its REQ.
-            let cost: usize = values.iter().map(|v| json_string_len(v) + 1).sum();
+            let cost: usize = values
+                .iter()
+                .map(|v| crate::core::filter_json::str_len(v) + 1)
+                .sum();
             match chunks.iter_mut().find(|c| {
                 c.tag == *tag
                     && c.coordinate == coordinate

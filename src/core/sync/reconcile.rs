@@ -1490,7 +1490,7 @@ impl SyncMachine {
             (base, Some(std::sync::Arc::new(filter)))
         };
         let page = self.page_limits(relay).page_size;
-        let size = base.as_json().len() + 200;
+        let size = crate::core::filter_json::filter_len(&base) + 200;
         let by_size = self
             .nip11_of(relay)
             .max_message

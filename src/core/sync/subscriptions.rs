@@ -432,7 +432,7 @@ impl SyncMachine {
         let mut todo: Vec<Filter> = filters.into_iter().rev().collect();
         while let Some(f) = todo.pop() {
             // `["REQ","gsNNNNNNNNNN",` + filter + `]`
-            let len = f.as_json().len() + 24;
+            let len = crate::core::filter_json::filter_len(&f) + 24;
             let splittable = f.generic_tags.iter().find(|(_, v)| v.len() >= 2);
             match splittable {
                 Some((tag, values)) if len > budget => {
@@ -621,7 +621,7 @@ impl SyncMachine {
 pub(super) fn req_bytes<'a>(filters: impl IntoIterator<Item = &'a Filter>) -> usize {
     24 + filters
         .into_iter()
-        .map(|f| f.as_json().len() + 1)
+        .map(|f| crate::core::filter_json::filter_len(f) + 1)
         .sum::<usize>()
 }
 
