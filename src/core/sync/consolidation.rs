@@ -370,7 +370,7 @@ impl SyncMachine {
                 .map(|(id, _)| id)
                 .chain(std::iter::once(&c.wire))
                 .filter_map(|id| link.subs.get(id))
-                .map(|i| &*i.filter);
+                .map(|i| i.json_len);
             room.insert(c.wire.clone(), max.saturating_sub(req_bytes(members)));
         }
         room
@@ -487,6 +487,7 @@ impl SyncMachine {
             if let Some((_, set)) = filter.generic_tags.iter_mut().next() {
                 set.extend(values);
             }
+            info.json_len = crate::core::filter_json::filter_len(&filter);
             info.filter = std::sync::Arc::new(filter);
             self.counters.live_chunks_resent += 1;
         }

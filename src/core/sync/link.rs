@@ -299,6 +299,10 @@ pub(super) struct SubInfo {
     pub(super) purpose: SubPurpose,
     /// The filter exactly as sent (for paging).
     pub(super) filter: std::sync::Arc<Filter>,
+    /// The length of `filter`'s JSON, counted once when it is set: a REQ's room is summed
+    /// over its members at every confirmation (decision 0110), and a live chunk's filter
+    /// holds up to a thousand values. Whoever replaces `filter` sets it again.
+    pub(super) json_len: usize,
     /// What its events must also match, not sent ([`Command::Subscribe`]'s `scope`).
     pub(super) scope: Option<std::sync::Arc<Filter>>,
     /// A reconciliation's fetch: the verified set's clock when the own relay's side was read
@@ -311,6 +315,7 @@ impl SubInfo {
     pub(super) fn new(purpose: SubPurpose, filter: Filter) -> SubInfo {
         SubInfo {
             purpose,
+            json_len: crate::core::filter_json::filter_len(&filter),
             filter: filter.into(),
             scope: None,
             fetch_since: None,

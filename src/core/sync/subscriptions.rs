@@ -63,6 +63,7 @@ impl SyncMachine {
         let link = self.link(relay);
         let info = SubInfo {
             purpose,
+            json_len: crate::core::filter_json::filter_len(&filter),
             filter: filter.into(),
             scope,
             fetch_since,
@@ -138,15 +139,15 @@ impl SyncMachine {
         let link = &remote.link;
         let member_ok =
             |id: &SubscriptionId| link.subs.get(id).is_some_and(|i| pack_key(i) == Some(key));
-        let (ids, filters): (Vec<&SubscriptionId>, Vec<&Filter>) = match self.commands.back() {
+        let ids: Vec<&SubscriptionId> = match self.commands.back() {
             Some(Command::Subscribe {
                 relay: r,
                 generation: g,
                 sub_id,
-                filter,
                 scope: None,
                 fetch_since: None,
-            }) if r == relay && *g == generation => (vec![sub_id], vec![&**filter]),
+                ..
+            }) if r == relay && *g == generation => vec![sub_id],
             Some(Command::SubscribeMany {
                 relay: r,
                 generation: g,
@@ -155,14 +156,19 @@ impl SyncMachine {
                 && *g == generation
                 && members.len() < self.config.max_filters_per_req =>
             {
-                members.iter().map(|(id, f)| (id, &**f)).unzip()
+                members.iter().map(|(id, _)| id).collect()
             }
             _ => return false,
         };
         if !ids.iter().all(|id| member_ok(id)) {
             return false;
         }
-        req_bytes(filters.into_iter().chain(std::iter::once(&*info.filter))) <= max
+        // Each member was recorded as it was sent (`open_sub`), its length with it.
+        let lens = ids
+            .iter()
+            .filter_map(|id| link.subs.get(*id))
+            .map(|i| i.json_len);
+        req_bytes(lens.chain(std::iter::once(info.json_len))) <= max
     }
 
     /// The longest REQ the machine sends `relay` with several filters, or grows in place
@@ -616,13 +622,10 @@ impl SyncMachine {
     }
 }
 
-/// The length of a REQ of `filters`: `["REQ","gsNNNNNNNNNN",` + the filters joined by `,` +
-/// `]` (one byte over for the last filter).
-pub(super) fn req_bytes<'a>(filters: impl IntoIterator<Item = &'a Filter>) -> usize {
-    24 + filters
-        .into_iter()
-        .map(|f| crate::core::filter_json::filter_len(f) + 1)
-        .sum::<usize>()
+/// The length of a REQ of filters whose JSON is `lens` bytes long: `["REQ","gsNNNNNNNNNN",`
+/// + the filters joined by `,` + `]` (one byte over for the last filter).
+pub(super) fn req_bytes(lens: impl IntoIterator<Item = usize>) -> usize {
+    24 + lens.into_iter().map(|len| len + 1).sum::<usize>()
 }
 
 /// Queries that may share a REQ (decision 0110) have the same key: queries that end

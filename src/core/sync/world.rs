@@ -501,10 +501,37 @@ impl World {
             }
             match self.m.poll_command() {
                 Some(c) => self.execute(c),
-                None => return,
+                None => {
+                    self.check_json_lens();
+                    return;
+                }
             }
         }
         panic!("the world did not settle: a command/report loop");
+    }
+
+    /// Every recorded subscription's `json_len` is its filter's length (a REQ's room is
+    /// summed from them).
+    fn check_json_lens(&self) {
+        let links = self
+            .m
+            .remotes
+            .values()
+            .map(|r| &r.link)
+            .chain(std::iter::once(&self.m.own_link));
+        for link in links {
+            for (id, info) in link
+                .subs
+                .iter()
+                .chain(link.queue.iter().map(|(i, s)| (i, s)))
+            {
+                assert_eq!(
+                    info.json_len,
+                    crate::core::filter_json::filter_len(&info.filter),
+                    "subscription {id}: json_len is stale"
+                );
+            }
+        }
     }
 
     /// Moves simulated time forward by `d`, firing every timer on the way.
