@@ -1,7 +1,7 @@
 //! Properties (proptest): `compute_actions` never re-sends what is pending or confirmed and
 //! covers the whole target for a connected relay; URL normalisation is idempotent.
 
-use std::collections::{HashMap, HashSet};
+use grasp_sync::core::hash::{HashMap, HashSet};
 
 use grasp_sync::core::state::{
     ConnectionStatus, PendingBatch, PendingItems, PendingSyncIndex, RelayState, RelaySyncIndex,
@@ -69,15 +69,15 @@ fn world() -> impl Strategy<Value = World> {
 }
 
 fn build(w: &World) -> (RepoSyncIndex, PendingSyncIndex, RelaySyncIndex) {
-    let mut idx = RepoSyncIndex::new();
+    let mut idx = RepoSyncIndex::default();
     for (r, relays, ids) in &w.index {
         let n = idx.entry(repo(*r)).or_default();
         n.relays.extend(relays.iter().map(|i| relay(*i)));
         n.root_events.extend(ids.iter().map(|i| id(*i)));
         n.announced_at = Some(1);
     }
-    let mut pending = PendingSyncIndex::new();
-    let mut confirmed = RelaySyncIndex::new();
+    let mut pending = PendingSyncIndex::default();
+    let mut confirmed = RelaySyncIndex::default();
     for (k, (r, status, c_repos, c_ids, p_repos, p_ids)) in w.relays.iter().enumerate() {
         let url = relay(*r);
         let mut s = RelayState::new(false);
@@ -95,7 +95,7 @@ fn build(w: &World) -> (RepoSyncIndex, PendingSyncIndex, RelaySyncIndex) {
                 repos: p_repos.iter().map(|i| repo(*i)).collect(),
                 root_events: p_ids.iter().map(|i| id(*i)).collect(),
             },
-            outstanding_subs: HashSet::new(),
+            outstanding_subs: HashSet::default(),
             started_at: Time::from_secs(0),
             incomplete: false,
             uncovered_from: None,
@@ -202,7 +202,7 @@ proptest! {
         preferred in prop::option::of(0u8..4),
     ) {
         let own = RelayUrl::parse("wss://git.example").unwrap();
-        let mut idx = RepoSyncIndex::new();
+        let mut idx = RepoSyncIndex::default();
         for (key, d, relays, lists_us) in &repos {
             let r = format!("30617:{}:{d}", format!("{key:02x}").repeat(32));
             let n = idx.entry(r).or_default();
@@ -223,8 +223,8 @@ proptest! {
             reserved: Vec::new(),
             preferred_pubkeys: preferred.map(|k| format!("{k:02x}").repeat(32)).into_iter().collect(),
             max_urls_per_host: per_host,
-            failing: HashSet::new(),
-            blocked_pubkeys: HashSet::new(),
+            failing: HashSet::default(),
+            blocked_pubkeys: HashSet::default(),
         };
         let own_only = Exclusions::from(std::slice::from_ref(&own));
         let t = derive_targets(&idx, &own_only, &policy);
@@ -232,7 +232,7 @@ proptest! {
         let shared = t.targets.keys().filter(|u| u.host() == "shared.example").count();
         prop_assert!(shared <= per_host, "{} URLs of one host", shared);
         prop_assert!(!t.targets.contains_key(&own));
-        let mut per_pubkey: HashMap<String, HashSet<RelayUrl>> = HashMap::new();
+        let mut per_pubkey: HashMap<String, HashSet<RelayUrl>> = HashMap::default();
         for (url, needs) in &t.targets {
             for r in &needs.repos {
                 let n = &idx[r];
@@ -317,9 +317,9 @@ proptest! {
             preferred_pubkeys: preferred.map(|k| format!("{k:02x}").repeat(32)).into_iter().collect(),
             max_urls_per_host: per_host,
             failing: failing.into_iter().map(many_relay).collect(),
-            blocked_pubkeys: HashSet::new(),
+            blocked_pubkeys: HashSet::default(),
         };
-        let mut idx = RepoSyncIndex::new();
+        let mut idx = RepoSyncIndex::default();
         let mut plan = Plan::build(&idx, &excluded, &policy);
         for batch in batches {
             // As process_batch: apply the batch, reselect if a relay set changed, then
@@ -350,7 +350,7 @@ proptest! {
                     }
                 }
             }
-            let mut changed: HashSet<RelayUrl> = HashSet::new();
+            let mut changed: HashSet<RelayUrl> = HashSet::default();
             let before = plan.targets().clone();
             if relays_changed {
                 if by_repo {

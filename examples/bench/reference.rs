@@ -237,7 +237,7 @@ fn watch(
 /// `core::related::apply_batch`; then Layer 2: tags an indexed repository with `a`/`A`/`q`,
 /// Layer 3: tags an indexed root event or thread member with `e`/`E`/`q`).
 fn related(anns: &[Event], events: &[&Event]) -> HashSet<EventId> {
-    let mut index = RepoSyncIndex::new();
+    let mut index = RepoSyncIndex::default();
     let mut threads = Threads::new(ThreadLimits::default());
     let meanings = anns
         .iter()

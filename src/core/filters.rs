@@ -19,7 +19,7 @@
 //! Each filter is sent as its own REQ (see [`crate::core::SyncMachine`]): some relays refuse
 //! multi-filter REQs.
 
-use std::collections::HashSet;
+use crate::core::hash::HashSet;
 
 use nostr::event::{EventId, Kind};
 use nostr::filter::{Filter, SingleLetterTag};
@@ -338,11 +338,16 @@ mod tests {
 
     #[test]
     fn combined_layers() {
-        let ids: HashSet<EventId> = [EventId::from_byte_array([1; 32])].into();
+        let ids: HashSet<EventId> = [EventId::from_byte_array([1; 32])]
+            .into_iter()
+            .collect::<HashSet<_>>();
         assert_eq!(
             build_layer2_and_layer3_filters(&repos(250), &ids, None).len(),
             12
         );
-        assert!(build_layer2_and_layer3_filters(&HashSet::new(), &HashSet::new(), None).is_empty());
+        assert!(
+            build_layer2_and_layer3_filters(&HashSet::default(), &HashSet::default(), None)
+                .is_empty()
+        );
     }
 }

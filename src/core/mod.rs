@@ -11,6 +11,7 @@ pub mod dedup;
 pub(crate) mod filter_json;
 pub(crate) mod filters;
 pub mod forward;
+pub mod hash;
 pub(crate) mod health;
 pub(crate) mod keepalive;
 pub(crate) mod log_budget;

@@ -25,7 +25,9 @@
 //! [`Unknown`] reason: a relay not connected, work known but no queries for it yet ("not yet
 //! sized"), less than [`MIN_SPAN`] measured, or no completion in the last minute.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::core::hash::HashMap;
 use std::fmt;
 use std::time::Duration;
 

@@ -174,13 +174,23 @@ mod tests {
             .iter()
             .map(|e| classify_self_event(e))
             .collect();
-        let mut index = RepoSyncIndex::new();
+        let mut index = RepoSyncIndex::default();
         let mut threads = Threads::new(ThreadLimits::default());
         let mut applied = Applied::default();
         apply_batch(&mut index, &mut threads, meanings, &mut applied);
         let needs = &index[&repo];
-        assert_eq!(needs.root_events, [root.id].into());
-        assert_eq!(needs.thread_events, [c1.id, c2.id, quote.id].into());
+        assert_eq!(
+            needs.root_events,
+            [root.id]
+                .into_iter()
+                .collect::<crate::core::hash::HashSet<_>>()
+        );
+        assert_eq!(
+            needs.thread_events,
+            [c1.id, c2.id, quote.id]
+                .into_iter()
+                .collect::<crate::core::hash::HashSet<_>>()
+        );
         assert_eq!(applied.members.len(), 3);
         assert_eq!(applied.root_links, vec![(repo.clone(), root.id)]);
         assert_eq!(threads.member(&quote.id), Some((root.id, 3)));

@@ -10,7 +10,7 @@
 //! one `parking_lot` lock that only the coordinator thread writes, so the three are always
 //! consistent with each other when a status reader looks.
 
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 
 use nostr::event::EventId;
 use nostr::message::SubscriptionId;
@@ -93,8 +93,8 @@ impl RelayState {
     /// A relay just discovered (no history, not connected).
     pub fn new(is_bootstrap: bool) -> RelayState {
         RelayState {
-            repos: HashSet::new(),
-            root_events: HashSet::new(),
+            repos: HashSet::default(),
+            root_events: HashSet::default(),
             is_bootstrap,
             connection_status: ConnectionStatus::Disconnected,
             last_connected: None,

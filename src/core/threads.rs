@@ -28,7 +28,9 @@
 //! event, and nothing replies to a deletion (decision 0098). Members are never forgotten,
 //! as root events are not.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::core::hash::HashMap;
 
 use nostr::event::EventId;
 

@@ -112,7 +112,7 @@ impl Coordinator {
     /// `deadline`. Returns the names of threads that did not end in time.
     pub(super) fn run(mut self) -> Vec<String> {
         let clock = self.config.clock.clone();
-        let mut threads: HashMap<RelayUrl, RelayThread> = HashMap::new();
+        let mut threads: HashMap<RelayUrl, RelayThread> = HashMap::default();
         let mut retired: Vec<(String, JoinHandle<()>)> = Vec::new();
         self.machine.write().start(clock.now());
         self.execute(&mut threads, &mut retired);

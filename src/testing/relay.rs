@@ -1500,11 +1500,11 @@ fn run_websocket(shared: &Arc<Shared>, stream: TcpStream, rest: Vec<u8>, conn_id
             Conn {
                 tx,
                 socket,
-                subs: HashMap::new(),
+                subs: HashMap::default(),
                 challenge,
                 challenge_sent,
                 authed: false,
-                neg_sessions: HashMap::new(),
+                neg_sessions: HashMap::default(),
                 neg_replies: 0,
                 write_bucket: None,
             },
@@ -2124,7 +2124,7 @@ fn handle_req(
 
     // Stored answer: each filter contributes its newest min(limit, cap)
     // matches; the union is served newest first.
-    let mut seen: HashSet<EventId> = HashSet::new();
+    let mut seen: HashSet<EventId> = HashSet::default();
     let mut matched: Vec<(OrderKey, Arc<str>)> = Vec::new();
     for filter in &filters {
         let limit = match (filter.limit.or(opts.default_limit), opts.result_cap) {

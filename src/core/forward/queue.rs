@@ -2,7 +2,9 @@
 //! `OK` means for the event, what is kept, re-queued, paced or set aside (the rules are listed
 //! in the [module documentation](super)). [`super::ForwardSession`] drives it.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use crate::core::hash::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -14,7 +14,7 @@ fn tagged(b: u8, kind: u16, tags: &[[&str; 2]]) -> Arc<str> {
     Arc::from(serde_json::json!({"n": b, "kind": kind, "pubkey": "pk", "tags": tags}).to_string())
 }
 fn everything() -> HashSet<String> {
-    HashSet::from(["30617:pk:r".to_string()])
+    HashSet::from_iter(["30617:pk:r".to_string()])
 }
 fn limits() -> ForwardLimits {
     ForwardLimits {
@@ -358,7 +358,7 @@ fn rejected_is_kept_and_retried_only_on_request() {
     );
     assert_eq!(q.offer(id(1), raw(1)), Offer::PreviouslyRejected);
     assert!(q.poll_send(t).is_none());
-    let other = HashSet::from(["30617:pk:other".to_string()]);
+    let other = HashSet::from_iter(["30617:pk:other".to_string()]);
     assert_eq!(q.retry_rejected(&other), 0, "another repository changed");
     assert_eq!(q.retry_rejected(&everything()), 1);
     assert_eq!(q.poll_send(t).unwrap().0, id(1));
@@ -390,7 +390,7 @@ fn retry_chooses_only_affected_events_and_refills_within_the_backlog() {
     }
     assert_eq!(q.rejected_kept(), 6);
     // Repository x was announced: its three events and its state event, not y's.
-    let changed = HashSet::from(["30617:pk:x".to_string()]);
+    let changed = HashSet::from_iter(["30617:pk:x".to_string()]);
     assert_eq!(q.retry_rejected(&changed), 4);
     assert_eq!(q.rejected_kept(), 2);
     // Only as many as the backlog (3) holds are queued; the fourth waits for room.
@@ -401,7 +401,7 @@ fn retry_chooses_only_affected_events_and_refills_within_the_backlog() {
     let _ = q.poll_send(t);
     assert_eq!(q.retrying(), 0, "refilled as room freed up");
     // A root event linked: the reply to it (upper-case E, any hex case).
-    assert_eq!(q.retry_rejected(&HashSet::from([root])), 1);
+    assert_eq!(q.retry_rejected(&HashSet::from_iter([root])), 1);
 }
 
 #[test]
@@ -872,14 +872,14 @@ fn events_refused_while_their_repository_is_in_purgatory_go_again_once_it_is_ser
     assert_eq!(q.offer(id(2), raw(2)), Offer::PreviouslyRejected);
     assert!(q.poll_send(t).is_none());
     // Served: the repository's announcement is applied.
-    assert_eq!(q.retry_rejected(&HashSet::from([repo.to_string()])), 1);
+    assert_eq!(q.retry_rejected(&HashSet::from_iter([repo.to_string()])), 1);
     assert_eq!(q.poll_send(t).unwrap().0, id(2));
     assert_eq!(
         q.on_ok(id(2), true, Prefix::of("duplicate: event stored"), t),
         OkOutcome::Duplicate
     );
     // The issue is linked to the repository: the reply goes too.
-    assert_eq!(q.retry_rejected(&HashSet::from([issue_hex])), 1);
+    assert_eq!(q.retry_rejected(&HashSet::from_iter([issue_hex])), 1);
     assert_eq!(q.poll_send(t).unwrap().0, id(3));
     q.on_ok(id(3), true, Prefix::of("duplicate: event stored"), t);
     assert_eq!(q.rejected_kept(), 0);
@@ -919,12 +919,12 @@ fn a_maintainers_announcement_and_state_go_again_once_a_repository_of_their_d_is
     assert_eq!(q.rejected_kept(), 3);
     // Another identifier changes nothing.
     assert_eq!(
-        q.retry_rejected(&HashSet::from(["30617:owner:r2".to_string()])),
+        q.retry_rejected(&HashSet::from_iter(["30617:owner:r2".to_string()])),
         0
     );
     // The owner's repository `r` is served: both of the maintainer's go again.
     assert_eq!(
-        q.retry_rejected(&HashSet::from(["30617:owner:r".to_string()])),
+        q.retry_rejected(&HashSet::from_iter(["30617:owner:r".to_string()])),
         2
     );
     let mut sent: Vec<EventId> = std::iter::from_fn(|| q.poll_send(t).map(|s| s.0)).collect();

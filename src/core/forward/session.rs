@@ -19,7 +19,9 @@
 //! Every policy takes `now` as a [`Time`]; only the write linger's sub-millisecond measure
 //! comes from the caller ([`ForwardSession::hold_writes`]).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use crate::core::hash::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -25,7 +25,8 @@
 //! Commands and reports carry the connection *generation*, so a REQ queued for an earlier
 //! connection is never sent on a later one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::core::hash::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -319,7 +320,7 @@ impl RelaySession {
             config,
             conn: None,
             limits_known: false,
-            oversized_seen: HashSet::new(),
+            oversized_seen: HashSet::default(),
             counters: SessionCounters::default(),
             log_budget: LogBudget::default(),
             timers: TimerTable::default(),
@@ -425,9 +426,9 @@ impl RelaySession {
         let has_key = self.config.auth_keys.is_some();
         self.conn = Some(Connection {
             generation,
-            subs: HashMap::new(),
-            packed: HashMap::new(),
-            negs: HashSet::new(),
+            subs: HashMap::default(),
+            packed: HashMap::default(),
+            negs: HashSet::default(),
             held: Vec::new(),
             auth: AuthState::new(has_key, self.config.auth_limits),
             keepalive: Keepalive::new(now, self.config.ping_interval, self.config.pong_timeout),

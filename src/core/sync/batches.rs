@@ -1,6 +1,6 @@
 //! compute_actions → AddFilters → PendingBatch → EOSE (with pages) → confirmed, or failed and retried.
 
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -114,7 +114,7 @@ impl SyncMachine {
                 (
                     r,
                     RelaySyncNeeds {
-                        repos: HashSet::new(),
+                        repos: HashSet::default(),
                         root_events: ids,
                     },
                 )
@@ -304,7 +304,7 @@ impl SyncMachine {
             batches.push(PendingBatch {
                 batch_id,
                 items: PendingItems { repos, root_events },
-                outstanding_subs: HashSet::new(),
+                outstanding_subs: HashSet::default(),
                 started_at: now,
                 incomplete: false,
                 uncovered_from: None,

@@ -137,8 +137,8 @@ pub fn machine_policy(excluded: &Exclusions, config: &SyncConfig) -> TargetPolic
     TargetPolicy {
         preferred_pubkeys: config.target_limits.preferred_pubkeys.clone(),
         max_urls_per_host: config.target_limits.max_urls_per_host,
-        failing: HashSet::new(),
-        blocked_pubkeys: HashSet::new(),
+        failing: HashSet::default(),
+        blocked_pubkeys: HashSet::default(),
         scope: config.target_limits.scope.clone(),
         max_relays_per_pubkey: config.target_limits.max_relays_per_pubkey,
         max_relays: config.max_relays,

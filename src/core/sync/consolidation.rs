@@ -1,6 +1,6 @@
 //! Scenario 4 (consolidation, never blocking); Scenario 5 (the daily resync) is in `daily.rs`.
 
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 
 use log::{debug, info};
 use nostr::filter::Filter;
@@ -356,9 +356,9 @@ impl SyncMachine {
     fn req_room(&self, relay: &RelayUrl, chunks: &[LiveChunk]) -> HashMap<SubscriptionId, usize> {
         let max = self.max_req_bytes(relay);
         let Some(link) = self.link_of(relay) else {
-            return HashMap::new();
+            return HashMap::default();
         };
-        let mut room = HashMap::new();
+        let mut room = HashMap::default();
         for c in chunks {
             if room.contains_key(&c.wire) {
                 continue;

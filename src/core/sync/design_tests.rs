@@ -10,7 +10,9 @@
 //! defence is worth keeping; one sends the forwarder's back-pressure report, which comes from
 //! the engine, not from a relay.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
+
+use crate::core::hash::HashSet;
 use std::time::Duration;
 
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
@@ -149,8 +151,11 @@ fn synced() -> (World, Event) {
     w.store_on_own(&root);
     w.advance(secs(5));
     let st = w.m.relay(&url(A)).unwrap().state();
-    assert_eq!(st.repos, [repo("r")].into());
-    assert_eq!(st.root_events, [root.id].into());
+    assert_eq!(st.repos, [repo("r")].into_iter().collect::<HashSet<_>>());
+    assert_eq!(
+        st.root_events,
+        [root.id].into_iter().collect::<HashSet<_>>()
+    );
     assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     (w, root)
 }
@@ -189,11 +194,14 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
         build_announcement_filter(None),
         "L1 first, no since"
     );
-    let want: HashSet<String> =
-        build_layer2_and_layer3_filters(&[repo("r")].into(), &HashSet::new(), None)
-            .iter()
-            .map(Filter::as_json)
-            .collect();
+    let want: HashSet<String> = build_layer2_and_layer3_filters(
+        &[repo("r")].into_iter().collect::<HashSet<_>>(),
+        &HashSet::default(),
+        None,
+    )
+    .iter()
+    .map(Filter::as_json)
+    .collect();
     let got: HashSet<String> = reqs[1..].iter().map(Filter::as_json).collect();
     assert_eq!(got, want, "the batch: full history, no since");
     assert_eq!(w.m.relay(&url(A)).unwrap().pending().len(), 1);
@@ -208,7 +216,7 @@ fn fresh_sync_subscribes_l1_without_since_then_layers_2_3_as_a_batch() {
         w.release_eose_where(A, |f| has_tag(f, tag));
     }
     let st = w.m.relay(&url(A)).unwrap().state();
-    assert_eq!(st.repos, [repo("r")].into());
+    assert_eq!(st.repos, [repo("r")].into_iter().collect::<HashSet<_>>());
     assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     assert_eq!(w.m.counters().batches_confirmed, 1);
     assert_eq!(req_count(&w, A), 4, "nothing more asked");
@@ -236,7 +244,9 @@ fn root_events_add_layer3_batches_only_for_new_items() {
         assert_eq!(f.generic_tags.len(), 1);
         assert_eq!(
             f.generic_tags.values().next().unwrap(),
-            &[iss.id.to_hex()].into()
+            &[iss.id.to_hex()]
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>()
         );
         assert!(f.since.is_none() && f.limit.is_none(), "full history");
     }
@@ -265,11 +275,17 @@ fn newer_announcement_replaces_relay_set_older_is_ignored() {
     w.advance(secs(5));
     w.store_on_own(&announcement("r", &[B], 200));
     w.advance(secs(5));
-    assert_eq!(w.m.repo_index()[&repo("r")].relays, HashSet::from([url(B)]));
+    assert_eq!(
+        w.m.repo_index()[&repo("r")].relays,
+        HashSet::from_iter([url(B)])
+    );
     assert!(!fake(&w, B).reqs.is_empty(), "B synced");
     w.store_on_own(&announcement("r", &[c], 150));
     w.advance(secs(5));
-    assert_eq!(w.m.repo_index()[&repo("r")].relays, HashSet::from([url(B)]));
+    assert_eq!(
+        w.m.repo_index()[&repo("r")].relays,
+        HashSet::from_iter([url(B)])
+    );
     assert!(fake(&w, c).reqs.is_empty() && fake(&w, c).conn.is_none());
     assert!(w.m.relay(&url(c)).is_none());
 }
@@ -333,7 +349,7 @@ fn failed_first_connect_is_retried_with_backoff() {
     assert_eq!(req_count(&w, A), 4);
     assert_eq!(
         w.m.relay(&url(A)).unwrap().state().repos,
-        [repo("r")].into()
+        [repo("r")].into_iter().collect::<HashSet<_>>()
     );
 }
 
@@ -836,7 +852,7 @@ fn dead_after_24_hours_then_one_attempt_a_day() {
     assert_eq!(w.m.relay_statuses(w.now)[0].health, HealthState::Healthy);
     assert_eq!(
         w.m.relay(&url(A)).unwrap().state().repos,
-        [repo("r")].into()
+        [repo("r")].into_iter().collect::<HashSet<_>>()
     );
 }
 
@@ -975,7 +991,7 @@ fn batch_waits_for_its_pages_before_confirming() {
     w.release_eose_where(A, |f| f.until.is_some());
     assert_eq!(
         w.m.relay(&url(A)).unwrap().state().repos,
-        [repo("r")].into()
+        [repo("r")].into_iter().collect::<HashSet<_>>()
     );
     assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     let mut want: Vec<&Event> = issues.iter().collect();
@@ -1113,7 +1129,7 @@ fn subscription_budget_is_never_exceeded_and_every_item_syncs() {
     // Every Layer-3 id: the root events and the replies followed below them.
     let ids: HashSet<EventId> = roots.iter().chain(&replies).map(|e| e.id).collect();
     assert_eq!(st.root_events, ids, "every root event and reply confirmed");
-    assert_eq!(st.repos, [repo("r")].into());
+    assert_eq!(st.repos, [repo("r")].into_iter().collect::<HashSet<_>>());
     assert!(w.m.relay(&url(A)).is_none_or(|r| r.pending().is_empty()));
     assert!(fake(&w, A).max_open_seen <= 5);
     assert_eq!(w.m.counters().closed_by_relay, 0, "no REQ refused");
@@ -1163,7 +1179,7 @@ fn nip11_max_subscriptions_sets_the_budget() {
     assert_eq!(w.m.counters().closed_by_relay, 0);
     assert_eq!(
         w.m.relay(&url(A)).unwrap().state().repos,
-        [repo("r")].into()
+        [repo("r")].into_iter().collect::<HashSet<_>>()
     );
 }
 
@@ -1181,7 +1197,7 @@ fn reqs_are_split_below_nip11_max_message_length() {
     }
     w.advance(secs(5));
     let reqs = reqs_from(&w, A, 0);
-    let mut refs: HashSet<String> = HashSet::new();
+    let mut refs: HashSet<String> = HashSet::default();
     for f in &reqs {
         // The longest subscription id the machine makes: `gs` and ten digits.
         let req = format!("[\"REQ\",\"gs0123456789\",{}]", f.as_json());

@@ -3,7 +3,7 @@
 //! repositories that show life go first, refusals cost one selection per
 //! [`super::RESELECT_DELAY`], and one host gets a few URLs at most.
 
-use std::collections::HashSet;
+use crate::core::hash::HashSet;
 use std::time::Duration;
 
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};
@@ -74,7 +74,7 @@ fn flooded_with(
             .store
             .push(issue("legit", &format!("bug {i}"), t - 20 * DAY + i as u64));
     }
-    let mut want = HashSet::new();
+    let mut want = HashSet::default();
     for (n, relay) in [A, B].into_iter().enumerate() {
         let fake = w.relay(relay);
         fake.store.push(ann.clone());
@@ -274,7 +274,7 @@ fn bought_activity_does_not_take_every_slot_above_a_real_repository() {
     let root = issue("legit", "a bug", t - 20 * DAY);
     w.own.store.push(ann.clone());
     w.own.store.push(root.clone());
-    let mut want = HashSet::new();
+    let mut want = HashSet::default();
     for relay in [A, B] {
         w.relay(relay).store.extend([ann.clone(), root.clone()]);
         let e = reply(&root, relay, t - 10 * DAY);

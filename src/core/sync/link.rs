@@ -4,7 +4,8 @@
 //! each (in [`RemoteRelay`](super::remote::RemoteRelay)), the own relay one of its own.
 //! Also the two filter rewrites every query path uses ([`live_only`], [`history_since`]).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::core::hash::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::fmt;
 
 use nostr::filter::Filter;

@@ -54,7 +54,8 @@ pub use reconcile::{FallbackReason, NegClient, Nip77Config, Nip77Support};
 pub use standing::{FAILING_TTL, RESELECT_DELAY};
 pub use subscriptions::MAX_FILTERS_PER_REQ;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::core::hash::{HashMap, HashSet};
+use std::collections::VecDeque;
 
 use log::{info, warn};
 use nostr::message::SubscriptionId;
@@ -213,13 +214,13 @@ impl SyncMachine {
             own_names,
             excluded,
             standing: standing::Standing::default(),
-            repo_index: RepoSyncIndex::new(),
+            repo_index: RepoSyncIndex::default(),
             plan: Plan::default(),
             root_events_known: 0,
             threads: crate::core::threads::Threads::new(config.threads),
             own_rereads: 0,
             own_roots_read: false,
-            remotes: HashMap::new(),
+            remotes: HashMap::default(),
             unknown: remote::Unknown::default(),
             own: RelayState::new(false),
             own_link: Link::default(),
@@ -295,7 +296,7 @@ impl SyncMachine {
     /// runs waits for the next call, so one call always ends.
     pub fn handle_timeout(&mut self, now: Time) {
         self.last_now = self.last_now.max(now);
-        let mut fired = HashSet::new();
+        let mut fired = HashSet::default();
         loop {
             self.refresh_timers();
             let Some(timer) = self.timers.pop_due(now, &fired) else {

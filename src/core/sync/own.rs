@@ -1,6 +1,6 @@
 //! The self-subscription on the own relay: connect, page its history, batch what it reads.
 
-use std::collections::HashSet;
+use crate::core::hash::HashSet;
 
 use log::{debug, info, warn};
 use nostr::event::{Event, EventId};
@@ -448,7 +448,7 @@ impl SyncMachine {
         // was applied, root events newly linked, events newly followed, and the Layer-3 ids
         // of those repositories (each once, in the order first seen).
         let mut changed_repos = applied.changed_repos;
-        let mut changed_roots: HashSet<EventId> = HashSet::new();
+        let mut changed_roots: HashSet<EventId> = HashSet::default();
         let mut changed_order: Vec<EventId> = Vec::new();
         for (_, id) in applied.root_links.iter().chain(applied.members.iter()) {
             if changed_roots.insert(*id) {
@@ -519,7 +519,7 @@ impl SyncMachine {
                         ids.insert(id);
                     }
                     None => {
-                        grown.insert(relay.clone(), HashSet::from([id]));
+                        grown.insert(relay.clone(), HashSet::from_iter([id]));
                     }
                 }
             });

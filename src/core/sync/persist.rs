@@ -18,7 +18,8 @@
 //!   says, and it covers history queries that were interrupted (a relay with an interrupted
 //!   query that has no `since` is not saved: its next connect is a fresh sync).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use log::info;

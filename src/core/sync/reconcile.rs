@@ -21,7 +21,8 @@
 //! query only ([`FallbackReason`]). A job is one entry in its batch's outstanding set, so a
 //! batch is never confirmed while one of its jobs runs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -508,7 +509,7 @@ impl SyncMachine {
                 own: Vec::new(),
                 neg: None,
                 rounds: 0,
-                need: HashSet::new(),
+                need: HashSet::default(),
                 own_clock: None,
                 started: None,
                 neg_bytes: 0,
@@ -1636,7 +1637,7 @@ mod pump_tests {
                     own: Vec::new(),
                     neg: None,
                     rounds: 0,
-                    need: HashSet::new(),
+                    need: HashSet::default(),
                     own_clock: None,
                     started: None,
                     neg_bytes: 0,

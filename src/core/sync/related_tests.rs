@@ -6,7 +6,9 @@
 //! following reply chains, counted other tags, or classified the own relay's events
 //! differently, these tests fail.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use crate::core::hash::{HashMap, HashSet};
 use std::time::Duration;
 
 use nostr::event::{Event, EventBuilder, EventId, FinalizeEvent, Kind, Tag};

@@ -11,7 +11,7 @@
 //! target refused at `max_relays`) and by a restored snapshot (`persist`). The read API is
 //! [`RelayView`](super::RelayView) ([`SyncMachine::relays`], [`SyncMachine::relay`]).
 
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 
 use log::{debug, info};
 

@@ -12,7 +12,7 @@
 //!   ([`Timer::Reselect`]), never once per refusal or failure, and only when they can change
 //!   it (a failing relay matters only while a cap binds).
 
-use std::collections::HashSet;
+use crate::core::hash::{HashMap, HashSet};
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -42,11 +42,11 @@ const MAX_REFUSAL_COUNTERS: usize = 100_000;
 #[derive(Debug, Default)]
 pub(super) struct Standing {
     /// Relays whose last connect failed, with when it first failed.
-    pub(super) failing: std::collections::HashMap<RelayUrl, Time>,
+    pub(super) failing: HashMap<RelayUrl, Time>,
     /// Refused URLs per `host:port`.
-    pub(super) refusals_by_host: std::collections::HashMap<String, u32>,
+    pub(super) refusals_by_host: HashMap<String, u32>,
     /// Refused relays per announcing pubkey.
-    pub(super) refusals_by_key: std::collections::HashMap<String, u32>,
+    pub(super) refusals_by_key: HashMap<String, u32>,
     /// Pubkeys at [`MAX_REFUSALS_PER_PUBKEY`].
     pub(super) blocked_keys: HashSet<String>,
 }

@@ -7,7 +7,8 @@
 //! The machine has many remote relays, so most timers carry the relay they belong to; a
 //! relay that is forgotten takes all of them with it ([`TimerTable::cancel_relay`]).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
+use std::collections::BTreeSet;
 
 use crate::core::time::Time;
 use crate::shared::RelayUrl;
@@ -221,7 +222,7 @@ mod tests {
     }
 
     fn drain(table: &mut TimerTable, now: Time) -> Vec<Timer> {
-        let none = HashSet::new();
+        let none = HashSet::default();
         std::iter::from_fn(|| table.pop_due(now, &none)).collect()
     }
 

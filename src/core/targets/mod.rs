@@ -17,7 +17,7 @@
 //! Every item is re-exported here: `core::targets::Plan` and `core::targets::plan::Plan` are
 //! one type.
 
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 
 use nostr::event::EventId;
 use nostr::filter::Filter;
@@ -67,7 +67,7 @@ pub fn derive_relay_targets(
     repo_index: &RepoSyncIndex,
     excluded: &[RelayUrl],
 ) -> HashMap<RelayUrl, RelaySyncNeeds> {
-    let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+    let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::default();
     for (repo_ref, needs) in repo_index {
         for relay in &needs.relays {
             if excluded.contains(relay) {

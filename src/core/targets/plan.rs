@@ -2,7 +2,7 @@
 //! gives, updated in proportion to a change (decision 0040), always equal to a fresh
 //! [`derive_targets`](super::derive_targets)(super::derive_targets).
 
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 
 use nostr::event::EventId;
 
@@ -87,7 +87,7 @@ impl KeyCache {
             excluded: excluded.clone(),
             ..KeyCache::default()
         };
-        let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::new();
+        let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::default();
         for repo in repo_index.keys() {
             by_key.entry(repo_pubkey(repo)).or_default().push(repo);
         }
@@ -110,8 +110,8 @@ impl KeyCache {
     /// whenever a cap binds), so relays starting or stopping to fail do not rebuild it.
     fn part_of(policy: &TargetPolicy) -> TargetPolicy {
         TargetPolicy {
-            failing: HashSet::new(),
-            preferred_pubkeys: HashSet::new(),
+            failing: HashSet::default(),
+            preferred_pubkeys: HashSet::default(),
             ..policy.clone()
         }
     }
@@ -184,7 +184,7 @@ impl KeyCache {
         self.in_scope += repos.len();
         // Rank as `select_each` does: by how many of the pubkey's repositories name a
         // relay (most first), then by URL.
-        let mut count: HashMap<&RelayUrl, u32> = HashMap::new();
+        let mut count: HashMap<&RelayUrl, u32> = HashMap::default();
         for repo in &repos {
             if let Some(needs) = repo_index.get(repo) {
                 for relay in needs.relays.iter().filter(|r| !excluded.contains(r)) {
@@ -231,7 +231,7 @@ impl KeyCache {
             return true;
         }
         // The host cap binds: which URLs of a host are kept depends on the round-robin.
-        let mut hosts: HashMap<String, usize> = HashMap::new();
+        let mut hosts: HashMap<String, usize> = HashMap::default();
         let reserved = policy.reserved.iter();
         let allowed = self.allow.keys().filter(|r| !policy.reserved.contains(r));
         reserved.chain(allowed).any(|r| {
@@ -288,7 +288,7 @@ impl Plan {
     /// A plan from scratch.
     pub fn build(repo_index: &RepoSyncIndex, excluded: &Exclusions, policy: &TargetPolicy) -> Plan {
         let selection = select_targets(repo_index, excluded, policy);
-        let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+        let mut targets: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::default();
         for (repo, relays) in &selection.repo_relays {
             let needs = &repo_index[repo];
             for relay in relays {
@@ -340,7 +340,7 @@ impl Plan {
     /// Hosts (`host:port`) with more than one selected URL, most first (then by name): the
     /// per-host count that `max_urls_per_host` bounds.
     pub fn hosts_with_several_urls(&self) -> Vec<(String, usize)> {
-        let mut hosts: HashMap<String, usize> = HashMap::new();
+        let mut hosts: HashMap<String, usize> = HashMap::default();
         for relay in self.targets.keys() {
             *hosts.entry(host_port(relay)).or_default() += 1;
         }
@@ -419,7 +419,7 @@ impl Plan {
                 return changed;
             }
         };
-        let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::new();
+        let mut by_key: HashMap<&str, Vec<&RepoRef>> = HashMap::default();
         for repo in changed {
             by_key.entry(repo_pubkey(repo)).or_default().push(repo);
         }
@@ -476,8 +476,8 @@ impl Plan {
                 }
             }
         }
-        let mut changed_relays: HashSet<RelayUrl> = HashSet::new();
-        let mut shrunk: HashSet<RelayUrl> = HashSet::new();
+        let mut changed_relays: HashSet<RelayUrl> = HashSet::default();
+        let mut shrunk: HashSet<RelayUrl> = HashSet::default();
         for (repo, now) in moves {
             let before = self.selection.repo_relays.remove(&repo).unwrap_or_default();
             self.move_repo(
@@ -521,8 +521,8 @@ impl Plan {
                 moves.push((repo, mine.iter().map(|r| (*r).clone()).collect()));
             }
         });
-        let mut changed: HashSet<RelayUrl> = HashSet::new();
-        let mut shrunk: HashSet<RelayUrl> = HashSet::new();
+        let mut changed: HashSet<RelayUrl> = HashSet::default();
+        let mut shrunk: HashSet<RelayUrl> = HashSet::default();
         for (repo, now) in moves {
             let before = self.selection.repo_relays.remove(repo).unwrap_or_default();
             self.move_repo(repo_index, repo, &before, &now, &mut changed, &mut shrunk);

@@ -2,7 +2,7 @@
 //! ([`Exclusions`]), one spelling per host ([`host_port`], [`canonical_host`]), and the
 //! scope and quotas of a selection ([`TargetPolicy`], [`TargetLimits`]).
 
-use std::collections::HashSet;
+use crate::core::hash::HashSet;
 
 use crate::shared::RelayUrl;
 
@@ -203,7 +203,7 @@ impl From<&[RelayUrl]> for Exclusions {
     fn from(urls: &[RelayUrl]) -> Exclusions {
         Exclusions {
             urls: urls.iter().cloned().collect(),
-            hosts: HashSet::new(),
+            hosts: HashSet::default(),
         }
     }
 }
@@ -217,10 +217,10 @@ impl TargetPolicy {
             max_relays: usize::MAX,
             reserved: Vec::new(),
             shard: None,
-            preferred_pubkeys: HashSet::new(),
+            preferred_pubkeys: HashSet::default(),
             max_urls_per_host: usize::MAX,
-            failing: HashSet::new(),
-            blocked_pubkeys: HashSet::new(),
+            failing: HashSet::default(),
+            blocked_pubkeys: HashSet::default(),
         }
     }
 }
@@ -251,7 +251,7 @@ impl Default for TargetLimits {
             max_relays_per_pubkey: MAX_RELAYS_PER_PUBKEY,
             max_relays_per_announcement: crate::core::nip34::MAX_RELAYS_PER_ANNOUNCEMENT,
             max_urls_per_host: MAX_URLS_PER_HOST,
-            preferred_pubkeys: HashSet::new(),
+            preferred_pubkeys: HashSet::default(),
         }
     }
 }

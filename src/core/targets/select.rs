@@ -3,7 +3,7 @@
 //! announcing pubkey, the global cap filled round-robin by activity tiers ([`activity`]),
 //! the per-host cap and the shard; and what they left out ([`TargetReport`]).
 
-use std::collections::HashMap;
+use crate::core::hash::HashMap;
 
 use crate::core::nip34::RepoRef;
 use crate::core::state::{RelaySyncNeeds, RepoSyncIndex};
@@ -116,7 +116,7 @@ pub fn select_targets(
     excluded: &Exclusions,
     policy: &TargetPolicy,
 ) -> Selection {
-    let mut repo_relays: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
+    let mut repo_relays: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::default();
     let report = select_each(repo_index, excluded, policy, |repo, mine| {
         if !mine.is_empty() {
             repo_relays.insert(repo.clone(), mine.iter().map(|r| (*r).clone()).collect());
@@ -143,11 +143,11 @@ pub(super) fn select_each<'a>(
     let mut report = TargetReport::default();
     // Relay URLs are interned to small ids for this pass (one hash per repository relay),
     // so every per-relay set below is a `Vec` indexed by id.
-    let mut relay_ids: HashMap<&'a RelayUrl, u32> = HashMap::new();
+    let mut relay_ids: HashMap<&'a RelayUrl, u32> = HashMap::default();
     let mut urls: Vec<&'a RelayUrl> = Vec::new();
     // 1. Scope; group repositories by pubkey, each with its relays (minus `excluded`) as
     //    ids in one flat list.
-    let mut key_ids: HashMap<&'a str, usize> = HashMap::new();
+    let mut key_ids: HashMap<&'a str, usize> = HashMap::default();
     let mut keys: Vec<(&'a str, KeyRepos<'a>)> = Vec::new();
     // Per key (as `keys`): its activity ([`activity`] of its busiest repository in scope).
     let mut live: Vec<u8> = Vec::new();
@@ -228,7 +228,7 @@ pub(super) fn select_each<'a>(
     //    and port are selected.
     let mut selected = vec![false; n];
     let mut over_host_cap = vec![false; n];
-    let mut hosts: HashMap<String, usize> = HashMap::new();
+    let mut hosts: HashMap<String, usize> = HashMap::default();
     let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
     for r in &policy.reserved {
         *hosts.entry(host_port(r)).or_default() += 1;

@@ -77,28 +77,39 @@ fn targets_invert_index_and_exclude_own_relay() {
     assert_eq!(t.len(), 2);
     assert!(!t.contains_key(&url("wss://own")));
     let a = &t[&url("wss://a")];
-    assert_eq!(a.repos, [repo("r1"), repo("r2")].into());
-    assert_eq!(a.root_events, [id(1), id(2), id(3)].into());
+    assert_eq!(
+        a.repos,
+        [repo("r1"), repo("r2")].into_iter().collect::<HashSet<_>>()
+    );
+    assert_eq!(
+        a.root_events,
+        [id(1), id(2), id(3)].into_iter().collect::<HashSet<_>>()
+    );
     let b = &t[&url("wss://b")];
-    assert_eq!(b.repos, [repo("r2")].into());
-    assert_eq!(b.root_events, [id(3)].into());
+    assert_eq!(b.repos, [repo("r2")].into_iter().collect::<HashSet<_>>());
+    assert_eq!(b.root_events, [id(3)].into_iter().collect::<HashSet<_>>());
 }
 
 #[test]
 fn empty_state_yields_nothing() {
-    let t = derive_relay_targets(&RepoSyncIndex::new(), &[]);
+    let t = derive_relay_targets(&RepoSyncIndex::default(), &[]);
     assert!(t.is_empty());
-    assert!(compute_actions(&t, &PendingSyncIndex::new(), &RelaySyncIndex::new()).is_empty());
+    assert!(
+        compute_actions(&t, &PendingSyncIndex::default(), &RelaySyncIndex::default()).is_empty()
+    );
 }
 
 #[test]
 fn unknown_relay_gets_everything() {
     let t = derive_relay_targets(&index(&[("r1", &["wss://a"], &[1])]), &[]);
-    let a = compute_actions(&t, &PendingSyncIndex::new(), &RelaySyncIndex::new());
+    let a = compute_actions(&t, &PendingSyncIndex::default(), &RelaySyncIndex::default());
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].relay_url, url("wss://a"));
-    assert_eq!(a[0].repos, [repo("r1")].into());
-    assert_eq!(a[0].root_events, [id(1)].into());
+    assert_eq!(a[0].repos, [repo("r1")].into_iter().collect::<HashSet<_>>());
+    assert_eq!(
+        a[0].root_events,
+        [id(1)].into_iter().collect::<HashSet<_>>()
+    );
     assert_eq!(a[0].filters.len(), 6);
 }
 
@@ -108,21 +119,21 @@ fn pending_and_confirmed_are_excluded_partial_overlap_remains() {
         &index(&[("r1", &["wss://a"], &[1, 2]), ("r2", &["wss://a"], &[3])]),
         &[],
     );
-    let mut confirmed = RelaySyncIndex::new();
+    let mut confirmed = RelaySyncIndex::default();
     let mut s = connected();
     s.repos.insert(repo("r1"));
     s.root_events.insert(id(1));
     confirmed.insert(url("wss://a"), s);
-    let mut pending = PendingSyncIndex::new();
+    let mut pending = PendingSyncIndex::default();
     pending.insert(
         url("wss://a"),
         vec![PendingBatch {
             batch_id: 1,
             items: PendingItems {
-                repos: HashSet::new(),
-                root_events: [id(2)].into(),
+                repos: HashSet::default(),
+                root_events: [id(2)].into_iter().collect::<HashSet<_>>(),
             },
-            outstanding_subs: HashSet::new(),
+            outstanding_subs: HashSet::default(),
             started_at: Time::from_secs(0),
             incomplete: false,
             uncovered_from: None,
@@ -130,8 +141,11 @@ fn pending_and_confirmed_are_excluded_partial_overlap_remains() {
     );
     let a = compute_actions(&t, &pending, &confirmed);
     assert_eq!(a.len(), 1);
-    assert_eq!(a[0].repos, [repo("r2")].into());
-    assert_eq!(a[0].root_events, [id(3)].into());
+    assert_eq!(a[0].repos, [repo("r2")].into_iter().collect::<HashSet<_>>());
+    assert_eq!(
+        a[0].root_events,
+        [id(3)].into_iter().collect::<HashSet<_>>()
+    );
     assert_eq!(a[0].filters.len(), 6);
 
     // Everything confirmed or pending: nothing to do.
@@ -154,13 +168,13 @@ fn disconnected_and_connecting_relays_are_skipped() {
         &index(&[("r1", &["wss://a", "wss://b", "wss://c"], &[])]),
         &[],
     );
-    let mut confirmed = RelaySyncIndex::new();
+    let mut confirmed = RelaySyncIndex::default();
     confirmed.insert(url("wss://a"), RelayState::new(false));
     let mut connecting = RelayState::new(false);
     connecting.connection_status = ConnectionStatus::Connecting;
     confirmed.insert(url("wss://b"), connecting);
     confirmed.insert(url("wss://c"), connected());
-    let a = compute_actions(&t, &PendingSyncIndex::new(), &confirmed);
+    let a = compute_actions(&t, &PendingSyncIndex::default(), &confirmed);
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].relay_url, url("wss://c"));
     assert_eq!(a[0].filters.len(), 3);
@@ -172,10 +186,16 @@ fn root_events_follow_their_repo_to_each_relay() {
         &index(&[("r1", &["wss://a"], &[7]), ("r2", &["wss://b"], &[8])]),
         &[],
     );
-    let a = compute_actions(&t, &PendingSyncIndex::new(), &RelaySyncIndex::new());
+    let a = compute_actions(&t, &PendingSyncIndex::default(), &RelaySyncIndex::default());
     assert_eq!(a.len(), 2);
-    assert_eq!(a[0].root_events, [id(7)].into());
-    assert_eq!(a[1].root_events, [id(8)].into());
+    assert_eq!(
+        a[0].root_events,
+        [id(7)].into_iter().collect::<HashSet<_>>()
+    );
+    assert_eq!(
+        a[1].root_events,
+        [id(8)].into_iter().collect::<HashSet<_>>()
+    );
 }
 
 fn keyed_repo(key: u8, n: &str) -> RepoRef {
@@ -223,10 +243,13 @@ fn scope_keeps_only_repositories_listing_the_service_with_their_root_events() {
     let t = derive_targets(&idx, &Exclusions::from(&own[..]), &scoped);
     assert_eq!(t.targets.len(), 1);
     let a = &t.targets[&url("wss://a")];
-    assert_eq!(a.repos, [keyed_repo(1, "ours")].into());
+    assert_eq!(
+        a.repos,
+        [keyed_repo(1, "ours")].into_iter().collect::<HashSet<_>>()
+    );
     assert_eq!(
         a.root_events,
-        [id(1)].into(),
+        [id(1)].into_iter().collect::<HashSet<_>>(),
         "root event 2 belongs to an out-of-scope repo"
     );
     assert_eq!(
@@ -263,7 +286,7 @@ fn per_pubkey_quota_ranks_by_use_then_url() {
     // d is a target for key 2's repository only: key 1 is over its quota there.
     assert_eq!(
         t.targets[&url("wss://d")].repos,
-        [keyed_repo(2, "z")].into()
+        [keyed_repo(2, "z")].into_iter().collect::<HashSet<_>>()
     );
     assert_eq!(t.report.pubkeys_over_quota, 1);
     // b and c are dropped (d is still wanted by key 2).
@@ -389,7 +412,7 @@ fn sharded_targets_split_the_unsharded_ones_exactly() {
     ]);
     let base = policy(RepoScope::All, 4, 7);
     let all = derive_targets(&idx, &Exclusions::new(), &base);
-    let mut union: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::new();
+    let mut union: HashMap<RelayUrl, RelaySyncNeeds> = HashMap::default();
     for index in 0..3 {
         let mut p = base.clone();
         p.shard = Some(Shard { index, count: 3 });
@@ -457,7 +480,7 @@ fn reference_select(
         allowed.push((key, ranked.into_iter().map(|(r, _)| r).collect()));
     }
     // 3. Global cap: reserved relays first, then a fair round-robin across pubkeys.
-    let mut selected: HashSet<&RelayUrl> = HashSet::new();
+    let mut selected: HashSet<&RelayUrl> = HashSet::default();
     let mut slots = policy.max_relays.saturating_sub(policy.reserved.len());
     for r in &policy.reserved {
         if wanted.contains(r) {
@@ -499,7 +522,7 @@ fn reference_select(
         .count();
     // 4. Each repository's target relays: selected, within its pubkey's quota and (when
     //    sharded) of this instance's shard.
-    let mut other_shards: HashSet<&RelayUrl> = HashSet::new();
+    let mut other_shards: HashSet<&RelayUrl> = HashSet::default();
     let mut mine: Vec<&RelayUrl> = Vec::new();
     for (key, relays) in &allowed {
         let quota: HashSet<&RelayUrl> = relays
@@ -545,13 +568,13 @@ proptest::proptest! {
         excluded_own in proptest::bool::ANY,
     ) {
         let relay = |i: usize| url(&format!("wss://p{i}.example"));
-        let mut idx = RepoSyncIndex::new();
+        let mut idx = RepoSyncIndex::default();
         for (n, (key, relays)) in repos.iter().enumerate() {
             idx.insert(
                 keyed_repo(*key, &format!("r{n}")),
                 RepoSyncNeeds {
                     relays: relays.iter().map(|i| relay(*i)).collect(),
-                    root_events: HashSet::new(),
+                    root_events: HashSet::default(),
                     announced_at: Some(1),
                     ..RepoSyncNeeds::default()
                 },
@@ -568,7 +591,7 @@ proptest::proptest! {
         };
         let excluded = Exclusions::from(excluded.as_slice());
         let got = select_targets(&idx, &excluded, &p);
-        let mut want: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::new();
+        let mut want: HashMap<RepoRef, Vec<RelayUrl>> = HashMap::default();
         let report = reference_select(&idx, &excluded, &p, |repo, mine| {
             if !mine.is_empty() {
                 want.insert(repo.clone(), mine.iter().map(|r| (*r).clone()).collect());
@@ -591,7 +614,7 @@ fn pending_items_are_left_out_by_lookup_and_by_set_alike() {
             repos: repos.iter().map(|r| repo(r)).collect(),
             root_events: roots.iter().map(|b| id(*b)).collect(),
         },
-        outstanding_subs: HashSet::new(),
+        outstanding_subs: HashSet::default(),
         started_at: Time::from_secs(0),
         incomplete: false,
         uncovered_from: None,
@@ -604,8 +627,8 @@ fn pending_items_are_left_out_by_lookup_and_by_set_alike() {
     let one = vec![batch(1, &["r9"], &(0..39).collect::<Vec<u8>>())];
     for pending in [many, one] {
         let target = RelaySyncNeeds {
-            repos: [repo("r9"), repo("r8")].into(),
-            root_events: [id(5), id(60), id(101)].into(),
+            repos: [repo("r9"), repo("r8")].into_iter().collect::<HashSet<_>>(),
+            root_events: [id(5), id(60), id(101)].into_iter().collect::<HashSet<_>>(),
         };
         let a = compute_action(&relay, &target, Some(&state), &pending).unwrap();
         let in_batches = |r: &RepoRef| pending.iter().any(|b| b.items.repos.contains(r));
@@ -616,6 +639,6 @@ fn pending_items_are_left_out_by_lookup_and_by_set_alike() {
             .cloned()
             .collect();
         assert_eq!(a.repos, expected_repos);
-        assert_eq!(a.root_events, [id(60)].into());
+        assert_eq!(a.root_events, [id(60)].into_iter().collect::<HashSet<_>>());
     }
 }

@@ -313,7 +313,7 @@ impl Conn {
         let sub = self.sub_id("neg");
         self.send(ClientMessage::neg_open(sub.clone(), filter.clone(), first).as_json())?;
         // Ids the own relay alone holds, each once (rounds may name an id again).
-        let mut have: HashSet<EventId> = HashSet::new();
+        let mut have: HashSet<EventId> = HashSet::default();
         let mut need = Vec::new();
         let mut rounds = 0u32;
         loop {

@@ -29,7 +29,9 @@
 
 mod conn;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use crate::core::hash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -460,11 +462,11 @@ fn is_link_letter(letter: u8) -> bool {
 impl OwnSide {
     fn new(index: &RepoSyncIndex, repos: &HashSet<RepoRef>) -> OwnSide {
         let mut side = OwnSide {
-            events: HashMap::new(),
-            values: HashMap::new(),
+            events: HashMap::default(),
+            values: HashMap::default(),
             value_repos: Vec::new(),
             repos: Vec::new(),
-            states: HashMap::new(),
+            states: HashMap::default(),
         };
         let mut sorted: Vec<&RepoRef> = repos.iter().collect();
         sorted.sort();
@@ -617,7 +619,7 @@ impl OwnIndex {
         let mut own_names = vec![config.own_relay.clone()];
         own_names.extend(config.public_urls.iter().cloned());
         OwnIndex {
-            index: RepoSyncIndex::new(),
+            index: RepoSyncIndex::default(),
             threads: Threads::new(config.sync_config().threads),
             pending: Vec::new(),
             max_relays_per_announcement: config.max_relays_per_announcement,
@@ -936,7 +938,7 @@ pub(crate) fn relay_filters(needs: &RelaySyncNeeds) -> Vec<Filter> {
 /// Applies the missing events to `own` as the daemon would once it stored them: returns how
 /// many root events were linked and replies followed (they widen the next round's filters).
 fn follow_missing(results: &[(RelayAudit, Missing)], own: &mut OwnIndex) -> usize {
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let mut found = 0;
     for (_, missing) in results {
         for (id, (raw, _)) in missing {
@@ -1026,11 +1028,11 @@ fn audit_relay(ctx: &Ctx<'_>, url: &RelayUrl, needs: &RelaySyncNeeds) -> (RelayA
         repos: Vec::new(),
         learned_cap: None,
     };
-    let mut missing: Missing = HashMap::new();
+    let mut missing: Missing = HashMap::default();
     // Missing events not kept (beyond `max_missing`), counted per delivery.
     let mut beyond = 0usize;
-    let mut candidates: HashSet<EventId> = HashSet::new();
-    let mut held: HashSet<EventId> = HashSet::new();
+    let mut candidates: HashSet<EventId> = HashSet::default();
+    let mut held: HashSet<EventId> = HashSet::default();
     let finish = |mut audit: RelayAudit,
                   missing: Missing,
                   candidates: HashSet<EventId>,
@@ -1294,19 +1296,19 @@ mod tests {
     fn own_events_link_to_repositories_through_coordinates_and_root_ids() {
         let repo = format!("30617:{}:r", keys().public_key().to_hex());
         let root = event(1621, &[["a", &repo]]);
-        let mut index = RepoSyncIndex::new();
+        let mut index = RepoSyncIndex::default();
         index
             .entry(repo.clone())
             .or_default()
             .root_events
             .insert(root.id);
-        let mut side = OwnSide::new(&index, &HashSet::from([repo.clone()]));
+        let mut side = OwnSide::new(&index, &HashSet::from_iter([repo.clone()]));
         let reply = event(1111, &[["E", &root.id.to_hex()]]);
         let unrelated = event(1111, &[["e", &"ab".repeat(32)]]);
         for e in [&root, &reply, &unrelated] {
             side.add(e);
         }
-        let allowed = HashSet::from([0]);
+        let allowed = HashSet::from_iter([0]);
         assert_eq!(
             side.repos_of(&side.events[&reply.id].refs, &allowed),
             vec![0]
@@ -1315,8 +1317,8 @@ mod tests {
             .repos_of(&side.events[&unrelated.id].refs, &allowed)
             .is_empty());
         let filters = build_layer2_and_layer3_filters(
-            &HashSet::from([repo]),
-            &HashSet::from([root.id]),
+            &HashSet::from_iter([repo]),
+            &HashSet::from_iter([root.id]),
             None,
         );
         let matched: HashSet<EventId> = filters
@@ -1324,7 +1326,7 @@ mod tests {
             .flat_map(|f| side.matching(f))
             .map(|(_, id)| id)
             .collect();
-        assert_eq!(matched, HashSet::from([root.id, reply.id]));
+        assert_eq!(matched, HashSet::from_iter([root.id, reply.id]));
     }
 
     #[test]
