@@ -320,6 +320,7 @@ impl SyncMachine {
                 Timer::Cooldown(url) => self.drain_queue(&url),
                 Timer::Poll(url) => self.poll_round(&url, now),
                 Timer::Consolidate(url) => self.run_deferred(&url, now),
+                Timer::Regrow(url) => self.send_regrown(&url, now),
                 Timer::Daily(url) => self.daily_resync(&url, now),
                 Timer::DisconnectCheck => {
                     let next = now.plus(self.config.disconnect_check_interval);
@@ -510,6 +511,7 @@ impl SyncMachine {
             link.forget_subscriptions();
         }
         self.timers.cancel(&Timer::Consolidate(relay.clone()));
+        self.timers.cancel(&Timer::Regrow(relay.clone()));
         self.timers.cancel(&Timer::Poll(relay.clone()));
     }
 }

@@ -205,6 +205,88 @@ fn a_new_root_at_the_budget_grows_its_live_chunk_instead_of_rebuilding_the_live_
     assert!(w.relays[&a].max_open_seen <= 8);
 }
 
+#[test]
+fn live_chunks_grown_within_the_regrow_interval_are_sent_again_once() {
+    // Decision 0119: new roots confirmed one after another each grow the live chunk; its
+    // REQ (every old root id with the new ones) goes out at once for the first, then once
+    // for the roots placed within the regrow interval, their catch-ups after it. A reply to
+    // a root placed while its REQ waited arrives all the same.
+    let mut w = World::new(OWN, |c| {
+        c.consolidation_threshold = 2;
+        c.batch_window = Duration::from_secs(1);
+    });
+    let t = w.secs();
+    let ann = announcement("r", &[A], t - 10 * DAY);
+    w.own.store.push(ann.clone());
+    w.relay(A).store.push(ann.clone());
+    let mut roots = Vec::new();
+    for i in 0..20 {
+        let root = issue("r", &format!("root {i}"), t - DAY + i);
+        w.own.store.push(root.clone());
+        roots.push(root);
+    }
+    let a = w.relay(A);
+    a.max_subs = Some(8);
+    a.publish_nip11 = true;
+    w.start();
+    w.run_for(Duration::from_secs(10 * 60), Duration::from_secs(30));
+    let first = issue("r", "the first new one", w.secs());
+    w.store_on_own(&first);
+    w.run_for(Duration::from_secs(5 * 60), Duration::from_secs(30));
+    let a = RelayUrl::parse(A).unwrap();
+    assert_eq!(w.m.relay_statuses(w.now)[0].polled_queries, 0);
+    let consolidations = w.m.counters().consolidations;
+    let reqs = w.relays[&a].reqs.len();
+    let old = roots[3].id.to_hex();
+    // The REQs sent again (those holding an old root id), one per tag each time.
+    let resent = |w: &World| {
+        w.relays[&a].reqs[reqs..]
+            .iter()
+            .filter(|f| f.limit == Some(0) && values(f).contains(&&old))
+            .count()
+    };
+    let mut new = Vec::new();
+    let mut sent_at = Vec::new();
+    let mut reply_to_second = None;
+    for second in 0..40 {
+        if second % 3 == 0 && new.len() < 3 {
+            let root = issue("r", &format!("new {}", new.len()), w.secs());
+            w.store_on_own(&root);
+            new.push(root);
+        }
+        let before = resent(&w);
+        w.advance(Duration::from_secs(1));
+        if resent(&w) > before {
+            sent_at.push(w.secs());
+        }
+        // The second root is placed while the first's REQ was sent less than the interval
+        // ago: its REQ waits, and a reply to it comes meanwhile.
+        if new.len() == 2 && reply_to_second.is_none() && sent_at.len() == 1 {
+            let r = reply(&new[1], "on the second", w.secs());
+            w.publish(A, &r);
+            reply_to_second = Some(r);
+        }
+    }
+    assert_eq!(w.m.counters().consolidations, consolidations, "no rebuild");
+    // Placed at about +2, +5 and +8 s: sent at once, then once for the other two (and once
+    // more for the reply, itself a root of its replies); never twice within the interval.
+    assert!(sent_at.len() >= 2, "{sent_at:?}");
+    assert!(sent_at.windows(2).all(|p| p[1] - p[0] >= 10), "{sent_at:?}");
+    let sent = &w.relays[&a].reqs[reqs..];
+    let (second, third) = (new[1].id.to_hex(), new[2].id.to_hex());
+    let first_with_second = sent
+        .iter()
+        .find(|f| f.limit == Some(0) && values(f).contains(&&second))
+        .expect("the second root is live");
+    assert!(values(first_with_second).contains(&&third));
+    w.run_for(Duration::from_secs(2 * 60), Duration::from_secs(10));
+    let mut want: Vec<&Event> = vec![&ann, &first];
+    want.extend(roots.iter());
+    want.extend(new.iter());
+    want.extend(reply_to_second.iter());
+    w.assert_own_holds(&want);
+}
+
 /// An event of kind 1111 with the tags `tags` (name, value), created at `created_at`.
 fn tagged(tags: &[(&str, &str)], text: &str, created_at: u64) -> Event {
     use nostr::event::{EventBuilder, FinalizeEvent, Kind, Tag};
