@@ -30,7 +30,7 @@ use nostr::event::EventId;
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::build_announcement_filter;
+use crate::core::filters::{build_announcement_filter, PackedFilter};
 use crate::core::message::escape_for_log;
 use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::state::ConnectionStatus;
@@ -243,8 +243,10 @@ pub(super) struct Job {
     /// The query as the caller gave it, and the purpose of its REQ: what a fallback sends.
     /// Its history filter (no `limit`, [`history_filter`]) is derived when sent: a batch of
     /// thousands of new root events opens as many jobs at once, and a second copy of each
-    /// query's tag values was a fifth of the peak heap of a first sync (issue 21).
-    orig: Filter,
+    /// query's tag values was a fifth of the peak heap of a first sync (issue 21). Held
+    /// packed ([`PackedFilter`]): the filter itself, one B-tree of hex strings per query,
+    /// was a fifth of the peak heap again with repositories on three relays (issue 37).
+    orig: PackedFilter,
     live: SubPurpose,
     /// The negentropy subscription id, also the job's entry in its batch's outstanding set.
     neg_id: SubscriptionId,
@@ -314,8 +316,8 @@ struct DeferredFetch {
     batch: u64,
     /// The job's entry in its batch's outstanding set, until the fetch replaces it.
     neg_id: SubscriptionId,
-    /// The job's history filter.
-    filter: Filter,
+    /// The job's query ([`Job::orig`]; its history filter is derived when sent).
+    filter: PackedFilter,
     /// The ids to fetch, sorted.
     need: Vec<EventId>,
     /// The job's [`Job::own_clock`].
@@ -428,17 +430,18 @@ impl Reconciler {
         }
     }
 
-    /// The history filters of the jobs of `relay` outside a batch (Layer 1, catch-up):
+    /// The `since` of the history filters of the jobs of `relay` outside a batch (Layer 1,
+    /// catch-up):
     /// history not read yet, which a restart must read again (a batch's job is not: its
     /// batch is not confirmed, so its items are not saved as such).
     pub(super) fn unbatched_history_of<'a>(
         &'a self,
         relay: &'a RelayUrl,
-    ) -> impl Iterator<Item = &'a Filter> + 'a {
+    ) -> impl Iterator<Item = Option<nostr::types::Timestamp>> + 'a {
         self.ids_of(relay)
             .filter_map(|id| self.jobs.get(&id))
             .filter(|j| j.batch.is_none())
-            .map(|j| &j.orig)
+            .map(|j| j.orig.since())
     }
 }
 
@@ -500,7 +503,7 @@ impl SyncMachine {
                 relay: relay.clone(),
                 generation,
                 batch,
-                orig: filter,
+                orig: PackedFilter::pack(filter),
                 live,
                 neg_id: neg_id.clone(),
                 after: Some(live_id),
@@ -659,7 +662,7 @@ impl SyncMachine {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
-        let filter = history_filter(job.orig.clone());
+        let filter = history_filter(job.orig.unpack());
         let deadline = self.last_now.plus(self.config.nip77.own_read_timeout);
         let now = self.last_now;
         if let Some(job) = self.recon.jobs.get_mut(&id) {
@@ -736,7 +739,7 @@ impl SyncMachine {
                 continue;
             };
             if keep_history && job.batch.is_none() {
-                let f = history_filter(job.orig.clone());
+                let f = history_filter(job.orig.unpack());
                 let link = self.link(relay);
                 if link.resume.len() >= MAX_RESUME {
                     link.resume_overflow = true;
@@ -822,7 +825,7 @@ impl SyncMachine {
             job.relay.clone(),
             job.generation,
             job.batch,
-            job.orig.clone(),
+            job.orig.unpack(),
             job.live,
             job.neg_id.clone(),
             job.after.clone(),
@@ -1057,7 +1060,7 @@ impl SyncMachine {
             relay,
             generation: job.generation,
             sub_id: job.neg_id.clone(),
-            filter: history_filter(job.orig.clone()),
+            filter: history_filter(job.orig.unpack()),
             message: msg,
         });
     }
@@ -1284,7 +1287,7 @@ impl SyncMachine {
         job.own_rereads += 1;
         let waited = base * (1 << (job.own_rereads - 1));
         let next = base * (1 << job.own_rereads);
-        let filter = history_filter(job.orig.clone());
+        let filter = history_filter(job.orig.unpack());
         info!(
             "own relay: side of reconciliation {id} not read within {waited:?} (a query dropped \
              without EOSE?); reading it again, {next:?} to go"
@@ -1341,7 +1344,7 @@ impl SyncMachine {
                 generation: job.generation,
                 batch,
                 neg_id: job.neg_id,
-                filter: history_filter(job.orig),
+                filter: job.orig,
                 need,
                 since: job.own_clock,
             });
@@ -1349,7 +1352,7 @@ impl SyncMachine {
             self.pump_jobs();
             return;
         }
-        let (filters, scope) = self.fetch_filters(&relay, history_filter(job.orig), &need);
+        let (filters, scope) = self.fetch_filters(&relay, history_filter(job.orig.unpack()), &need);
         let mut subs = Vec::new();
         for f in filters {
             subs.push(self.open_fetch(
@@ -1390,7 +1393,7 @@ impl SyncMachine {
             let (filters, scope) = if d.need.is_empty() {
                 (Vec::new(), None)
             } else {
-                self.fetch_filters(&d.relay, d.filter, &d.need)
+                self.fetch_filters(&d.relay, history_filter(d.filter.unpack()), &d.need)
             };
             let mut subs = Vec::new();
             for f in filters {
@@ -1628,7 +1631,7 @@ mod pump_tests {
                     relay: a.clone(),
                     generation,
                     batch: None,
-                    orig: Filter::new(),
+                    orig: PackedFilter::pack(Filter::new()),
                     live: SubPurpose::Announcements,
                     neg_id: SubscriptionId::new(format!("t{i}")),
                     after: None,
