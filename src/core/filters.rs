@@ -246,25 +246,38 @@ pub(crate) fn self_subscription_filter(since: Option<Timestamp>) -> Filter {
     }
 }
 
+/// Event ids of one tag of a [`PackedFilter`], shared between filters with the same ids.
+pub(crate) type PackedIds = std::sync::Arc<[[u8; 32]]>;
+
 /// A [`Filter`] held compactly while it waits to be used: the values of each tag whose values
 /// are all 64-character lower-case hex (Layer-3 ids) as 32-byte arrays, the rest as the
-/// filter holds it. [`PackedFilter::unpack`] gives back the same filter.
+/// filter holds it (boxed, and not at all when nothing else is set). [`PackedFilter::unpack`]
+/// gives back the same filter.
 ///
 /// A Layer-3 filter of 100 ids held as a [`Filter`] takes about 11 KB (a 64-byte string
-/// per value in a B-tree); packed, 3.2 KB. Reconciliations waiting for their turn hold their
-/// query this way: in a first sync with repositories on three relays thousands of them wait
-/// at once, and their queries were a fifth of the peak heap (issue 37, decision 0117).
+/// per value in a B-tree); packed, 3.2 KB, and the three filters of one chunk (`#e`, `#E`,
+/// `#q`) packed one after the other share their ids ([`PackedFilter::pack_with`]).
+/// Reconciliations waiting for their turn hold their query this way: in a first sync with
+/// repositories on three relays thousands of them wait at once, and their queries were a
+/// fifth of the peak heap (issue 37, decision 0117).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PackedFilter {
-    /// The filter without the tag values packed below.
-    rest: Filter,
+    /// The filter without the tag values packed below; `None` when that is `Filter::new()`.
+    rest: Option<Box<Filter>>,
     /// Per packed tag letter, its values as bytes in the filter's (sorted) order.
-    ids: Vec<(SingleLetterTag, Box<[[u8; 32]]>)>,
+    ids: Box<[(SingleLetterTag, PackedIds)]>,
 }
 
 impl PackedFilter {
     /// `filter`, its hex-id tag values packed.
+    #[cfg(test)]
     pub(crate) fn pack(filter: Filter) -> PackedFilter {
+        PackedFilter::pack_with(filter, &mut None)
+    }
+
+    /// [`PackedFilter::pack`] sharing the packed ids with the filter packed before (`last`:
+    /// the ids it packed last, updated) when they are the same.
+    pub(crate) fn pack_with(filter: Filter, last: &mut Option<PackedIds>) -> PackedFilter {
         let mut rest = filter;
         let mut ids = Vec::new();
         let letters: Vec<SingleLetterTag> = rest
@@ -275,17 +288,28 @@ impl PackedFilter {
             .collect();
         for letter in letters {
             if let Some(values) = rest.generic_tags.remove(&letter) {
-                let bytes: Box<[[u8; 32]]> = values.iter().filter_map(|v| hex_id(v)).collect();
-                ids.push((letter, bytes));
+                let bytes: Vec<[u8; 32]> = values.iter().filter_map(|v| hex_id(v)).collect();
+                let shared = match last {
+                    Some(l) if **l == bytes[..] => l.clone(),
+                    _ => {
+                        let new: PackedIds = bytes.into();
+                        *last = Some(new.clone());
+                        new
+                    }
+                };
+                ids.push((letter, shared));
             }
         }
-        PackedFilter { rest, ids }
+        PackedFilter {
+            rest: (rest != Filter::new()).then(|| Box::new(rest)),
+            ids: ids.into(),
+        }
     }
 
     /// The filter as it was packed.
     pub(crate) fn unpack(&self) -> Filter {
-        let mut f = self.rest.clone();
-        for (letter, values) in &self.ids {
+        let mut f = self.rest.as_deref().cloned().unwrap_or_default();
+        for (letter, values) in self.ids.iter() {
             // Sorted bytes are sorted hex: the set is built in one pass.
             f.generic_tags
                 .insert(*letter, values.iter().map(id_hex).collect());
@@ -295,7 +319,7 @@ impl PackedFilter {
 
     /// The filter's `since`.
     pub(crate) fn since(&self) -> Option<Timestamp> {
-        self.rest.since
+        self.rest.as_ref().and_then(|f| f.since)
     }
 }
 
@@ -471,11 +495,35 @@ mod tests {
             .collect();
         let f = tagged_one_of_our_root_event_filters(&ids, None).remove(0);
         let packed = PackedFilter::pack(f);
-        assert!(packed.rest.generic_tags.is_empty());
+        assert!(packed.rest.is_none());
         assert_eq!(packed.ids.len(), 1);
         assert_eq!(packed.ids[0].1.len(), 100);
         let mut want: Vec<[u8; 32]> = ids.iter().map(|i| i.to_bytes()).collect();
         want.sort();
         assert_eq!(&*packed.ids[0].1, &want[..]);
+        assert!(std::mem::size_of::<PackedFilter>() <= 24);
+    }
+
+    #[test]
+    fn the_filters_of_one_chunk_packed_in_turn_share_their_ids() {
+        let ids: HashSet<EventId> = (0u8..150)
+            .map(|i| EventId::from_byte_array([i; 32]))
+            .collect();
+        // Two chunks, three tags each.
+        let filters = tagged_one_of_our_root_event_filters(&ids, None);
+        assert_eq!(filters.len(), 6);
+        let mut last = None;
+        let packed: Vec<PackedFilter> = filters
+            .iter()
+            .map(|f| PackedFilter::pack_with(f.clone(), &mut last))
+            .collect();
+        for (p, f) in packed.iter().zip(&filters) {
+            assert_eq!(&p.unpack(), f);
+        }
+        let arc = |p: &PackedFilter| p.ids[0].1.clone();
+        assert!(std::sync::Arc::ptr_eq(&arc(&packed[0]), &arc(&packed[1])));
+        assert!(std::sync::Arc::ptr_eq(&arc(&packed[0]), &arc(&packed[2])));
+        assert!(!std::sync::Arc::ptr_eq(&arc(&packed[2]), &arc(&packed[3])));
+        assert!(std::sync::Arc::ptr_eq(&arc(&packed[3]), &arc(&packed[5])));
     }
 }

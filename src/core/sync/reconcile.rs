@@ -30,7 +30,7 @@ use nostr::event::EventId;
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::{build_announcement_filter, PackedFilter};
+use crate::core::filters::{build_announcement_filter, PackedFilter, PackedIds};
 use crate::core::message::escape_for_log;
 use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::state::ConnectionStatus;
@@ -297,6 +297,9 @@ pub(super) struct Reconciler {
     /// Fetches of finished jobs whose batch still has jobs on the same relay: sent when the
     /// last of them has ended, after the REQs those sent ([`SyncMachine::flush_fetches`]).
     deferred: Vec<DeferredFetch>,
+    /// The ids the last job's query packed: the next job's query of the same chunk (another
+    /// of its three tags) shares them ([`PackedFilter::pack_with`]).
+    last_packed: Option<PackedIds>,
     /// A batch's last job on a relay ended, or a fetch was deferred, since
     /// [`SyncMachine::flush_fetches`] last looked: only then can a deferred fetch be due (it runs from every `drain_queue`,
     /// and a scan of thousands of deferred fetches there, hashing each relay's URL, was a
@@ -497,13 +500,14 @@ impl SyncMachine {
         self.add_outstanding(relay, batch, [live_id.clone(), neg_id.clone()]);
         self.recon.next_job += 1;
         let id = self.recon.next_job;
+        let orig = PackedFilter::pack_with(filter, &mut self.recon.last_packed);
         self.recon.insert(
             id,
             Job {
                 relay: relay.clone(),
                 generation,
                 batch,
-                orig: PackedFilter::pack(filter),
+                orig,
                 live,
                 neg_id: neg_id.clone(),
                 after: Some(live_id),
