@@ -108,11 +108,16 @@ struct RootEntry {
     repo: u32,
     /// Members of its thread.
     members: u32,
+    /// Its index in `Threads::root_ids`.
+    index: u32,
 }
 
+/// A followed event: 8 bytes beside its id (its root by index; with the root's id it took
+/// 33, and the member map is one entry per followed event: issue 37).
 #[derive(Debug, Clone, Copy)]
 struct Member {
-    root: EventId,
+    /// Its root (index into `Threads::root_ids`).
+    root: u32,
     depth: u8,
 }
 
@@ -125,6 +130,8 @@ pub struct Threads {
     repo_ids: HashMap<RepoRef, u32>,
     /// Every root event linked to a repository.
     roots: HashMap<EventId, RootEntry>,
+    /// The ids of `roots`, in the order they were linked (roots are never forgotten).
+    root_ids: Vec<EventId>,
     /// Roots of more than one repository: the others (rare: a root event of a fork).
     more_repos: HashMap<EventId, Vec<u32>>,
     members: HashMap<EventId, Member>,
@@ -162,10 +169,15 @@ impl Threads {
         };
         let new = !self.roots.contains_key(&id);
         let first = self.intern(first);
+        let index = self.root_ids.len() as u32;
         let entry = self.roots.entry(id).or_insert(RootEntry {
             repo: first,
             members: 0,
+            index,
         });
+        if new {
+            self.root_ids.push(id);
+        }
         let known_first = entry.repo;
         let mut others: Vec<u32> = Vec::new();
         for r in std::iter::once(first).chain(rest.iter().map(|r| self.intern(r))) {
@@ -184,7 +196,7 @@ impl Threads {
         if new {
             // An event first read as a member (without its `a` tags) is a root now.
             if let Some(m) = self.members.remove(&id) {
-                if let Some(e) = self.roots.get_mut(&m.root) {
+                if let Some(e) = self.roots.get_mut(&self.root_ids[m.root as usize]) {
                     e.members = e.members.saturating_sub(1);
                 }
             }
@@ -235,7 +247,9 @@ impl Threads {
 
     /// The root and depth of member `id`.
     pub fn member(&self, id: &EventId) -> Option<(EventId, u8)> {
-        self.members.get(id).map(|m| (m.root, m.depth))
+        self.members
+            .get(id)
+            .map(|m| (self.root_ids[m.root as usize], m.depth))
     }
 
     /// Members followed.
@@ -283,7 +297,9 @@ impl Threads {
                 if self.roots.contains_key(p) {
                     Some((0, *p))
                 } else {
-                    self.members.get(p).map(|m| (m.depth, m.root))
+                    self.members
+                        .get(p)
+                        .map(|m| (m.depth, self.root_ids[m.root as usize]))
                 }
             })
             .min()
@@ -298,6 +314,7 @@ impl Threads {
         let Some(entry) = self.roots.get_mut(&root) else {
             return false;
         };
+        let index = entry.index;
         if entry.members as usize >= self.limits.max_per_thread {
             self.counters.thread_full += 1;
             return false;
@@ -307,7 +324,7 @@ impl Threads {
             return false;
         }
         entry.members += 1;
-        self.members.insert(id, Member { root, depth });
+        self.members.insert(id, Member { root: index, depth });
         out.push(Admitted { id, root, depth });
         true
     }
@@ -410,6 +427,11 @@ impl Threads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_takes_8_bytes_beside_its_id() {
+        assert!(std::mem::size_of::<Member>() <= 8);
+    }
 
     fn id(n: u32) -> EventId {
         let mut b = [0u8; 32];

@@ -177,19 +177,20 @@ pub(super) fn wall_of(t: Time, now: Time) -> u64 {
 /// without EOSE, queued, waiting to be reopened, waiting for room for their pages,
 /// interrupted, or read by a reconciliation outside a batch: `jobs`); `Err` when one has
 /// no `since` (a first Layer 1, a page of it): then only a fresh sync is safe.
-fn unfinished_history_floor<'a>(
-    link: &'a Link,
-    jobs: impl Iterator<Item = &'a Filter>,
+fn unfinished_history_floor(
+    link: &Link,
+    jobs: impl Iterator<Item = Option<nostr::types::Timestamp>>,
 ) -> Result<Option<u64>, ()> {
     if link.resume_overflow {
         return Err(());
     }
     let mut floor: Option<u64> = None;
-    let mut take = |f: &Filter| -> Result<(), ()> {
-        let s = f.since.ok_or(())?.as_secs();
+    let mut since = |s: Option<nostr::types::Timestamp>| -> Result<(), ()> {
+        let s = s.ok_or(())?.as_secs();
         floor = Some(floor.map_or(s, |x| x.min(s)));
         Ok(())
     };
+    let mut take = |f: &Filter| since(f.since);
     for (sub, info) in &link.subs {
         if link.loading.contains_key(sub)
             && !is_batch_query(info.purpose)
@@ -211,13 +212,11 @@ fn unfinished_history_floor<'a>(
         }
     }
     let parked = link.parked.iter().filter(|p| p.batch.is_none());
-    for f in link
-        .resume
-        .iter()
-        .chain(jobs)
-        .chain(parked.map(|p| &p.filter))
-    {
+    for f in link.resume.iter().chain(parked.map(|p| &p.filter)) {
         take(f)?;
+    }
+    for s in jobs {
+        since(s)?;
     }
     if let (Some(ps), false) = (link.poll_since, link.polled.is_empty()) {
         let s = ps.as_secs();

@@ -31,7 +31,7 @@ use nostr::event::EventId;
 use nostr::filter::Filter;
 use nostr::message::SubscriptionId;
 
-use crate::core::filters::build_announcement_filter;
+use crate::core::filters::{build_announcement_filter, PackedFilter, PackedIds};
 use crate::core::message::escape_for_log;
 use crate::core::paging::{bound_plan, plan_pages, PageStats};
 use crate::core::state::ConnectionStatus;
@@ -244,8 +244,10 @@ pub(super) struct Job {
     /// The query as the caller gave it, and the purpose of its REQ: what a fallback sends.
     /// Its history filter (no `limit`, [`history_filter`]) is derived when sent: a batch of
     /// thousands of new root events opens as many jobs at once, and a second copy of each
-    /// query's tag values was a fifth of the peak heap of a first sync (issue 21).
-    orig: Filter,
+    /// query's tag values was a fifth of the peak heap of a first sync (issue 21). Held
+    /// packed ([`PackedFilter`]): the filter itself, one B-tree of hex strings per query,
+    /// was a fifth of the peak heap again with repositories on three relays (issue 37).
+    orig: PackedFilter,
     live: SubPurpose,
     /// The negentropy subscription id, also the job's entry in its batch's outstanding set.
     neg_id: SubscriptionId,
@@ -296,6 +298,9 @@ pub(super) struct Reconciler {
     /// Fetches of finished jobs whose batch still has jobs on the same relay: sent when the
     /// last of them has ended, after the REQs those sent ([`SyncMachine::flush_fetches`]).
     deferred: Vec<DeferredFetch>,
+    /// The ids the last job's query packed: the next job's query of the same chunk (another
+    /// of its three tags) shares them ([`PackedFilter::pack_with`]).
+    last_packed: Option<PackedIds>,
     /// A batch's last job on a relay ended, or a fetch was deferred, since
     /// [`SyncMachine::flush_fetches`] last looked: only then can a deferred fetch be due (it runs from every `drain_queue`,
     /// and a scan of thousands of deferred fetches there, hashing each relay's URL, was a
@@ -315,8 +320,8 @@ struct DeferredFetch {
     batch: u64,
     /// The job's entry in its batch's outstanding set, until the fetch replaces it.
     neg_id: SubscriptionId,
-    /// The job's history filter.
-    filter: Filter,
+    /// The job's query ([`Job::orig`]; its history filter is derived when sent).
+    filter: PackedFilter,
     /// The ids to fetch, sorted.
     need: Vec<EventId>,
     /// The job's [`Job::own_clock`].
@@ -429,17 +434,18 @@ impl Reconciler {
         }
     }
 
-    /// The history filters of the jobs of `relay` outside a batch (Layer 1, catch-up):
+    /// The `since` of the history filters of the jobs of `relay` outside a batch (Layer 1,
+    /// catch-up):
     /// history not read yet, which a restart must read again (a batch's job is not: its
     /// batch is not confirmed, so its items are not saved as such).
     pub(super) fn unbatched_history_of<'a>(
         &'a self,
         relay: &'a RelayUrl,
-    ) -> impl Iterator<Item = &'a Filter> + 'a {
+    ) -> impl Iterator<Item = Option<nostr::types::Timestamp>> + 'a {
         self.ids_of(relay)
             .filter_map(|id| self.jobs.get(&id))
             .filter(|j| j.batch.is_none())
-            .map(|j| &j.orig)
+            .map(|j| j.orig.since())
     }
 }
 
@@ -495,13 +501,14 @@ impl SyncMachine {
         self.add_outstanding(relay, batch, [live_id.clone(), neg_id.clone()]);
         self.recon.next_job += 1;
         let id = self.recon.next_job;
+        let orig = PackedFilter::pack_with(filter, &mut self.recon.last_packed);
         self.recon.insert(
             id,
             Job {
                 relay: relay.clone(),
                 generation,
                 batch,
-                orig: filter,
+                orig,
                 live,
                 neg_id: neg_id.clone(),
                 after: Some(live_id),
@@ -660,7 +667,7 @@ impl SyncMachine {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
-        let filter = history_filter(job.orig.clone());
+        let filter = history_filter(job.orig.unpack());
         let deadline = self.last_now.plus(self.config.nip77.own_read_timeout);
         let now = self.last_now;
         if let Some(job) = self.recon.jobs.get_mut(&id) {
@@ -737,7 +744,7 @@ impl SyncMachine {
                 continue;
             };
             if keep_history && job.batch.is_none() {
-                let f = history_filter(job.orig.clone());
+                let f = history_filter(job.orig.unpack());
                 let link = self.link(relay);
                 if link.resume.len() >= MAX_RESUME {
                     link.resume_overflow = true;
@@ -823,7 +830,7 @@ impl SyncMachine {
             job.relay.clone(),
             job.generation,
             job.batch,
-            job.orig.clone(),
+            job.orig.unpack(),
             job.live,
             job.neg_id.clone(),
             job.after.clone(),
@@ -1058,7 +1065,7 @@ impl SyncMachine {
             relay,
             generation: job.generation,
             sub_id: job.neg_id.clone(),
-            filter: history_filter(job.orig.clone()),
+            filter: history_filter(job.orig.unpack()),
             message: msg,
         });
     }
@@ -1285,7 +1292,7 @@ impl SyncMachine {
         job.own_rereads += 1;
         let waited = base * (1 << (job.own_rereads - 1));
         let next = base * (1 << job.own_rereads);
-        let filter = history_filter(job.orig.clone());
+        let filter = history_filter(job.orig.unpack());
         info!(
             "own relay: side of reconciliation {id} not read within {waited:?} (a query dropped \
              without EOSE?); reading it again, {next:?} to go"
@@ -1342,7 +1349,7 @@ impl SyncMachine {
                 generation: job.generation,
                 batch,
                 neg_id: job.neg_id,
-                filter: history_filter(job.orig),
+                filter: job.orig,
                 need,
                 since: job.own_clock,
             });
@@ -1350,7 +1357,7 @@ impl SyncMachine {
             self.pump_jobs();
             return;
         }
-        let (filters, scope) = self.fetch_filters(&relay, history_filter(job.orig), &need);
+        let (filters, scope) = self.fetch_filters(&relay, history_filter(job.orig.unpack()), &need);
         let mut subs = Vec::new();
         for f in filters {
             subs.push(self.open_fetch(
@@ -1391,7 +1398,7 @@ impl SyncMachine {
             let (filters, scope) = if d.need.is_empty() {
                 (Vec::new(), None)
             } else {
-                self.fetch_filters(&d.relay, d.filter, &d.need)
+                self.fetch_filters(&d.relay, history_filter(d.filter.unpack()), &d.need)
             };
             let mut subs = Vec::new();
             for f in filters {
@@ -1629,7 +1636,7 @@ mod pump_tests {
                     relay: a.clone(),
                     generation,
                     batch: None,
-                    orig: Filter::new(),
+                    orig: PackedFilter::pack(Filter::new()),
                     live: SubPurpose::Announcements,
                     neg_id: SubscriptionId::new(format!("t{i}")),
                     after: None,
