@@ -1,5 +1,5 @@
 //! Hash maps and sets with a fast, seeded hasher for the coordinator's and the sessions'
-//! indexes (decision 0117).
+//! indexes (decision 0118).
 //!
 //! The standard library's SipHash-1-3 took about a quarter of the coordinator's CPU in a
 //! first sync: the indexes are keyed by subscription ids, event ids and relay URLs, looked up

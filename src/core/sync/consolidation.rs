@@ -517,8 +517,14 @@ impl SyncMachine {
     /// [`Timer::Regrow`]: sends the grown live REQs of `relay` that waited, then their
     /// catch-ups (when it is still connected; a lost connection forgot them).
     pub(super) fn send_regrown(&mut self, relay: &RelayUrl, now: Time) {
-        if let Some(generation) = self.connected_generation(relay) {
-            self.send_regrown_on(relay, generation, now);
+        match self.connected_generation(relay) {
+            Some(generation) => self.send_regrown_on(relay, generation, now),
+            None => {
+                if let Some(l) = self.link_mut(relay) {
+                    l.regrow.clear();
+                    l.regrow_catch_ups.clear();
+                }
+            }
         }
     }
 
@@ -533,6 +539,18 @@ impl SyncMachine {
         for wire in reqs {
             let link = self.link(relay);
             let Some(head) = link.subs.get(&wire).map(|i| i.filter.clone()) else {
+                // The REQ's first query (its id) was closed while it waited, and the REQ
+                // cannot be sent again under that id: members still open would keep their
+                // old values live only. The live set is rebuilt (its catch-up from now −
+                // 15 min; the waiting catch-ups below cover what came before).
+                let orphaned = link
+                    .packed
+                    .iter()
+                    .any(|(id, w)| *w == wire && link.subs.contains_key(id));
+                if orphaned {
+                    link.uncovered_since = Some(link.uncovered_since.map_or(now, |u| u.min(now)));
+                    self.need_rebuild(relay, now);
+                }
                 continue;
             };
             let mut others: Vec<(SubscriptionId, std::sync::Arc<Filter>)> = link

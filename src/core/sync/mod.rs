@@ -414,6 +414,11 @@ impl SyncMachine {
                     "{url}: EOSE deadline"
                 );
                 debug_assert_eq!(
+                    self.timers.is_set(&Timer::Regrow(url.clone())),
+                    !r.link.regrow.is_empty() || !r.link.regrow_catch_ups.is_empty(),
+                    "{url}: grown live REQs wait for their timer"
+                );
+                debug_assert_eq!(
                     self.timers.get(&Timer::Reopen(url.clone())),
                     self.link_of(url)
                         .and_then(|l| l.reopen.iter().map(|r| r.0).min()),
