@@ -52,10 +52,6 @@ pub struct SyncConfig {
     /// How long a consolidation waits for the relay's subscriptions that are still loading
     /// history (design: 30 s, "wait for pending batches").
     pub consolidation_wait: Duration,
-    /// A grown live REQ is sent again at most once per this interval per relay; values
-    /// placed in between wait for it, their catch-ups with them (decision 0119; default
-    /// 10 s).
-    pub live_regrow_interval: Duration,
     /// Shortest delay of the daily full resync (design: 23 h).
     pub daily_min: Duration,
     /// Longest delay of the daily full resync (design: 25 h).
@@ -108,7 +104,6 @@ impl SyncConfig {
             consolidation_threshold: 70,
             max_filters_per_req: super::MAX_FILTERS_PER_REQ,
             consolidation_wait: Duration::from_secs(30),
-            live_regrow_interval: Duration::from_secs(10),
             daily_min: Duration::from_secs(23 * 3600),
             daily_max: Duration::from_secs(25 * 3600),
             assumed_page_size: 20,

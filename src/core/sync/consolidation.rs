@@ -124,17 +124,8 @@ impl SyncMachine {
         // Layer 1 stays). Other history (pages, resumed queries) is kept as it is.
         let margin = self.config.quick_reconnect_window;
         let mut since = now.minus(margin).timestamp();
-        self.timers.cancel(&Timer::Regrow(relay.clone()));
         if let Some(l) = self.link_mut(relay) {
             l.rebuild_needed = false;
-            // Grown live REQs waiting for the regrow interval are rebuilt below; the values
-            // placed in them are caught up from their own `since` (decision 0119).
-            l.regrow.clear();
-            for f in std::mem::take(&mut l.regrow_catch_ups) {
-                if let Some(s) = f.since {
-                    since = since.min(s);
-                }
-            }
             let mut from = l.uncovered_since.take().unwrap_or(now);
             let live_queued = l.queue.iter().any(|(_, i)| i.purpose == SubPurpose::Live);
             if let (true, Some(t)) = (live_queued, l.live_built_at) {
@@ -238,11 +229,21 @@ impl SyncMachine {
         // as new live subscriptions, then polled.
         let nothing_polled = self.config.max_filters_per_req >= 2
             && self.link_of(relay).is_none_or(|l| l.polled.is_empty());
-        let filters = if nothing_polled {
-            self.extend_live_chunks(relay, generation, filters, since, now)
+        let (filters, extended) = if nothing_polled {
+            self.extend_live_chunks(relay, generation, filters)
         } else {
-            filters
+            (filters, Vec::new())
         };
+        for f in extended {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(f, since),
+            );
+            let l = self.link(relay);
+            l.catch_up_since = Some(l.catch_up_since.map_or(since, |c| c.min(since)));
+        }
         let budget = self.req_budget(relay);
         let link = self.link(relay);
         let open = link.subs.values().filter(|i| i.purpose.is_live()).count();
@@ -415,25 +416,21 @@ impl SyncMachine {
     }
 
     /// Puts the values of `new` (Layer 2/3 filters of newly confirmed items) into the live
-    /// chunks of `relay` with room (decision 0110: the incremental live set); each REQ
-    /// holding a chunk that grew is sent again whole under its id, which replaces the
-    /// relay's subscription, followed by a catch-up of the values placed from `since`: at
-    /// once, or when the regrow interval since the last such REQ ends (decision 0119). A
-    /// chunk grows within the relay's live chunk size and its REQ within
+    /// chunks of `relay` with room (decision 0110: the incremental live set) and sends each
+    /// chunk that grew again as one REQ under its own id, which replaces the relay's
+    /// subscription. A chunk grows within the relay's live chunk size and its REQ within
     /// [`Self::max_req_bytes`] (a longer frame makes strfry drop the connection). Returns
-    /// the filters that found no room.
+    /// the filters that found no room, and the ones placed (for their catch-up).
     fn extend_live_chunks(
         &mut self,
         relay: &RelayUrl,
         generation: u64,
         new: Vec<Filter>,
-        since: nostr::types::Timestamp,
-        now: Time,
-    ) -> Vec<Filter> {
+    ) -> (Vec<Filter>, Vec<Filter>) {
         let max = self.max_live_chunk(relay);
         let mut chunks = self.growable_live_chunks(relay);
         if chunks.is_empty() {
-            return new;
+            return (new, Vec::new());
         }
         let mut bytes = self.req_room(relay, &chunks);
         let mut grown: std::collections::BTreeMap<SubscriptionId, Vec<String>> =
@@ -492,65 +489,13 @@ impl SyncMachine {
             }
             info.json_len = crate::core::filter_json::filter_len(&filter);
             info.filter = std::sync::Arc::new(filter);
+            self.counters.live_chunks_resent += 1;
         }
-        if placed.is_empty() {
-            return rest;
-        }
-        let interval = self.config.live_regrow_interval;
-        let link = self.link(relay);
-        link.regrow.extend(reqs);
-        link.regrow_catch_ups
-            .extend(placed.into_iter().map(|f| history_since(f, since)));
-        link.catch_up_since = Some(link.catch_up_since.map_or(since, |c| c.min(since)));
-        match link.regrown_at {
-            Some(t) if now.since(t) < interval => {
-                let timer = Timer::Regrow(relay.clone());
-                if !self.timers.is_set(&timer) {
-                    self.timers.set(timer, t.plus(interval));
-                }
-            }
-            _ => self.send_regrown_on(relay, generation, now),
-        }
-        rest
-    }
-
-    /// [`Timer::Regrow`]: sends the grown live REQs of `relay` that waited, then their
-    /// catch-ups (when it is still connected; a lost connection forgot them).
-    pub(super) fn send_regrown(&mut self, relay: &RelayUrl, now: Time) {
-        match self.connected_generation(relay) {
-            Some(generation) => self.send_regrown_on(relay, generation, now),
-            None => {
-                if let Some(l) = self.link_mut(relay) {
-                    l.regrow.clear();
-                    l.regrow_catch_ups.clear();
-                }
-            }
-        }
-    }
-
-    /// Sends each REQ in [`Link::regrow`] again whole under its id (it replaces the relay's
-    /// subscription, NIP-01), then opens the waiting catch-ups.
-    fn send_regrown_on(&mut self, relay: &RelayUrl, generation: u64, now: Time) {
-        self.timers.cancel(&Timer::Regrow(relay.clone()));
-        let link = self.link(relay);
-        let reqs = std::mem::take(&mut link.regrow);
-        let catch_ups = std::mem::take(&mut link.regrow_catch_ups);
-        link.regrown_at = Some(now);
+        // Each REQ that holds a grown chunk goes out again under its id, whole: it replaces
+        // the relay's subscription (NIP-01).
         for wire in reqs {
             let link = self.link(relay);
             let Some(head) = link.subs.get(&wire).map(|i| i.filter.clone()) else {
-                // The REQ's first query (its id) was closed while it waited, and the REQ
-                // cannot be sent again under that id: members still open would keep their
-                // old values live only. The live set is rebuilt (its catch-up from now −
-                // 15 min; the waiting catch-ups below cover what came before).
-                let orphaned = link
-                    .packed
-                    .iter()
-                    .any(|(id, w)| *w == wire && link.subs.contains_key(id));
-                if orphaned {
-                    link.uncovered_since = Some(link.uncovered_since.map_or(now, |u| u.min(now)));
-                    self.need_rebuild(relay, now);
-                }
                 continue;
             };
             let mut others: Vec<(SubscriptionId, std::sync::Arc<Filter>)> = link
@@ -564,7 +509,6 @@ impl SyncMachine {
                 "{relay}: live REQ {wire} sent again with new values ({} filters)",
                 others.len() + 1
             );
-            self.counters.live_chunks_resent += 1;
             let command = if others.is_empty() {
                 Command::Subscribe {
                     relay: relay.clone(),
@@ -585,9 +529,7 @@ impl SyncMachine {
             };
             self.commands.push_back(command);
         }
-        for f in catch_ups {
-            self.open_sub(relay, generation, SubPurpose::CatchUp, f);
-        }
+        (rest, placed)
     }
 }
 

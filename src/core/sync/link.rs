@@ -231,9 +231,6 @@ impl Link {
         self.poll_since = None;
         self.rebuild_needed = false;
         self.uncovered_since = None;
-        self.regrow.clear();
-        self.regrow_catch_ups.clear();
-        self.regrown_at = None;
         self.live_built_at = None;
         self.polled_at_counts = None;
     }
@@ -373,13 +370,6 @@ pub(super) struct Link {
     /// subscription without a catch-up yet (a batch query closed at EOSE for room, a live
     /// subscription dropped from the queue): the next rebuild catches up from there.
     pub(super) uncovered_since: Option<Time>,
-    /// Grown live REQs (by the id they were sent under) waiting for the regrow interval,
-    /// and the catch-ups of the values placed in them (decision 0119).
-    pub(super) regrow: std::collections::BTreeSet<SubscriptionId>,
-    /// The catch-ups of values placed in live chunks whose REQs wait in `regrow`.
-    pub(super) regrow_catch_ups: Vec<Filter>,
-    /// When a grown live REQ was last sent again.
-    pub(super) regrown_at: Option<Time>,
     /// When the live set was last (re)built: live subscriptions of it still queued at the
     /// next rebuild have covered nothing since then.
     pub(super) live_built_at: Option<Time>,

@@ -320,7 +320,6 @@ impl SyncMachine {
                 Timer::Cooldown(url) => self.drain_queue(&url),
                 Timer::Poll(url) => self.poll_round(&url, now),
                 Timer::Consolidate(url) => self.run_deferred(&url, now),
-                Timer::Regrow(url) => self.send_regrown(&url, now),
                 Timer::Daily(url) => self.daily_resync(&url, now),
                 Timer::DisconnectCheck => {
                     let next = now.plus(self.config.disconnect_check_interval);
@@ -412,11 +411,6 @@ impl SyncMachine {
                     self.timers.get(&Timer::EoseDeadline(url.clone())),
                     self.eose_deadline_of(url),
                     "{url}: EOSE deadline"
-                );
-                debug_assert_eq!(
-                    self.timers.is_set(&Timer::Regrow(url.clone())),
-                    !r.link.regrow.is_empty() || !r.link.regrow_catch_ups.is_empty(),
-                    "{url}: grown live REQs wait for their timer"
                 );
                 debug_assert_eq!(
                     self.timers.get(&Timer::Reopen(url.clone())),
@@ -516,7 +510,6 @@ impl SyncMachine {
             link.forget_subscriptions();
         }
         self.timers.cancel(&Timer::Consolidate(relay.clone()));
-        self.timers.cancel(&Timer::Regrow(relay.clone()));
         self.timers.cancel(&Timer::Poll(relay.clone()));
     }
 }

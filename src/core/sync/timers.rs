@@ -46,8 +46,6 @@ pub(crate) enum Timer {
     Poll(RelayUrl),
     /// Consolidate (or rebuild the live set of) the relay at the latest now.
     Consolidate(RelayUrl),
-    /// Send the relay's grown live REQs that waited for the regrow interval (decision 0119).
-    Regrow(RelayUrl),
     /// The relay's daily full resync (issue 11: per relay, spread over 23–25 h).
     Daily(RelayUrl),
     /// The periodic check for relays no repository needs any more.
@@ -60,7 +58,7 @@ pub(crate) enum Timer {
 
 impl Timer {
     /// Every timer that can carry `relay`.
-    pub(crate) fn of_relay(relay: &RelayUrl) -> [Timer; 10] {
+    pub(crate) fn of_relay(relay: &RelayUrl) -> [Timer; 9] {
         [
             Timer::EoseDeadline(relay.clone()),
             Timer::Reconnect(relay.clone()),
@@ -69,7 +67,6 @@ impl Timer {
             Timer::Cooldown(relay.clone()),
             Timer::Poll(relay.clone()),
             Timer::Consolidate(relay.clone()),
-            Timer::Regrow(relay.clone()),
             Timer::Daily(relay.clone()),
             Timer::Nip77Detection(relay.clone()),
         ]
@@ -86,7 +83,6 @@ impl Timer {
             | Timer::Cooldown(r)
             | Timer::Poll(r)
             | Timer::Consolidate(r)
-            | Timer::Regrow(r)
             | Timer::Daily(r)
             | Timer::Nip77Detection(r) => Some(r),
             Timer::OwnEoseDeadline
@@ -314,7 +310,7 @@ mod tests {
         }
         table.set(Timer::Poll(b.clone()), t(3));
         table.set(Timer::JobDeadline(7), t(3));
-        assert_eq!(table.count_relay(&a), 10);
+        assert_eq!(table.count_relay(&a), 9);
         table.cancel_relay(&a);
         assert_eq!(table.count_relay(&a), 0);
         assert_eq!(table.count_relay(&b), 1);
