@@ -61,6 +61,19 @@ fn push_hex(out: &mut String, bytes: &[u8; 32]) {
     out.push_str(std::str::from_utf8(&buf).unwrap_or_default());
 }
 
+/// Appends a field of hex values: `,` when needed, `key` (the name and `[`), the values, `]`.
+fn push_hex_list<'a>(out: &mut String, key: &str, values: impl Iterator<Item = &'a [u8; 32]>) {
+    comma(out);
+    out.push_str(key);
+    for (i, bytes) in values.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_hex(out, bytes);
+    }
+    out.push(']');
+}
+
 /// Appends `,` unless `out` ends with `{`.
 fn comma(out: &mut String) {
     if !out.ends_with('{') {
@@ -75,25 +88,10 @@ pub(crate) fn write_filter(out: &mut String, f: &Filter) {
     out.reserve(64 + 67 * f.generic_tags.values().map(|v| v.len()).sum::<usize>());
     out.push('{');
     if let Some(ids) = &f.ids {
-        out.push_str("\"ids\":[");
-        for (i, id) in ids.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_hex(out, id.as_bytes());
-        }
-        out.push(']');
+        push_hex_list(out, "\"ids\":[", ids.iter().map(|id| id.as_bytes()));
     }
     if let Some(authors) = &f.authors {
-        comma(out);
-        out.push_str("\"authors\":[");
-        for (i, pk) in authors.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_hex(out, pk.as_bytes());
-        }
-        out.push(']');
+        push_hex_list(out, "\"authors\":[", authors.iter().map(|pk| pk.as_bytes()));
     }
     if let Some(kinds) = &f.kinds {
         comma(out);
