@@ -280,15 +280,22 @@ impl PackedFilter {
     pub(crate) fn pack_with(filter: Filter, last: &mut Option<PackedIds>) -> PackedFilter {
         let mut rest = filter;
         let mut ids = Vec::new();
-        let letters: Vec<SingleLetterTag> = rest
+        // Tags whose every value is an event id as `EventId::to_hex` writes it (64 lowercase
+        // hex digits), so that unpacking gives the same strings back.
+        let packable: Vec<(SingleLetterTag, Vec<[u8; 32]>)> = rest
             .generic_tags
             .iter()
-            .filter(|(_, values)| !values.is_empty() && values.iter().all(|v| is_hex_id(v)))
-            .map(|(letter, _)| *letter)
+            .filter(|(_, values)| !values.is_empty())
+            .filter_map(|(letter, values)| {
+                let bytes = values
+                    .iter()
+                    .map(|v| crate::core::message::hex_id(v.as_bytes()).map(EventId::to_bytes))
+                    .collect::<Option<Vec<_>>>()?;
+                Some((*letter, bytes))
+            })
             .collect();
-        for letter in letters {
-            if let Some(values) = rest.generic_tags.remove(&letter) {
-                let bytes: Vec<[u8; 32]> = values.iter().filter_map(|v| hex_id(v)).collect();
+        for (letter, bytes) in packable {
+            if rest.generic_tags.remove(&letter).is_some() {
                 let shared = match last {
                     Some(l) if **l == bytes[..] => l.clone(),
                     _ => {
@@ -311,8 +318,13 @@ impl PackedFilter {
         let mut f = self.rest.as_deref().cloned().unwrap_or_default();
         for (letter, values) in self.ids.iter() {
             // Sorted bytes are sorted hex: the set is built in one pass.
-            f.generic_tags
-                .insert(*letter, values.iter().map(id_hex).collect());
+            f.generic_tags.insert(
+                *letter,
+                values
+                    .iter()
+                    .map(|b| EventId::from_byte_array(*b).to_hex())
+                    .collect(),
+            );
         }
         f
     }
@@ -321,40 +333,6 @@ impl PackedFilter {
     pub(crate) fn since(&self) -> Option<Timestamp> {
         self.rest.as_ref().and_then(|f| f.since)
     }
-}
-
-/// True for 64 lower-case hex digits (what [`EventId::to_hex`] writes).
-fn is_hex_id(v: &str) -> bool {
-    v.len() == 64 && v.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// The 32 bytes of a value [`is_hex_id`] accepts.
-fn hex_id(v: &str) -> Option<[u8; 32]> {
-    let nibble = |b: u8| match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        _ => None,
-    };
-    let raw = v.as_bytes();
-    if raw.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = (nibble(raw[2 * i])? << 4) | nibble(raw[2 * i + 1])?;
-    }
-    Some(out)
-}
-
-/// `bytes` as 64 lower-case hex digits.
-fn id_hex(bytes: &[u8; 32]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(64);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
 }
 
 #[cfg(test)]

@@ -284,7 +284,7 @@ fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
 }
 
 /// 64 lowercase hex digits as an id.
-fn hex_id(hex: &[u8]) -> Option<EventId> {
+pub(crate) fn hex_id(hex: &[u8]) -> Option<EventId> {
     if hex.len() != 64 {
         return None;
     }

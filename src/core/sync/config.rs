@@ -1,7 +1,7 @@
 //! The sync logic's settings ([`SyncConfig`]) and the target selection they make
 //! ([`machine_targets`], [`machine_policy`]).
 
-use std::collections::HashSet;
+use crate::core::hash::HashSet;
 use std::time::Duration;
 
 use crate::core::health::BackoffPolicy;

@@ -62,11 +62,9 @@ impl SyncMachine {
         let cooling = self.cooling(relay, self.last_now);
         let link = self.link(relay);
         let info = SubInfo {
-            purpose,
-            json_len: crate::core::filter_json::filter_len(&filter),
-            filter: filter.into(),
             scope,
             fetch_since,
+            ..SubInfo::new(purpose, filter)
         };
         let full = link.open_reqs() >= budget;
         let wait = cooling || !link.queue.is_empty();
