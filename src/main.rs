@@ -558,6 +558,8 @@ fn init_logging(format: &str) {
             });
             writeln!(buf, "{line}")
         });
+    } else {
+        b.format_timestamp_millis();
     }
     b.init();
 }

@@ -505,6 +505,11 @@ pub fn prometheus(status: &Status) -> String {
             c.reconcile_skipped_empty,
         ),
         (
+            "own_reads_skipped_total",
+            "History queries sent as one REQ without reading the own relay's side: no event it holds tags their values.",
+            c.own_reads_skipped,
+        ),
+        (
             "fetch_ids_retried_total",
             "Ids a reconciliation's fetch asked for again because its first REQ ended without them.",
             c.fetch_ids_retried,
@@ -842,6 +847,7 @@ pub fn status_json(status: &Status) -> Value {
             "neg_unknown": c.neg_unknown,
             "nip77_detections": c.nip77_detections,
             "reconcile_skipped_empty": c.reconcile_skipped_empty,
+            "own_reads_skipped": c.own_reads_skipped,
             "fetch_ids_retried": c.fetch_ids_retried,
             "fetch_ids_undelivered": c.fetch_ids_undelivered,
             "cap_probes": c.cap_probes,

@@ -27,6 +27,7 @@ mod loss_tests;
 #[cfg(test)]
 mod nip77_tests;
 mod own;
+mod own_tags;
 #[cfg(test)]
 mod pack_tests;
 mod persist;
@@ -156,6 +157,12 @@ pub struct SyncMachine {
     /// The announcements and root events are being read, before the self-subscription
     /// opens (`own.rs`).
     own_roots_read: bool,
+    /// What the own relay's events tag (decision 0120): a history query none of them can
+    /// match is one REQ at once, without reading the own relay's side first.
+    own_tags: own_tags::OwnTags,
+    /// A read of the own relay's stored events on the current connection ended incomplete
+    /// (`own_tags` then stays incomplete until the next connection's read).
+    own_read_incomplete: bool,
     /// Every remote relay known, with everything about it (its confirmed state and pending
     /// batches, the design's `RelaySyncIndex` and `PendingSyncIndex`, included); read with
     /// [`SyncMachine::relays`] and [`SyncMachine::relay`].
@@ -220,6 +227,8 @@ impl SyncMachine {
             threads: crate::core::threads::Threads::new(config.threads),
             own_rereads: 0,
             own_roots_read: false,
+            own_tags: own_tags::OwnTags::default(),
+            own_read_incomplete: false,
             remotes: HashMap::default(),
             unknown: remote::Unknown::default(),
             own: RelayState::new(false),

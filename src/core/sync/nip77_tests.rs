@@ -959,3 +959,40 @@ fn a_fetch_does_not_ask_for_what_a_req_of_its_batch_delivers() {
         .collect();
     assert!(fetched.is_empty(), "fetched again by id: {fetched:?}");
 }
+
+#[test]
+fn a_query_no_event_on_the_own_relay_tags_is_one_req_without_an_own_read() {
+    // A first sync: the own relay holds the announcement only, and the self-subscription
+    // has read it. The replies of the issues found on A are asked for by their ids, which
+    // no event on the own relay tags: the first query of each chunk is one REQ at once,
+    // without reading the own relay's side (decision 0120).
+    let mut c = case(100, |_| false, true, Nip77Mode::On, |_| {}, |_| {});
+    c.run(120);
+    c.assert_exact();
+    let counters = c.w.m.counters();
+    assert!(counters.own_reads_skipped >= 1, "{counters:?}");
+    let id_tags = ['e', 'E', 'q'].map(|l| nostr::filter::SingleLetterTag::from_char(l).unwrap());
+    let layer3 = |f: &&Filter| {
+        f.generic_tags.keys().any(|t| id_tags.contains(t))
+            && f.generic_tags.values().flatten().all(|v| v.len() == 64)
+    };
+    let asked_own: Vec<&Filter> = c.w.own.reqs.iter().filter(layer3).collect();
+    let unread: Vec<&Filter> = history_reqs(c.a())
+        .into_iter()
+        .filter(layer3)
+        .filter(|f| !asked_own.iter().any(|o| o.generic_tags == f.generic_tags))
+        .collect();
+    assert!(
+        !unread.is_empty(),
+        "every Layer 3 query was read on the own relay first"
+    );
+    // The other tags of the same ids went through the own read (by then the REQ's events
+    // may be there): one REQ per chunk of ids, not three.
+    assert!(
+        unread.len() as u64 <= counters.own_reads_skipped,
+        "{} unread, {} skipped",
+        unread.len(),
+        counters.own_reads_skipped
+    );
+    assert_eq!(counters.reconcile_fallbacks, [0; 8]);
+}

@@ -54,6 +54,8 @@ impl SyncMachine {
         self.own_link.parked.clear();
         self.own_side_lost();
         self.own_rereads = 0;
+        self.own_tags.set_complete(false);
+        self.own_read_incomplete = false;
         info!(
             "own relay {} connected; self-subscribing (full history{})",
             self.config.own_relay,
@@ -189,6 +191,7 @@ impl SyncMachine {
             if let Some(why) = &plan.incomplete {
                 self.counters.incomplete_queries += 1;
                 warn!("own relay {own}: self-subscription history incomplete: {why}");
+                self.own_read_incomplete = true;
             }
             for f in plan.next {
                 self.counters.pages_requested += 1;
@@ -240,6 +243,7 @@ impl SyncMachine {
         if let Some(why) = plan.incomplete {
             self.counters.incomplete_queries += 1;
             warn!("own relay {own}: self-subscription history incomplete: {why}");
+            self.own_read_incomplete = true;
         }
         for f in plan.next {
             self.counters.pages_requested += 1;
@@ -259,6 +263,9 @@ impl SyncMachine {
                 debug!("self-subscription: stored history read to its end; applying the batch now");
                 self.process_batch(self.last_now);
             }
+            // Every stored event has been through `push_self_event`: the index of their tags
+            // answers for the own relay from now on (until the connection ends).
+            self.own_tags.set_complete(!self.own_read_incomplete);
             self.own_history_read();
         }
     }
@@ -323,6 +330,7 @@ impl SyncMachine {
         self.own_link.parked.clear();
         self.own_side_lost();
         self.own_roots_read = false;
+        self.own_tags.set_complete(false);
         self.own_link
             .health
             .record_failure(now, &self.config.backoff);
@@ -394,6 +402,7 @@ impl SyncMachine {
 
     pub(super) fn push_self_event(&mut self, event: &Event, now: Time) {
         self.counters.self_events += 1;
+        self.own_tags.insert_event(event);
         let meaning = classify_self_event_with(
             event,
             self.config.target_limits.max_relays_per_announcement,

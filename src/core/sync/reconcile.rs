@@ -496,6 +496,19 @@ impl SyncMachine {
             self.add_outstanding(relay, batch, [id]);
             return;
         }
+        if self.nip77_support(relay).in_use() && !self.own_tags.may_match(&filter) {
+            // The own relay holds nothing for the query (no event there tags its values):
+            // the own read would find that out one round trip later, and the query would be
+            // this one REQ then (`begin_negotiation`).
+            self.counters.own_reads_skipped += 1;
+            self.own_tags.insert_query(&filter);
+            debug!(
+                "{relay}: history query sent as one REQ: no event on the own relay tags its values"
+            );
+            let id = self.open_sub(relay, generation, live, filter);
+            self.add_outstanding(relay, batch, [id]);
+            return;
+        }
         let live_id = self.open_sub(relay, generation, live, live_only(&filter));
         let neg_id = self.new_sub_id();
         self.add_outstanding(relay, batch, [live_id.clone(), neg_id.clone()]);

@@ -89,6 +89,9 @@ pub struct SyncCounters {
     /// Reconciliations that sent their query as one REQ because the own relay holds
     /// nothing for it (a reconciliation would fetch everything by `ids`).
     pub reconcile_skipped_empty: u64,
+    /// History queries sent as one REQ without reading the own relay's side first: no event
+    /// the self-subscription read from it tags any of their values (decision 0120).
+    pub own_reads_skipped: u64,
     /// Ids a reconciliation's fetch asked for again because its first REQ ended without
     /// them (issue 33).
     pub fetch_ids_retried: u64,
