@@ -34,7 +34,7 @@ const BITS: usize = 1 << 23;
 const PROBES: u64 = 4;
 
 /// A Bloom filter of the indexed tag values of the own relay's events.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct OwnTags {
     /// Allocated with the first value.
     bits: Option<Box<[u64]>>,
@@ -44,17 +44,6 @@ pub(super) struct OwnTags {
     inserted: u64,
     /// The self-subscription has read every stored event on the current connection.
     complete: bool,
-}
-
-impl Default for OwnTags {
-    fn default() -> Self {
-        OwnTags {
-            bits: None,
-            hasher: foldhash::fast::RandomState::default(),
-            inserted: 0,
-            complete: false,
-        }
-    }
 }
 
 impl OwnTags {
