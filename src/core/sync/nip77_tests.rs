@@ -996,3 +996,34 @@ fn a_query_no_event_on_the_own_relay_tags_is_one_req_without_an_own_read() {
     );
     assert_eq!(counters.reconcile_fallbacks, [0; 8]);
 }
+
+#[test]
+fn the_own_tag_index_answers_only_once_the_own_relays_stored_events_are_read() {
+    // Decision 0120: the index of what the own relay's events tag stands for the own
+    // relay only once the self-subscription has read its stored events to their end on
+    // the current connection.
+    let mut c = case(10, |_| true, true, Nip77Mode::On, |_| {}, |_| {});
+    assert!(!c.w.m.own_tags.is_complete());
+    c.run(120);
+    c.assert_exact();
+    assert!(c.w.m.own_tags.is_complete());
+    // Every reply the own relay held is in it by its root's id (`E`).
+    let e_upper = nostr::filter::SingleLetterTag::from_char('E').unwrap();
+    for e in
+        c.w.own
+            .store
+            .iter()
+            .filter(|e| e.kind == Kind::Custom(1111))
+    {
+        let root = e.tags.iter().find_map(|t| t.content()).unwrap().to_string();
+        let f = Filter::new().custom_tags(e_upper, [root]);
+        assert!(c.w.m.own_tags.may_match(&f));
+    }
+    // The own relay restarts: the index stops answering until the new connection's read of
+    // its stored events has ended.
+    c.w.drop(OWN);
+    assert!(!c.w.m.own_tags.is_complete());
+    c.w.run_for(Duration::from_secs(120), Duration::from_secs(5));
+    assert!(c.w.m.own_tags.is_complete());
+    c.assert_exact();
+}

@@ -259,13 +259,14 @@ impl SyncMachine {
                 self.open_own_sub(SubPurpose::SelfSubscription, own_events_filter());
                 return;
             }
+            // Every stored event has been through `push_self_event`: the index of their tags
+            // answers for the own relay from now on (until the connection ends), already for
+            // the queries of the batch applied next.
+            self.own_tags.set_complete(!self.own_read_incomplete);
             if self.batch.started.is_some() {
                 debug!("self-subscription: stored history read to its end; applying the batch now");
                 self.process_batch(self.last_now);
             }
-            // Every stored event has been through `push_self_event`: the index of their tags
-            // answers for the own relay from now on (until the connection ends).
-            self.own_tags.set_complete(!self.own_read_incomplete);
             self.own_history_read();
         }
     }

@@ -24,6 +24,10 @@ use std::hash::BuildHasher;
 /// The tag letters the index holds: those of the queries a batch reconciles (Layer 2:
 /// `a`, `A`, `q` of repositories; Layer 3: `e`, `E`, `q` of root events and members).
 const INDEXED: [u8; 5] = [b'a', b'A', b'e', b'E', b'q'];
+/// The tags an event id is asked under (Layer 3).
+const ID_LETTERS: [u8; 3] = [b'e', b'E', b'q'];
+/// The tags a repository coordinate is asked under (Layer 2).
+const REPO_LETTERS: [u8; 3] = [b'a', b'A', b'q'];
 
 /// Bits of the filter: 2^23 (1 MiB, allocated zeroed, so pages are resident only once
 /// written). With 4 probes, 200,000 values give a false positive in 1 of 12,000 lookups
@@ -60,20 +64,22 @@ impl OwnTags {
         }
     }
 
-    /// Records the indexed tag values `filter` asks for, under every indexed tag: a query
-    /// sent as one REQ because the own relay held nothing for it is about to bring events
-    /// that tag them, so the same values asked again (of another relay, or under another
-    /// tag: a comment tags its root with both `e` and `E`) go through the own read and a
-    /// reconciliation against what has arrived by then, instead of a second REQ reading
-    /// every event again.
+    /// Records the indexed tag values `filter` asks for, under every tag such a value is
+    /// asked under (an event id: `e`, `E`, `q`; anything else, a repository coordinate: `a`,
+    /// `A`, `q`): a query sent as one REQ because the own relay held nothing for it is about
+    /// to bring events that tag them, so the same values asked again (of another relay, or
+    /// under another tag: a comment tags its root with both `e` and `E`) go through the own
+    /// read and a reconciliation against what has arrived by then, instead of a second REQ
+    /// reading every event again.
     pub(super) fn insert_query(&mut self, filter: &Filter) {
         for (tag, values) in &filter.generic_tags {
-            let letter = tag.as_byte();
-            if INDEXED.contains(&letter) {
-                for v in values {
-                    for other in INDEXED {
-                        self.insert(other, v);
-                    }
+            if !INDEXED.contains(&tag.as_byte()) {
+                continue;
+            }
+            for v in values {
+                let is_id = v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit());
+                for letter in if is_id { ID_LETTERS } else { REPO_LETTERS } {
+                    self.insert(letter, v);
                 }
             }
         }
@@ -137,6 +143,12 @@ impl OwnTags {
     pub(super) fn inserted(&self) -> u64 {
         self.inserted
     }
+
+    /// Whether the index answers for the own relay ([`OwnTags::set_complete`]).
+    #[cfg(test)]
+    pub(super) fn is_complete(&self) -> bool {
+        self.complete
+    }
 }
 
 #[cfg(test)]
@@ -199,9 +211,17 @@ mod tests {
         let mut t = OwnTags::default();
         t.set_complete(true);
         t.insert_query(&tagged('e', &[ROOT]).since(nostr::types::Timestamp::from_secs(5)));
-        for letter in ['e', 'E', 'q', 'a', 'A'] {
+        // An id counts under the tags ids are asked under, a coordinate under those of
+        // coordinates.
+        for letter in ['e', 'E', 'q'] {
             assert!(t.may_match(&tagged(letter, &[ROOT])), "{letter}");
         }
+        assert!(!t.may_match(&tagged('a', &[ROOT])));
+        t.insert_query(&tagged('A', &["30617:pk:repo"]));
+        for letter in ['a', 'A', 'q'] {
+            assert!(t.may_match(&tagged(letter, &["30617:pk:repo"])), "{letter}");
+        }
+        assert!(!t.may_match(&tagged('e', &["30617:pk:repo"])));
         assert!(!t.may_match(&tagged('E', &[OTHER])));
         // Tags the index does not hold are not inserted.
         t.insert_query(&tagged('d', &[OTHER]));
