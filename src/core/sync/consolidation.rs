@@ -14,7 +14,7 @@ use nostr::filter::SingleLetterTag;
 
 use super::subscriptions::req_bytes;
 use super::timers::Timer;
-use super::{history_since, live_only, Command, SubPurpose, SyncMachine};
+use super::{live_only, Command, SubPurpose, SyncMachine};
 
 /// A live Layer 2/3 chunk that may grow in place ([`SyncMachine::growable_live_chunks`]).
 struct LiveChunk {
@@ -234,13 +234,8 @@ impl SyncMachine {
         } else {
             (filters, Vec::new())
         };
-        for f in extended {
-            self.open_sub(
-                relay,
-                generation,
-                SubPurpose::CatchUp,
-                history_since(f, since),
-            );
+        if !extended.is_empty() {
+            self.open_catch_ups(relay, generation, extended, since);
             let l = self.link(relay);
             l.catch_up_since = Some(l.catch_up_since.map_or(since, |c| c.min(since)));
         }
@@ -258,14 +253,7 @@ impl SyncMachine {
             self.open_sub(relay, generation, SubPurpose::Live, live_only(f));
         }
         let opened = !live.is_empty();
-        for f in live {
-            self.open_sub(
-                relay,
-                generation,
-                SubPurpose::CatchUp,
-                history_since(f, since),
-            );
-        }
+        self.open_catch_ups(relay, generation, live, since);
         if opened {
             let l = self.link(relay);
             l.catch_up_since = Some(l.catch_up_since.map_or(since, |c| c.min(since)));

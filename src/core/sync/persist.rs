@@ -33,7 +33,7 @@ use crate::core::time::Time;
 use crate::shared::RelayUrl;
 
 use super::timers::Timer;
-use super::{history_since, is_batch_query, Link, Nip77Support, SubPurpose, SyncMachine};
+use super::{is_batch_query, Link, Nip77Support, SyncMachine};
 
 /// The most relays one snapshot carries (more than `max_relays` by default); the rest get a
 /// fresh sync after a restart.
@@ -598,14 +598,8 @@ impl SyncMachine {
             state.repos.extend(got_repos);
             state.root_events.extend(got_roots);
         }
-        for f in self.fit_filters(relay, filters) {
-            self.open_sub(
-                relay,
-                generation,
-                SubPurpose::CatchUp,
-                history_since(f, since),
-            );
-        }
+        let filters = self.fit_filters(relay, filters);
+        self.open_catch_ups(relay, generation, filters, since);
         // Live from now on once the live set is rebuilt (its catch-up covers the gap).
         let l = self.link(relay);
         l.uncovered_since = Some(l.uncovered_since.map_or(now, |u| u.min(now)));

@@ -40,6 +40,25 @@ impl SyncMachine {
         self.open_fetch(relay, generation, purpose, filter, None, None)
     }
 
+    /// Opens a catch-up of each of `filters` on a remote relay: its history since `since`, no
+    /// live part (the live subscription of the same filter is opened beside it).
+    pub(super) fn open_catch_ups(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        filters: impl IntoIterator<Item = Filter>,
+        since: nostr::types::Timestamp,
+    ) {
+        for f in filters {
+            self.open_sub(
+                relay,
+                generation,
+                SubPurpose::CatchUp,
+                history_since(f, since),
+            );
+        }
+    }
+
     /// [`Self::open_sub`] whose events must also match `scope` (not sent; see
     /// [`Command::Subscribe`]); for a reconciliation's fetch, `fetch_since` is the verified
     /// set's clock when its own side was read ([`Command::Subscribe`]).
@@ -526,14 +545,12 @@ impl SyncMachine {
         // The catch-ups take the queries' filters (a live set's Layer 3 filters hold every
         // root event id of the relay three times: copying them again was a third of the peak
         // heap of a first sync, issue 21).
-        for (_, filter) in queries {
-            self.open_sub(
-                relay,
-                generation,
-                SubPurpose::CatchUp,
-                history_since(filter, since),
-            );
-        }
+        self.open_catch_ups(
+            relay,
+            generation,
+            queries.into_iter().map(|(_, f)| f),
+            since,
+        );
         let interval = self.config.poll_interval;
         let counts = self
             .state_of(relay)
