@@ -11,6 +11,13 @@
 //! discovery round (grasp-sync learns the root events from what it reads) and no paging
 //! (each filter carries a `limit` as large as the data set; grasp-sync pages).
 //!
+//! A third side, when tests/nip77-relay's `bare-copy` was built beside `sdk-pool`: the least a
+//! copier of grasp-sync's shape does (a thread and a blocking websocket per relay, the same
+//! filters at once, one `Event::verify` per unique event, the writes into the own relay with
+//! 64 `OK`s outstanding; no paging, no reading of the own relay, no planning). Its CPU per
+//! unique event ÷ the verify floor is what threads, websockets and parsing cost before any
+//! sync logic: a lower bound for grasp-sync's figure.
+//!
 //! Measured per side as in the process section ([`process::watch`]): wall time until the
 //! own relay holds the expected count, the process's CPU (every thread's run time), peak RSS
 //! (`VmHWM`), then every expected id fetched back.
@@ -77,6 +84,9 @@ struct Side {
 enum Who {
     GraspSync,
     Pool,
+    /// `bare-copy` of tests/nip77-relay: threads, websockets, one check per unique event and
+    /// the writes into the own relay, nothing else (a lower bound for the architecture).
+    Bare,
 }
 
 impl Who {
@@ -84,8 +94,14 @@ impl Who {
         match self {
             Who::GraspSync => "grasp-sync",
             Who::Pool => "nostr-sdk pool",
+            Who::Bare => "bare copier",
         }
     }
+}
+
+/// The `bare-copy` helper beside `sdk-pool` (one crate builds both), if it was built.
+fn bare_copy_binary(sdk_pool: &Path) -> Option<PathBuf> {
+    Some(sdk_pool.with_file_name("bare-copy")).filter(|p| p.is_file())
 }
 
 /// The plan of `sdk-pool`: one line per filter, `{"relays": [...], "filter": {...}}`.
@@ -129,8 +145,30 @@ fn plan_lines(corpus: &Corpus, anns: &[Event], urls: &[String], spread: usize) -
     lines
 }
 
-/// `sdk-pool` into `own` with the plan in `plan`, until the own relay holds `expected`.
+/// The bare copier's plan: every event asked once, by id, of one relay that holds it (100 ids a
+/// filter). No sync can know this in advance; it makes the bare copier's figure the cost of
+/// receiving, checking and writing each unique event once.
+fn oracle_lines(corpus: &Corpus, urls: &[String], spread: usize) -> Vec<String> {
+    let mut by_relay: Vec<Vec<String>> = vec![Vec::new(); urls.len()];
+    for (r, e) in &corpus.events {
+        let k = process::listed(*r, urls.len(), spread)
+            .next()
+            .expect("every repository is listed somewhere");
+        by_relay[k].push(e.id.to_hex());
+    }
+    let mut lines = Vec::new();
+    for (url, ids) in urls.iter().zip(&by_relay) {
+        for chunk in ids.chunks(CHUNK) {
+            lines.push(json!({"relays": [url], "filter": {"ids": chunk}}).to_string());
+        }
+    }
+    lines
+}
+
+/// `sdk-pool` (or `bare-copy`, which takes the same arguments and prints the same line) into
+/// `own` with the plan in `plan`, until the own relay holds `expected`.
 fn pool_run(
+    who: Who,
     sdk_pool: &Path,
     own: &RelayProc,
     plan: &Path,
@@ -188,7 +226,8 @@ fn pool_run(
     let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
     let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     notes.push(format!(
-        "{label}, nostr-sdk pool: {}; {status}{}",
+        "{label}, {}: {}; {status}{}",
+        who.name(),
         summary.as_deref().unwrap_or("no summary line"),
         if stderr.trim().is_empty() {
             String::new()
@@ -208,7 +247,8 @@ fn pool_run(
     let mut comms: Vec<(&String, &f64)> = by_comm.iter().collect();
     comms.sort_by(|a, b| b.1.total_cmp(a.1));
     notes.push(format!(
-        "{label}, nostr-sdk pool: {} threads seen; CPU by thread name: {}",
+        "{label}, {}: {} threads seen; CPU by thread name: {}",
+        who.name(),
         watched.threads.len(),
         comms
             .iter()
@@ -258,7 +298,12 @@ fn side(
             );
             (run.seconds, run.cpu, run.hwm_kib, expected.len(), 0)
         }
-        Who::Pool => pool_run(sdk_pool, &own, plan, &expected, notes, label),
+        Who::Pool => pool_run(who, sdk_pool, &own, plan, &expected, notes, label),
+        Who::Bare => {
+            let bare = bare_copy_binary(sdk_pool).expect("checked by the caller");
+            let oracle = plan.with_extension("oracle");
+            pool_run(who, &bare, &own, &oracle, &expected, notes, label)
+        }
     };
     drop(own);
     let after = verify_cost(all);
@@ -317,29 +362,41 @@ pub fn pool_figures(
             writeln!(f, "{l}").expect("plan file");
         }
         drop(f);
+        std::fs::write(
+            plan.with_extension("oracle"),
+            oracle_lines(&corpus, &urls, s).join("\n"),
+        )
+        .expect("oracle plan file");
         notes.push(format!(
             "{label}: the pool's plan has {} filters (one REQ each)",
             lines.len()
         ));
         eprint!("seeded in {:.0} s; ", seeded.elapsed().as_secs_f64());
-        let order = if n % 2 == 0 {
-            [Who::GraspSync, Who::Pool]
+        let mut order = if n % 2 == 0 {
+            vec![Who::GraspSync, Who::Pool]
         } else {
-            [Who::Pool, Who::GraspSync]
+            vec![Who::Pool, Who::GraspSync]
         };
+        if bare_copy_binary(sdk_pool).is_some() {
+            order.insert(0, Who::Bare);
+        }
         let mut measured: Vec<(Who, Side)> = Vec::new();
-        for who in order {
+        for who in order.iter().copied() {
             let side = side(
                 who, bins, sdk_pool, &corpus, &anns, &plan, &all, &label, notes,
             );
             measured.push((who, side));
         }
         let _ = std::fs::remove_file(&plan);
+        let _ = std::fs::remove_file(plan.with_extension("oracle"));
         drop(remotes);
         notes.push(format!(
-            "{label}: order {} then {}",
-            order[0].name(),
-            order[1].name()
+            "{label}: order {}",
+            order
+                .iter()
+                .map(|w| w.name())
+                .collect::<Vec<_>>()
+                .join(" then ")
         ));
         let get = |w: Who| {
             &measured
@@ -350,7 +407,11 @@ pub fn pool_figures(
         };
         let (gs, pool) = (get(Who::GraspSync), get(Who::Pool));
         let expected = anns.len() + unique;
-        for (who, side) in [(Who::GraspSync, gs), (Who::Pool, pool)] {
+        let bare = measured.iter().find(|(w, _)| *w == Who::Bare).map(|m| &m.1);
+        let sides = [(Who::GraspSync, gs), (Who::Pool, pool)]
+            .into_iter()
+            .chain(bare.map(|b| (Who::Bare, b)));
+        for (who, side) in sides {
             let name = who.name();
             // Per event it copied: short of the set, a side is not credited what it missed.
             let got = side.held.saturating_sub(anns.len()).max(1) as f64;
@@ -424,6 +485,15 @@ pub fn pool_figures(
             "×",
             Budget::None,
         ));
+        if let Some(bare) = bare {
+            figures.push(Figure::new(
+                format!("{label}: grasp-sync ÷ bare copier: CPU per unique event"),
+                (gs.cpu / gs.held.saturating_sub(anns.len()).max(1) as f64)
+                    / (bare.cpu / bare.held.saturating_sub(anns.len()).max(1) as f64),
+                "×",
+                Budget::None,
+            ));
+        }
     }
     figures
 }
