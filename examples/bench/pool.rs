@@ -378,7 +378,7 @@ pub fn pool_figures(
             vec![Who::Pool, Who::GraspSync]
         };
         if bare_copy_binary(sdk_pool).is_some() {
-            order.insert(0, Who::Bare);
+            order.push(Who::Bare);
         }
         let mut measured: Vec<(Who, Side)> = Vec::new();
         for who in order.iter().copied() {

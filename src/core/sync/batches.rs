@@ -393,6 +393,7 @@ impl SyncMachine {
             _ => None,
         };
         // Pages of older history first, so a batch never confirms before its pages.
+        let parked = self.link_of(relay).map_or(0, |l| l.parked.len());
         let mut plan = if plan.next.len() > 1 {
             let filter = self
                 .link_of(relay)
@@ -428,6 +429,20 @@ impl SyncMachine {
                 scope.clone(),
                 &stats.undelivered,
             ));
+        }
+        // A REQ reading a query whole ended: fetches of other relays waiting for it may go,
+        // or wait for its pages (decision 0121).
+        let mut rest = page_subs.clone();
+        if let Some(p) = self
+            .link_of(relay)
+            .filter(|l| l.parked.len() > parked)
+            .and_then(|l| l.parked.back())
+        {
+            // Its pages wait for room: they deliver the rest once unparked.
+            rest.push(p.id.clone());
+        }
+        if self.recon.delivering.ended(sub_id, &rest) {
+            self.recon.flush_due = true;
         }
         // At its budget with a live set built, a batch's query gives its slot back too: its
         // items join the live chunks in place (decision 0110).
@@ -595,6 +610,9 @@ impl SyncMachine {
                 .batch
                 .is_none_or(|id| self.pending_of(relay).iter().any(|b| b.batch_id == id));
             if !exists {
+                if self.recon.delivering.ended(&p.id, &[]) {
+                    self.recon.flush_due = true;
+                }
                 continue;
             }
             let mut subs = Vec::new();
@@ -602,6 +620,8 @@ impl SyncMachine {
                 self.counters.pages_requested += 1;
                 subs.push(self.open_sub(relay, generation, SubPurpose::Page { batch: p.batch }, f));
             }
+            // The pages of a query read whole go on delivering it (decision 0121).
+            self.recon.delivering.ended(&p.id, &subs);
             if let Some(why) = &plan.incomplete {
                 self.counters.incomplete_queries += 1;
                 self.link(relay).incomplete_queries += 1;

@@ -23,6 +23,9 @@ impl SyncMachine {
         if self.multi_filter_refused(relay, sub_id, prefix, message) {
             return;
         }
+        if self.recon.delivering.ended(sub_id, &[]) {
+            self.recon.flush_due = true;
+        }
         let Some((info, sent_at)) = self.link_mut(relay).and_then(|l| {
             let sent_at = l.loading.remove(sub_id);
             l.subs.remove(sub_id).map(|i| (i, sent_at))

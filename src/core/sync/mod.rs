@@ -320,6 +320,11 @@ impl SyncMachine {
                 Timer::OwnEoseDeadline => self.expire_own_loading(now),
                 Timer::JobDeadline(id) => self.expire_job(id),
                 Timer::Nip77Detection(relay) => self.detection_expired(&relay),
+                Timer::DeliveryWait => {
+                    self.purge_delivering();
+                    self.recon.flush_due = true;
+                    self.flush_fetches();
+                }
                 Timer::SelfBatch => self.process_batch(now),
                 Timer::OwnReconnect => self.connect_own(now),
                 Timer::OwnReopen => self.reopen_own(now),
@@ -514,6 +519,9 @@ impl SyncMachine {
                     self.recon.refetches.remove(&sub);
                 }
             }
+        }
+        if self.recon.delivering.relay_lost(relay) {
+            self.recon.flush_due = true;
         }
         if let Some(link) = self.link_mut(relay) {
             link.forget_subscriptions();

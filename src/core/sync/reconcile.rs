@@ -305,7 +305,162 @@ pub(super) struct Reconciler {
     /// [`SyncMachine::flush_fetches`] last looked: only then can a deferred fetch be due (it runs from every `drain_queue`,
     /// and a scan of thousands of deferred fetches there, hashing each relay's URL, was a
     /// tenth of a first sync's coordinator CPU).
-    flush_due: bool,
+    pub(super) flush_due: bool,
+    /// History REQs reading a query's stored events whole, on any relay (decision 0121).
+    pub(super) delivering: Delivering,
+}
+
+/// How long a finished reconciliation's fetch waits at most for the history REQs of other
+/// relays that read the same tag values (decision 0121): it is sent then, whatever they
+/// have delivered. Far below the batch's EOSE deadline (120 s by default), which counts
+/// meanwhile.
+pub(super) const DELIVERY_WAIT: Duration = Duration::from_secs(10);
+
+/// The history REQs that read a Layer 2/3 query's stored events whole rather than by a
+/// reconciliation (a query no event on the own relay can match, decision 0120, or any on a
+/// relay without NIP-77), and the pages that continue them, until their EOSE: per REQ its
+/// relay and its tag values (hashed). A reconciliation of another relay that shares a value
+/// with one of them holds its fetch until they have ended ([`DELIVERY_WAIT`] at most): sent
+/// after them, the fetch leaves out every id they handed over (decision 0112), where sent at
+/// once it asks a second relay for what the first is still streaming (decision 0121).
+#[derive(Debug, Default)]
+pub(super) struct Delivering {
+    hasher: foldhash::fast::RandomState,
+    /// Tag value (hashed) → the REQs reading it.
+    by_value: HashMap<u64, Vec<SubscriptionId>>,
+    /// REQ → what it reads.
+    subs: HashMap<SubscriptionId, Reading>,
+    /// Per query read whole (numbered when its first REQ is opened): its REQs and pages
+    /// still delivering. A fetch waits on queries, not on REQs: a query's pages replace
+    /// its REQ.
+    queries: HashMap<u64, usize>,
+    next_query: u64,
+    /// [`SyncMachine::purge_delivering`] runs when more REQs than this are tracked.
+    pub(super) purge_at: usize,
+}
+
+/// One delivering REQ of [`Delivering`].
+#[derive(Debug)]
+pub(super) struct Reading {
+    pub(super) relay: RelayUrl,
+    /// Its tag values, hashed and sorted ([`Delivering::hashes`]).
+    hashes: std::sync::Arc<[u64]>,
+    /// The query it reads (its first REQ's number).
+    query: u64,
+}
+
+impl Delivering {
+    fn hashes(&self, filter: &Filter) -> Vec<u64> {
+        use std::hash::BuildHasher;
+        let mut h: Vec<u64> = filter
+            .generic_tags
+            .values()
+            .flatten()
+            .map(|v| self.hasher.hash_one(v.as_str()))
+            .collect();
+        h.sort_unstable();
+        h.dedup();
+        h
+    }
+
+    fn insert(&mut self, sub: SubscriptionId, reading: Reading) {
+        for h in reading.hashes.iter() {
+            self.by_value.entry(*h).or_default().push(sub.clone());
+        }
+        *self.queries.entry(reading.query).or_default() += 1;
+        self.subs.insert(sub, reading);
+    }
+
+    /// `sub` on `relay` reads a query whole (its tag values hashed: `hashes`).
+    fn open(&mut self, relay: &RelayUrl, sub: SubscriptionId, hashes: Vec<u64>) {
+        if hashes.is_empty() {
+            return;
+        }
+        self.next_query += 1;
+        let query = self.next_query;
+        self.insert(
+            sub,
+            Reading {
+                relay: relay.clone(),
+                hashes: hashes.into(),
+                query,
+            },
+        );
+    }
+
+    /// `sub` ended (EOSE, CLOSED, closed by the machine): true if it was delivering. Its
+    /// pages (`pages`), if any, deliver the rest of the same query.
+    pub(super) fn ended(&mut self, sub: &SubscriptionId, pages: &[SubscriptionId]) -> bool {
+        let Some(reading) = self.subs.remove(sub) else {
+            return false;
+        };
+        for h in reading.hashes.iter() {
+            if let Some(v) = self.by_value.get_mut(h) {
+                v.retain(|s| s != sub);
+                if v.is_empty() {
+                    self.by_value.remove(h);
+                }
+            }
+        }
+        for p in pages {
+            self.insert(
+                p.clone(),
+                Reading {
+                    relay: reading.relay.clone(),
+                    hashes: reading.hashes.clone(),
+                    query: reading.query,
+                },
+            );
+        }
+        if let Some(n) = self.queries.get_mut(&reading.query) {
+            *n -= 1;
+            if *n == 0 {
+                self.queries.remove(&reading.query);
+            }
+        }
+        true
+    }
+
+    /// Every REQ of `relay` ended with its connection: true if one was delivering.
+    pub(super) fn relay_lost(&mut self, relay: &RelayUrl) -> bool {
+        let subs: Vec<SubscriptionId> = self
+            .subs
+            .iter()
+            .filter(|(_, r)| r.relay == *relay)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for s in &subs {
+            self.ended(s, &[]);
+        }
+        !subs.is_empty()
+    }
+
+    /// The queries being read whole on relays other than `relay` that read one of the tag
+    /// values `hashes` ([`Delivering::hashes`]).
+    fn queries_reading(&self, relay: &RelayUrl, hashes: &[u64]) -> Vec<u64> {
+        let mut out: Vec<u64> = hashes
+            .iter()
+            .filter_map(|h| self.by_value.get(h))
+            .flatten()
+            .filter_map(|s| self.subs.get(s))
+            .filter(|r| r.relay != *relay)
+            .map(|r| r.query)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether one of `queries` is still being delivered.
+    fn any_delivering(&self, queries: &[u64]) -> bool {
+        queries.iter().any(|q| self.queries.contains_key(q))
+    }
+
+    /// REQs tracked (tests).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.subs.len()
+    }
 }
 
 /// A finished job's fetch, held back while jobs of its batch on its relay run or wait
@@ -326,6 +481,11 @@ struct DeferredFetch {
     need: Vec<EventId>,
     /// The job's [`Job::own_clock`].
     since: Option<u32>,
+    /// The queries other relays were reading whole by REQ when the job ended that share a
+    /// tag value with its query: the fetch waits while one of them (its REQ, then its
+    /// pages) still delivers, from `waiting_since` ([`Delivering`], decision 0121).
+    waits_on: Box<[u64]>,
+    waiting_since: Time,
 }
 
 impl Reconciler {
@@ -492,7 +652,7 @@ impl SyncMachine {
         batch: Option<u64>,
     ) {
         if !self.may_reconcile(relay, batch) {
-            let id = self.open_sub(relay, generation, live, filter);
+            let id = self.open_whole(relay, generation, live, filter, batch);
             self.add_outstanding(relay, batch, [id]);
             return;
         }
@@ -505,7 +665,7 @@ impl SyncMachine {
             debug!(
                 "{relay}: history query sent as one REQ: no event on the own relay tags its values"
             );
-            let id = self.open_sub(relay, generation, live, filter);
+            let id = self.open_whole(relay, generation, live, filter, batch);
             self.add_outstanding(relay, batch, [id]);
             return;
         }
@@ -540,6 +700,24 @@ impl SyncMachine {
         // Its batch's EOSE deadline gives way to the job's own deadlines.
         self.mark_stale(relay);
         self.pump_jobs();
+    }
+
+    /// Opens a batch query's history as one REQ that reads it whole, noted as delivering its
+    /// tag values until it ends (decision 0121).
+    fn open_whole(
+        &mut self,
+        relay: &RelayUrl,
+        generation: u64,
+        live: SubPurpose,
+        filter: Filter,
+        batch: Option<u64>,
+    ) -> SubscriptionId {
+        let hashes = batch.map(|_| self.recon.delivering.hashes(&filter));
+        let id = self.open_sub(relay, generation, live, filter);
+        if let Some(h) = hashes {
+            self.recon.delivering.open(relay, id.clone(), h);
+        }
+        id
     }
 
     fn add_outstanding<const N: usize>(
@@ -924,7 +1102,7 @@ impl SyncMachine {
         if let Some(l) = &live_id {
             self.close_remote_sub(&relay, generation, l);
         }
-        let sub = self.open_sub(&relay, generation, live, orig);
+        let sub = self.open_whole(&relay, generation, live, orig, batch);
         if let Some(b) = batch {
             if let Some(l) = &live_id {
                 self.replace_outstanding(&relay, b, l, Vec::new());
@@ -1031,14 +1209,30 @@ impl SyncMachine {
         cfg.min(by_relay).max(4096)
     }
 
+    /// Whether a relay other than `relay` reads one of `query`'s tag values by a REQ now
+    /// ([`Delivering`]).
+    fn read_elsewhere(&self, relay: &RelayUrl, query: &PackedFilter) -> bool {
+        let d = &self.recon.delivering;
+        !d.subs.is_empty()
+            && !d
+                .queries_reading(relay, &d.hashes(&query.unpack()))
+                .is_empty()
+    }
+
     fn begin_negotiation(&mut self, id: u64) {
         let Some(job) = self.recon.jobs.get(&id) else {
             return;
         };
         // Nothing on the own relay for the query: the relay would list every id and each
         // would be fetched by `ids`; one REQ reads the same events in fewer round trips. (A
-        // relay not known to speak NIP-77 still gets its one try.)
-        if job.own.is_empty() && self.nip77_support(&job.relay).in_use() {
+        // relay not known to speak NIP-77 still gets its one try.) Unless another relay is
+        // reading the query's values by REQ right now: its events are on their way, and the
+        // fetch, sent after that REQ, leaves them out (decision 0121) where a REQ would read
+        // them all a second time.
+        if job.own.is_empty()
+            && self.nip77_support(&job.relay).in_use()
+            && !self.read_elsewhere(&job.relay, &job.orig)
+        {
             self.give_way(id, None, "the own relay holds nothing for it");
             return;
         }
@@ -1357,6 +1551,21 @@ impl SyncMachine {
             // ([`Self::flush_fetches`], from `pump_jobs`): after the REQs of the jobs that gave
             // way, which deliver much of what they would ask for.
             self.recon.flush_due = true;
+            // Another relay may be streaming these events by a REQ of the same values: the
+            // fetch waits for it (decision 0121).
+            let mut waits_on: Box<[u64]> = Box::default();
+            if !need.is_empty() && !self.recon.delivering.subs.is_empty() {
+                let hashes = self.recon.delivering.hashes(&job.orig.unpack());
+                let queries = self.recon.delivering.queries_reading(&relay, &hashes);
+                if !queries.is_empty() {
+                    debug!(
+                        "{relay}: the fetch of {} ids waits for {} queries other relays read by REQ",
+                        need.len(),
+                        queries.len()
+                    );
+                    waits_on = queries.into_boxed_slice();
+                }
+            }
             self.recon.deferred.push(DeferredFetch {
                 relay: relay.clone(),
                 generation: job.generation,
@@ -1365,6 +1574,8 @@ impl SyncMachine {
                 filter: job.orig,
                 need,
                 since: job.own_clock,
+                waits_on,
+                waiting_since: self.last_now,
             });
             self.drain_queue(&relay);
             self.pump_jobs();
@@ -1394,14 +1605,32 @@ impl SyncMachine {
     /// Sends the deferred fetches whose batch has no job left on their relay, oldest first;
     /// drops those whose batch or connection is gone. (Two fetches of a batch may name the
     /// same id: each checks it against its own query, so neither leaves it to the other.)
-    fn flush_fetches(&mut self) {
+    pub(super) fn flush_fetches(&mut self) {
         if !std::mem::take(&mut self.recon.flush_due) || self.recon.deferred.is_empty() {
             return;
         }
+        let now = self.last_now;
+        if self.recon.delivering.subs.len() > self.recon.delivering.purge_at {
+            self.purge_delivering();
+        }
         let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.recon.deferred)
             .into_iter()
-            .partition(|d| !self.recon.has_batch_job(&d.relay, d.batch));
+            .partition(|d| {
+                // Held: jobs of its batch still run on its relay, or (for a while) another
+                // relay still streams what it would ask for.
+                let waits = now.since(d.waiting_since) < DELIVERY_WAIT
+                    && self.recon.delivering.any_delivering(&d.waits_on);
+                !self.recon.has_batch_job(&d.relay, d.batch) && !waits
+            });
         self.recon.deferred = kept;
+        let wake = self
+            .recon
+            .deferred
+            .iter()
+            .filter(|d| self.recon.delivering.any_delivering(&d.waits_on))
+            .map(|d| d.waiting_since.plus(DELIVERY_WAIT))
+            .min();
+        self.timers.set_or_cancel(Timer::DeliveryWait, wake);
         for d in due {
             if self.connected_generation(&d.relay) != Some(d.generation)
                 || !self.batch_exists(&d.relay, Some(d.batch))
@@ -1430,6 +1659,31 @@ impl SyncMachine {
             self.confirm_if_done(&d.relay, d.batch, self.last_now);
             self.drain_queue(&d.relay);
         }
+    }
+
+    /// Forgets the delivering REQs neither loading, queued nor parked on their relay (closed
+    /// by the machine, a rebuild, a lost connection): only a REQ still to deliver is waited
+    /// for.
+    pub(super) fn purge_delivering(&mut self) {
+        let stale: Vec<SubscriptionId> = self
+            .recon
+            .delivering
+            .subs
+            .iter()
+            .filter(|(sub, r)| {
+                self.link_of(&r.relay).is_none_or(|l| {
+                    !l.loading.contains_key(*sub)
+                        && !l.queue.iter().any(|(s, _)| s == *sub)
+                        && !l.parked.iter().any(|p| p.id == **sub)
+                })
+            })
+            .map(|(sub, _)| sub.clone())
+            .collect();
+        for sub in stale {
+            self.recon.delivering.ended(&sub, &[]);
+        }
+        // Amortised: the next purge when the tracked REQs have doubled.
+        self.recon.delivering.purge_at = (2 * self.recon.delivering.subs.len()).max(1024);
     }
 
     /// REQs for `need`, and the scope their events must match: at most one id fewer than a

@@ -92,3 +92,97 @@ fn replicated_repositories_converge_when_every_batch_query_is_reconciled_beyond_
     let want: Vec<&Event> = want.iter().collect();
     w.assert_own_holds(&want);
 }
+
+/// Ids asked by `ids` on every relay (each time one is asked counts).
+fn ids_asked(w: &World) -> usize {
+    w.relays
+        .values()
+        .flat_map(|f| f.reqs.iter())
+        .filter_map(|r| r.ids.as_ref())
+        .map(|ids| ids.len())
+        .sum()
+}
+
+/// Three relays speaking NIP-77 that page by 20, each holding three repositories with 60
+/// issues and their replies; the own relay holds the announcements and the issues, no reply.
+/// The first relay asked for a chunk of issue ids reads its replies by one REQ (no event on
+/// the own relay tags them, decision 0120); the others reconcile. `r0` answers its REQs and
+/// holds their EOSE back (`r0_eose`: until released, or never).
+fn streaming_case(r0_eose: bool) -> (World, Vec<Event>) {
+    replicated(3, 3, 3, 60, |i, f| {
+        f.profile(SimProfile::LocalRelay);
+        f.publish_nip11 = true;
+        f.advertise_nip77 = true;
+        f.max_limit = Some(20);
+        if i == 0 {
+            f.hold_eose = r0_eose;
+            f.withhold_eose = !r0_eose;
+        }
+    })
+}
+
+/// Layer 3 queries (by `#e`, `#E` or `#q` of issue ids) read whole by REQ (neither `ids`
+/// nor `limit: 0`), on every relay.
+fn whole_reads(w: &World) -> usize {
+    w.relays
+        .values()
+        .flat_map(|f| f.reqs.iter())
+        .filter(|r| r.ids.is_none() && r.limit != Some(0))
+        .filter(|r| {
+            r.generic_tags.values().flatten().all(|v| v.len() == 64) && !r.generic_tags.is_empty()
+        })
+        .count()
+}
+
+#[test]
+fn a_fetch_waits_for_another_relays_req_of_the_same_values() {
+    // While r0's REQs and their pages stream the replies, the reconciliations of r1 and r2
+    // find those replies missing on the own relay. Their fetches wait for r0's REQs to end
+    // and then leave out what r0 handed over (decision 0121): nothing is asked twice. Sent
+    // at once (before 0121), they asked r1 and r2 for 140 replies r0 was still streaming.
+    // (`hold_eose`: r0 sends each REQ's stored answer, its EOSE only when released.)
+    let (mut w, want) = streaming_case(true);
+    w.start();
+    w.run_for(Duration::from_secs(3), Duration::from_millis(100));
+    assert_eq!(
+        ids_asked(&w),
+        0,
+        "a fetch went out while r0 streams the same values"
+    );
+    assert!(w.m.recon.delivering.len() > 0, "r0's REQs are tracked");
+    w.relay("ws://r0.example").hold_eose = false;
+    w.release_eose("ws://r0.example");
+    w.run_for(Duration::from_secs(600), Duration::from_secs(1));
+    let want: Vec<&Event> = want.iter().collect();
+    w.assert_own_holds(&want);
+    assert!(w.m.counters().reconciliations > 0);
+    assert!(
+        ids_asked(&w) < 20,
+        "{} ids asked of r1 and r2 that r0 delivered",
+        ids_asked(&w)
+    );
+    assert_eq!(w.m.recon.delivering.len(), 0, "every tracked REQ forgotten");
+    // A reconciliation that finds nothing on the own relay for a query r0 is streaming
+    // goes on (its fetch waits) instead of reading the query whole a second time: 32 such
+    // REQs in all (50 when every empty own side gave way to a REQ).
+    assert!(
+        whole_reads(&w) <= 36,
+        "{} Layer 3 queries read whole",
+        whole_reads(&w)
+    );
+}
+
+#[test]
+fn a_fetch_waits_for_a_req_that_never_ends_only_so_long() {
+    // r0 never ends its REQs (no EOSE): the fetches of r1 and r2 wait
+    // `DELIVERY_WAIT` and then ask for what r0 has not delivered; the set is complete.
+    let (mut w, want) = streaming_case(false);
+    w.start();
+    w.run_for(Duration::from_secs(600), Duration::from_secs(1));
+    let want: Vec<&Event> = want.iter().collect();
+    w.assert_own_holds(&want);
+    assert!(
+        ids_asked(&w) > 0,
+        "r1 and r2 were asked for what r0 never finished"
+    );
+}

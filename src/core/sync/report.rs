@@ -89,7 +89,11 @@ impl SyncMachine {
     ) {
         match self.side(relay, generation) {
             Side::Own => self.handle_own_eose(sub_id, stats),
-            Side::Remote => self.handle_eose(relay, sub_id, stats, now),
+            Side::Remote => {
+                self.handle_eose(relay, sub_id, stats, now);
+                // Fetches that waited for this REQ (decision 0121).
+                self.flush_fetches();
+            }
             Side::Stale => {}
         }
     }
@@ -105,7 +109,10 @@ impl SyncMachine {
     ) {
         match self.side(relay, generation) {
             Side::Own => self.handle_own_closed(sub_id, prefix, message, now),
-            Side::Remote => self.handle_closed(relay, sub_id, prefix, message, now),
+            Side::Remote => {
+                self.handle_closed(relay, sub_id, prefix, message, now);
+                self.flush_fetches();
+            }
             Side::Stale => {}
         }
     }

@@ -54,6 +54,9 @@ pub(crate) enum Timer {
     Reselect,
     /// The relay's NIP-77 detection got no answer in time (issue 21).
     Nip77Detection(RelayUrl),
+    /// A finished reconciliation's fetch has waited [`super::reconcile::DELIVERY_WAIT`] for
+    /// other relays' history REQs of the same values (decision 0121).
+    DeliveryWait,
 }
 
 impl Timer {
@@ -91,7 +94,8 @@ impl Timer {
             | Timer::OwnReconnect
             | Timer::OwnReopen
             | Timer::DisconnectCheck
-            | Timer::Reselect => None,
+            | Timer::Reselect
+            | Timer::DeliveryWait => None,
         }
     }
 }

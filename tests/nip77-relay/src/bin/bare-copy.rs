@@ -43,7 +43,9 @@ fn connect(url: &str) -> Result<Ws, String> {
     stream
         .set_read_timeout(Some(READ_TIMEOUT))
         .map_err(|e| format!("{url}: {e}"))?;
-    stream.set_nodelay(true).map_err(|e| format!("{url}: {e}"))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| format!("{url}: {e}"))?;
     let (ws, _) = tungstenite::client(url, stream).map_err(|e| format!("{url}: {e}"))?;
     Ok(ws)
 }
@@ -63,7 +65,9 @@ fn read_plan(path: &str) -> Result<HashMap<String, Vec<String>>, String> {
             .as_array()
             .ok_or_else(|| bad("no \"relays\" list".into()))?;
         for r in relays {
-            let url = r.as_str().ok_or_else(|| bad("a relay is not a string".into()))?;
+            let url = r
+                .as_str()
+                .ok_or_else(|| bad("a relay is not a string".into()))?;
             by_relay
                 .entry(url.to_string())
                 .or_default()
@@ -136,14 +140,13 @@ fn read_relay(
                     continue;
                 }
             }
-            let (_, _, raw) =
-                match serde_json::from_str::<(&str, &str, &RawValue)>(text.as_str()) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        read.errors.push(format!("{url}: event: {e}"));
-                        continue;
-                    }
-                };
+            let (_, _, raw) = match serde_json::from_str::<(&str, &str, &RawValue)>(text.as_str()) {
+                Ok(m) => m,
+                Err(e) => {
+                    read.errors.push(format!("{url}: event: {e}"));
+                    continue;
+                }
+            };
             let event = match Event::from_json(raw.get()) {
                 Ok(e) => e,
                 Err(e) => {
@@ -152,7 +155,8 @@ fn read_relay(
                 }
             };
             if event.verify().is_err() {
-                read.errors.push(format!("{url}: {} does not verify", event.id));
+                read.errors
+                    .push(format!("{url}: {} does not verify", event.id));
                 continue;
             }
             // The checked JSON goes to the own relay as it came (no second serialisation).
