@@ -621,7 +621,9 @@ impl SyncMachine {
                 subs.push(self.open_sub(relay, generation, SubPurpose::Page { batch: p.batch }, f));
             }
             // The pages of a query read whole go on delivering it (decision 0121).
-            self.recon.delivering.ended(&p.id, &subs);
+            if self.recon.delivering.ended(&p.id, &subs) {
+                self.recon.flush_due = true;
+            }
             if let Some(why) = &plan.incomplete {
                 self.counters.incomplete_queries += 1;
                 self.link(relay).incomplete_queries += 1;
@@ -767,6 +769,10 @@ impl SyncMachine {
                 generation,
                 sub_id: sub,
             });
+        }
+        // Its queries read whole no longer deliver (decision 0121).
+        if !self.recon.delivering.is_empty() {
+            self.purge_delivering();
         }
         self.timers.set_latest(retry, at);
         warn!(

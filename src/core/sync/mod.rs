@@ -321,7 +321,6 @@ impl SyncMachine {
                 Timer::JobDeadline(id) => self.expire_job(id),
                 Timer::Nip77Detection(relay) => self.detection_expired(&relay),
                 Timer::DeliveryWait => {
-                    self.purge_delivering();
                     self.recon.flush_due = true;
                     self.flush_fetches();
                 }

@@ -388,8 +388,9 @@ impl Delivering {
         );
     }
 
-    /// `sub` ended (EOSE, CLOSED, closed by the machine): true if it was delivering. Its
-    /// pages (`pages`), if any, deliver the rest of the same query.
+    /// `sub` ended (EOSE, CLOSED, closed by the machine); its pages (`pages`), if any,
+    /// deliver the rest of the same query. True if that ended a query a fetch may wait for
+    /// (a page's EOSE that leaves pages of its query delivering is not).
     pub(super) fn ended(&mut self, sub: &SubscriptionId, pages: &[SubscriptionId]) -> bool {
         let Some(reading) = self.subs.remove(sub) else {
             return false;
@@ -412,16 +413,18 @@ impl Delivering {
                 },
             );
         }
-        if let Some(n) = self.queries.get_mut(&reading.query) {
-            *n -= 1;
-            if *n == 0 {
-                self.queries.remove(&reading.query);
-            }
+        let Some(n) = self.queries.get_mut(&reading.query) else {
+            return false;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return false;
         }
+        self.queries.remove(&reading.query);
         true
     }
 
-    /// Every REQ of `relay` ended with its connection: true if one was delivering.
+    /// Every REQ of `relay` ended with its connection: true if a query ended.
     pub(super) fn relay_lost(&mut self, relay: &RelayUrl) -> bool {
         let subs: Vec<SubscriptionId> = self
             .subs
@@ -429,10 +432,11 @@ impl Delivering {
             .filter(|(_, r)| r.relay == *relay)
             .map(|(s, _)| s.clone())
             .collect();
+        let mut any = false;
         for s in &subs {
-            self.ended(s, &[]);
+            any |= self.ended(s, &[]);
         }
-        !subs.is_empty()
+        any
     }
 
     /// The queries being read whole on relays other than `relay` that read one of the tag
@@ -449,6 +453,11 @@ impl Delivering {
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    /// No REQ tracked.
+    pub(super) fn is_empty(&self) -> bool {
+        self.subs.is_empty()
     }
 
     /// Whether one of `queries` is still being delivered.
@@ -489,6 +498,15 @@ struct DeferredFetch {
 }
 
 impl Reconciler {
+    /// Deferred fetches that wait for other relays' REQs (decision 0121; tests).
+    #[cfg(test)]
+    pub(super) fn fetches_waiting(&self) -> usize {
+        self.deferred
+            .iter()
+            .filter(|d| !d.waits_on.is_empty())
+            .count()
+    }
+
     /// True when a job of `batch` on `relay` runs or waits (the batch's own EOSE deadline
     /// does not apply meanwhile: the job has its own).
     pub(super) fn has_batch_job(&self, relay: &RelayUrl, batch: u64) -> bool {
@@ -716,6 +734,9 @@ impl SyncMachine {
         let id = self.open_sub(relay, generation, live, filter);
         if let Some(h) = hashes {
             self.recon.delivering.open(relay, id.clone(), h);
+            if self.recon.delivering.subs.len() > self.recon.delivering.purge_at {
+                self.purge_delivering();
+            }
         }
         id
     }
@@ -1610,9 +1631,6 @@ impl SyncMachine {
             return;
         }
         let now = self.last_now;
-        if self.recon.delivering.subs.len() > self.recon.delivering.purge_at {
-            self.purge_delivering();
-        }
         let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.recon.deferred)
             .into_iter()
             .partition(|d| {
@@ -1623,11 +1641,16 @@ impl SyncMachine {
                 !self.recon.has_batch_job(&d.relay, d.batch) && !waits
             });
         self.recon.deferred = kept;
+        // Only fetches still inside their wait (one past it and held by its batch's jobs
+        // would set the timer in the past: a coordinator spinning until those end).
         let wake = self
             .recon
             .deferred
             .iter()
-            .filter(|d| self.recon.delivering.any_delivering(&d.waits_on))
+            .filter(|d| {
+                now.since(d.waiting_since) < DELIVERY_WAIT
+                    && self.recon.delivering.any_delivering(&d.waits_on)
+            })
             .map(|d| d.waiting_since.plus(DELIVERY_WAIT))
             .min();
         self.timers.set_or_cancel(Timer::DeliveryWait, wake);
@@ -1664,23 +1687,34 @@ impl SyncMachine {
     /// Forgets the delivering REQs neither loading, queued nor parked on their relay (closed
     /// by the machine, a rebuild, a lost connection): only a REQ still to deliver is waited
     /// for.
+    /// Sets `flush_due` if that ended a query.
     pub(super) fn purge_delivering(&mut self) {
-        let stale: Vec<SubscriptionId> = self
-            .recon
-            .delivering
-            .subs
-            .iter()
-            .filter(|(sub, r)| {
-                self.link_of(&r.relay).is_none_or(|l| {
-                    !l.loading.contains_key(*sub)
-                        && !l.queue.iter().any(|(s, _)| s == *sub)
-                        && !l.parked.iter().any(|p| p.id == **sub)
-                })
-            })
-            .map(|(sub, _)| sub.clone())
-            .collect();
+        // Per relay, its queued and parked ids, gathered once.
+        let mut waiting: HashMap<RelayUrl, HashSet<SubscriptionId>> = HashMap::default();
+        let mut stale = Vec::new();
+        for (sub, r) in &self.recon.delivering.subs {
+            let Some(l) = self.link_of(&r.relay) else {
+                stale.push(sub.clone());
+                continue;
+            };
+            if l.loading.contains_key(sub) {
+                continue;
+            }
+            let w = waiting.entry(r.relay.clone()).or_insert_with(|| {
+                l.queue
+                    .iter()
+                    .map(|(s, _)| s.clone())
+                    .chain(l.parked.iter().map(|p| p.id.clone()))
+                    .collect()
+            });
+            if !w.contains(sub) {
+                stale.push(sub.clone());
+            }
+        }
         for sub in stale {
-            self.recon.delivering.ended(&sub, &[]);
+            if self.recon.delivering.ended(&sub, &[]) {
+                self.recon.flush_due = true;
+            }
         }
         // Amortised: the next purge when the tracked REQs have doubled.
         self.recon.delivering.purge_at = (2 * self.recon.delivering.subs.len()).max(1024);
