@@ -25,6 +25,9 @@ use nostr_sdk::prelude::*;
 use serde_json::value::RawValue;
 use tungstenite::{Message, WebSocket};
 
+#[path = "../plan/mod.rs"]
+mod plan;
+
 /// Events written to the own relay whose `OK` has not come yet (as grasp-sync's forwarder).
 const IN_FLIGHT: usize = 64;
 /// Subscriptions open at once on one relay (the next filter is sent when one ends).
@@ -52,26 +55,10 @@ fn connect(url: &str) -> Result<Ws, String> {
 
 /// The plan's filters by relay, as JSON text.
 fn read_plan(path: &str) -> Result<HashMap<String, Vec<String>>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let mut by_relay: HashMap<String, Vec<String>> = HashMap::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let bad = |what: String| format!("{path}:{}: {what}", n + 1);
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
-        let relays = v["relays"]
-            .as_array()
-            .ok_or_else(|| bad("no \"relays\" list".into()))?;
-        for r in relays {
-            let url = r
-                .as_str()
-                .ok_or_else(|| bad("a relay is not a string".into()))?;
-            by_relay
-                .entry(url.to_string())
-                .or_default()
-                .push(v["filter"].to_string());
+    for line in plan::read(path)? {
+        for url in line.relays {
+            by_relay.entry(url).or_default().push(line.filter.clone());
         }
     }
     Ok(by_relay)

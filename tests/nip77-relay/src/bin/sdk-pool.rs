@@ -27,6 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nostr_sdk::prelude::*;
+
+#[path = "../plan/mod.rs"]
+mod plan;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, Semaphore};
 
@@ -43,26 +46,15 @@ struct Planned {
 }
 
 fn read_plan(path: &str) -> Result<Vec<Planned>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let mut plan = Vec::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let bad = |what: String| format!("{path}:{}: {what}", n + 1);
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
-        let relays = v["relays"]
-            .as_array()
-            .ok_or_else(|| bad("no \"relays\" list".into()))?
+    for (n, line) in plan::read(path)?.into_iter().enumerate() {
+        let bad = |what: String| format!("{path}: line {} of the plan: {what}", n + 1);
+        let relays = line
+            .relays
             .iter()
-            .map(|u| {
-                let u = u.as_str().unwrap_or_default();
-                RelayUrl::parse(u).map_err(|e| bad(format!("relay {u:?}: {e}")))
-            })
+            .map(|u| RelayUrl::parse(u).map_err(|e| bad(format!("relay {u:?}: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
-        let filter =
-            Filter::from_json(v["filter"].to_string()).map_err(|e| bad(format!("filter: {e}")))?;
+        let filter = Filter::from_json(&line.filter).map_err(|e| bad(format!("filter: {e}")))?;
         plan.push(Planned { relays, filter });
     }
     Ok(plan)
