@@ -341,8 +341,8 @@ pub(super) struct Delivering {
 
 /// One delivering REQ of [`Delivering`].
 #[derive(Debug)]
-pub(super) struct Reading {
-    pub(super) relay: RelayUrl,
+struct Reading {
+    relay: RelayUrl,
     /// Its tag values, hashed and sorted ([`Delivering::hashes`]).
     hashes: std::sync::Arc<[u64]>,
     /// The query it reads (its first REQ's number).
@@ -1234,7 +1234,7 @@ impl SyncMachine {
     /// ([`Delivering`]).
     fn read_elsewhere(&self, relay: &RelayUrl, query: &PackedFilter) -> bool {
         let d = &self.recon.delivering;
-        !d.subs.is_empty()
+        !d.is_empty()
             && !d
                 .queries_reading(relay, &d.hashes(&query.unpack()))
                 .is_empty()
@@ -1575,7 +1575,7 @@ impl SyncMachine {
             // Another relay may be streaming these events by a REQ of the same values: the
             // fetch waits for it (decision 0121).
             let mut waits_on: Box<[u64]> = Box::default();
-            if !need.is_empty() && !self.recon.delivering.subs.is_empty() {
+            if !need.is_empty() && !self.recon.delivering.is_empty() {
                 let hashes = self.recon.delivering.hashes(&job.orig.unpack());
                 let queries = self.recon.delivering.queries_reading(&relay, &hashes);
                 if !queries.is_empty() {
